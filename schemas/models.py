@@ -1,0 +1,350 @@
+"""Payload models for every topic in DESIGN.md, plus the Milvus row model.
+
+Decisions:
+- Every model carries ``schema_version``; only versions in ``SUPPORTED`` are
+  accepted, anything else is a validation error (-> dead letter, reason
+  ``unsupported schema_version``).
+- Unknown fields are rejected (``extra="forbid"``): a typo in a producer is
+  caught at the first record, not discovered as missing data weeks later.
+- Floats must be finite (``allow_inf_nan=False``); NaN rewards never reach the
+  value model.
+- ``transition_id`` defaults to a stable hash of (tenant, agent_id, episode_id,
+  step) so replays are idempotent; the memory id is the transition id.
+- ``action`` is text: integer actions are accepted and rendered as strings so
+  RL and LLM agents share one field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from schemas.limits import LIMITS
+
+SCHEMA_VERSION = 1
+SUPPORTED = frozenset({1})
+
+Partition = Literal["core", "buffer"]
+Route = Literal["core", "buffer", "drop"]
+
+Ident = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=LIMITS.max_id_chars, pattern=r"^[A-Za-z0-9_.:@/-]+$"
+    ),
+]
+Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=LIMITS.max_vector_dim)]
+MetaValue = str | int | float | bool | None
+
+
+class Model(BaseModel):
+    """Base: strict about unknown fields and versions, finite floats."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v not in SUPPORTED:
+            raise ValueError(f"unsupported schema_version {v} (supported: {sorted(SUPPORTED)})")
+        return v
+
+
+def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
+    if len(v) > LIMITS.max_metadata_keys:
+        raise ValueError(f"metadata has {len(v)} keys (max {LIMITS.max_metadata_keys})")
+    for key, val in v.items():
+        if len(key) > LIMITS.max_id_chars:
+            raise ValueError("metadata key too long")
+        if isinstance(val, str) and len(val) > LIMITS.max_metadata_value_chars:
+            raise ValueError(f"metadata value for {key!r} too long")
+        if isinstance(val, float) and val != val:
+            raise ValueError(f"metadata value for {key!r} is NaN")
+    return v
+
+
+def stable_transition_id(tenant: str, agent_id: str, episode_id: str, step: int) -> str:
+    """Deterministic id: the same transition replayed maps to the same memory."""
+    raw = f"{tenant}\x1f{agent_id}\x1f{episode_id}\x1f{step}".encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+class Transition(Model):
+    """One step of an agent: what it saw, did, got, and saw next."""
+
+    transition_id: Ident | None = None
+    tenant: Ident
+    agent_id: Ident
+    episode_id: Ident
+    step: int = Field(ge=0)
+    observation: Text | None = None
+    state: Vector | None = None
+    action: Annotated[str, StringConstraints(max_length=LIMITS.max_id_chars * 4)]
+    reward: FiniteFloat = 0.0
+    next_observation: Text | None = None
+    next_state: Vector | None = None
+    done: bool = False
+    ts: int | None = Field(default=None, ge=0, description="event time, ms since epoch")
+    metadata: dict[str, MetaValue] = Field(default_factory=dict)
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _action_text(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("action must be text or an integer")
+        return str(v) if isinstance(v, int) else v
+
+    @field_validator("metadata")
+    @classmethod
+    def _meta(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_metadata(v)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Transition:
+        if self.observation is None and self.state is None:
+            raise ValueError("a transition needs an observation (text) or a state (vector)")
+        if self.state is not None and self.next_state is not None:
+            if len(self.state) != len(self.next_state):
+                raise ValueError("state and next_state differ in dimension")
+        if self.transition_id is None:
+            self.transition_id = stable_transition_id(
+                self.tenant, self.agent_id, self.episode_id, self.step
+            )
+        return self
+
+    @property
+    def memory_id(self) -> str:
+        assert self.transition_id is not None
+        return self.transition_id
+
+    def text(self) -> str:
+        """What gets embedded and shown: the observation, or a rendering of the state."""
+        if self.observation is not None:
+            return self.observation
+        assert self.state is not None
+        return "state " + " ".join(f"{x:.4g}" for x in self.state[:64])
+
+    def next_text(self) -> str:
+        if self.next_observation is not None:
+            return self.next_observation
+        if self.next_state is not None:
+            return "state " + " ".join(f"{x:.4g}" for x in self.next_state[:64])
+        return self.text()
+
+
+class EpisodeOutcome(Model):
+    """The (possibly late) final result of an episode."""
+
+    outcome_id: Ident | None = None
+    tenant: Ident
+    episode_id: Ident
+    agent_id: Ident | None = None
+    task: Ident | None = None
+    reward: FiniteFloat
+    success: bool | None = None
+    ts: int | None = Field(default=None, ge=0)
+
+
+class Feedback(Model):
+    """A late reward or a user's thumbs on an episode or a single memory."""
+
+    feedback_id: Ident | None = None
+    tenant: Ident
+    episode_id: Ident | None = None
+    memory_id: Ident | None = None
+    agent_id: Ident | None = None
+    kind: Literal["reward", "thumbs_up", "thumbs_down"] = "reward"
+    value: FiniteFloat = 0.0
+    ts: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _target(self) -> Feedback:
+        if self.episode_id is None and self.memory_id is None:
+            raise ValueError("feedback needs an episode_id or a memory_id")
+        return self
+
+
+class SearchFilters(Model):
+    """Structured filters only: never a raw Milvus expression."""
+
+    valence: Literal[-1, 0, 1] | None = None
+    partition: Partition | None = None
+    since_ms: int | None = Field(default=None, ge=0)
+    until_ms: int | None = Field(default=None, ge=0)
+    min_utility: FiniteFloat | None = None
+    metadata_equals: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("metadata_equals")
+    @classmethod
+    def _meta(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_metadata(v)
+
+
+class RetrievalRequest(Model):
+    request_id: Ident
+    tenant: Ident
+    agent_id: Ident | None = None
+    query: Text | None = None
+    vector: Vector | None = None
+    k: int = Field(default=5, ge=1, le=LIMITS.max_k)
+    lambda_: float | None = Field(default=None, ge=0.0, le=1.0, alias="lambda")
+    filters: SearchFilters = Field(default_factory=SearchFilters)
+    mmr: bool = False
+    episode_id: Ident | None = None
+    step: int | None = Field(default=None, ge=0)
+    reply_topic: Ident | None = None
+    ts: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _has_query(self) -> RetrievalRequest:
+        if self.query is None and self.vector is None:
+            raise ValueError("a retrieval request needs a query (text) or a vector")
+        return self
+
+
+class ScoreBreakdown(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    semantic: float
+    salience: float
+    recency: float
+    lambda_: float = Field(alias="lambda")
+    score: float
+
+
+class Hit(BaseModel):
+    memory_id: str
+    text: str
+    action: str
+    reward: float
+    rpe: float
+    valence: int
+    utility: float
+    partition: Partition
+    episode_id: str
+    agent_id: str
+    step: int
+    created_ts: int
+    score: float
+    breakdown: ScoreBreakdown
+
+
+class RetrievalResponse(Model):
+    request_id: Ident
+    tenant: Ident
+    hits: list[Hit] = Field(default_factory=list)
+    error: str | None = None
+    took_ms: float = 0.0
+
+
+class MemoryUsage(Model):
+    """Which memories one response served, with their normalised weights."""
+
+    tenant: Ident
+    episode_id: Ident
+    request_id: Ident
+    agent_id: Ident | None = None
+    step: int = Field(default=0, ge=0)
+    memory_ids: list[Ident]
+    weights: list[FiniteFloat]
+    ts: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> MemoryUsage:
+        if len(self.memory_ids) != len(self.weights):
+            raise ValueError("memory_ids and weights differ in length")
+        return self
+
+
+EventKind = Literal[
+    "written", "dropped", "merged", "moved", "promoted", "demoted", "evicted", "forgotten"
+]
+
+
+class MemoryEvent(Model):
+    """What happened to a memory, and why: the audit trail and the metrics feed."""
+
+    kind: EventKind
+    memory_id: Ident
+    tenant: Ident
+    agent_id: Ident | None = None
+    episode_id: Ident | None = None
+    step: int | None = None
+    partition: Partition | None = None
+    route: Route | None = None
+    reward: FiniteFloat | None = None
+    rpe: FiniteFloat | None = None
+    rpe_smoothed: FiniteFloat | None = None
+    gate: FiniteFloat | None = None
+    valence: int | None = None
+    theta_low: FiniteFloat | None = None
+    theta_high: FiniteFloat | None = None
+    reason: str = ""
+    event_ts: int | None = Field(default=None, description="event time of the source record")
+    ts: int = Field(ge=0, description="processing time, ms")
+
+
+class UtilityUpdate(Model):
+    """A credit to apply to a memory's utility; `update_id` makes it idempotent."""
+
+    update_id: Ident
+    memory_id: Ident
+    tenant: Ident
+    credit: FiniteFloat
+    uses: int = Field(default=1, ge=0)
+    ts: int = Field(ge=0)
+
+
+class DeadLetter(Model):
+    """A record that could not be processed, with the reason and its original bytes."""
+
+    reason: str
+    error_type: str
+    stage: str
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    original_b64: str
+    ts: int = Field(ge=0)
+
+
+class MemoryRecord(BaseModel):
+    """One stored memory: the row layout of the Milvus collection.
+
+    `milvus/` derives its collection schema from these fields (the
+    ``json_schema_extra["milvus"]`` hints give max lengths and the vector field).
+    """
+
+    id: str = Field(json_schema_extra={"milvus": {"primary": True, "max_length": 128}})
+    tenant: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
+    agent_id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
+    episode_id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
+    step: int
+    vector: list[float] = Field(json_schema_extra={"milvus": {"vector": True}})
+    text: str = Field(json_schema_extra={"milvus": {"max_length": LIMITS.max_text_chars * 4}})
+    action: str = Field(json_schema_extra={"milvus": {"max_length": 512}})
+    reward: float
+    rpe: float
+    rpe_smoothed: float
+    gate: float
+    valence: int
+    utility: float = 0.0
+    uses: int = 0
+    merged_count: int = 1
+    created_ts: int
+    last_access_ts: int
+    metadata: dict[str, Any] = Field(default_factory=dict)

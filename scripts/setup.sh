@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of a fresh machine: a virtualenv in .venv with the
+# CPU build of torch, dmem and its test tools, and the Milvus 2.3.5 server wheel
+# in an isolated directory (it would shadow our top-level `milvus` package).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
+# torch first, pinned to the local CPU wheel (a looser pin downloads a CUDA build).
+.venv/bin/python -c "import torch" 2>/dev/null || $PIP install torch==2.13.0
+if [ ! -f .venv/.dmem-installed ] || [ pyproject.toml -nt .venv/.dmem-installed ]; then
+  $PIP install -e '.[test]'
+  touch .venv/.dmem-installed
+fi
+if [ ! -d .cache/milvus-server/milvus ]; then
+  $PIP install --no-deps --target .cache/milvus-server milvus==2.3.5
+fi

@@ -1,0 +1,224 @@
+"""The faust app: thin wiring around `WritePipeline` and `MemoryStore`.
+
+Decisions:
+- The write agent reads raw bytes (``value_serializer="raw"``) so a malformed
+  record can be dead-lettered with its original bytes; decoding is the
+  pipeline's job.
+- Micro-batches come from ``stream.take_events`` (events, not values: each
+  carries topic/partition/offset for dead letters). faust acks a batch's
+  events when the loop body finishes, and commits acked offsets every
+  ``broker_commit_interval`` after flushing the producer. The body therefore
+  never finishes before Milvus acknowledged the batch: store errors are
+  retried with backoff *inside* the body, so an outage stalls consumption
+  (lag grows) instead of skipping records. A crash before the commit replays
+  the batch; memory ids are stable, upserts idempotent, so nothing duplicates.
+- Operator state (value model, RPE normaliser, gate sketch, smoothers) is not
+  kept in faust Tables: faust refuses table writes from ``take()`` batches
+  ("Cannot modify table key from outside of stream iteration"). Instead each
+  tenant's state is snapshotted to the compacted ``models`` topic (key =
+  tenant) every ``checkpoint_every_s`` and on shutdown, and read back before
+  the first batch is processed. That is a changelog in all but name, with one
+  record per tenant instead of one per key update.
+- Torch work and Milvus calls run in a worker thread (`asyncio.to_thread`),
+  never on the event loop, so heartbeats and the web server stay responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+from mode import Service
+
+from milvus import MemoryStore
+from operators import Encoder, build_encoder
+from schemas import encode
+from schemas.errors import ConfigError, DmemError
+from streams.admin import read_compacted
+from streams.settings import Settings
+from streams.writepath import RawRecord, WritePipeline
+
+log = logging.getLogger("dmem")
+
+ROLES = ("write", "respond", "jobs", "all")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def make_encoder(settings: Settings) -> Encoder:
+    e = settings.encoder
+    return build_encoder(e.name, dim=e.dim, cache_size=e.cache_size)
+
+
+class StoreService(Service):
+    """Owns the Milvus client for this process; retries writes until acknowledged."""
+
+    def __init__(self, settings: Settings, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.dim = dim
+        self.store: MemoryStore | None = None
+        self.healthy = False
+        self.failures = 0
+
+    async def on_start(self) -> None:
+        m = self.settings.milvus
+        if not m.uri:
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MemoryStore(
+            self.settings.milvus_uri,
+            collection=m.collection,
+            dim=self.dim,
+            token=m.token,
+            timeout_s=m.timeout_s,
+        )
+        await self._retry("connect", self.store.connect)
+
+    async def on_stop(self) -> None:
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def _retry(self, what: str, fn: Any, *args: Any) -> Any:
+        w = self.settings.write
+        delay = w.retry_initial_s
+        while True:
+            try:
+                out = await asyncio.to_thread(fn, *args)
+                self.healthy = True
+                return out
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every store failure is retried
+                self.healthy = False
+                self.failures += 1
+                retriable = getattr(exc, "retriable", True)
+                log.warning(
+                    "milvus %s failed (%s, retriable=%s); retry in %.1fs",
+                    what,
+                    exc,
+                    retriable,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, w.retry_max_s)
+
+    async def write(self, upserts: dict[str, list[dict[str, Any]]]) -> None:
+        assert self.store is not None
+        for partition, rows in upserts.items():
+            if rows:
+                await self._retry(f"upsert {partition}", self.store.upsert, rows, partition)
+
+
+def build_app(settings: Settings, role: str = "write") -> faust.App:
+    """Create the faust app with the agents of `role` wired in."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    k = settings.kafka
+    app = faust.App(
+        settings.app_id,
+        broker=k.broker,
+        store="memory://",
+        autodiscover=False,
+        web_enabled=True,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_bind=settings.web_host,
+        topic_partitions=k.partitions,
+        topic_replication_factor=k.replication_factor,
+        broker_session_timeout=k.session_timeout_s,
+        broker_heartbeat_interval=k.heartbeat_interval_s,
+        broker_rebalance_timeout=k.rebalance_timeout_s,
+        broker_commit_interval=k.commit_interval_s,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=8 * 1024 * 1024,
+        stream_buffer_maxsize=max(4096, settings.write.batch_size * 2),
+        datadir=str(settings.data_dir / "faust"),
+    )
+    if role in ("write", "all"):
+        wire_write_path(app, settings)
+    return app
+
+
+def wire_write_path(app: faust.App, settings: Settings) -> None:
+    encoder = make_encoder(settings)
+    pipeline = WritePipeline(settings, encoder)
+    store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
+    app.add_runtime_dependency(store)
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    transitions = app.topic(settings.topic("transitions"), **raw)
+    memories = app.topic(settings.topic("memories"), **raw)
+    deadletters = app.topic(settings.topic("deadletter"), **raw)
+    models = app.topic(settings.topic("models"), **raw)
+    w = settings.write
+    app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
+    app.dmem_store = store  # type: ignore[attr-defined]
+
+    async def checkpoint() -> None:
+        for tenant in sorted(pipeline.dirty):
+            data = await asyncio.to_thread(pipeline.snapshot, tenant)
+            await models.send(key=tenant.encode(), value=data)
+        pipeline.dirty.clear()
+
+    async def restore() -> int:
+        states = await read_compacted(settings, settings.topic("models"))
+        for key, data in states.items():
+            try:
+                pipeline.restore(key.decode(), data)
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
+                log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
+        return len(states)
+
+    @app.agent(transitions, name="dmem-write")
+    async def write_agent(stream: faust.StreamT[bytes]) -> None:
+        restored = await restore()
+        log.info("write path ready (restored %d tenant states)", restored)
+        last_ckpt = time.monotonic()
+        try:
+            async for events in stream.take_events(w.batch_size, within=w.batch_within_s):
+                raws = [
+                    RawRecord(
+                        value=e.message.value,
+                        key=e.message.key,
+                        topic=e.message.topic,
+                        partition=e.message.partition,
+                        offset=e.message.offset,
+                        timestamp_ms=int(e.message.timestamp * 1000)
+                        if e.message.timestamp
+                        else None,
+                    )
+                    for e in events
+                ]
+                result = await asyncio.to_thread(pipeline.process, raws, now_ms())
+                await store.write(result.upserts)
+                for key, dl in result.dead:
+                    await deadletters.send(key=key, value=encode(dl))
+                for ev in result.events:
+                    await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+                if time.monotonic() - last_ckpt >= w.checkpoint_every_s:
+                    await checkpoint()
+                    last_ckpt = time.monotonic()
+        finally:
+            if pipeline.dirty:
+                try:
+                    await checkpoint()
+                    await app.producer.flush()
+                except Exception as exc:  # noqa: BLE001 - best effort on shutdown
+                    log.warning("final checkpoint failed: %s", exc)
+
+    @app.page("/health")
+    async def health(web: Any, request: Any) -> Any:
+        ok = store.healthy
+        body = {
+            "ok": ok,
+            "role": "write",
+            "processed": pipeline.processed,
+            "store_failures": store.failures,
+        }
+        return web.json(body, status=200 if ok else 503)
+
+    _ = (write_agent, health, DmemError)

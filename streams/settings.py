@@ -1,0 +1,130 @@
+"""The one settings object (`DMEM_` prefix, ``__`` nesting), built once and passed down.
+
+Examples: ``DMEM_KAFKA__BROKER=kafka://10.0.0.5:9092``, ``DMEM_MILVUS__URI=http://milvus:19530``,
+``DMEM_GATE__Q_HIGH=0.95``, ``DMEM_ENCODER__NAME=hash``. Units are in the names
+(``_ms``, ``_s``). Defaults run the embedded stack: Milvus Lite under
+``data_dir`` and a broker on localhost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KafkaSettings(BaseModel):
+    broker: str = "kafka://127.0.0.1:9092"
+    topic_prefix: str = "dmem."
+    partitions: int = Field(default=4, ge=1, le=1024)
+    replication_factor: int = Field(default=1, ge=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    # Short session/rebalance timeouts: a restarted worker rejoins in seconds.
+    session_timeout_s: float = 10.0
+    rebalance_timeout_s: float = 5.0
+    heartbeat_interval_s: float = 1.0
+    commit_interval_s: float = 1.0
+
+    @field_validator("broker")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if "://" not in v:
+            v = "kafka://" + v
+        if not v.startswith("kafka://"):
+            raise ValueError(f"broker URL must look like kafka://host:port, got {v!r}")
+        return v
+
+    @property
+    def bootstrap(self) -> str:
+        """host:port list for aiokafka."""
+        return self.broker.removeprefix("kafka://").replace(";", ",")
+
+
+class MilvusSettings(BaseModel):
+    uri: str = ""  # empty: Milvus Lite file under data_dir
+    collection: str = "dmem_memories"
+    token: str | None = None
+    timeout_s: float = 10.0
+
+
+class EncoderSettings(BaseModel):
+    name: Literal["minilm", "hash", "passthrough"] = "minilm"
+    dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
+    cache_size: int = Field(default=50_000, ge=0)
+
+
+class ValueSettings(BaseModel):
+    hidden: int = Field(default=64, ge=4)
+    gamma: float = Field(default=0.95, ge=0.0, le=1.0)
+    lr: float = Field(default=3e-3, gt=0.0)
+    polyak: float = Field(default=0.05, gt=0.0, le=1.0)
+    replay_size: int = Field(default=4096, ge=0)
+    replay_batch: int = Field(default=64, ge=1)
+
+
+class RpeSettings(BaseModel):
+    smoother_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
+    smoother_kappa: float = Field(default=0.25, ge=0.0)
+    novelty: bool = Field(default=True, description="drop exact repeats already in core")
+
+
+class GateSettings(BaseModel):
+    q_low: float = Field(default=0.5, gt=0.0, lt=1.0)
+    q_high: float = Field(default=0.9, gt=0.0, lt=1.0)
+    floor: float = Field(default=0.5, ge=0.0)
+    outlier_k: float = Field(default=3.0, gt=0.0)
+    alpha: float = 2.0
+    beta: float = 2.0
+    half_life: float = Field(default=5000.0, gt=0.0)
+    warmup: int = Field(default=50, ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> GateSettings:
+        if self.q_low >= self.q_high:
+            raise ValueError(f"gate q_low ({self.q_low}) must be below q_high ({self.q_high})")
+        return self
+
+
+class WriteSettings(BaseModel):
+    batch_size: int = Field(default=512, ge=1, le=100_000)
+    batch_within_s: float = Field(default=0.2, gt=0.0)
+    checkpoint_every_s: float = Field(default=5.0, gt=0.0)
+    eligibility_horizon: int = Field(default=64, ge=1)
+    eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 10.0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DMEM_", env_nested_delimiter="__", extra="ignore")
+
+    app_id: str = "dmem"
+    data_dir: Path = Path("dmem-data")
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(default=6066, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warn", "error", "crit"] = "warn"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    milvus: MilvusSettings = Field(default_factory=MilvusSettings)
+    encoder: EncoderSettings = Field(default_factory=EncoderSettings)
+    value: ValueSettings = Field(default_factory=ValueSettings)
+    rpe: RpeSettings = Field(default_factory=RpeSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    write: WriteSettings = Field(default_factory=WriteSettings)
+
+    @property
+    def milvus_uri(self) -> str:
+        """Empty URI means Milvus Lite under data_dir (the embedded default)."""
+        if self.milvus.uri:
+            return self.milvus.uri
+        return str((self.data_dir / "milvus.db").resolve())
+
+    def topic(self, logical: str) -> str:
+        from schemas.topics import topic_name
+
+        return topic_name(logical, self.kafka.topic_prefix)

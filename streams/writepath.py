@@ -1,0 +1,386 @@
+"""The fused write path as one plain object: raw records in, routed memories out.
+
+No faust and no Milvus here: the faust agent (`streams.app`) feeds batches of raw
+Kafka records and writes what comes back. Time is an argument (`now_ms`).
+
+Per batch: decode + validate (bad records become `DeadLetter`s with a reason) ->
+encode observations and next observations in one call -> per tenant: TD errors
+from the value model *before* it learns from the batch, then one TD update ->
+normalise delta by the tenant's running sigma -> smooth per agent -> gate.
+
+Decisions (see README "Write path"):
+- ``rpe`` stored with a memory is the tenant-normalised delta z (scale free, so
+  thresholds and ranking work across tenants with rewards of any scale);
+  ``rpe_smoothed`` is the gate score s; ``valence`` is sign(delta).
+- Novelty: an exact repeat (same tenant, agent, observation, action, reward) of
+  a transition already routed to core, or to buffer when the new route is
+  buffer, is dropped with reason ``repeat`` instead of writing a second
+  identical row; the sketch still sees its score. Near-duplicates are the
+  dedup job's business.
+- State (value model, normaliser, gate sketch, smoothers, recent-content keys,
+  eligibility windows) is kept per tenant and snapshotted to bytes for the
+  compacted ``models`` topic; `restore` accepts those bytes on start.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import orjson
+from pydantic import ValidationError
+
+from operators import (
+    AgentSmoother,
+    DecayedQuantileSketch,
+    EligibilityEntry,
+    EligibilityWindow,
+    Encoder,
+    Gate,
+    GateDecision,
+    GateState,
+    PassthroughEncoder,
+    RpeNormalizer,
+    TDValueLearner,
+    valence,
+)
+from schemas import DeadLetter, MemoryEvent, Partition, Transition
+from streams.settings import Settings
+
+STATE_FORMAT = 1
+MAX_REPEAT_KEYS = 50_000
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A Kafka record as it arrived: bytes plus its coordinates."""
+
+    value: bytes | None
+    key: bytes | None
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None = None
+
+
+@dataclass
+class BatchResult:
+    upserts: dict[Partition, list[dict[str, Any]]] = field(
+        default_factory=lambda: {"core": [], "buffer": []}
+    )
+    events: list[MemoryEvent] = field(default_factory=list)
+    dead: list[tuple[bytes | None, DeadLetter]] = field(default_factory=list)
+    decisions: list[GateDecision] = field(default_factory=list)
+
+    @property
+    def stored(self) -> int:
+        return len(self.upserts["core"]) + len(self.upserts["buffer"])
+
+
+def dead_letter(
+    raw: RawRecord, reason: str, error_type: str, stage: str, now_ms: int
+) -> DeadLetter:
+    return DeadLetter(
+        reason=reason[:2000],
+        error_type=error_type,
+        stage=stage,
+        topic=raw.topic,
+        partition=raw.partition,
+        offset=raw.offset,
+        key=raw.key.decode("utf-8", "replace")[:256] if raw.key else None,
+        original_b64=base64.b64encode(raw.value or b"").decode(),
+        ts=now_ms,
+    )
+
+
+def validation_reason(exc: Exception) -> str:
+    """One line a human can act on, from a pydantic or JSON error."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors()[:5]:
+            loc = ".".join(str(x) for x in err.get("loc", ())) or "record"
+            parts.append(f"{loc}: {err.get('msg')}")
+        return "invalid record: " + "; ".join(parts)
+    if isinstance(exc, orjson.JSONDecodeError):
+        return f"malformed JSON: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class TenantState:
+    """Everything the write path learns about one tenant."""
+
+    def __init__(self, settings: Settings, dim: int, seed: int = 0) -> None:
+        v = settings.value
+        self.learner = TDValueLearner(
+            dim=dim,
+            hidden=v.hidden,
+            gamma=v.gamma,
+            lr=v.lr,
+            polyak=v.polyak,
+            replay_size=v.replay_size,
+            replay_batch=v.replay_batch,
+            seed=seed,
+        )
+        self.normalizer = RpeNormalizer()
+        self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
+        self.smoothers: dict[str, AgentSmoother] = {}
+        self.repeats: OrderedDict[str, str] = OrderedDict()
+        self.eligibility = EligibilityWindow(
+            horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
+        )
+        self.settings = settings
+
+    def smoother(self, agent_id: str) -> AgentSmoother:
+        sm = self.smoothers.get(agent_id)
+        if sm is None:
+            r = self.settings.rpe
+            sm = AgentSmoother(alpha=r.smoother_alpha, kappa=r.smoother_kappa)
+            self.smoothers[agent_id] = sm
+        return sm
+
+    def remember(self, key: str, route: str) -> None:
+        self.repeats[key] = route
+        self.repeats.move_to_end(key)
+        while len(self.repeats) > MAX_REPEAT_KEYS:
+            self.repeats.popitem(last=False)
+
+    def to_bytes(self) -> bytes:
+        header = {
+            "format": STATE_FORMAT,
+            "normalizer": self.normalizer.to_dict(),
+            "gate": self.gate_state.to_dict(),
+            "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
+            "repeats": list(self.repeats.items())[-MAX_REPEAT_KEYS:],
+            "eligibility": self.eligibility.to_dict(),
+            "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
+        }
+        return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    @classmethod
+    def from_bytes(cls, settings: Settings, data: bytes) -> TenantState:
+        header = orjson.loads(data)
+        if header.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown state format {header.get('format')}")
+        learner = TDValueLearner.from_bytes(base64.b64decode(header["learner_b64"]))
+        self = cls.__new__(cls)
+        self.settings = settings
+        self.learner = learner
+        self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
+        self.gate_state = GateState.from_dict(header["gate"])
+        self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
+        self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
+        self.eligibility = EligibilityWindow.from_dict(header["eligibility"])
+        return self
+
+
+def content_key(t: Transition) -> str:
+    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}".encode()
+    return hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+def build_gate(settings: Settings) -> Gate:
+    g = settings.gate
+    return Gate.percentile(
+        q_low=g.q_low,
+        q_high=g.q_high,
+        floor=g.floor,
+        outlier_k=g.outlier_k,
+        alpha=g.alpha,
+        beta=g.beta,
+        half_life=g.half_life,
+        warmup=g.warmup,
+    )
+
+
+class WritePipeline:
+    """Stateful operator chain for the write path (state per tenant, in memory)."""
+
+    def __init__(self, settings: Settings, encoder: Encoder, gate: Gate | None = None) -> None:
+        self.settings = settings
+        self.encoder = encoder
+        self.gate = gate or build_gate(settings)
+        self.tenants: dict[str, TenantState] = {}
+        self.dirty: set[str] = set()
+        self.processed = 0
+
+    # -- state -------------------------------------------------------------
+    def tenant(self, name: str) -> TenantState:
+        st = self.tenants.get(name)
+        if st is None:
+            st = TenantState(self.settings, self.encoder.dim)
+            self.tenants[name] = st
+        return st
+
+    def snapshot(self, tenant: str) -> bytes:
+        return self.tenants[tenant].to_bytes()
+
+    def restore(self, tenant: str, data: bytes) -> None:
+        self.tenants[tenant] = TenantState.from_bytes(self.settings, data)
+
+    # -- decode ------------------------------------------------------------
+    def decode(self, raw: RawRecord, now_ms: int) -> Transition | DeadLetter:
+        if raw.value is None:
+            return dead_letter(raw, "empty record (tombstone)", "InvalidRecord", "decode", now_ms)
+        try:
+            t = Transition.model_validate(orjson.loads(raw.value))
+        except (ValidationError, orjson.JSONDecodeError) as exc:
+            return dead_letter(raw, validation_reason(exc), type(exc).__name__, "decode", now_ms)
+        if isinstance(self.encoder, PassthroughEncoder):
+            for name, vec in (("state", t.state), ("next_state", t.next_state)):
+                if name == "state" and vec is None:
+                    return dead_letter(
+                        raw,
+                        "passthrough encoder needs a state vector",
+                        "InvalidRecord",
+                        "validate",
+                        now_ms,
+                    )
+                if vec is not None and len(vec) != self.encoder.dim:
+                    return dead_letter(
+                        raw,
+                        f"wrong vector dim: {name} has {len(vec)}, encoder expects "
+                        f"{self.encoder.dim}",
+                        "InvalidRecord",
+                        "validate",
+                        now_ms,
+                    )
+        return t
+
+    def _encode(self, ts: Sequence[Transition]) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(self.encoder, PassthroughEncoder):
+            s = self.encoder.encode_vectors([cast(list[float], t.state) for t in ts])
+            s2 = self.encoder.encode_vectors(
+                [t.next_state or cast(list[float], t.state) for t in ts]
+            )
+            return s, s2
+        texts = [t.text() for t in ts] + [t.next_text() for t in ts]
+        both = self.encoder.encode(texts)
+        return both[: len(ts)], both[len(ts) :]
+
+    # -- process -----------------------------------------------------------
+    def process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
+        result = BatchResult()
+        good: dict[str, Transition] = {}
+        event_ts: dict[str, int] = {}
+        for raw in raws:
+            item = self.decode(raw, now_ms)
+            if isinstance(item, DeadLetter):
+                result.dead.append((raw.key, item))
+            else:
+                good[item.memory_id] = item  # replay inside one batch: last wins
+                event_ts[item.memory_id] = raw.timestamp_ms or now_ms
+        by_tenant: dict[str, list[Transition]] = {}
+        for t in good.values():
+            by_tenant.setdefault(t.tenant, []).append(t)
+        for tenant, ts in by_tenant.items():
+            self._process_tenant(tenant, ts, now_ms, event_ts, result)
+        self.processed += len(raws)
+        return result
+
+    def _process_tenant(
+        self,
+        tenant: str,
+        ts: list[Transition],
+        now_ms: int,
+        event_ts: dict[str, int],
+        out: BatchResult,
+    ) -> None:
+        st = self.tenant(tenant)
+        self.dirty.add(tenant)
+        s, s2 = self._encode(ts)
+        r = np.array([t.reward for t in ts], dtype=np.float64)
+        done = np.array([t.done for t in ts], dtype=bool)
+        deltas = st.learner.td_errors(s, r, s2, done)
+        values = st.learner.values(s)
+        st.learner.update(s, r, s2, done)
+        z = st.normalizer.normalize(deltas)
+        novelty = self.settings.rpe.novelty
+        for i, t in enumerate(ts):
+            score = st.smoother(t.agent_id).smooth(float(z[i]))
+            d = self.gate.decide(st.gate_state, score)
+            route: str = d.route
+            reason = d.reason
+            key = content_key(t)
+            if novelty and route != "drop":
+                prev = st.repeats.get(key)
+                if prev == "core" or (prev == "buffer" and route == "buffer"):
+                    route, reason = "drop", "repeat"
+            if route != "drop":
+                st.remember(key, route)
+            out.decisions.append(d)
+            val = valence(float(deltas[i]))
+            created = t.ts if t.ts is not None else now_ms
+            st.eligibility.add(
+                f"{t.agent_id}/{t.episode_id}",
+                EligibilityEntry.make(
+                    transition_id=t.memory_id,
+                    step=t.step,
+                    embedding=s[i],
+                    value=float(values[i]),
+                    reward=t.reward,
+                    delta=float(deltas[i]),
+                    route=route,
+                ),
+                now_ms,
+            )
+            ev = MemoryEvent(
+                kind="dropped" if route == "drop" else "written",
+                memory_id=t.memory_id,
+                tenant=tenant,
+                agent_id=t.agent_id,
+                episode_id=t.episode_id,
+                step=t.step,
+                partition=None if route == "drop" else cast(Partition, route),
+                route=cast(Any, route),
+                reward=t.reward,
+                rpe=float(z[i]),
+                rpe_smoothed=float(score),
+                gate=float(d.gate),
+                valence=val,
+                theta_low=float(d.theta_low),
+                theta_high=float(d.theta_high),
+                reason=reason,
+                event_ts=event_ts.get(t.memory_id),
+                ts=now_ms,
+            )
+            out.events.append(ev)
+            if route == "drop":
+                continue
+            out.upserts[cast(Partition, route)].append(
+                {
+                    "id": t.memory_id,
+                    "tenant": tenant,
+                    "agent_id": t.agent_id,
+                    "episode_id": t.episode_id,
+                    "step": t.step,
+                    "vector": s[i],
+                    "text": t.text(),
+                    "action": t.action,
+                    "reward": float(t.reward),
+                    "rpe": float(z[i]),
+                    "rpe_smoothed": float(score),
+                    "gate": float(d.gate),
+                    "valence": val,
+                    "utility": 0.0,
+                    "uses": 0,
+                    "merged_count": 1,
+                    "created_ts": created,
+                    "last_access_ts": created,
+                    "metadata": {
+                        "user": t.metadata,
+                        "gate": {
+                            "route": route,
+                            "reason": reason,
+                            "theta_low": float(d.theta_low),
+                            "theta_high": float(d.theta_high),
+                        },
+                        "next": t.next_observation if t.next_observation is not None else None,
+                        "done": t.done,
+                    },
+                }
+            )
