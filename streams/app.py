@@ -148,7 +148,7 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
     encoder = make_encoder(settings)
     pipeline = WritePipeline(settings, encoder)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
-    app.add_runtime_dependency(store)
+    app.add_dependency(store)
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     transitions = app.topic(settings.topic("transitions"), **raw)
     memories = app.topic(settings.topic("memories"), **raw)
@@ -175,6 +175,7 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
 
     @app.agent(transitions, name="dmem-write")
     async def write_agent(stream: faust.StreamT[bytes]) -> None:
+        await store.maybe_start()
         restored = await restore()
         log.info("write path ready (restored %d tenant states)", restored)
         last_ckpt = time.monotonic()

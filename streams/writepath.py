@@ -54,6 +54,11 @@ from streams.settings import Settings
 
 STATE_FORMAT = 1
 MAX_REPEAT_KEYS = 50_000
+# Checkpoints stay well under a Kafka message limit: the most recent content keys
+# only, and no eligibility windows (they are rebuilt by live traffic; a restart
+# forgets the open episodes' last H transitions, which only affects the credit
+# job's retrospective promotion of those episodes).
+CHECKPOINT_REPEAT_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,7 @@ class TenantState:
             "normalizer": self.normalizer.to_dict(),
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
-            "repeats": list(self.repeats.items())[-MAX_REPEAT_KEYS:],
-            "eligibility": self.eligibility.to_dict(),
+            "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
         }
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -174,7 +178,9 @@ class TenantState:
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
-        self.eligibility = EligibilityWindow.from_dict(header["eligibility"])
+        self.eligibility = EligibilityWindow(
+            horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
+        )
         return self
 
 
