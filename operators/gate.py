@@ -1,0 +1,251 @@
+"""The dopamine gate: route a transition to core, buffer or drop by its smoothed |RPE|.
+
+Design decisions:
+
+- Policy and state are separate. ``Gate`` is an immutable, validated policy
+  (built by ``Gate.percentile`` or ``Gate.fixed``); ``GateState`` holds the
+  per-tenant decayed quantile sketch and is what a changelogged table stores.
+- Decide, then learn: a score is routed with the thresholds as they were
+  before it arrived, and only then added to the sketch, so a decision never
+  depends on itself and replaying the same stream gives the same routes.
+- Percentile thresholds: theta_low = max(Q(q_low), floor),
+  theta_high = max(Q(q_high), theta_low). The absolute floor stops a quiet
+  tenant (all scores tiny) from filling core with noise just because some
+  score is always in its top decile.
+- Robust outlier rule: s >= median + max(outlier_k * 1.4826 * MAD, floor) and
+  s >= floor goes to core even below theta_high. Frequent real surprises (a
+  cliff hit in 20-30 % of steps) pull q_high into their own mass, which would
+  push half of them into the buffer just because they are frequent; relative
+  to the bulk of ordinary scores they are still clear outliers. The margin is
+  never below ``floor`` so a near-constant score stream (MAD ~ 0) does not turn
+  tiny wiggles into core.
+- Warm-up (fewer than ``warmup`` scores seen): quantiles of a handful of
+  points are noise, so fixed multiples of the floor are used instead:
+  core if s >= warmup_core_factor * floor (default 3x), buffer if s >= floor,
+  else drop; reason "warmup" for all three. Scores are in units of the
+  tenant's RPE sigma, so the defaults mean buffer above half a sigma and core
+  above 1.5 sigma.
+- Gate strength g = sigmoid(alpha * s - beta) is reported with every decision
+  (it is stored with the memory), independent of the route.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from operators.sketch import DecayedQuantileSketch
+
+__all__ = ["Gate", "GateDecision", "GateState", "Reason", "Route", "sigmoid"]
+
+Route = Literal["core", "buffer", "drop"]
+Reason = Literal["above_high", "outlier", "between", "below_low", "below_floor", "warmup"]
+MAD_TO_SIGMA = 1.4826
+
+
+def sigmoid(x: float) -> float:
+    """Numerically stable logistic function."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    route: Route
+    score: float
+    gate: float
+    theta_low: float
+    theta_high: float
+    reason: Reason
+
+
+@dataclass
+class GateState:
+    """Per-tenant mutable gate state: the decayed sketch of past scores."""
+
+    sketch: DecayedQuantileSketch = field(default_factory=DecayedQuantileSketch)
+
+    @property
+    def count(self) -> int:
+        return self.sketch.count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sketch": self.sketch.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GateState:
+        return cls(sketch=DecayedQuantileSketch.from_dict(d["sketch"]))
+
+
+def _check_finite(name: str, v: float) -> None:
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Immutable gate policy; build with ``Gate.percentile`` or ``Gate.fixed``."""
+
+    kind: Literal["percentile", "fixed"]
+    q_low: float = 0.5
+    q_high: float = 0.9
+    floor: float = 0.5
+    outlier_k: float = 3.0
+    alpha: float = 2.0
+    beta: float = 2.0
+    half_life: float = 5000.0
+    warmup: int = 50
+    warmup_core_factor: float = 3.0
+    theta_low: float = 0.0
+    theta_high: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_finite("alpha", self.alpha)
+        _check_finite("beta", self.beta)
+        if self.kind == "percentile":
+            for name in ("q_low", "q_high"):
+                q = getattr(self, name)
+                if not 0.0 < q < 1.0:
+                    raise ValueError(f"{name} must be in (0, 1), got {q}")
+            if self.q_low >= self.q_high:
+                raise ValueError(f"q_low ({self.q_low}) must be < q_high ({self.q_high})")
+            _check_finite("floor", self.floor)
+            if self.floor < 0:
+                raise ValueError(f"floor must be >= 0, got {self.floor}")
+            _check_finite("outlier_k", self.outlier_k)
+            if self.outlier_k <= 0:
+                raise ValueError(f"outlier_k must be > 0, got {self.outlier_k}")
+            if not self.half_life > 0:
+                raise ValueError(f"half_life must be > 0 (or inf), got {self.half_life}")
+            if self.warmup < 0:
+                raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+            _check_finite("warmup_core_factor", self.warmup_core_factor)
+            if self.warmup_core_factor < 1.0:
+                raise ValueError(f"warmup_core_factor must be >= 1, got {self.warmup_core_factor}")
+        elif self.kind == "fixed":
+            _check_finite("theta_low", self.theta_low)
+            _check_finite("theta_high", self.theta_high)
+            if self.theta_low < 0:
+                raise ValueError(f"theta_low must be >= 0, got {self.theta_low}")
+            if self.theta_low > self.theta_high:
+                raise ValueError(
+                    f"theta_low ({self.theta_low}) must be <= theta_high ({self.theta_high})"
+                )
+        else:
+            raise ValueError(f"unknown gate kind {self.kind!r}")
+
+    # ----------------------------------------------------------- constructors
+
+    @classmethod
+    def percentile(
+        cls,
+        q_low: float = 0.5,
+        q_high: float = 0.9,
+        floor: float = 0.5,
+        outlier_k: float = 3.0,
+        alpha: float = 2.0,
+        beta: float = 2.0,
+        half_life: float = 5000.0,
+        warmup: int = 50,
+        warmup_core_factor: float = 3.0,
+    ) -> Gate:
+        """Adaptive thresholds from the tenant's decayed score distribution."""
+        return cls(
+            kind="percentile",
+            q_low=float(q_low),
+            q_high=float(q_high),
+            floor=float(floor),
+            outlier_k=float(outlier_k),
+            alpha=float(alpha),
+            beta=float(beta),
+            half_life=float(half_life),
+            warmup=int(warmup),
+            warmup_core_factor=float(warmup_core_factor),
+        )
+
+    @classmethod
+    def fixed(
+        cls, theta_low: float, theta_high: float, alpha: float = 2.0, beta: float = 2.0
+    ) -> Gate:
+        """Constant thresholds (tests, baselines, tenants that want predictability)."""
+        return cls(
+            kind="fixed",
+            theta_low=float(theta_low),
+            theta_high=float(theta_high),
+            floor=float(theta_low),
+            alpha=float(alpha),
+            beta=float(beta),
+            warmup=0,
+        )
+
+    # ------------------------------------------------------------------- API
+
+    def new_state(self) -> GateState:
+        """A fresh per-tenant state whose sketch decays with this policy's half-life."""
+        hl = self.half_life if self.kind == "percentile" else 5000.0
+        return GateState(sketch=DecayedQuantileSketch(half_life=hl))
+
+    def strength(self, score: float) -> float:
+        """g = sigmoid(alpha * s - beta)."""
+        return sigmoid(self.alpha * score - self.beta)
+
+    def thresholds(self, state: GateState) -> tuple[float, float]:
+        """(theta_low, theta_high) that the next decision would use."""
+        if self.kind == "fixed":
+            return (self.theta_low, self.theta_high)
+        if state.sketch.count < self.warmup or state.sketch.count == 0:
+            return (self.floor, self.warmup_core_factor * self.floor)
+        t_low = max(state.sketch.quantile(self.q_low), self.floor)
+        return (t_low, max(state.sketch.quantile(self.q_high), t_low))
+
+    def _route(self, state: GateState, s: float) -> tuple[Route, Reason, float, float]:
+        t_low, t_high = self.thresholds(state)
+        if self.kind == "fixed":
+            if s >= t_high:
+                return ("core", "above_high", t_low, t_high)
+            if s >= t_low:
+                return ("buffer", "between", t_low, t_high)
+            return ("drop", "below_low", t_low, t_high)
+        if state.sketch.count < self.warmup or state.sketch.count == 0:
+            if s >= t_high:
+                return ("core", "warmup", t_low, t_high)
+            if s >= t_low:
+                return ("buffer", "warmup", t_low, t_high)
+            return ("drop", "warmup", t_low, t_high)
+        if s >= t_high:
+            return ("core", "above_high", t_low, t_high)
+        if s >= self.floor:
+            # Only computed when it can change the outcome (it is the costly part).
+            med, mad = state.sketch.median_mad()
+            margin = max(self.outlier_k * MAD_TO_SIGMA * mad, self.floor)
+            if s >= med + margin:
+                return ("core", "outlier", t_low, t_high)
+        if s >= t_low:
+            return ("buffer", "between", t_low, t_high)
+        if s < self.floor:
+            return ("drop", "below_floor", t_low, t_high)
+        return ("drop", "below_low", t_low, t_high)
+
+    def decide(self, state: GateState, score: float) -> GateDecision:
+        """Route with the current thresholds, then add the score to ``state``."""
+        s = float(score)
+        if not math.isfinite(s) or s < 0:
+            raise ValueError(f"gate score must be finite and >= 0, got {score}")
+        route, reason, t_low, t_high = self._route(state, s)
+        state.sketch.add(s)
+        return GateDecision(
+            route=route,
+            score=s,
+            gate=self.strength(s),
+            theta_low=t_low,
+            theta_high=t_high,
+            reason=reason,
+        )
+
+    def decide_many(self, state: GateState, scores: Iterable[float]) -> list[GateDecision]:
+        """Sequential ``decide``: each score sees the ones before it."""
+        return [self.decide(state, s) for s in scores]

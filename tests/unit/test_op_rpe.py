@@ -1,0 +1,94 @@
+"""RPE normalisation (tenant scale, warm-up, before-fold) and per-agent smoothing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from operators.rpe import AgentSmoother, RpeNormalizer, valence
+
+
+def test_valence() -> None:
+    assert valence(0.3) == 1
+    assert valence(-0.3) == -1
+    assert valence(0.0) == 0
+    assert valence(1e-12) == 0
+    assert valence(1e-3, eps=1e-2) == 0
+
+
+def test_warmup_uses_batch_scale_for_large_rewards() -> None:
+    norm = RpeNormalizer(warmup=32)
+    z = norm.normalize(np.array([100.0, -100.0, 100.0, -100.0]))
+    np.testing.assert_allclose(z, [1.0, -1.0, 1.0, -1.0])
+    assert norm.sigma == pytest.approx(100.0)
+
+
+def test_sigma_taken_before_folding_batch() -> None:
+    rng = np.random.default_rng(0)
+    norm = RpeNormalizer(alpha=0.01, warmup=32)
+    for _ in range(20):
+        norm.normalize(rng.normal(0.0, 1.0, 64))
+    sigma = norm.sigma
+    assert sigma == pytest.approx(1.0, rel=0.2)
+    z = norm.normalize(np.array([50.0]))
+    assert z[0] == pytest.approx(50.0 / sigma)  # not diluted by itself
+    assert norm.sigma > sigma  # ...but folded in afterwards
+
+
+def test_tracks_scale_change() -> None:
+    rng = np.random.default_rng(1)
+    norm = RpeNormalizer(alpha=0.01)
+    norm.normalize(rng.normal(0.0, 1.0, 2000))
+    norm.normalize(rng.normal(0.0, 10.0, 2000))
+    assert norm.sigma == pytest.approx(10.0, rel=0.2)
+    z = norm.normalize(rng.normal(0.0, 10.0, 5000))
+    assert float(np.std(z)) == pytest.approx(1.0, rel=0.2)
+
+
+def test_normalizer_roundtrip_and_validation() -> None:
+    rng = np.random.default_rng(2)
+    a = RpeNormalizer(alpha=0.05, warmup=8)
+    a.normalize(rng.normal(0.0, 3.0, 20))
+    b = RpeNormalizer.from_dict(json.loads(json.dumps(a.to_dict())))
+    batch = rng.normal(0.0, 3.0, 10)
+    np.testing.assert_array_equal(a.normalize(batch), b.normalize(batch))
+    assert a.to_dict() == b.to_dict()
+    assert a.normalize(np.array([])).shape == (0,)
+    with pytest.raises(ValueError):
+        a.normalize(np.array([math.nan]))
+    with pytest.raises(ValueError):
+        RpeNormalizer(alpha=0.0)
+
+
+def test_smoother_relative_to_agent_level() -> None:
+    calm, turbulent = AgentSmoother(kappa=0.25), AgentSmoother(kappa=0.25)
+    for _ in range(200):
+        calm.smooth(0.1)
+        turbulent.smooth(-4.0)
+    assert turbulent.ema == pytest.approx(4.0)
+    assert turbulent.smooth(4.0) == pytest.approx(4.0 / (1.0 + 0.25 * 4.0))
+    assert calm.smooth(-4.0) == pytest.approx(4.0 / (1.0 + 0.25 * 0.1))
+    assert calm.smooth(4.0) < 4.0 / (1.0 + 0.25 * 0.1)  # the EMA moved after scoring
+
+
+def test_smoother_first_score_and_kappa_zero() -> None:
+    sm = AgentSmoother()
+    assert sm.smooth(-2.5) == 2.5  # no history: judged on its own
+    raw = AgentSmoother(kappa=0.0)
+    zs = np.random.default_rng(3).normal(0.0, 2.0, 50)
+    np.testing.assert_allclose(raw.smooth_many(zs), np.abs(zs))
+
+
+def test_smoother_roundtrip_and_validation() -> None:
+    a = AgentSmoother(alpha=0.1, kappa=0.5)
+    for z in (1.0, -3.0, 0.5):
+        a.smooth(z)
+    b = AgentSmoother.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert [a.smooth(z) for z in (2.0, -1.0)] == [b.smooth(z) for z in (2.0, -1.0)]
+    with pytest.raises(ValueError):
+        AgentSmoother(kappa=1.5)
+    with pytest.raises(ValueError):
+        a.smooth(math.inf)
