@@ -194,12 +194,20 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
                     )
                     for e in events
                 ]
+                t0 = time.perf_counter()
                 result = await asyncio.to_thread(pipeline.process, raws, now_ms())
+                t1 = time.perf_counter()
                 await store.write(result.upserts)
+                t2 = time.perf_counter()
                 for key, dl in result.dead:
                     await deadletters.send(key=key, value=encode(dl))
                 for ev in result.events:
                     await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+                log.info(
+                    "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
+                    len(raws), result.stored, len(result.dead), (t1 - t0) * 1e3,
+                    (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3,
+                )
                 if time.monotonic() - last_ckpt >= w.checkpoint_every_s:
                     await checkpoint()
                     last_ckpt = time.monotonic()

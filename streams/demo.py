@@ -156,6 +156,7 @@ async def drive(
         settings.topic("deadletter"),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
+        fetch_max_wait_ms=20,
         **kw,
     )
     await producer.start()
