@@ -212,7 +212,6 @@ def test_write_path_routes_dead_letters_replays_and_restores(
         assert r["valence"] == (1 if e["rpe"] > 0 else -1 if e["rpe"] < 0 else 0)
     total_before = store.count()
     store.close()
-    last_theta = max(events.values(), key=lambda e: (e["ts"], e["theta_high"]))["theta_high"]
 
     # -- second run: replay the same records + new ones; restored state -------
     w2 = stack.start_worker("write")
@@ -223,12 +222,18 @@ def test_write_path_routes_dead_letters_replays_and_restores(
     stack.stop_workers()
     new_events = [m for m in out2[len(records) :] if m["_topic"].endswith("memories")]
     assert not any(e["reason"] == "warmup" for e in new_events), "gate state was not restored"
+    # restored state, not a cold start: replays of what was stored are recognised
+    # as repeats, and new transitions do not cause a burst of core writes
+    replayed = [e for e in new_events if e["memory_id"] in events]
+    assert len(replayed) == len(good)
+    core_first = sum(e["route"] == "core" for e in events.values())
+    core_replayed = sum(e["route"] == "core" for e in replayed)
+    assert core_replayed < core_first, (core_replayed, core_first)
+    assert sum(e["reason"] == "repeat" for e in replayed) > 0
     fresh = [e for e in new_events if e["memory_id"] in {t.memory_id for t in more}]
-    first_fresh_theta = fresh[0]["theta_high"]
-    assert math.isclose(first_fresh_theta, last_theta, rel_tol=0.5)
-    cold_core = sum(e["route"] == "core" for e in list(events.values())[: len(more) * 1])
-    warm_core = sum(e["route"] == "core" for e in fresh)
-    assert warm_core <= max(cold_core, 1) + 2, (warm_core, cold_core)
+    assert len(fresh) == len(more)
+    cold = sum(e["route"] == "core" for e in list(events.values())[: len(more)])
+    assert sum(e["route"] == "core" for e in fresh) <= max(cold, 1)
 
     store = open_store(stack)
     ids = [r["id"] for r in store.scan(output_fields=["id"])]

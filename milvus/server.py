@@ -1,0 +1,360 @@
+"""Embedded Milvus standalone server (PyPI wheel ``milvus==2.3.5``) as a subprocess.
+
+Our top-level package is also called ``milvus``, so the server wheel must never be
+installed into the project's environment. It lives in an isolated directory
+(default ``<repo>/.cache/milvus-server``, or ``$DMEM_MILVUS_SERVER_DIR``)::
+
+    pip install --no-deps --target .cache/milvus-server milvus==2.3.5
+
+and is started here in a child Python process (``python -I -c ...``, cwd = the data
+dir) whose ``sys.path`` has that directory first, so ``from milvus import
+default_server`` resolves to the server wheel and not to this package.
+
+Decisions:
+- Ports: every ``*_port`` of the server config and the health/metrics port start
+  from an OS-chosen free port (the wheel then scans upward from there), so several
+  servers can run on one machine. The wheel always starts its embedded etcd with the
+  default peer port 2380; we point ``etcd.config.path`` at a generated etcd config
+  with free client and peer ports.
+- Binaries: the wheel decompresses ~200 MB of lzma'd binaries into every base dir.
+  We decompress them once into a shared cache (``<install_dir>/../milvus-server-bin``,
+  under a file lock) and symlink ``<base_dir>/bin`` to it; if the cache is not
+  writable we fall back to the wheel's per-dir behaviour.
+- Lifetime: the child and the milvus binary run in their own process group. The
+  child stops the server when its stdin closes (the parent exited or called
+  ``stop()``) or on SIGTERM; ``stop()`` then kills the whole group as a last resort,
+  so no orphaned milvus/etcd is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from schemas.errors import ConfigError, StoreUnavailable
+
+__all__ = ["EmbeddedMilvusServer", "default_install_dir", "milvus_lite_uri"]
+
+INSTALL_HINT = "pip install --no-deps --target {dir} milvus==2.3.5"
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_install_dir() -> str:
+    """``$DMEM_MILVUS_SERVER_DIR`` or ``<repo>/.cache/milvus-server``."""
+    env = os.environ.get("DMEM_MILVUS_SERVER_DIR")
+    return env if env else str(_REPO_ROOT / ".cache" / "milvus-server")
+
+
+def milvus_lite_uri(data_dir: str | os.PathLike[str], name: str = "dmem") -> str:
+    """The Milvus Lite URI (a ``.db`` file path; pymilvus requires the suffix) in ``data_dir``.
+
+    Creates ``data_dir`` if missing.
+    """
+    path = Path(data_dir).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path / f"{name}.db")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# The child program. Runs with ``python -I`` (no cwd / script dir on sys.path) in
+# the data dir; argv[1] is a JSON object of settings. Prints one JSON line on stdout
+# when ready ({"port": ...}) or failed ({"error": ...}), then waits for stdin EOF.
+_CHILD = r"""
+import fcntl, json, os, re, signal, sys, threading, traceback
+cfg = json.loads(sys.argv[1])
+sys.path.insert(0, cfg["install_dir"])
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+try:
+    import milvus as _wheel
+    from milvus import default_server as srv
+    if not hasattr(srv, "set_base_dir"):
+        raise RuntimeError("'milvus' at %s is not the server wheel" % _wheel.__file__)
+    base = cfg["base_dir"]
+    srv.set_base_dir(base)
+    conf = srv.config
+    for key, port in cfg["ports"].items():
+        conf.set(key, port)
+    srv.webservice_port = cfg["web_port"]
+    # a restart on the same data dir waits for the previous run's etcd sessions to
+    # expire; the default 30s ttl (x2 retries) makes that ~1 min
+    conf.set("common.session.ttl", cfg["session_ttl_s"])
+    for key, value in cfg["extra_config"].items():
+        conf.set(key, value)
+    # embedded etcd: free client + peer ports instead of the fixed 2380
+    etcd_conf = os.path.join(base, "configs", "embed-etcd.yaml")
+    cport, pport = cfg["ports"]["etcd_port"], cfg["etcd_peer_port"]
+    with open(etcd_conf, "w") as fh:
+        fh.write(
+            "listen-client-urls: http://127.0.0.1:%d\n"
+            "advertise-client-urls: http://127.0.0.1:%d\n"
+            "listen-peer-urls: http://127.0.0.1:%d\n"
+            "initial-advertise-peer-urls: http://127.0.0.1:%d\n"
+            "initial-cluster: default=http://127.0.0.1:%d\n" % (cport, cport, pport, pport, pport)
+        )
+    conf.template_text = re.sub(
+        r"(\n  use:\n    embed: true)",
+        "\n  config:\n    path: " + etcd_conf + r"\1",
+        conf.template_text,
+        count=1,
+    )
+    conf.template_text = conf.template_text.replace(
+        "localhost:{{ etcd_port", "127.0.0.1:{{ etcd_port"
+    )
+    cache = cfg.get("bin_cache")
+    bin_dir = os.path.join(base, "bin")
+    if cache and not os.path.exists(bin_dir):
+        try:
+            os.makedirs(cache, exist_ok=True)
+            with open(os.path.join(cache, ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                _wheel._initialize_data_files(cache)
+            os.symlink(os.path.join(cache, "bin"), bin_dir)
+        except OSError:
+            pass  # not writable: the wheel decompresses into base_dir itself
+    # the wheel expects the server to have started, then returns quickly
+    srv.wait_for_started = True
+    srv.start()
+    # the wheel may have scanned upward from our port: report what it really uses
+    say({"port": srv.listen_port, "web_port": srv.webservice_port,
+         "pid": srv.server_proc.pid})
+except BaseException as exc:
+    say({"error": "%s: %s" % (type(exc).__name__, exc), "trace": traceback.format_exc()})
+    try:
+        srv.stop()
+    except Exception:
+        pass
+    sys.exit(1)
+
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: done.set())
+def watch_stdin():
+    try:
+        sys.stdin.read()
+    finally:
+        done.set()
+threading.Thread(target=watch_stdin, daemon=True).start()
+while not done.wait(1.0):
+    if srv.server_proc is not None and srv.server_proc.poll() is not None:
+        break
+proc = srv.server_proc
+if proc is not None and proc.poll() is None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=cfg["grace_s"])
+    except Exception:
+        proc.kill()
+        proc.wait()
+srv.server_proc = None
+"""
+
+
+class EmbeddedMilvusServer:
+    """A Milvus 2.3.5 standalone server in a subprocess, for tests and local runs.
+
+    ``time_tick_ms`` lowers ``proxy.timeTickInterval`` (default 200 ms): a Strong
+    read waits for the next time tick, so tests use ~20 ms. ``extra_config`` sets
+    any existing ``milvus.yaml`` key by dotted path (``{"common.session.ttl": 10}``).
+    ``start_s`` holds the last start's duration.
+
+    >>> with EmbeddedMilvusServer("/tmp/milvus-data") as srv:   # doctest: +SKIP
+    ...     store = MemoryStore(srv.uri)
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        install_dir: str | os.PathLike[str] | None = None,
+        *,
+        bin_cache_dir: str | os.PathLike[str] | None = None,
+        stop_grace_s: float = 10.0,
+        session_ttl_s: int = 10,
+        time_tick_ms: int | None = None,
+        extra_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.base_dir = Path(base_dir).expanduser().resolve()
+        self.install_dir = Path(install_dir or default_install_dir()).expanduser().resolve()
+        if bin_cache_dir is None:
+            bin_cache_dir = self.install_dir.parent / "milvus-server-bin"
+        self.bin_cache_dir = Path(bin_cache_dir).expanduser().resolve()
+        self.stop_grace_s = stop_grace_s
+        self.session_ttl_s = session_ttl_s
+        self.extra_config: dict[str, Any] = dict(extra_config or {})
+        if time_tick_ms is not None:
+            self.extra_config["proxy.timeTickInterval"] = int(time_tick_ms)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.start_s: float | None = None
+
+    # -- state -----------------------------------------------------------------
+    @property
+    def uri(self) -> str:
+        if self.port is None:
+            raise ConfigError("embedded Milvus server is not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base_dir / "logs"
+
+    def check_installed(self) -> None:
+        """Raise ConfigError (with the install command) if the server wheel is missing."""
+        pkg = self.install_dir / "milvus"
+        if not (pkg / "__init__.py").is_file() or not (pkg / "data" / "bin").is_dir():
+            raise ConfigError(
+                f"Milvus server wheel not found in {self.install_dir}; install it with: "
+                + INSTALL_HINT.format(dir=self.install_dir)
+                + " (or set DMEM_MILVUS_SERVER_DIR)"
+            )
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> str:
+        """Start the server and wait until it is healthy; returns its URI."""
+        if self.running:
+            return self.uri
+        self.check_installed()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        keys = [
+            "etcd_port", "root_coord_port", "proxy_port", "proxy_internal_port",
+            "query_coord_port", "query_node_port", "index_coord_port", "index_node_port",
+            "data_coord_port", "data_node_port",
+        ]  # fmt: skip
+        settings = {
+            "install_dir": str(self.install_dir),
+            "base_dir": str(self.base_dir),
+            "bin_cache": str(self.bin_cache_dir),
+            "ports": {k: _free_port() for k in keys},
+            "web_port": _free_port(),
+            "etcd_peer_port": _free_port(),
+            "grace_s": self.stop_grace_s,
+            "session_ttl_s": self.session_ttl_s,
+            "extra_config": self.extra_config,
+        }
+        t0 = time.monotonic()
+        with open(self.base_dir / "launcher.log", "ab") as launcher_log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _CHILD, json.dumps(settings)],
+                cwd=str(self.base_dir),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=launcher_log,
+                start_new_session=True,
+            )
+        try:
+            line = self._read_line(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        if line is None:
+            self.stop()
+            raise StoreUnavailable(
+                f"embedded Milvus did not start within {timeout_s:.0f}s (logs: {self.log_dir})"
+            )
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            msg = {"error": f"unexpected output {line!r}"}
+        if "error" in msg:
+            self.stop()
+            raise StoreUnavailable(
+                f"embedded Milvus failed to start: {msg['error']} (logs: {self.log_dir})"
+            )
+        self.port = int(msg["port"])
+        self.start_s = time.monotonic() - t0
+        return self.uri
+
+    def _read_line(self, timeout_s: float) -> str | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:  # child exited
+                    break
+                buf += chunk
+            elif self._proc.poll() is not None:
+                break
+        if not buf:
+            return None if self._proc.poll() is None else '{"error": "launcher exited"}'
+        return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        """Stop the server (graceful, then SIGKILL to the whole process group)."""
+        proc, self._proc = self._proc, None
+        self.port = None
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the child leads its group
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()  # child sees EOF -> terminates milvus gracefully
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=self.stop_grace_s + 5)
+        except subprocess.TimeoutExpired:
+            self._signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        # whatever is left in the group (milvus, if the launcher died first)
+        self._signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> EmbeddedMilvusServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __del__(self) -> None:  # best effort: never leave a server behind
+        try:
+            if self._proc is not None:
+                self.stop()
+        except Exception:
+            pass

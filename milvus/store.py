@@ -1,0 +1,731 @@
+"""``MemoryStore``: the one Milvus client of a process (sync; async callers use
+``asyncio.to_thread``).
+
+One collection (default ``dmem_memories``), partitions ``core`` and ``buffer``;
+the schema comes from ``schemas.models.MemoryRecord`` (see ``milvus.schema``).
+A file URI (``*.db``) means Milvus Lite, ``http(s)://host:port`` a Milvus server.
+
+Invariant: a memory id lives in exactly ONE partition.
+
+Partition semantics differ between the backends, and the code relies on neither
+more than it must:
+
+- Milvus server (2.3 .. 2.5): the primary key is unique per *partition*. An
+  ``upsert`` into ``core`` of an id stored in ``buffer`` leaves two copies, and a
+  delete with ``partition_name`` only touches that partition.
+- Milvus Lite (3.x): the primary key is unique per *collection*: an upsert into
+  ``core`` relocates the row, and ``delete`` ignores ``partition_name`` (it deletes
+  everywhere). Also ``count(*)`` ignores ``partition_names`` when the filter is
+  empty, so every query here carries a filter (``id != ""`` at least).
+
+``upsert(records, P)`` on a server therefore first deletes the ids from the other
+partition, then upserts into P. Why delete-then-upsert and why it is safe under
+replay: the write path commits its Kafka offsets only after this call returns.
+A crash between the two steps leaves the memory *absent* (never duplicated) until
+the uncommitted records are replayed, and the replay runs the same two idempotent
+steps again (deleting an absent id is a no-op; upserting by id overwrites), so the
+store converges to exactly one copy in P. The reverse order would leave a
+duplicate visible to search on a crash and, on Lite, the trailing delete would
+remove the row just written.
+
+``move(ids, to)`` has no replayable source, so it does the opposite: fetch the rows
+from the source partition, upsert them into the target, then delete them from the
+source. A crash in between leaves a duplicate, never a loss; repeating the move
+repairs it (the row is still found in the source). On Lite the upsert alone moves
+the row.
+
+Reads use ``consistency_level="Strong"`` by default (a read right after a write
+sees it); pass ``consistency_level="Bounded"`` for cheaper searches.
+
+Errors: connection failures and timeouts become ``StoreUnavailable`` (retriable);
+other Milvus refusals ``StoreError``; invalid rows or filters ``InvalidRecord``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Literal, cast
+
+import numpy as np
+from pymilvus import DataType, MilvusClient
+from pymilvus.exceptions import MilvusException
+
+from milvus import expr as E
+from milvus.schema import (
+    METRIC,
+    PARTITIONS,
+    PRIMARY_FIELD,
+    VECTOR_FIELD,
+    FieldSpec,
+    build_schema,
+    field_specs,
+    scalar_fields,
+    search_params,
+    vector_index_params,
+)
+from schemas.errors import (
+    ConfigError,
+    DmemError,
+    InvalidRecord,
+    StoreError,
+    StoreUnavailable,
+)
+
+__all__ = ["MemoryStore", "Partition"]
+
+log = logging.getLogger(__name__)
+
+Partition = Literal["core", "buffer"]
+_SPECS: dict[str, FieldSpec] = {s.name: s for s in field_specs()}
+_ANY_ROW = f'{PRIMARY_FIELD} != ""'
+_MAX_BATCH_BYTES = 16 * 1024 * 1024
+_UNAVAILABLE_HINTS = (
+    "deadline exceeded",
+    "unavailable",
+    "connection refused",
+    "fail connecting",
+    "failed to connect",
+    "connect failed",
+    "retry timeout",
+    "server is not ready",
+    "not ready",
+    "socket closed",
+    "connection reset",
+    "timed out",
+    "timeout",
+)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    try:
+        import grpc
+
+        if isinstance(exc, grpc.RpcError):
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            return code in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED,
+            )
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, MilvusException):
+        name = type(exc).__name__
+        if name in ("MilvusUnavailableException", "ConnectError"):
+            return True
+        if getattr(exc, "code", None) == 2:  # Status.CONNECT_FAILED
+            return True
+        msg = str(getattr(exc, "message", "") or exc).lower()
+        return any(h in msg for h in _UNAVAILABLE_HINTS)
+    return False
+
+
+def _other(partition: str) -> str:
+    return "buffer" if partition == "core" else "core"
+
+
+def _check_partition(partition: Any) -> Partition:
+    if partition not in PARTITIONS:
+        raise InvalidRecord(f"partition must be one of {PARTITIONS} (got {partition!r})")
+    return cast(Partition, partition)
+
+
+def _check_partitions(partitions: Iterable[str] | str | None) -> list[str]:
+    if partitions is None:
+        return list(PARTITIONS)
+    if isinstance(partitions, str):
+        partitions = [partitions]
+    out = []
+    for p in partitions:
+        _check_partition(p)
+        if p not in out:
+            out.append(p)
+    if not out:
+        raise InvalidRecord("no partitions given")
+    return out
+
+
+def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
+
+
+class MemoryStore:
+    """Sync access to the dmem memory collection (Milvus Lite or server)."""
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str = "dmem_memories",
+        dim: int = 256,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        batch_size: int = 1000,
+        consistency_level: str = "Strong",
+    ) -> None:
+        if not uri:
+            raise ConfigError("Milvus URI is empty")
+        if not isinstance(dim, int) or dim < 1:
+            raise ConfigError(f"vector dim must be a positive int (got {dim!r})")
+        self.uri = uri
+        self.collection = collection
+        self.dim = dim
+        self.token = token
+        self.timeout_s = timeout_s
+        self.batch_size = max(1, int(batch_size))
+        self.consistency_level = consistency_level
+        self._client: MilvusClient | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=len(PARTITIONS), thread_name_prefix="dmem-milvus"
+            )
+        return self._executor
+
+    # -- connection ------------------------------------------------------------
+    @property
+    def is_lite(self) -> bool:
+        """A file URI (Milvus Lite), as opposed to a server URL."""
+        return "://" not in self.uri or self.uri.startswith("file://")
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    @contextmanager
+    def _errors(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except DmemError:
+            raise
+        except Exception as exc:
+            where = f"Milvus {op} on {self.collection!r} at {self.uri}"
+            if _is_unavailable(exc):
+                raise StoreUnavailable(f"{where} unavailable: {exc}") from exc
+            if isinstance(exc, MilvusException):
+                raise StoreError(f"{where} failed: {exc}") from exc
+            raise
+
+    def connect(self) -> MemoryStore:
+        """Connect; create the collection, partitions and indexes if missing; load it."""
+        if self._client is not None:
+            return self
+        uri = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
+        with self._errors("connect"):
+            client = MilvusClient(uri=uri, token=self.token or "", timeout=self.timeout_s)
+        try:
+            with self._errors("connect"):
+                self._ensure_collection(client)
+        except BaseException:
+            client.close()
+            raise
+        self._client = client
+        return self
+
+    def _ensure_collection(self, c: MilvusClient) -> None:
+        t = self.timeout_s
+        name = self.collection
+        if not c.has_collection(name, timeout=t):
+            c.create_collection(
+                name,
+                schema=build_schema(self.dim),
+                consistency_level=self.consistency_level,
+                timeout=t,
+            )
+            log.info("created Milvus collection %s (dim=%d) at %s", name, self.dim, self.uri)
+        else:
+            self._check_existing(c)
+        existing = set(c.list_partitions(name, timeout=t))
+        for p in PARTITIONS:
+            if p not in existing:
+                c.create_partition(name, p, timeout=t)
+        indexed = set(c.list_indexes(name, timeout=t))
+        if VECTOR_FIELD not in indexed:
+            itype, params = vector_index_params(self.is_lite)
+            ip = c.prepare_index_params()
+            ip.add_index(field_name=VECTOR_FIELD, index_type=itype, metric_type=METRIC, **params)
+            c.create_index(name, ip, timeout=t)
+        if "tenant" not in indexed:
+            self._scalar_index(c, "tenant")
+        c.load_collection(name, timeout=max(t, 60.0))
+
+    def _server_version(self, c: MilvusClient) -> tuple[int, int]:
+        if self.is_lite:
+            return (99, 0)
+        try:
+            text = str(c.get_server_version(timeout=self.timeout_s))
+        except MilvusException as exc:
+            if _is_unavailable(exc):
+                raise
+            return (0, 0)
+        m = re.search(r"(\d+)\.(\d+)", text)
+        return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+    def _scalar_index(self, c: MilvusClient, field: str) -> None:
+        # INVERTED since Milvus 2.4 (and on Lite); Trie for VARCHAR before that
+        kinds = ("INVERTED", "Trie") if self._server_version(c) >= (2, 4) else ("Trie",)
+        for itype in kinds:
+            try:
+                ip = c.prepare_index_params()
+                ip.add_index(field_name=field, index_type=itype)
+                c.create_index(self.collection, ip, timeout=self.timeout_s)
+                return
+            except MilvusException as exc:
+                if _is_unavailable(exc):
+                    raise
+                log.debug("scalar index %s on %s not supported: %s", itype, field, exc)
+        log.warning("no scalar index on %s.%s (backend supports none)", self.collection, field)
+
+    def _check_existing(self, c: MilvusClient) -> None:
+        desc = c.describe_collection(self.collection, timeout=self.timeout_s)
+        fields = {f["name"]: f for f in desc.get("fields", [])}
+        vec = fields.get(VECTOR_FIELD)
+        if vec is None:
+            raise ConfigError(f"collection {self.collection!r} has no {VECTOR_FIELD!r} field")
+        dim = int(vec.get("params", {}).get("dim", -1))
+        if dim != self.dim:
+            raise ConfigError(
+                f"collection {self.collection!r} at {self.uri} stores vectors of dim {dim}, "
+                f"but the encoder produces dim {self.dim}; use another collection name "
+                "or re-embed into a new collection"
+            )
+        missing = [n for n in _SPECS if n not in fields]
+        if missing:
+            raise ConfigError(
+                f"collection {self.collection!r} lacks fields {missing}: it was created by "
+                "an older schema; migrate it or use a new collection name"
+            )
+
+    @property
+    def client(self) -> MilvusClient:
+        """The connected pymilvus client (connects on first use)."""
+        if self._client is None:
+            self.connect()
+        assert self._client is not None
+        return self._client
+
+    def close(self) -> None:
+        """Close the client; for Lite also stop the in-process Lite server.
+
+        Milvus Lite keeps a file lock for as long as its server runs in this
+        process, so without the release another process (a restarted worker,
+        the demo reading results) cannot open the same file.
+        """
+        pool, self._executor = self._executor, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception as exc:  # closing must not raise
+                log.debug("closing Milvus client: %s", exc)
+            if self.is_lite:
+                try:
+                    from milvus_lite.server_manager import server_manager_instance
+
+                    server_manager_instance.release_server(self.uri)
+                except Exception as exc:  # noqa: BLE001 - closing must not raise
+                    log.debug("releasing Milvus Lite server: %s", exc)
+
+    def drop(self) -> None:
+        """Drop the whole collection (tests, tooling)."""
+        with self._errors("drop"):
+            if self.client.has_collection(self.collection, timeout=self.timeout_s):
+                self.client.drop_collection(self.collection, timeout=self.timeout_s)
+        self.close()
+
+    def __enter__(self) -> MemoryStore:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- rows ---------------------------------------------------------------------
+    def _vector(self, value: Any, key: str | None = None) -> np.ndarray:
+        try:
+            vec = np.asarray(value, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRecord(f"vector is not numeric: {exc}", key=key) from exc
+        if vec.shape[0] != self.dim:
+            raise InvalidRecord(f"vector has dim {vec.shape[0]}, expected {self.dim}", key=key)
+        if not np.isfinite(vec).all():
+            raise InvalidRecord("vector has non-finite values", key=key)
+        return vec
+
+    def _row(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(record, Mapping):
+            raise InvalidRecord(f"record must be a mapping, got {type(record).__name__}")
+        rid = record.get(PRIMARY_FIELD)
+        key = rid if isinstance(rid, str) else None
+        unknown = [k for k in record if k not in _SPECS and k != "partition"]
+        if unknown:
+            raise InvalidRecord(f"unknown fields {unknown}", key=key)
+        row: dict[str, Any] = {}
+        for name, spec in _SPECS.items():
+            if name in record and record[name] is not None:
+                value = record[name]
+            elif not spec.required:
+                value = spec.default
+            else:
+                raise InvalidRecord(f"missing field {name!r}", key=key)
+            row[name] = self._coerce(spec, value, key)
+        return row
+
+    def _coerce(self, spec: FieldSpec, value: Any, key: str | None) -> Any:
+        if spec.vector:
+            return self._vector(value, key)
+        try:
+            if spec.dtype == DataType.VARCHAR:
+                if not isinstance(value, str):
+                    raise TypeError("expected str")
+                if spec.primary and not value:
+                    raise ValueError("empty id")
+                if spec.max_length and len(value.encode("utf-8")) > spec.max_length:
+                    raise ValueError(f"longer than {spec.max_length} bytes")
+                return value
+            if spec.dtype == DataType.INT64:
+                if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                    raise TypeError("expected int")
+                return int(value)
+            if spec.dtype in (DataType.DOUBLE, DataType.FLOAT):
+                if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+                    raise TypeError("expected float")
+                f = float(value)
+                if not math.isfinite(f):
+                    raise ValueError("not finite")
+                return f
+            if spec.dtype == DataType.BOOL:
+                if not isinstance(value, bool | np.bool_):
+                    raise TypeError("expected bool")
+                return bool(value)
+            if spec.dtype == DataType.JSON:
+                if not isinstance(value, Mapping):
+                    raise TypeError("expected dict")
+                value = dict(value)
+                json.dumps(value, allow_nan=False)
+                return value
+        except (TypeError, ValueError) as exc:
+            raise InvalidRecord(f"field {spec.name!r}: {exc}", key=key) from exc
+        raise InvalidRecord(f"field {spec.name!r}: unsupported type", key=key)
+
+    def _batches(self, rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+        """Chunks of <= batch_size rows and roughly <= 16 MB."""
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for row in rows:
+            est = 4 * self.dim + len(row.get("text", "")) + 512
+            if batch and (len(batch) >= self.batch_size or size + est > _MAX_BATCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            batch.append(row)
+            size += est
+        if batch:
+            yield batch
+
+    @staticmethod
+    def _dedupe(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Last write wins for repeated ids inside one call (Milvus rejects duplicates)."""
+        by_id: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            by_id.pop(r[PRIMARY_FIELD], None)
+            by_id[r[PRIMARY_FIELD]] = r
+        return list(by_id.values())
+
+    # -- writes ------------------------------------------------------------------
+    def upsert(self, records: Sequence[Mapping[str, Any]], partition: Partition) -> int:
+        """Write (insert or overwrite by id) ``records`` into ``partition``.
+
+        Idempotent: replaying the same records leaves the same single copy. An id
+        that currently lives in the other partition ends up only in ``partition``.
+        Returns the number of distinct ids written.
+        """
+        part = _check_partition(partition)
+        rows = self._dedupe(self._row(r) for r in records)
+        if not rows:
+            return 0
+        c = self.client
+        with self._errors("upsert"):
+            for batch in self._batches(rows):
+                if not self.is_lite:  # server: pk unique per partition (see module doc)
+                    self._delete_ids([r[PRIMARY_FIELD] for r in batch], _other(part))
+                c.upsert(self.collection, batch, partition_name=part, timeout=self.timeout_s)
+        return len(rows)
+
+    def _delete_ids(self, ids: Sequence[str], partition: str | None) -> None:
+        for chunk in _chunks(ids, self.batch_size):
+            self.client.delete(
+                self.collection,
+                filter=E.ids_in(chunk, PRIMARY_FIELD),
+                partition_name=partition,
+                timeout=self.timeout_s,
+            )
+
+    def move(self, ids: Iterable[str], to: Partition) -> int:
+        """Move memories into partition ``to``; returns how many actually moved.
+
+        Ids already in ``to`` or absent are skipped.
+        """
+        target = _check_partition(to)
+        src = _other(target)
+        rows = self._fetch(list(dict.fromkeys(ids)), [src], with_vector=True)
+        if not rows:
+            return 0
+        c = self.client
+        with self._errors("move"):
+            for batch in self._batches(rows):
+                clean = [{k: v for k, v in r.items() if k != "partition"} for r in batch]
+                c.upsert(self.collection, clean, partition_name=target, timeout=self.timeout_s)
+                if not self.is_lite:
+                    self._delete_ids([r[PRIMARY_FIELD] for r in batch], src)
+        return len(rows)
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete memories from both partitions; returns how many existed."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return 0
+        found = {r[PRIMARY_FIELD] for r in self._fetch(wanted, list(PARTITIONS), fields=[])}
+        if found:
+            with self._errors("delete"):
+                self._delete_ids(sorted(found), None)
+        return len(found)
+
+    def update_fields(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Partial update: each row has ``id`` plus the fields to change.
+
+        The stored row is read (with its vector), merged and written back into the
+        partition it is in. Not atomic against concurrent writers of the same id:
+        run one updater per memory id (the credit applier, the decay job).
+        Returns the number of ids found and updated.
+        """
+        changes: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            rid = r.get(PRIMARY_FIELD)
+            if not isinstance(rid, str) or not rid:
+                raise InvalidRecord("update row without an id")
+            bad = [k for k in r if k not in _SPECS]
+            if bad:
+                raise InvalidRecord(f"unknown fields {bad}", key=rid)
+            changes.setdefault(rid, {}).update({k: v for k, v in r.items() if k != PRIMARY_FIELD})
+        if not changes:
+            return 0
+        current = self._fetch(list(changes), list(PARTITIONS), with_vector=True)
+        by_part: dict[str, list[dict[str, Any]]] = {p: [] for p in PARTITIONS}
+        for row in current:
+            part = row.pop("partition")
+            merged = {**row, **changes[row[PRIMARY_FIELD]]}
+            by_part[part].append(self._row(merged))
+        c = self.client
+        with self._errors("update"):
+            for part, prow in by_part.items():
+                for batch in self._batches(prow):
+                    c.upsert(self.collection, batch, partition_name=part, timeout=self.timeout_s)
+        return sum(len(v) for v in by_part.values())
+
+    # -- reads ---------------------------------------------------------------------
+    def _out_fields(self, output_fields: Sequence[str] | None, with_vector: bool) -> list[str]:
+        if output_fields is None:
+            fields = scalar_fields()
+        else:
+            fields = [f for f in output_fields if f != "partition"]
+            unknown = [f for f in fields if f not in _SPECS]
+            if unknown:
+                raise InvalidRecord(f"unknown output fields {unknown}")
+        if with_vector and VECTOR_FIELD not in fields:
+            fields = [*fields, VECTOR_FIELD]
+        if PRIMARY_FIELD not in fields:
+            fields = [PRIMARY_FIELD, *fields]
+        return fields
+
+    def _fix(self, row: dict[str, Any], partition: str) -> dict[str, Any]:
+        out = dict(row)
+        if VECTOR_FIELD in out and out[VECTOR_FIELD] is not None:
+            out[VECTOR_FIELD] = np.asarray(out[VECTOR_FIELD], dtype=np.float32)
+        out["partition"] = partition
+        return out
+
+    def _fetch(
+        self,
+        ids: Sequence[str],
+        partitions: Sequence[str],
+        *,
+        with_vector: bool = False,
+        fields: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        out_fields = self._out_fields(fields, with_vector)
+        rows: list[dict[str, Any]] = []
+        c = self.client
+        with self._errors("query"):
+            for part in partitions:
+                for chunk in _chunks(list(ids), self.batch_size):
+                    res = c.query(
+                        self.collection,
+                        filter=E.ids_in(chunk, PRIMARY_FIELD),
+                        output_fields=out_fields,
+                        partition_names=[part],
+                        timeout=self.timeout_s,
+                        consistency_level=self.consistency_level,
+                    )
+                    rows.extend(self._fix(r, part) for r in res)
+        order = {rid: i for i, rid in enumerate(ids)}
+        rows.sort(key=lambda r: order.get(r[PRIMARY_FIELD], len(order)))
+        return rows
+
+    def get(
+        self,
+        ids: Iterable[str],
+        *,
+        with_vector: bool = False,
+        output_fields: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows for ``ids`` (in request order, missing ids skipped), each with ``partition``.
+
+        Normally one row per id; two only if a move on a server was interrupted.
+        """
+        return self._fetch(
+            list(dict.fromkeys(ids)), list(PARTITIONS), with_vector=with_vector,
+            fields=output_fields,
+        )  # fmt: skip
+
+    def count(self, partition: str | None = None, tenant: str | None = None) -> int:
+        """Exact row count (Strong consistency), optionally per partition and/or tenant."""
+        parts = _check_partitions(partition)
+        flt = E.build_filter(tenant=tenant) or _ANY_ROW
+        total = 0
+        c = self.client
+        with self._errors("count"):
+            for part in parts:
+                res = c.query(
+                    self.collection,
+                    filter=flt,
+                    output_fields=["count(*)"],
+                    partition_names=[part],
+                    timeout=self.timeout_s,
+                    consistency_level="Strong",
+                )
+                total += int(res[0]["count(*)"]) if res else 0
+        return total
+
+    def scan(
+        self,
+        tenant: str | None = None,
+        partition: str | None = None,
+        batch_size: int = 1000,
+        output_fields: list[str] | None = None,
+        *,
+        with_vector: bool = False,
+        extra_filter: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Every row (optionally of one tenant/partition), each with ``partition``.
+
+        Pages with pymilvus' ``query_iterator`` (pk-ordered pages; works on Lite and
+        server), one partition at a time. Rows written during a scan may or may not
+        be seen.
+        """
+        parts = _check_partitions(partition)
+        flt = E.build_filter(tenant=tenant, extra_filter=extra_filter) or _ANY_ROW
+        out_fields = self._out_fields(output_fields, with_vector)
+        size = max(1, min(int(batch_size), 16_384))
+        for part in parts:
+            with self._errors("scan"):
+                it = self.client.query_iterator(
+                    self.collection,
+                    batch_size=size,
+                    filter=flt,
+                    output_fields=out_fields,
+                    partition_names=[part],
+                    timeout=self.timeout_s,
+                    consistency_level="Strong",
+                )
+            try:
+                while True:
+                    with self._errors("scan"):
+                        page = it.next()
+                    if not page:
+                        break
+                    for row in page:
+                        yield self._fix(row, part)
+            finally:
+                try:
+                    it.close()
+                except Exception as exc:
+                    log.debug("closing query iterator: %s", exc)
+
+    def search(
+        self,
+        vector: Sequence[float] | np.ndarray,
+        tenant: str,
+        k: int,
+        partitions: Sequence[str] = PARTITIONS,
+        agent_id: str | None = None,
+        extra_filter: Mapping[str, Any] | None = None,
+        *,
+        output_fields: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Top-``k`` nearest memories of ``tenant`` (COSINE), best first.
+
+        Each hit has the output fields plus ``distance`` (= cosine similarity,
+        higher is closer; ``similarity`` is the same number) and ``partition``.
+        Searches each partition separately (Milvus does not report a hit's
+        partition) and merges.
+        """
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > 16_384:
+            raise InvalidRecord(f"k must be an int in 1..16384 (got {k!r})")
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidRecord("search needs a tenant")
+        vec = self._vector(vector).tolist()
+        parts = _check_partitions(partitions)
+        flt = E.build_filter(tenant=tenant, agent_id=agent_id, extra_filter=extra_filter)
+        out_fields = [f for f in self._out_fields(output_fields, False) if f != VECTOR_FIELD]
+        params = search_params(self.is_lite, k)
+        c = self.client
+
+        def one(part: str) -> list[dict[str, Any]]:
+            res = c.search(
+                self.collection,
+                data=[vec],
+                filter=flt,
+                limit=k,
+                output_fields=out_fields,
+                search_params=params,
+                partition_names=[part],
+                anns_field=VECTOR_FIELD,
+                timeout=self.timeout_s,
+                consistency_level=self.consistency_level,
+            )
+            hits = []
+            for hit in res[0] if res else []:
+                entity = dict(hit.get("entity") or {})
+                entity[PRIMARY_FIELD] = hit.get("id", entity.get(PRIMARY_FIELD))
+                entity["distance"] = entity["similarity"] = float(hit["distance"])
+                entity["partition"] = part
+                hits.append(entity)
+            return hits
+
+        best: dict[str, dict[str, Any]] = {}
+        with self._errors("search"):
+            if len(parts) == 1:
+                results = [one(parts[0])]
+            else:  # one request per partition, in parallel
+                results = list(self._pool().map(one, parts))
+        for hits in results:
+            for h in hits:
+                prev = best.get(h[PRIMARY_FIELD])
+                if prev is None or h["distance"] > prev["distance"]:
+                    best[h[PRIMARY_FIELD]] = h
+        hits = sorted(best.values(), key=lambda h: h["distance"], reverse=True)
+        return hits[:k]
