@@ -7,6 +7,7 @@ line naming the address, instead of faust retrying forever with tracebacks.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -39,6 +40,9 @@ def kafka_client_kwargs(k: KafkaSettings) -> dict[str, Any]:
 
 async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), **kafka_client_kwargs(k))
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # our one-line error replaces aiokafka's log lines
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
     except (TimeoutError, KafkaError, OSError) as exc:
@@ -46,6 +50,7 @@ async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:
             f"cannot reach the Kafka broker at {k.bootstrap}: {type(exc).__name__} {exc}".strip()
         ) from None
     finally:
+        quiet.setLevel(level)
         try:
             await admin.close()
         except Exception:  # noqa: BLE001 - closing a half-open client

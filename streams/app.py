@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import faust
@@ -36,7 +37,7 @@ from mode import Service
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
 from schemas import encode
-from schemas.errors import ConfigError, DmemError
+from schemas.errors import ConfigError
 from streams.admin import read_compacted
 from streams.settings import Settings
 from streams.writepath import RawRecord, WritePipeline
@@ -107,7 +108,7 @@ class StoreService(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, w.retry_max_s)
 
-    async def write(self, upserts: dict[str, list[dict[str, Any]]]) -> None:
+    async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> None:
         assert self.store is not None
         for partition, rows in upserts.items():
             if rows:
@@ -149,11 +150,14 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
     pipeline = WritePipeline(settings, encoder)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
     app.add_dependency(store)
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    transitions = app.topic(settings.topic("transitions"), **raw)
-    memories = app.topic(settings.topic("memories"), **raw)
-    deadletters = app.topic(settings.topic("deadletter"), **raw)
-    models = app.topic(settings.topic("models"), **raw)
+
+    def raw_topic(name: str) -> faust.TopicT:
+        return app.topic(name, key_serializer="raw", value_serializer="raw")
+
+    transitions = raw_topic(settings.topic("transitions"))
+    memories = raw_topic(settings.topic("memories"))
+    deadletters = raw_topic(settings.topic("deadletter"))
+    models = raw_topic(settings.topic("models"))
     w = settings.write
     app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
     app.dmem_store = store  # type: ignore[attr-defined]
@@ -180,7 +184,9 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
         log.info("write path ready (restored %d tenant states)", restored)
         last_ckpt = time.monotonic()
         try:
-            async for events in stream.take_events(w.batch_size, within=w.batch_within_s):
+            async for events in stream.take_events(  # type: ignore[attr-defined]
+                w.batch_size, within=w.batch_within_s
+            ):
                 raws = [
                     RawRecord(
                         value=e.message.value,
@@ -205,8 +211,12 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
                     await memories.send(key=ev.memory_id.encode(), value=encode(ev))
                 log.info(
                     "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
-                    len(raws), result.stored, len(result.dead), (t1 - t0) * 1e3,
-                    (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3,
+                    len(raws),
+                    result.stored,
+                    len(result.dead),
+                    (t1 - t0) * 1e3,
+                    (t2 - t1) * 1e3,
+                    (time.perf_counter() - t2) * 1e3,
                 )
                 if time.monotonic() - last_ckpt >= w.checkpoint_every_s:
                     await checkpoint()
@@ -230,4 +240,4 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
         }
         return web.json(body, status=200 if ok else 503)
 
-    _ = (write_agent, health, DmemError)
+    _ = (write_agent, health)

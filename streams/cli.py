@@ -79,10 +79,11 @@ def topics() -> None:
 @topics.command("create")
 def topics_create() -> None:
     """Create every dmem topic on the configured broker (idempotent)."""
-    from streams.admin import ensure_topics
+    from streams.admin import check_broker, ensure_topics
 
     settings = _settings()
     try:
+        asyncio.run(check_broker(settings.kafka))
         created = asyncio.run(ensure_topics(settings))
     except DmemError as exc:
         _fail(exc)

@@ -99,7 +99,7 @@ def q_learning_transitions(
             r = -1.0  # a hole is a painful lesson: the demo agent reports it as -1
         truncated = truncated or t + 1 >= spec.max_steps
         done = bool(terminated or truncated)
-        target = r + (0.0 if terminated else gamma * q[s2].max())
+        target = float(r) + (0.0 if terminated else gamma * q[s2].max())
         q[s, a] += alpha * (target - q[s, a])
         tr = Transition(
             tenant=tenant,
@@ -245,7 +245,10 @@ def run_demo(
         env["DMEM_ENCODER__NAME"] = encoder
     stack = LocalStack(Path(data_dir), roles=("write",), extra_env=env)
     interactive = sys.stderr.isatty()
-    note = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     try:
         note("dmem demo: starting embedded broker and write worker (Milvus Lite) ...")
         stack.start()

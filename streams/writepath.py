@@ -310,7 +310,7 @@ class WritePipeline:
             score = st.smoother(t.agent_id).smooth(float(z[i]))
             d = self.gate.decide(st.gate_state, score)
             route: str = d.route
-            reason = d.reason
+            reason: str = d.reason
             key = content_key(t)
             if novelty and route != "drop":
                 prev = st.repeats.get(key)

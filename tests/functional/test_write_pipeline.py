@@ -54,8 +54,11 @@ def test_critical_transitions_reach_core_and_most_are_dropped(cliff: list) -> No
     assert critical <= in_core
     stored = sum(r.stored for r in results)
     assert stored / len(cliff) <= 0.3
-    assert all(e.valence == -1 for (_, c, _), e in zip(cliff, events, strict=True)
-               if c and e.route == "core")
+    assert all(
+        e.valence == -1
+        for (_, c, _), e in zip(cliff, events, strict=True)
+        if c and e.route == "core"
+    )
 
 
 def test_snapshot_restore_continues_exactly(cliff: list) -> None:
@@ -80,23 +83,50 @@ def test_snapshot_restore_continues_exactly(cliff: list) -> None:
 
 BAD = {
     "malformed JSON": b"{not json",
-    "tenant": orjson.dumps({"agent_id": "a", "episode_id": "e", "step": 0,
-                            "observation": "x", "action": "a"}),
+    "tenant": orjson.dumps(
+        {"agent_id": "a", "episode_id": "e", "step": 0, "observation": "x", "action": "a"}
+    ),
     "finite number": b'{"tenant":"t","agent_id":"a","episode_id":"e","step":0,'
-                     b'"observation":"x","action":"a","reward":"nan"}',
-    "unsupported schema_version": orjson.dumps({"schema_version": 7, "tenant": "t",
-                                                "agent_id": "a", "episode_id": "e",
-                                                "step": 0, "observation": "x", "action": "a"}),
-    "at most 8192": orjson.dumps({"tenant": "t", "agent_id": "a", "episode_id": "e", "step": 0,
-                                  "observation": "y" * 10_000, "action": "a"}),
+    b'"observation":"x","action":"a","reward":"nan"}',
+    "unsupported schema_version": orjson.dumps(
+        {
+            "schema_version": 7,
+            "tenant": "t",
+            "agent_id": "a",
+            "episode_id": "e",
+            "step": 0,
+            "observation": "x",
+            "action": "a",
+        }
+    ),
+    "at most 8192": orjson.dumps(
+        {
+            "tenant": "t",
+            "agent_id": "a",
+            "episode_id": "e",
+            "step": 0,
+            "observation": "y" * 10_000,
+            "action": "a",
+        }
+    ),
     "empty record": None,
 }
 
 
 @pytest.mark.parametrize("marker", list(BAD))
 def test_bad_records_become_dead_letters_and_good_ones_pass(marker: str) -> None:
-    good = [Transition(tenant="t", agent_id="a", episode_id="e", step=i,
-                       observation=f"o{i}", action="go", reward=float(i % 3)) for i in range(5)]
+    good = [
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="e",
+            step=i,
+            observation=f"o{i}",
+            action="go",
+            reward=float(i % 3),
+        )
+        for i in range(5)
+    ]
     raws = raws_of(good[:2])
     raws.append(RawRecord(BAD[marker], b"k", "dmem.transitions", 3, 99))
     raws += raws_of(good[2:], start=2)
@@ -114,18 +144,25 @@ def test_wrong_vector_dim_with_passthrough_encoder() -> None:
     from operators import PassthroughEncoder
 
     p = WritePipeline(Settings(), PassthroughEncoder(dim=4))
-    ok = Transition(tenant="t", agent_id="a", episode_id="e", step=0, state=[1, 0, 0, 0],
-                    next_state=[0, 1, 0, 0], action="x")
-    bad = Transition(tenant="t", agent_id="a", episode_id="e", step=1, state=[1, 0, 0],
-                     action="x")
+    ok = Transition(
+        tenant="t",
+        agent_id="a",
+        episode_id="e",
+        step=0,
+        state=[1, 0, 0, 0],
+        next_state=[0, 1, 0, 0],
+        action="x",
+    )
+    bad = Transition(tenant="t", agent_id="a", episode_id="e", step=1, state=[1, 0, 0], action="x")
     res = p.process(raws_of([ok, bad]), now_ms=1)
     assert len(res.events) == 1 and len(res.dead) == 1
     assert "wrong vector dim" in res.dead[0][1].reason
 
 
 def test_replay_in_one_batch_is_one_memory() -> None:
-    t = Transition(tenant="t", agent_id="a", episode_id="e", step=0, observation="o",
-                   action="a", reward=-50.0)
+    t = Transition(
+        tenant="t", agent_id="a", episode_id="e", step=0, observation="o", action="a", reward=-50.0
+    )
     res = pipeline().process(raws_of([t, t, t]), now_ms=1)
     assert len(res.events) == 1
     assert Counter(e.memory_id for e in res.events)[t.memory_id] == 1

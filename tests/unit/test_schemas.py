@@ -21,8 +21,14 @@ from schemas import (
 )
 from schemas.errors import BrokerUnavailable, ConfigError, DmemError, StoreUnavailable
 
-BASE = {"tenant": "t1", "agent_id": "a", "episode_id": "e", "step": 3, "observation": "o",
-        "action": "left"}
+BASE = {
+    "tenant": "t1",
+    "agent_id": "a",
+    "episode_id": "e",
+    "step": 3,
+    "observation": "o",
+    "action": "left",
+}
 
 
 def test_transition_id_is_stable_and_scoped() -> None:
@@ -66,8 +72,9 @@ def test_integer_actions_become_text() -> None:
 
 
 def test_retrieval_request_alias_and_bounds() -> None:
-    r = RetrievalRequest.model_validate({"request_id": "r", "tenant": "t", "query": "q",
-                                         "lambda": 0.3})
+    r = RetrievalRequest.model_validate(
+        {"request_id": "r", "tenant": "t", "query": "q", "lambda": 0.3}
+    )
     assert r.lambda_ == 0.3
     with pytest.raises(ValidationError):
         RetrievalRequest(request_id="r", tenant="t", query="q", k=LIMITS.max_k + 1)
@@ -77,16 +84,25 @@ def test_retrieval_request_alias_and_bounds() -> None:
 
 def test_usage_weights_align() -> None:
     with pytest.raises(ValidationError):
-        MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["a", "b"],
-                    weights=[1.0], ts=0)
+        MemoryUsage(
+            tenant="t", episode_id="e", request_id="r", memory_ids=["a", "b"], weights=[1.0], ts=0
+        )
 
 
 def test_json_schema_export(tmp_path: Path) -> None:
     paths = export_json_schemas(tmp_path)
     names = {p.name for p in paths}
-    for model in ("Transition", "EpisodeOutcome", "Feedback", "RetrievalRequest",
-                  "RetrievalResponse", "MemoryUsage", "MemoryEvent", "UtilityUpdate",
-                  "DeadLetter"):
+    for model in (
+        "Transition",
+        "EpisodeOutcome",
+        "Feedback",
+        "RetrievalRequest",
+        "RetrievalResponse",
+        "MemoryUsage",
+        "MemoryEvent",
+        "UtilityUpdate",
+        "DeadLetter",
+    ):
         assert f"{model}.schema.json" in names
     schema = json.loads((tmp_path / "Transition.schema.json").read_text())
     assert "schema_version" in schema["properties"]
