@@ -18,6 +18,7 @@ numbers must be finite, so a hostile value can only ever be a literal.
     {"action": ["left", "right"]}         field in [...]
     {"created_ts": {">=": 1, "<": 9}}     comparisons (==, !=, >, >=, <, <=)
     {"metadata.task": "budget"}           metadata["task"] == "budget" (JSON key)
+    {"metadata.user.task": "b"}           metadata["user"]["task"] == "b" (nested path)
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ def _target(key: str) -> tuple[str, DataType | None]:
         sub = key[len(_JSON_FIELD) + 1 :]
         if not sub or len(sub) > 128:
             raise InvalidRecord(f"bad metadata key in filter: {key!r}")
-        return f"{_JSON_FIELD}[{literal(sub)}]", None
+        # dotted keys are nested JSON paths: metadata.user.k -> metadata["user"]["k"]
+        path = "".join(f"[{literal(part)}]" for part in sub.split("."))
+        if any(not part for part in sub.split(".")):
+            raise InvalidRecord(f"bad metadata key in filter: {key!r}")
+        return f"{_JSON_FIELD}{path}", None
     spec = _FIELDS.get(key)
     if spec is None or spec.vector or spec.dtype == DataType.JSON:
         raise InvalidRecord(f"cannot filter on {key!r}")

@@ -675,8 +675,12 @@ class MemoryStore:
         extra_filter: Mapping[str, Any] | None = None,
         *,
         output_fields: Sequence[str] | None = None,
+        consistency_level: str | None = None,
     ) -> list[dict[str, Any]]:
         """Top-``k`` nearest memories of ``tenant`` (COSINE), best first.
+
+        ``consistency_level`` overrides the store's default for this call: the
+        responder uses "Bounded" (a Strong read waits for the next time tick).
 
         Each hit has the output fields plus ``distance`` (= cosine similarity,
         higher is closer; ``similarity`` is the same number) and ``partition``.
@@ -705,7 +709,7 @@ class MemoryStore:
                 partition_names=[part],
                 anns_field=VECTOR_FIELD,
                 timeout=self.timeout_s,
-                consistency_level=self.consistency_level,
+                consistency_level=consistency_level or self.consistency_level,
             )
             hits = []
             for hit in res[0] if res else []:

@@ -39,6 +39,7 @@ from operators import Encoder, build_encoder
 from schemas import encode
 from schemas.errors import ConfigError
 from streams.admin import read_compacted
+from streams.metrics import install_metrics, record_batch
 from streams.settings import Settings
 from streams.writepath import RawRecord, WritePipeline
 
@@ -140,16 +141,42 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         stream_buffer_maxsize=max(4096, settings.write.batch_size * 2),
         datadir=str(settings.data_dir / "faust"),
     )
+    install_metrics(app)  # GET /metrics on every role
+    encoder = make_encoder(settings)
+    store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(store)
+    status: dict[str, Any] = {"roles": [role]}
     if role in ("write", "all"):
-        wire_write_path(app, settings)
+        status["write"] = wire_write_path(app, settings, encoder, store)
+    if role in ("respond", "all"):
+        from streams.web import wire_respond
+
+        # its own encoder instance: the LRU cache is not shared across threads
+        status["respond"] = wire_respond(app, settings, make_encoder(settings), store)
+
+    @app.page("/health")
+    async def health(web: Any, request: Any) -> Any:
+        ok = store.healthy
+        body = {"ok": ok, "role": role, "store_failures": store.failures}
+        for name in ("write", "respond"):
+            if name in status:
+                body[name] = status[name]()
+        return web.json(body, status=200 if ok else 503)
+
+    _ = health
     return app
 
 
-def wire_write_path(app: faust.App, settings: Settings) -> None:
-    encoder = make_encoder(settings)
+def raw_topic(app: faust.App, name: str) -> faust.TopicT:
+    """Bytes in, bytes out: decoding (and dead-lettering) is ours."""
+    return app.topic(name, key_serializer="raw", value_serializer="raw")
+
+
+def wire_write_path(
+    app: faust.App, settings: Settings, encoder: Encoder, store: StoreService
+) -> Any:
+    """Wire the write agent; returns a callable giving its health details."""
     pipeline = WritePipeline(settings, encoder)
-    store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(store)
 
     def raw_topic(name: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer="raw")
@@ -209,6 +236,7 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
                     await deadletters.send(key=key, value=encode(dl))
                 for ev in result.events:
                     await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+                record_batch(result.events, result.dead, len(raws), write_s=t2 - t1)
                 log.info(
                     "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
                     len(raws),
@@ -229,15 +257,5 @@ def wire_write_path(app: faust.App, settings: Settings) -> None:
                 except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                     log.warning("final checkpoint failed: %s", exc)
 
-    @app.page("/health")
-    async def health(web: Any, request: Any) -> Any:
-        ok = store.healthy
-        body = {
-            "ok": ok,
-            "role": "write",
-            "processed": pipeline.processed,
-            "store_failures": store.failures,
-        }
-        return web.json(body, status=200 if ok else 503)
-
-    _ = (write_agent, health)
+    _ = write_agent
+    return lambda: {"processed": pipeline.processed}

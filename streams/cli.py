@@ -56,8 +56,8 @@ def worker(role: str) -> None:
     from streams.app import build_app
 
     settings = _settings()
-    if role in ("respond", "jobs"):
-        _fail(DmemError(f"role {role!r} is not part of this release yet; run --role write"))
+    if role == "jobs":
+        _fail(DmemError("role 'jobs' is not in this release yet; use --role write|respond|all"))
     try:
         asyncio.run(check_broker(settings.kafka))
         asyncio.run(ensure_topics(settings))

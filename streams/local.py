@@ -178,7 +178,8 @@ def tail(path: Path, lines: int = 15) -> str:
 
 def run_up(data_dir: Path, as_json: bool) -> None:
     """`dmem up`: print the addresses, then run until SIGINT/SIGTERM."""
-    stack = LocalStack(data_dir, roles=("write",))
+    # one process with every role: Milvus Lite is a single-process file store
+    stack = LocalStack(data_dir, roles=("all",))
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:

@@ -51,6 +51,19 @@ class MilvusSettings(BaseModel):
     collection: str = "dmem_memories"
     token: str | None = None
     timeout_s: float = 10.0
+    # Searches use bounded staleness: a Strong read waits for the next server
+    # time tick (200 ms by default). Writes and the jobs' reads stay Strong.
+    search_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = "Bounded"
+
+
+class RespondSettings(BaseModel):
+    concurrency: int = Field(default=4, ge=1, le=64)
+    count_ttl_s: float = Field(default=30.0, ge=0.0)
+    half_life_s: float = Field(default=30 * 24 * 3600.0, gt=0.0)
+    lambda_hi: float = Field(default=0.9, ge=0.0, le=1.0)
+    lambda_lo: float = Field(default=0.4, ge=0.0, le=1.0)
+    young: int = Field(default=200, ge=1)
+    mature: int = Field(default=20_000, ge=2)
 
 
 class EncoderSettings(BaseModel):
@@ -116,6 +129,7 @@ class Settings(BaseSettings):
     rpe: RpeSettings = Field(default_factory=RpeSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     write: WriteSettings = Field(default_factory=WriteSettings)
+    respond: RespondSettings = Field(default_factory=RespondSettings)
 
     @property
     def milvus_uri(self) -> str:

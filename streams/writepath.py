@@ -119,6 +119,8 @@ def validation_reason(exc: Exception) -> str:
 class TenantState:
     """Everything the write path learns about one tenant."""
 
+    last_loss: float | None = None  # TD loss of the latest batch (metrics)
+
     def __init__(self, settings: Settings, dim: int, seed: int = 0) -> None:
         v = settings.value
         self.learner = TDValueLearner(
@@ -303,7 +305,7 @@ class WritePipeline:
         done = np.array([t.done for t in ts], dtype=bool)
         deltas = st.learner.td_errors(s, r, s2, done)
         values = st.learner.values(s)
-        st.learner.update(s, r, s2, done)
+        st.last_loss = st.learner.update(s, r, s2, done)
         z = st.normalizer.normalize(deltas)
         novelty = self.settings.rpe.novelty
         for i, t in enumerate(ts):

@@ -1,0 +1,264 @@
+"""Client SDK for agents: publish transitions, search memories, report outcomes.
+
+Importable without a worker (only aiokafka, aiohttp and `schemas`).
+
+- Kafka transport (default): requests go to ``dmem.retrieval.requests``; the
+  client reads ``dmem.retrieval.responses`` (all partitions, from the end, no
+  consumer group) and correlates by request_id. A timed-out search is retried
+  with the *same* request_id (`retries`), so a responder restart loses nothing
+  the client retries, and a late duplicate answer is simply ignored.
+- HTTP transport: ``POST {http_url}/v1/search``.
+- `SyncDmemClient` runs the async client on a private event loop thread for
+  agents that are not async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas import (
+    EpisodeOutcome,
+    Hit,
+    RetrievalRequest,
+    RetrievalResponse,
+    SearchFilters,
+    Transition,
+    encode,
+)
+from schemas.errors import DmemError, ServiceUnavailable
+from schemas.topics import topic_name
+
+T = TypeVar("T")
+
+
+class SearchError(DmemError):
+    """The responder answered with an error (bad request: not retriable)."""
+
+
+class DmemClient:
+    def __init__(
+        self,
+        bootstrap: str,
+        tenant: str,
+        *,
+        topic_prefix: str = "dmem.",
+        http_url: str | None = None,
+        transport: str = "kafka",
+        timeout_s: float = 5.0,
+        retries: int = 2,
+        client_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if transport not in ("kafka", "http"):
+            raise ValueError("transport must be 'kafka' or 'http'")
+        if transport == "http" and not http_url:
+            raise ValueError("the http transport needs http_url")
+        self.bootstrap = bootstrap.removeprefix("kafka://")
+        self.tenant = tenant
+        self.prefix = topic_prefix
+        self.http_url = http_url.rstrip("/") if http_url else None
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.kw = dict(client_kwargs or {})
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[str, asyncio.Future[RetrievalResponse]] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    def topic(self, logical: str) -> str:
+        return topic_name(logical, self.prefix)
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> DmemClient:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=2,
+                                          **self.kw)
+        await self._producer.start()
+        if self.transport == "kafka":
+            c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                 fetch_max_wait_ms=20, **self.kw)
+            await c.start()
+            name = self.topic("responses")
+            parts = c.partitions_for_topic(name)
+            if not parts:
+                await c._client.force_metadata_update()  # noqa: SLF001
+                parts = c.partitions_for_topic(name) or {0}
+            tps = [TopicPartition(name, p) for p in sorted(parts)]
+            c.assign(tps)
+            await c.seek_to_end(*tps)
+            for tp in tps:  # resolve the end positions now, before any request
+                await c.position(tp)
+            self._consumer = c
+            self._reader = asyncio.create_task(self._read())
+        else:
+            self._http = aiohttp.ClientSession()
+        return self
+
+    async def stop(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        for closer in (self._consumer, self._producer):
+            if closer is not None:
+                await closer.stop()
+        if self._http is not None:
+            await self._http.close()
+        self._consumer = self._producer = None
+        self._http = None
+
+    async def __aenter__(self) -> DmemClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=200)
+            for msgs in batch.values():
+                for m in msgs:
+                    if m.key is None:
+                        continue
+                    fut = self._waiting.get(m.key.decode())
+                    if fut is not None and not fut.done():
+                        try:
+                            fut.set_result(RetrievalResponse.model_validate(orjson.loads(m.value)))
+                        except Exception as exc:  # noqa: BLE001 - surface to the caller
+                            fut.set_exception(exc)
+
+    # -- write side ----------------------------------------------------------
+    async def publish(self, transition: Transition) -> None:
+        await self.publish_many([transition])
+
+    async def publish_many(self, transitions: Iterable[Transition]) -> int:
+        assert self._producer is not None, "call start() first"
+        n = 0
+        for t in transitions:
+            await self._producer.send(self.topic("transitions"), encode(t),
+                                      key=t.agent_id.encode())
+            n += 1
+        await self._producer.flush()
+        return n
+
+    async def report_outcome(self, episode_id: str, reward: float, *,
+                             agent_id: str | None = None, success: bool | None = None) -> None:
+        assert self._producer is not None, "call start() first"
+        out = EpisodeOutcome(tenant=self.tenant, episode_id=episode_id, agent_id=agent_id,
+                             reward=reward, success=success, ts=int(time.time() * 1000),
+                             outcome_id=f"{episode_id}:final")
+        await self._producer.send_and_wait(self.topic("feedback"), encode(out),
+                                           key=episode_id.encode())
+
+    # -- read side -----------------------------------------------------------
+    async def search(
+        self,
+        query: str | None = None,
+        k: int = 5,
+        *,
+        vector: list[float] | None = None,
+        agent_id: str | None = None,
+        lambda_: float | None = None,
+        episode_id: str | None = None,
+        step: int | None = None,
+        mmr: bool = False,
+        **filters: Any,
+    ) -> list[Hit]:
+        req = RetrievalRequest.model_validate({
+            "request_id": uuid.uuid4().hex, "tenant": self.tenant, "query": query,
+            "vector": vector, "k": k, "agent_id": agent_id, "lambda": lambda_,
+            "episode_id": episode_id, "step": step, "mmr": mmr,
+            "filters": SearchFilters(**filters),
+        })
+        resp = await (self._search_http(req) if self.transport == "http"
+                      else self._search_kafka(req))
+        if resp.error:
+            raise SearchError(resp.error)
+        return resp.hits
+
+    async def _search_kafka(self, req: RetrievalRequest) -> RetrievalResponse:
+        assert self._producer is not None, "call start() first"
+        fut: asyncio.Future[RetrievalResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[req.request_id] = fut
+        try:
+            for _attempt in range(self.retries + 1):
+                await self._producer.send_and_wait(self.topic("requests"), encode(req),
+                                                   key=(req.agent_id or req.tenant).encode())
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+                except TimeoutError:
+                    continue
+            raise ServiceUnavailable(
+                f"no answer to request {req.request_id} after {self.retries + 1} tries "
+                f"of {self.timeout_s}s (is a respond worker running?)"
+            )
+        finally:
+            self._waiting.pop(req.request_id, None)
+
+    async def _search_http(self, req: RetrievalRequest) -> RetrievalResponse:
+        assert self._http is not None, "call start() first"
+        body = req.model_dump(mode="json", by_alias=True, exclude_none=True)
+        async with self._http.post(f"{self.http_url}/v1/search", json=body,
+                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+            data = await r.json(content_type=None)
+            if r.status == 422:
+                raise SearchError(f"invalid request: {data}")
+            if r.status != 200:
+                raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
+            return RetrievalResponse.model_validate(data)
+
+
+class SyncDmemClient:
+    """Blocking facade over `DmemClient` for agents that are not async."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="dmem-client")
+        self._thread.start()
+        self._client = DmemClient(*args, **kwargs)
+        self._run(self._client.start())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def tenant(self) -> str:
+        return self._client.tenant
+
+    def publish(self, transition: Transition) -> None:
+        self._run(self._client.publish(transition))
+
+    def publish_many(self, transitions: Iterable[Transition]) -> int:
+        return self._run(self._client.publish_many(list(transitions)))
+
+    def search(self, query: str | None = None, k: int = 5, **kw: Any) -> list[Hit]:
+        return self._run(self._client.search(query, k, **kw))
+
+    def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
+        self._run(self._client.report_outcome(episode_id, reward, **kw))
+
+    def close(self) -> None:
+        try:
+            self._run(self._client.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> SyncDmemClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,272 @@
+"""Prometheus metrics for every worker role, served at ``GET /metrics`` on the faust web server.
+
+One module-level registry (`REGISTRY`) holds every dmem metric; `install_metrics`
+adds the ``/metrics`` page to a faust app (text exposition format 0.0.4).
+
+Two kinds of metric:
+- event metrics, updated where the event happens (the write agent calls
+  `record_batch` once per micro-batch and times its Milvus upserts with
+  `milvus_timer`): gate decisions, dead letters, Milvus latency, thresholds;
+- state metrics, refreshed from the app's live objects on each scrape
+  (`refresh`): smoothed-RPE quantiles of each tenant's gate sketch, the value
+  model's last TD loss, store health, consumer lag of the partitions assigned
+  to this worker, and Milvus partition sizes (cached for ``SIZE_TTL_S``,
+  a count is a query).
+
+Names and labels (all prefixed ``dmem_``):
+
+| metric | type | labels |
+|---|---|---|
+| gate_decisions_total | counter | route (core/buffer/drop), tenant |
+| gate_rpe | gauge | tenant, name (theta_low, theta_high, q50, q90, q99) |
+| value_loss | gauge | tenant |
+| milvus_latency_seconds | histogram | op (write, search) |
+| dead_letters_total | counter | reason (short category, see `reason_category`) |
+| consumer_lag | gauge | topic, partition |
+| credit_updates_applied_total | counter | tenant |
+| memories | gauge | partition (core, buffer) |
+| store_healthy / store_failures | gauge | |
+| batches_total / records_total | counter | |
+
+Consumer lag is computed from the faust consumer: for each assigned partition,
+high-water mark minus the committed offset (all of the partition counts as lag
+before the group's first commit). Tenants are labels, so very many tenants mean
+many series: keep tenant ids a bounded set (they are ids, not user input).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger("dmem.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+SIZE_TTL_S = 15.0
+QUANTILES = (("q50", 0.5), ("q90", 0.9), ("q99", 0.99))
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+GATE_DECISIONS = Counter(
+    "dmem_gate_decisions",
+    "Write-path gate decisions by route",
+    ["route", "tenant"],
+    registry=REGISTRY,
+)
+GATE_RPE = Gauge(
+    "dmem_gate_rpe",
+    "Current gate thresholds and smoothed |RPE| quantiles of each tenant's sketch",
+    ["tenant", "name"],
+    registry=REGISTRY,
+)
+VALUE_LOSS = Gauge(
+    "dmem_value_loss",
+    "Last TD (Huber) loss of the tenant's value model",
+    ["tenant"],
+    registry=REGISTRY,
+)
+MILVUS_LATENCY = Histogram(
+    "dmem_milvus_latency_seconds",
+    "Milvus call latency (write: one acknowledged batch upsert, retries included)",
+    ["op"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "dmem_dead_letters",
+    "Records sent to the dead-letter topic, by reason category",
+    ["reason"],
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "dmem_consumer_lag",
+    "High-water mark minus committed offset, per assigned partition",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+CREDIT_UPDATES = Counter(
+    "dmem_credit_updates_applied",
+    "Utility updates (credit) applied to memories",
+    ["tenant"],
+    registry=REGISTRY,
+)
+PARTITION_SIZE = Gauge(
+    "dmem_memories",
+    "Rows in each Milvus partition of the collection",
+    ["partition"],
+    registry=REGISTRY,
+)
+STORE_HEALTHY = Gauge(
+    "dmem_store_healthy", "1 when the last Milvus call succeeded", registry=REGISTRY
+)
+STORE_FAILURES = Gauge(
+    "dmem_store_failures", "Failed Milvus calls since start (retried)", registry=REGISTRY
+)
+BATCHES = Counter("dmem_batches", "Write-path micro-batches processed", registry=REGISTRY)
+RECORDS = Counter("dmem_records", "Write-path records consumed", registry=REGISTRY)
+
+# Short, bounded reason categories; the full text stays in the DeadLetter record.
+_REASONS: tuple[tuple[str, str], ...] = (
+    ("malformed json", "malformed_json"),
+    ("unsupported schema_version", "schema_version"),
+    ("schema_version", "schema_version"),
+    ("tombstone", "empty"),
+    ("empty record", "empty"),
+    ("differ in dimension", "vector_dim"),
+    ("vector dim", "vector_dim"),
+    ("passthrough encoder", "vector_dim"),
+    ("finite", "non_finite"),
+    ("at most", "too_large"),
+    ("invalid record", "invalid_record"),
+)
+
+
+def reason_category(reason: str) -> str:
+    """Map a dead letter's free-text reason to a short, bounded label value."""
+    low = reason.lower()
+    for needle, cat in _REASONS:
+        if needle in low:
+            return cat
+    return "other"
+
+
+@contextmanager
+def milvus_timer(op: str) -> Iterator[None]:
+    """Observe the wall time of a Milvus call into ``dmem_milvus_latency_seconds{op}``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        MILVUS_LATENCY.labels(op=op).observe(time.perf_counter() - t0)
+
+
+def record_batch(
+    events: Iterable[Any],
+    dead: Iterable[Any],
+    n_records: int = 0,
+    write_s: float | None = None,
+) -> None:
+    """Count one write-path batch: gate routes per tenant, dead letters, thresholds.
+
+    ``events`` are `MemoryEvent`s, ``dead`` the ``(key, DeadLetter)`` pairs of a
+    `BatchResult`. The thresholds gauges take the last event of each tenant.
+    ``write_s`` is the time the batch's Milvus upserts took until acknowledged
+    (observed only when the batch wrote something).
+    """
+    last: dict[str, Any] = {}
+    wrote = False
+    for ev in events:
+        GATE_DECISIONS.labels(route=ev.route or "none", tenant=ev.tenant).inc()
+        last[ev.tenant] = ev
+        wrote = wrote or ev.kind == "written"
+    if write_s is not None and wrote:
+        MILVUS_LATENCY.labels(op="write").observe(write_s)
+    for tenant, ev in last.items():
+        if ev.theta_low is not None:
+            GATE_RPE.labels(tenant=tenant, name="theta_low").set(ev.theta_low)
+        if ev.theta_high is not None:
+            GATE_RPE.labels(tenant=tenant, name="theta_high").set(ev.theta_high)
+    for item in dead:
+        dl = item[1] if isinstance(item, tuple) else item
+        DEAD_LETTERS.labels(reason=reason_category(dl.reason)).inc()
+    BATCHES.inc()
+    RECORDS.inc(n_records)
+
+
+def _refresh_pipeline(pipeline: Any) -> None:
+    for tenant, st in list(getattr(pipeline, "tenants", {}).items()):
+        loss = getattr(st, "last_loss", None)
+        if loss is not None and math.isfinite(loss):
+            VALUE_LOSS.labels(tenant=tenant).set(loss)
+        sketch = getattr(getattr(st, "gate_state", None), "sketch", None)
+        if sketch is None:
+            continue
+        for name, q in QUANTILES:
+            v = sketch.quantile(q)
+            if math.isfinite(v):
+                GATE_RPE.labels(tenant=tenant, name=name).set(v)
+
+
+def _refresh_lag(app: Any) -> None:
+    consumer = getattr(app, "_consumer", None)  # never create one just to scrape
+    if consumer is None:
+        return
+    committed = getattr(consumer, "_committed_offset", {})
+    for tp in consumer.assignment():
+        try:
+            high = consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - not fetched yet / rebalancing
+            continue
+        if high is None:
+            continue
+        done = committed.get(tp) or 0
+        CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(max(high - done, 0))
+
+
+class _Sizes:
+    at = 0.0
+
+
+async def _refresh_sizes(store_service: Any) -> None:
+    store = getattr(store_service, "store", None)
+    if store is None or not getattr(store_service, "healthy", False):
+        return
+    if time.monotonic() - _Sizes.at < SIZE_TTL_S:
+        return
+    _Sizes.at = time.monotonic()
+    for part in ("core", "buffer"):
+        try:
+            n = await asyncio.wait_for(asyncio.to_thread(store.count, part), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail on a slow store
+            log.debug("partition size of %s unavailable: %s", part, exc)
+            return
+        PARTITION_SIZE.labels(partition=part).set(n)
+
+
+async def refresh(app: Any) -> None:
+    """Update the state metrics from the app's live objects (called per scrape)."""
+    pipeline = getattr(app, "dmem_pipeline", None)
+    if pipeline is not None:
+        _refresh_pipeline(pipeline)
+    store = getattr(app, "dmem_store", None)
+    if store is not None:
+        STORE_HEALTHY.set(1.0 if store.healthy else 0.0)
+        STORE_FAILURES.set(store.failures)
+    try:
+        _refresh_lag(app)
+    except Exception as exc:  # noqa: BLE001 - lag is best effort
+        log.debug("consumer lag unavailable: %s", exc)
+    if store is not None:
+        await _refresh_sizes(store)
+
+
+def exposition() -> bytes:
+    """The registry in Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+def install_metrics(app: Any) -> None:
+    """Add ``GET /metrics`` (Prometheus text format) to the faust app; idempotent per app."""
+    if getattr(app, "_dmem_metrics", False):
+        return
+    app._dmem_metrics = True
+
+    @app.page("/metrics")
+    async def metrics_page(web: Any, request: Any) -> Any:
+        await refresh(app)
+        return web.bytes(exposition(), content_type=CONTENT_TYPE)
+
+    _ = metrics_page
