@@ -7,6 +7,7 @@ unreachable service), never a traceback wall; ``DMEM_DEBUG=1`` shows tracebacks.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -151,6 +152,50 @@ def demo(
         from schemas import dumps
 
         click.echo(dumps(summary).decode())
+
+
+@main.command()
+@click.argument("query")
+@click.option("--tenant", required=True, help="tenant whose memories to search")
+@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=None,
+              help="override the semantic weight")
+@click.option("--http", "http_url", default=None,
+              help="search over HTTP at this base URL instead of Kafka")
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
+def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | None,
+           http_url: str | None, timeout_s: float, as_json: bool) -> None:
+    """Search a running deployment (settings from DMEM_* env vars)."""
+    from streams.admin import check_broker, kafka_client_kwargs
+    from streams.client import DmemClient
+
+    settings = _settings()
+    kw = kafka_client_kwargs(settings.kafka)
+    bootstrap = kw.pop("bootstrap_servers")
+
+    async def go() -> list[Any]:
+        if http_url is None:
+            await check_broker(settings.kafka)
+        client = DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
+                            http_url=http_url, transport="http" if http_url else "kafka",
+                            timeout_s=timeout_s, client_kwargs=kw)
+        async with client:
+            return await client.search(query, k, agent_id=agent_id, lambda_=lam)
+
+    try:
+        hits = asyncio.run(go())
+    except (DmemError, ValidationError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
+        return
+    if not hits:
+        click.echo("no memories found")
+    for i, h in enumerate(hits, 1):
+        click.echo(f"{i}. [{h.partition} v{h.valence:+d} score {h.score:.3f}] {h.text!r} "
+                   f"-> {h.action} (reward {h.reward:g}, rpe {h.rpe:.2f}, utility {h.utility:.2f})")
 
 
 @main.command()
