@@ -154,11 +154,16 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         # its own encoder instance: the LRU cache is not shared across threads
         status["respond"] = wire_respond(app, settings, make_encoder(settings), store)
 
+    if role in ("jobs", "all"):
+        from streams.jobs import wire_jobs
+
+        status["jobs"] = wire_jobs(app, settings, store)
+
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
         ok = store.healthy
         body = {"ok": ok, "role": role, "store_failures": store.failures}
-        for name in ("write", "respond"):
+        for name in ("write", "respond", "jobs"):
             if name in status:
                 body[name] = status[name]()
         return web.json(body, status=200 if ok else 503)

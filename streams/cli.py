@@ -57,8 +57,6 @@ def worker(role: str) -> None:
     from streams.app import build_app
 
     settings = _settings()
-    if role == "jobs":
-        _fail(DmemError("role 'jobs' is not in this release yet; use --role write|respond|all"))
     try:
         asyncio.run(check_broker(settings.kafka))
         asyncio.run(ensure_topics(settings))
@@ -214,6 +212,11 @@ def up(data_dir: Path, as_json: bool) -> None:
         run_up(data_dir=data_dir, as_json=as_json)
     except DmemError as exc:
         _fail(exc)
+
+
+from streams.deploy import deploycheck  # noqa: E402 - heavy imports are lazy inside
+
+main.add_command(deploycheck)
 
 
 if __name__ == "__main__":

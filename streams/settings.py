@@ -66,6 +66,12 @@ class RespondSettings(BaseModel):
     mature: int = Field(default=20_000, ge=2)
 
 
+class JobsSettings(BaseModel):
+    credit_gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
+    utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
+
+
 class EncoderSettings(BaseModel):
     name: Literal["minilm", "hash", "passthrough"] = "minilm"
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
@@ -130,6 +136,7 @@ class Settings(BaseSettings):
     gate: GateSettings = Field(default_factory=GateSettings)
     write: WriteSettings = Field(default_factory=WriteSettings)
     respond: RespondSettings = Field(default_factory=RespondSettings)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
 
     @property
     def milvus_uri(self) -> str:

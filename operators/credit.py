@@ -1,0 +1,207 @@
+"""Delayed-reward credit assignment (Memory-R2 style), pure and time-injected.
+
+An episode's `MemoryUsage` records (which memories a response served at step t,
+with normalised weights w_i,t) are joined with its outcome by episode id.
+
+- Returns: the outcome reward R arrives at the episode's end step T (the
+  outcome's step if given, else the last usage step); the return at a usage
+  step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
+  path's business; credit is about the late outcome).
+- Baseline: a running mean of outcome rewards per (tenant, task) (task defaults
+  to the tenant), so advantage A_t = G_t - b. An episode that ends as usual
+  gives ~0 credit to everything it used; a surprising success or failure
+  credits (or blames) the memories that were used.
+- Credit to memory i: c_i = sum_t A_t * w_i,t, and the update carries the mean
+  per use, c_i / n_i (n_i = number of steps that served i). The store's utility
+  is an EMA of that per-use credit (the applier does the EMA), so a memory is
+  not rewarded for being retrieved often: a memory served in every episode
+  collects positive and negative advantages that average out.
+- Exactly-once effect: an outcome is identified by ``outcome_id`` (default
+  ``episode_id:final``); a second copy is ignored and counted. Each update has
+  a deterministic ``update_id`` (episode, outcome, memory), and the applier
+  skips ids it has applied before, so replays change nothing.
+- Order: usages that arrive after their outcome (within the TTL) are credited
+  on arrival with the stored outcome; outcomes that never arrive expire with the
+  window (``ttl_ms`` after the episode's last activity) and credit nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CreditAssigner", "CreditUpdate", "OutcomeRecord", "UsageRecord", "apply_utility"]
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    request_id: str
+    step: int
+    memory_ids: tuple[str, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    outcome_id: str
+    reward: float
+    step: int | None = None
+    task: str | None = None
+
+
+@dataclass(frozen=True)
+class CreditUpdate:
+    update_id: str
+    tenant: str
+    memory_id: str
+    episode_id: str
+    credit: float  # mean advantage-weighted credit per use in this episode
+    uses: int
+
+
+@dataclass
+class _Episode:
+    tenant: str
+    usages: dict[str, UsageRecord] = field(default_factory=dict)
+    outcome: OutcomeRecord | None = None
+    advantage_base: float = 0.0
+    last_ms: int = 0
+    credited: set[str] = field(default_factory=set)  # request ids already credited
+
+
+def _uid(*parts: str) -> str:
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+class CreditAssigner:
+    """State in (windows, baselines), updates out. One instance per jobs worker."""
+
+    def __init__(
+        self,
+        gamma: float = 0.99,
+        ttl_ms: int = 3_600_000,
+        baseline_alpha: float = 0.05,
+        max_episodes: int = 100_000,
+    ) -> None:
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError("gamma must be in [0, 1]")
+        if ttl_ms <= 0 or not 0.0 < baseline_alpha <= 1.0:
+            raise ValueError("ttl_ms must be > 0 and baseline_alpha in (0, 1]")
+        self.gamma = gamma
+        self.ttl_ms = ttl_ms
+        self.baseline_alpha = baseline_alpha
+        self.max_episodes = max_episodes
+        self.episodes: dict[tuple[str, str], _Episode] = {}
+        self.baselines: dict[tuple[str, str], tuple[float, int]] = {}
+        self.duplicate_outcomes = 0
+        self.expired_without_outcome = 0
+
+    def baseline(self, tenant: str, task: str | None) -> float:
+        mean, n = self.baselines.get((tenant, task or tenant), (0.0, 0))
+        return mean if n else 0.0
+
+    def _fold_baseline(self, tenant: str, task: str | None, reward: float) -> None:
+        key = (tenant, task or tenant)
+        mean, n = self.baselines.get(key, (0.0, 0))
+        w = max(1.0 / (n + 1), self.baseline_alpha)
+        self.baselines[key] = (mean + w * (reward - mean), n + 1)
+
+    def _episode(self, tenant: str, episode_id: str, now_ms: int) -> _Episode:
+        key = (tenant, episode_id)
+        ep = self.episodes.get(key)
+        if ep is None:
+            if len(self.episodes) >= self.max_episodes:
+                oldest = min(self.episodes, key=lambda k: self.episodes[k].last_ms)
+                del self.episodes[oldest]
+            ep = _Episode(tenant=tenant)
+            self.episodes[key] = ep
+        ep.last_ms = max(ep.last_ms, now_ms)
+        return ep
+
+    def on_usage(
+        self, tenant: str, episode_id: str, usage: UsageRecord, now_ms: int
+    ) -> list[CreditUpdate]:
+        ep = self._episode(tenant, episode_id, now_ms)
+        ep.usages.setdefault(usage.request_id, usage)
+        if ep.outcome is None:
+            return []
+        return self._credit(episode_id, ep)  # late usage: credit it now
+
+    def on_outcome(
+        self, tenant: str, episode_id: str, outcome: OutcomeRecord, now_ms: int
+    ) -> list[CreditUpdate]:
+        ep = self._episode(tenant, episode_id, now_ms)
+        if ep.outcome is not None:
+            self.duplicate_outcomes += 1
+            return []
+        ep.outcome = outcome
+        # baseline *before* this outcome: an episode is judged against the past
+        ep.advantage_base = self.baseline(tenant, outcome.task)
+        self._fold_baseline(tenant, outcome.task, outcome.reward)
+        return self._credit(episode_id, ep)
+
+    def _credit(self, episode_id: str, ep: _Episode) -> list[CreditUpdate]:
+        assert ep.outcome is not None
+        todo = [u for rid, u in ep.usages.items() if rid not in ep.credited]
+        if not todo:
+            return []
+        end = ep.outcome.step
+        if end is None:
+            end = max(u.step for u in ep.usages.values())
+        sums: dict[str, float] = {}
+        uses: dict[str, int] = {}
+        for u in todo:
+            g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
+            adv = g - ep.advantage_base
+            for mid, w in zip(u.memory_ids, u.weights, strict=True):
+                sums[mid] = sums.get(mid, 0.0) + adv * w
+                uses[mid] = uses.get(mid, 0) + 1
+            ep.credited.add(u.request_id)
+        batch_key = ",".join(sorted(u.request_id for u in todo))
+        return [
+            CreditUpdate(
+                update_id=_uid(ep.tenant, episode_id, ep.outcome.outcome_id, batch_key, mid),
+                tenant=ep.tenant,
+                memory_id=mid,
+                episode_id=episode_id,
+                credit=sums[mid] / uses[mid],
+                uses=uses[mid],
+            )
+            for mid in sorted(sums)
+        ]
+
+    def expire(self, now_ms: int) -> int:
+        """Drop windows idle for longer than the TTL; returns how many."""
+        dead = [k for k, ep in self.episodes.items() if now_ms - ep.last_ms > self.ttl_ms]
+        for k in dead:
+            if self.episodes[k].outcome is None:
+                self.expired_without_outcome += 1
+            del self.episodes[k]
+        return len(dead)
+
+
+def apply_utility(
+    row: dict[str, Any],
+    update_id: str,
+    credit: float,
+    uses: int,
+    beta: float = 0.2,
+    remember: int = 64,
+) -> bool:
+    """Fold one update into a stored row in place; False if it was applied before.
+
+    utility <- (1 - beta) * utility + beta * credit, uses += uses. The last
+    `remember` update ids live in the row's metadata (``credit_ids``), which is
+    what makes a replayed update a no-op.
+    """
+    meta = row.setdefault("metadata", {}) or {}
+    row["metadata"] = meta
+    applied: list[str] = list(meta.get("credit_ids", []))
+    if update_id in applied:
+        return False
+    row["utility"] = (1.0 - beta) * float(row.get("utility", 0.0)) + beta * float(credit)
+    row["uses"] = int(row.get("uses", 0)) + int(uses)
+    applied.append(update_id)
+    meta["credit_ids"] = applied[-remember:]
+    return True
