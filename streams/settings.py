@@ -72,6 +72,41 @@ class JobsSettings(BaseModel):
     utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
 
 
+class MaintenanceSettings(BaseModel):
+    """Dedup/merge, decay and capacities (see `streams.maintenance`, `operators.maintenance`).
+
+    ``dedup_tau`` is encoder dependent: 0.95 keeps distinct grid cells of the demo
+    apart with the hash encoder (max cross-cell cosine 0.92); MiniLM rates short
+    templated sentences closer, so raise it (e.g. 0.98) there.
+    """
+
+    enabled: bool = True
+    dedup_tau: float = Field(default=0.95, gt=0.0, le=1.0, description="merge at cosine >= tau")
+    dedup_window_s: float = Field(default=2.0, gt=0.0, description="tumbling window length")
+    dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
+    dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
+    decay_interval_s: float = Field(default=10.0, gt=0.0)
+    half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0.0, description="|rpe| term")
+    utility_weight: float = Field(default=1.0, ge=0.0)
+    access_weight: float = Field(default=0.25, ge=0.0)
+    access_half_life_s: float = Field(default=24 * 3600.0, gt=0.0)
+    buffer_floor: float = Field(default=0.05, ge=0.0, description="evict buffer below this")
+    buffer_ttl_s: float = Field(default=14 * 24 * 3600.0, gt=0.0)
+    demote_below: float = Field(default=0.3, ge=0.0, description="demote core below this")
+    promote_above: float = Field(default=0.5, ge=0.0, description="earned value to promote")
+    core_capacity: int = Field(default=10_000, ge=0, description="per tenant")
+    buffer_capacity: int = Field(default=50_000, ge=0, description="per tenant")
+    max_actions_per_pass: int = Field(default=5000, ge=1)
+    refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")
+    access_flush_s: float = Field(default=2.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> MaintenanceSettings:
+        if self.promote_above <= self.demote_below:
+            raise ValueError("maintenance promote_above must exceed demote_below")
+        return self
+
+
 class EncoderSettings(BaseModel):
     name: Literal["minilm", "hash", "passthrough"] = "minilm"
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
@@ -116,6 +151,8 @@ class WriteSettings(BaseModel):
     checkpoint_every_s: float = Field(default=5.0, gt=0.0)
     eligibility_horizon: int = Field(default=64, ge=1)
     eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)
+    retro_cache: int = Field(default=10_000, ge=0, description="dropped transitions kept for "
+                             "retrospective writes")
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
 
@@ -137,6 +174,7 @@ class Settings(BaseSettings):
     write: WriteSettings = Field(default_factory=WriteSettings)
     respond: RespondSettings = Field(default_factory=RespondSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
 
     @property
     def milvus_uri(self) -> str:

@@ -81,6 +81,7 @@ class BatchResult:
     events: list[MemoryEvent] = field(default_factory=list)
     dead: list[tuple[bytes | None, DeadLetter]] = field(default_factory=list)
     decisions: list[GateDecision] = field(default_factory=list)
+    promote: list[str] = field(default_factory=list)  # buffer -> core moves
 
     @property
     def stored(self) -> int:
@@ -137,6 +138,7 @@ class TenantState:
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
+        self.recent: OrderedDict[str, Transition] = OrderedDict()
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
@@ -149,6 +151,13 @@ class TenantState:
             sm = AgentSmoother(alpha=r.smoother_alpha, kappa=r.smoother_kappa)
             self.smoothers[agent_id] = sm
         return sm
+
+    def keep_recent(self, t: Transition) -> None:
+        """Dropped transitions of open episodes, for retrospective writes."""
+        self.recent[t.memory_id] = t
+        self.recent.move_to_end(t.memory_id)
+        while len(self.recent) > self.settings.write.retro_cache:
+            self.recent.popitem(last=False)
 
     def remember(self, key: str, route: str) -> None:
         self.repeats[key] = route
@@ -180,6 +189,7 @@ class TenantState:
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
+        self.recent = OrderedDict()
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
@@ -323,8 +333,10 @@ class WritePipeline:
             out.decisions.append(d)
             val = valence(float(deltas[i]))
             created = t.ts if t.ts is not None else now_ms
+            if route == "drop":
+                st.keep_recent(t)
             st.eligibility.add(
-                f"{t.agent_id}/{t.episode_id}",
+                t.episode_id,
                 EligibilityEntry.make(
                     transition_id=t.memory_id,
                     step=t.step,
@@ -360,35 +372,161 @@ class WritePipeline:
             if route == "drop":
                 continue
             out.upserts[cast(Partition, route)].append(
-                {
-                    "id": t.memory_id,
-                    "tenant": tenant,
-                    "agent_id": t.agent_id,
-                    "episode_id": t.episode_id,
-                    "step": t.step,
-                    "vector": s[i],
-                    "text": t.text(),
-                    "action": t.action,
-                    "reward": float(t.reward),
-                    "rpe": float(z[i]),
-                    "rpe_smoothed": float(score),
-                    "gate": float(d.gate),
-                    "valence": val,
-                    "utility": 0.0,
-                    "uses": 0,
-                    "merged_count": 1,
-                    "created_ts": created,
-                    "last_access_ts": created,
-                    "metadata": {
-                        "user": t.metadata,
-                        "gate": {
-                            "route": route,
-                            "reason": reason,
-                            "theta_low": float(d.theta_low),
-                            "theta_high": float(d.theta_high),
-                        },
-                        "next": t.next_observation if t.next_observation is not None else None,
-                        "done": t.done,
-                    },
-                }
+                memory_row(
+                    t,
+                    tenant,
+                    s[i],
+                    float(z[i]),
+                    float(score),
+                    float(d.gate),
+                    val,
+                    created,
+                    route,
+                    reason,
+                    float(d.theta_low),
+                    float(d.theta_high),
+                )
             )
+
+    # -- retrospective re-scoring -------------------------------------------
+    def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
+        """Re-score an episode's eligibility window with its late outcome folded in.
+
+        Retrospective return of entry t (steps ascending, last step T):
+        G_t = sum_{j>=t} gamma^(j-t) r_j + gamma^(T+1-t) * outcome, in the value
+        model's reward units; retrospective delta = G_t - V(s_t) (V as estimated
+        when the transition was processed), normalised by the tenant's sigma.
+        Entries whose |z| reaches the current theta_high are written to core if
+        they had been dropped (reason ``retrospective``) or promoted from the
+        buffer (`BatchResult.promote`). The gate's sketch is not updated:
+        a hindsight score is not a new observation.
+        """
+        out = BatchResult()
+        st = self.tenants.get(tenant)
+        if st is None:
+            return out
+        entries = st.eligibility.get(episode_id)
+        if not entries:
+            return out
+        gamma = st.learner.gamma
+        scale = st.learner.reward_scale
+        _, theta_high = self.gate.thresholds(st.gate_state)
+        sigma = st.normalizer.sigma
+        g = outcome / scale
+        retro: list[float] = [0.0] * len(entries)
+        for idx in range(len(entries) - 1, -1, -1):
+            g = entries[idx].reward / scale + gamma * g
+            retro[idx] = g
+        for e, g_t in zip(entries, retro, strict=True):
+            z = (g_t - e.value) / sigma
+            score = abs(z)
+            if score < theta_high or e.route == "core":
+                continue
+            val = valence(z)
+            strength = float(self.gate.strength(score))
+
+            def event(
+                kind: str,
+                agent: str | None = None,
+                reward: float | None = None,
+                e: EligibilityEntry = e,
+                z: float = z,
+                score: float = score,
+                val: int = val,
+                strength: float = strength,
+            ) -> MemoryEvent:
+                return MemoryEvent(
+                    kind=cast(Any, kind),
+                    memory_id=e.transition_id,
+                    tenant=tenant,
+                    agent_id=agent,
+                    episode_id=episode_id,
+                    step=e.step,
+                    partition="core",
+                    route="core",
+                    reward=reward,
+                    rpe=float(z),
+                    rpe_smoothed=float(score),
+                    gate=strength,
+                    valence=val,
+                    theta_high=float(theta_high),
+                    reason="retrospective",
+                    ts=now_ms,
+                )
+
+            if e.route == "buffer":
+                out.promote.append(e.transition_id)
+                out.events.append(event("promoted"))
+                continue
+            t = st.recent.pop(e.transition_id, None)
+            if t is None:
+                continue  # fell out of the bounded cache: nothing to write
+            created = t.ts if t.ts is not None else now_ms
+            out.upserts["core"].append(
+                memory_row(
+                    t,
+                    tenant,
+                    e.vector(),
+                    float(z),
+                    float(score),
+                    strength,
+                    val,
+                    created,
+                    "core",
+                    "retrospective",
+                    None,
+                    float(theta_high),
+                )
+            )
+            out.events.append(event("written", t.agent_id, t.reward))
+        if out.events:
+            self.dirty.add(tenant)
+        return out
+
+
+def memory_row(
+    t: Transition,
+    tenant: str,
+    vector: np.ndarray,
+    z: float,
+    score: float,
+    gate: float,
+    val: int,
+    created: int,
+    route: str,
+    reason: str,
+    theta_low: float | None,
+    theta_high: float,
+) -> dict[str, Any]:
+    """The Milvus row of a stored transition (layout: `schemas.MemoryRecord`)."""
+    return {
+        "id": t.memory_id,
+        "tenant": tenant,
+        "agent_id": t.agent_id,
+        "episode_id": t.episode_id,
+        "step": t.step,
+        "vector": vector,
+        "text": t.text(),
+        "action": t.action,
+        "reward": float(t.reward),
+        "rpe": z,
+        "rpe_smoothed": score,
+        "gate": gate,
+        "valence": val,
+        "utility": 0.0,
+        "uses": 0,
+        "merged_count": 1,
+        "created_ts": created,
+        "last_access_ts": created,
+        "metadata": {
+            "user": t.metadata,
+            "gate": {
+                "route": route,
+                "reason": reason,
+                "theta_low": theta_low,
+                "theta_high": theta_high,
+            },
+            "next": t.next_observation,
+            "done": t.done,
+        },
+    }

@@ -166,3 +166,39 @@ def test_replay_in_one_batch_is_one_memory() -> None:
     res = pipeline().process(raws_of([t, t, t]), now_ms=1)
     assert len(res.events) == 1
     assert Counter(e.memory_id for e in res.events)[t.memory_id] == 1
+
+
+def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
+    """A quiet episode is dropped as it happens; a huge late outcome reveals that
+    its last steps mattered, and the hindsight score writes them to core."""
+    p = pipeline()
+    # warm the gate and value model on ordinary traffic with some surprises
+    warm = [
+        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
+                   observation=f"hall {k}", action="go",
+                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
+        for e in range(30) for k in range(10)
+    ]
+    run(p, raws_of(warm))
+    quiet = [
+        Transition(tenant="t", agent_id="a", episode_id="quiet", step=k,
+                   observation=f"quiet room {k}", action="wait", reward=0.0)
+        for k in range(6)
+    ]
+    first = p.process(raws_of(quiet, start=10_000), now_ms=50)
+    assert all(e.route == "drop" for e in first.events)
+    assert p.rescore("t", "no-such-episode", 100.0, now_ms=60).events == []
+    res = p.rescore("t", "quiet", 500.0, now_ms=60)
+    written = [e for e in res.events if e.kind == "written"]
+    assert written, "a large late outcome must reveal something"
+    assert all(e.reason == "retrospective" and e.partition == "core" for e in written)
+    ids = {row["id"] for row in res.upserts["core"]}
+    assert ids == {e.memory_id for e in written} <= {t.memory_id for t in quiet}
+    # the step closest to the outcome is discounted least: it is among the written
+    assert quiet[-1].memory_id in ids
+    assert all(e.valence == 1 for e in written)
+    # an ordinary outcome reveals nothing new
+    p2 = pipeline()
+    run(p2, raws_of(warm))
+    p2.process(raws_of(quiet, start=10_000), now_ms=50)
+    assert p2.rescore("t", "quiet", 0.0, now_ms=60).upserts["core"] == []
