@@ -47,7 +47,7 @@ async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:
         await asyncio.wait_for(admin.start(), timeout_s)
     except (TimeoutError, KafkaError, OSError) as exc:
         raise BrokerUnavailable(
-            f"cannot reach the Kafka broker at {k.bootstrap}: {type(exc).__name__} {exc}".strip()
+            f"cannot reach the Kafka broker at {k.bootstrap}: {exc or type(exc).__name__}"
         ) from None
     finally:
         quiet.setLevel(level)

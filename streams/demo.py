@@ -230,7 +230,12 @@ def run_demo(
     data_dir: Path | None = None,
     as_json: bool = False,
 ) -> dict[str, Any]:
+    import logging
+
     from milvus import MemoryStore
+
+    # pymilvus warns on every query_iterator against Lite ("failed to get mvccTs"): noise here
+    logging.getLogger("pymilvus").setLevel(logging.ERROR)
 
     tmp = None
     if data_dir is None:
@@ -311,7 +316,9 @@ def run_demo(
         "reasons": {f"{r}:{why}": n for (r, why), n in sorted(reasons.items(), key=str)},
     }
     if not as_json or interactive:
-        print_summary(summary)
+        # the table is the result of a plain run (stdout); with --json it is
+        # commentary next to the JSON line, so it goes to stderr
+        print_summary(summary, sys.stderr if as_json else sys.stdout)
     return summary
 
 
@@ -330,8 +337,7 @@ EXPLAIN = {
 }
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    out = sys.stderr
+def print_summary(s: dict[str, Any], out: Any = sys.stdout) -> None:
     rows = [
         ("published", s["published"]),
         ("stored in core", s["stored_core"]),
