@@ -30,8 +30,10 @@ Names and labels (all prefixed ``dmem_``):
 
 Consumer lag is computed from the faust consumer: for each assigned partition,
 high-water mark minus the committed offset (all of the partition counts as lag
-before the group's first commit). Tenants are labels, so very many tenants mean
-many series: keep tenant ids a bounded set (they are ids, not user input).
+before the group's first commit). That covers the write path; the respond and
+jobs roles read with their own aiokafka consumers, which are not included.
+Tenants are labels, so very many tenants mean many series: keep tenant ids a
+bounded set (they are ids, not user input).
 """
 
 from __future__ import annotations
