@@ -1,0 +1,44 @@
+"""Settings: env parsing, validation, and security pass-through to Kafka clients."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from streams.admin import kafka_client_kwargs
+from streams.settings import Settings
+
+
+def test_env_nesting_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DMEM_GATE__Q_HIGH", "0.95")
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "10.0.0.5:9093")
+    s = Settings()
+    assert s.gate.q_high == 0.95
+    assert s.kafka.broker == "kafka://10.0.0.5:9093" and s.kafka.bootstrap == "10.0.0.5:9093"
+    assert s.milvus_uri.endswith("milvus.db")  # empty URI: the embedded Lite default
+    assert s.topic("transitions") == "dmem.transitions"
+
+
+def test_invalid_settings_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DMEM_GATE__Q_LOW", "0.95")  # above q_high
+    with pytest.raises(ValidationError, match="q_low"):
+        Settings()
+
+
+def test_sasl_and_tls_reach_aiokafka_and_faust(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.app import faust_credentials
+
+    monkeypatch.setenv("DMEM_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("DMEM_KAFKA__SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("DMEM_KAFKA__SASL_USERNAME", "svc")
+    monkeypatch.setenv("DMEM_KAFKA__SASL_PASSWORD", "pw")
+    s = Settings()
+    kw = kafka_client_kwargs(s.kafka)
+    assert kw["security_protocol"] == "SASL_SSL"
+    assert kw["sasl_mechanism"] == "SCRAM-SHA-512" and kw["sasl_plain_username"] == "svc"
+    assert kw["ssl_context"] is not None
+    creds = faust_credentials(s)
+    assert creds is not None and creds.username == "svc" and creds.ssl_context is not None
+    for var in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD"):
+        monkeypatch.delenv(f"DMEM_KAFKA__{var}")
+    assert faust_credentials(Settings()) is None
