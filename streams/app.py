@@ -27,16 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import faust
+import orjson
+import torch
 from mode import Service
+from pydantic import ValidationError
 
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
-from schemas import encode
+from schemas import EpisodeOutcome, encode
 from schemas.errors import ConfigError
 from streams.admin import read_compacted
 from streams.metrics import install_metrics, record_batch
@@ -116,6 +120,24 @@ class StoreService(Service):
                 await self._retry(f"upsert {partition}", self.store.upsert, rows, partition)
 
 
+def faust_credentials(settings: Settings) -> Any:
+    """SASL/TLS for faust's own clients, from the same settings as aiokafka's."""
+    k = settings.kafka
+    ssl_ctx = None
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        import ssl
+
+        ssl_ctx = ssl.create_default_context(cafile=k.ssl_cafile)
+    if k.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=k.sasl_username, password=k.sasl_password,
+            mechanism=k.sasl_mechanism, ssl_context=ssl_ctx,
+        )
+    if ssl_ctx is not None:
+        return faust.SSLCredentials(ssl_ctx)
+    return None
+
+
 def build_app(settings: Settings, role: str = "write") -> faust.App:
     """Create the faust app with the agents of `role` wired in."""
     if role not in ROLES:
@@ -140,11 +162,13 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         producer_max_request_size=8 * 1024 * 1024,
         stream_buffer_maxsize=max(4096, settings.write.batch_size * 2),
         datadir=str(settings.data_dir / "faust"),
+        broker_credentials=faust_credentials(settings),
     )
     install_metrics(app)  # GET /metrics on every role
     encoder = make_encoder(settings)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
     app.add_dependency(store)
+    app.dmem_store = store  # type: ignore[attr-defined]  # store metrics on every role
     status: dict[str, Any] = {"roles": [role]}
     if role in ("write", "all"):
         status["write"] = wire_write_path(app, settings, encoder, store)
@@ -153,17 +177,23 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
 
         # its own encoder instance: the LRU cache is not shared across threads
         status["respond"] = wire_respond(app, settings, make_encoder(settings), store)
+        from streams.maintenance import wire_access
+
+        status["access"] = wire_access(app, settings, store)
 
     if role in ("jobs", "all"):
         from streams.jobs import wire_jobs
 
         status["jobs"] = wire_jobs(app, settings, store)
+        from streams.maintenance import wire_maintenance
+
+        status["maintenance"] = wire_maintenance(app, settings, store)
 
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
         ok = store.healthy
         body = {"ok": ok, "role": role, "store_failures": store.failures}
-        for name in ("write", "respond", "jobs"):
+        for name in ("write", "respond", "jobs", "maintenance", "access"):
             if name in status:
                 body[name] = status[name]()
         return web.json(body, status=200 if ok else 503)
@@ -182,13 +212,18 @@ def wire_write_path(
 ) -> Any:
     """Wire the write agent; returns a callable giving its health details."""
     pipeline = WritePipeline(settings, encoder)
+    # Torch intra-op threads of this process (env DMEM_TORCH_THREADS, default 1):
+    # the value MLP's matrices are tiny, and on a small machine extra threads only
+    # fight the broker, Milvus and the event loop (a 1024 batch: ~150 ms with 1
+    # thread vs ~300-600 ms with 2 on 2 busy cores; see BENCHMARKS.md).
+    torch.set_num_threads(max(1, int(os.environ.get("DMEM_TORCH_THREADS", "1"))))
 
     def raw_topic(name: str) -> faust.TopicT:
         return app.topic(name, key_serializer="raw", value_serializer="raw")
 
     transitions = raw_topic(settings.topic("transitions"))
     memories = raw_topic(settings.topic("memories"))
-    deadletters = raw_topic(settings.topic("deadletter"))
+    raw_topic(settings.topic("deadletter"))  # declared (raw serialisers) for faust
     models = raw_topic(settings.topic("models"))
     w = settings.write
     app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
@@ -209,9 +244,19 @@ def wire_write_path(
                 log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
         return len(states)
 
+    mem_topic, dl_topic = settings.topic("memories"), settings.topic("deadletter")
+
+    def process_and_encode(raws: list[RawRecord], now: int) -> tuple[Any, list[Any]]:
+        """Pipeline + serialisation, both in the worker thread (off the event loop)."""
+        res = pipeline.process(raws, now)
+        msgs = [(dl_topic, key, encode(dl)) for key, dl in res.dead]
+        msgs += [(mem_topic, ev.memory_id.encode(), encode(ev)) for ev in res.events]
+        return res, msgs
+
     @app.agent(transitions, name="dmem-write")
     async def write_agent(stream: faust.StreamT[bytes]) -> None:
         await store.maybe_start()
+        producer = await app.maybe_start_producer()
         restored = await restore()
         log.info("write path ready (restored %d tenant states)", restored)
         last_ckpt = time.monotonic()
@@ -233,14 +278,15 @@ def wire_write_path(
                     for e in events
                 ]
                 t0 = time.perf_counter()
-                result = await asyncio.to_thread(pipeline.process, raws, now_ms())
+                result, out_msgs = await asyncio.to_thread(process_and_encode, raws, now_ms())
                 t1 = time.perf_counter()
                 await store.write(result.upserts)
                 t2 = time.perf_counter()
-                for key, dl in result.dead:
-                    await deadletters.send(key=key, value=encode(dl))
-                for ev in result.events:
-                    await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+                # Pipelined produce: enqueue every message (aiokafka batches them per
+                # partition), then wait for all acks once; the batch's offsets are
+                # committed only after this body returns, so at-least-once holds.
+                futs = [await producer.send(tp, k, v, None, None, None) for tp, k, v in out_msgs]
+                await asyncio.gather(*futs)
                 record_batch(result.events, result.dead, len(raws), write_s=t2 - t1)
                 log.info(
                     "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
@@ -262,5 +308,28 @@ def wire_write_path(
                 except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                     log.warning("final checkpoint failed: %s", exc)
 
-    _ = write_agent
+    feedback = raw_topic(settings.topic("feedback"))
+
+    @app.agent(feedback, name="dmem-retro")
+    async def retro_agent(stream: faust.StreamT[bytes]) -> None:
+        """Late outcomes: re-score the episode's eligibility window (hindsight)."""
+        async for value in stream:
+            try:
+                data = orjson.loads(value)
+                if not isinstance(data, dict) or "reward" not in data or "kind" in data:
+                    continue  # thumbs and other feedback are the credit job's business
+                out = EpisodeOutcome.model_validate(data)
+            except (orjson.JSONDecodeError, ValidationError):
+                continue  # the credit job dead-letters bad feedback
+            result = await asyncio.to_thread(
+                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
+            )
+            await store.write(result.upserts)
+            if result.promote:
+                assert store.store is not None
+                await store._retry("promote", store.store.move, result.promote, "core")
+            for ev in result.events:
+                await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+
+    _ = (write_agent, retro_agent)
     return lambda: {"processed": pipeline.processed}

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
 from schemas import DeadLetter, EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate, encode
 from streams.admin import kafka_client_kwargs
+from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
 from streams.writepath import RawRecord, dead_letter, validation_reason
 
@@ -235,6 +236,7 @@ class UtilityApplier(Service):
             ):
                 touched[u.memory_id] = row
                 self.applied += 1
+                CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:
                 self.skipped += 1
         by_part: dict[str, list[dict[str, Any]]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from operators import Encoder, PassthroughEncoder
 from operators.retrieval import RankPolicy, rank, usage_weights
 from schemas import Hit, MemoryUsage, RetrievalRequest, RetrievalResponse, ScoreBreakdown
 from schemas.errors import InvalidRecord
+from streams.metrics import MILVUS_LATENCY
 
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
@@ -54,6 +56,11 @@ def store_filter(req: RetrievalRequest) -> dict[str, Any]:
             raise InvalidRecord(f"metadata filter key {key!r} must be a plain identifier")
         out[f"metadata.user.{key}"] = value
     return out
+
+
+#: access tracking hook: called as (tenant, served memory ids, now_ms) after each answer;
+#: `streams.maintenance.wire_access` installs a batching tracker (never one write per hit)
+ACCESS_HOOK: Callable[[str, list[str], int], None] | None = None
 
 
 class Responder:
@@ -105,6 +112,7 @@ class Responder:
         t0 = time.perf_counter()
         vec = self.query_vector(req)
         parts = (req.filters.partition,) if req.filters.partition else ("core", "buffer")
+        t_search = time.perf_counter()
         cands = self.store.search(
             vec,
             tenant=req.tenant,
@@ -115,6 +123,7 @@ class Responder:
             output_fields=OUTPUT,
             consistency_level=self.consistency_level,
         )
+        MILVUS_LATENCY.labels(op="search").observe(time.perf_counter() - t_search)
         lam = req.lambda_ if req.lambda_ is not None else self.policy.lambda_for(
             self.tenant_size(req.tenant)
         )
@@ -158,5 +167,8 @@ class Responder:
                 memory_ids=[h.memory_id for h in hits], weights=usage_weights(ranked),
                 ts=now_ms,
             )
+        hook = ACCESS_HOOK
+        if hook is not None and hits:
+            hook(req.tenant, [h.memory_id for h in hits], now_ms)
         self.answered += 1
         return resp, usage

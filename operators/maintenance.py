@@ -1,0 +1,509 @@
+"""Maintenance operators: dedup/merge planning, merge arithmetic, priority, decay plans.
+
+Pure logic, no Kafka and no Milvus; time is always an argument (``now_ms``).
+`streams.maintenance` feeds these from the ``memories`` topic and Milvus.
+
+Priority (higher = more worth keeping)::
+
+    p = |rpe| * 2^(-age / half_life)                     surprise, fading with age
+      + w_u * tanh(utility)                              earned by credit (bounded, signed:
+                                                         memories that misled lose priority)
+      + w_a * log2(1 + hits) * 2^(-since_access / h_a)   recent, frequent retrieval
+
+``age`` is measured from ``last_seen`` (the latest time the situation recurred:
+a merge refreshes it), not from the first sighting, so a situation the agent
+keeps meeting does not fade. ``hits`` is the number of retrievals that served
+the memory (access tracking, ``metadata.access.n``); ``since_access`` the time
+since ``last_access_ts``. The "earned" part (utility + access terms, without
+the |rpe| term) decides promotion.
+
+Decay rules per tenant (`plan_decay`):
+- buffer entries past the TTL (not seen and not accessed for ``buffer_ttl_ms``)
+  are evicted (reason ``ttl``); buffer entries with p below ``buffer_floor``
+  are evicted (``below_floor``);
+- core entries with p below ``demote_below`` are demoted (``faded``);
+- buffer entries whose earned value reaches ``promote_above`` are promoted
+  (``earned``). ``promote_above > demote_below`` (hysteresis: p >= earned, so a
+  just-promoted entry is never demoted by the next pass);
+- capacities: the core keeps its top ``core_capacity`` by p (the rest are
+  demoted, ``core_capacity``; a promotion that would not make the top is not
+  made), then the buffer keeps its top ``buffer_capacity`` (the rest are
+  evicted, ``buffer_capacity``). Ties keep index order (stable sorts), so a
+  plan is a deterministic function of the index.
+
+Dedup (`plan_merges`): within one scope (tenant, agent, action, valence) the
+items are visited oldest first (``created_ts``, then id); each joins the first
+earlier survivor within cosine ``tau``, else becomes a survivor. The survivor is
+therefore always the oldest member, whatever order the events arrived in, which
+makes merges deterministic under replay.
+
+Merge arithmetic (`merge_rows`): merged_count adds up; reward is the
+count-weighted mean; rpe is the member value with the largest |rpe| (sign
+kept), rpe_smoothed and gate the max; utility the uses-weighted mean (uses add
+up); created_ts the earliest (first seen), ``metadata.merge.last_seen_ts`` the
+latest; last_access_ts the latest; the partition is core if any member was in
+core; the survivor's vector, text and user metadata are kept. The ids folded in
+are remembered (last `MERGE_IDS_KEPT` in ``metadata.merge.ids``): folding an id
+twice (a replay after a crash between "write survivor" and "delete members")
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CORE",
+    "BUFFER",
+    "DecayAction",
+    "DecayPlan",
+    "MaintenancePolicy",
+    "MergeGroup",
+    "PriorityIndex",
+    "TenantIndex",
+    "entry_from_row",
+    "merge_rows",
+    "plan_decay",
+    "plan_merges",
+    "priority",
+]
+
+CORE, BUFFER = 0, 1
+PART_CODE = {"core": CORE, "buffer": BUFFER}
+PART_NAME = ("core", "buffer")
+MERGE_IDS_KEPT = 256
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """Every knob of dedup and decay (defaults documented in the module doc)."""
+
+    tau: float = 0.95
+    half_life_ms: float = 7 * DAY_MS
+    utility_weight: float = 1.0
+    access_weight: float = 0.25
+    access_half_life_ms: float = 1 * DAY_MS
+    buffer_floor: float = 0.05
+    buffer_ttl_ms: int = 14 * DAY_MS
+    demote_below: float = 0.3
+    promote_above: float = 0.5
+    core_capacity: int = 10_000
+    buffer_capacity: int = 50_000
+    max_actions: int = 5_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if self.half_life_ms <= 0 or self.access_half_life_ms <= 0:
+            raise ValueError("half lives must be positive")
+        if self.promote_above <= self.demote_below:
+            raise ValueError(
+                f"promote_above ({self.promote_above}) must exceed demote_below "
+                f"({self.demote_below}) or entries flip between core and buffer"
+            )
+        if self.core_capacity < 0 or self.buffer_capacity < 0 or self.max_actions < 1:
+            raise ValueError("capacities must be >= 0 and max_actions >= 1")
+
+
+def priority(
+    abs_rpe: np.ndarray | float,
+    age_ms: np.ndarray | float,
+    utility: np.ndarray | float,
+    hits: np.ndarray | float,
+    since_access_ms: np.ndarray | float,
+    policy: MaintenancePolicy,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(priority, earned) arrays; see the module doc for the formula."""
+    age = np.maximum(np.asarray(age_ms, dtype=np.float64), 0.0)
+    since = np.maximum(np.asarray(since_access_ms, dtype=np.float64), 0.0)
+    surprise = np.abs(np.asarray(abs_rpe, dtype=np.float64)) * np.exp2(-age / policy.half_life_ms)
+    h = np.maximum(np.asarray(hits, dtype=np.float64), 0.0)
+    access = policy.access_weight * np.log2(1.0 + h) * np.exp2(-since / policy.access_half_life_ms)
+    earned = policy.utility_weight * np.tanh(np.asarray(utility, dtype=np.float64)) + access
+    return surprise + earned, earned
+
+
+# -- the in-memory priority index ---------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """What the decay planner needs of one memory (no vector, no text)."""
+
+    partition: int
+    created_ts: int
+    last_seen_ts: int
+    abs_rpe: float
+    utility: float = 0.0
+    hits: int = 0
+    last_access_ts: int = 0
+
+
+def entry_from_row(row: Mapping[str, Any]) -> Entry:
+    """An index entry from a stored row (``partition`` included, as the store returns it)."""
+    meta = row.get("metadata") or {}
+    merge = meta.get("merge") or {} if isinstance(meta, Mapping) else {}
+    access = meta.get("access") or {} if isinstance(meta, Mapping) else {}
+    created = int(row.get("created_ts", 0))
+    return Entry(
+        partition=PART_CODE[str(row.get("partition", "buffer"))],
+        created_ts=created,
+        last_seen_ts=max(created, int(merge.get("last_seen_ts", created))),
+        abs_rpe=abs(float(row.get("rpe", 0.0))),
+        utility=float(row.get("utility", 0.0)),
+        hits=int(access.get("n", 0)),
+        last_access_ts=int(row.get("last_access_ts", created)),
+    )
+
+
+_COLS: tuple[tuple[str, Any], ...] = (
+    ("partition", np.int8),
+    ("created_ts", np.int64),
+    ("last_seen_ts", np.int64),
+    ("abs_rpe", np.float64),
+    ("utility", np.float64),
+    ("hits", np.int64),
+    ("last_access_ts", np.int64),
+)
+
+
+class TenantIndex:
+    """Columnar arrays of one tenant's entries; O(1) upsert/remove (swap with last)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.ids: list[str] = []
+        self.slot: dict[str, int] = {}
+        self.cols: dict[str, np.ndarray] = {n: np.zeros(capacity, dtype=t) for n, t in _COLS}
+        self.cursor = 0  # round-robin refresh position
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, mid: object) -> bool:
+        return mid in self.slot
+
+    def _grow(self) -> None:
+        for name, arr in self.cols.items():
+            bigger = np.zeros(max(1024, 2 * arr.shape[0]), dtype=arr.dtype)
+            bigger[: arr.shape[0]] = arr
+            self.cols[name] = bigger
+
+    def upsert(self, mid: str, e: Entry) -> None:
+        i = self.slot.get(mid)
+        if i is None:
+            i = len(self.ids)
+            if i >= self.cols["abs_rpe"].shape[0]:
+                self._grow()
+            self.ids.append(mid)
+            self.slot[mid] = i
+        for name, _ in _COLS:
+            self.cols[name][i] = getattr(e, name)
+
+    def set_partition(self, mid: str, partition: int) -> None:
+        i = self.slot.get(mid)
+        if i is not None:
+            self.cols["partition"][i] = partition
+
+    def remove(self, mid: str) -> bool:
+        i = self.slot.pop(mid, None)
+        if i is None:
+            return False
+        last = len(self.ids) - 1
+        if i != last:
+            moved = self.ids[last]
+            self.ids[i] = moved
+            self.slot[moved] = i
+            for arr in self.cols.values():
+                arr[i] = arr[last]
+        self.ids.pop()
+        return True
+
+    def get(self, mid: str) -> Entry | None:
+        i = self.slot.get(mid)
+        if i is None:
+            return None
+        return Entry(**{n: self.cols[n][i].item() for n, _ in _COLS})
+
+    def view(self) -> dict[str, np.ndarray]:
+        n = len(self.ids)
+        return {name: arr[:n] for name, arr in self.cols.items()}
+
+    def next_refresh(self, budget: int) -> list[str]:
+        """The next `budget` ids in round-robin order (the incremental refresh cursor)."""
+        n = len(self.ids)
+        if n == 0 or budget <= 0:
+            return []
+        if budget >= n:
+            self.cursor = 0
+            return list(self.ids)
+        start = self.cursor % n
+        out = self.ids[start : start + budget]
+        if len(out) < budget:
+            out += self.ids[: budget - len(out)]
+        self.cursor = (start + budget) % n
+        return out
+
+    def counts(self) -> dict[str, int]:
+        part = self.view()["partition"]
+        core = int(np.count_nonzero(part == CORE))
+        return {"core": core, "buffer": len(self.ids) - core}
+
+
+class PriorityIndex:
+    """Per-tenant `TenantIndex`es."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, TenantIndex] = {}
+
+    def tenant(self, tenant: str) -> TenantIndex:
+        t = self.tenants.get(tenant)
+        if t is None:
+            t = self.tenants[tenant] = TenantIndex()
+        return t
+
+    def upsert(self, tenant: str, mid: str, e: Entry) -> None:
+        self.tenant(tenant).upsert(mid, e)
+
+    def remove(self, tenant: str, mid: str) -> bool:
+        t = self.tenants.get(tenant)
+        return t.remove(mid) if t is not None else False
+
+    def set_partition(self, tenant: str, mid: str, partition: str) -> None:
+        t = self.tenants.get(tenant)
+        if t is not None and partition in PART_CODE:
+            t.set_partition(mid, PART_CODE[partition])
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.tenants.values())
+
+
+# -- decay ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecayAction:
+    memory_id: str
+    kind: str  # "evicted" | "demoted" | "promoted"
+    reason: str
+    partition: str  # where the memory is now (before the action)
+    priority: float
+
+
+@dataclass
+class DecayPlan:
+    actions: list[DecayAction] = field(default_factory=list)
+    deferred: int = 0  # actions beyond max_actions, left for the next pass
+    priorities: np.ndarray | None = None
+
+    def by_kind(self, kind: str) -> list[DecayAction]:
+        return [a for a in self.actions if a.kind == kind]
+
+
+def tenant_priorities(
+    t: TenantIndex, now_ms: int, policy: MaintenancePolicy
+) -> tuple[np.ndarray, np.ndarray]:
+    v = t.view()
+    return priority(
+        v["abs_rpe"],
+        now_ms - v["last_seen_ts"],
+        v["utility"],
+        v["hits"],
+        now_ms - v["last_access_ts"],
+        policy,
+    )
+
+
+def plan_decay(t: TenantIndex, now_ms: int, policy: MaintenancePolicy) -> DecayPlan:
+    """One pass's actions for one tenant: O(n) vectorised, then sorting the few chosen."""
+    n = len(t)
+    plan = DecayPlan()
+    if n == 0:
+        return plan
+    v = t.view()
+    ids = t.ids
+    p, earned = tenant_priorities(t, now_ms, policy)
+    plan.priorities = p
+    core = v["partition"] == CORE
+    buf = ~core
+    stale = ((now_ms - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
+        (now_ms - v["last_access_ts"]) > policy.buffer_ttl_ms
+    )
+    ttl = buf & stale
+    floor = buf & ~ttl & (p < policy.buffer_floor)
+    faded = core & (p < policy.demote_below)
+    promote = buf & ~ttl & ~floor & (earned >= policy.promote_above)
+
+    # core after fading and promotions, capped at core_capacity by priority
+    in_core = (core & ~faded) | promote
+    demote_cap = np.zeros(n, dtype=bool)
+    cand = np.flatnonzero(in_core)
+    if cand.size > policy.core_capacity:
+        order = cand[np.argsort(-p[cand], kind="stable")]
+        drop = order[policy.core_capacity :]
+        promote[drop] = False  # a promotion that does not make the top is not made
+        demote_cap[drop] = core[drop]
+    # buffer after all moves and evictions, capped at buffer_capacity by priority
+    in_buf = (buf & ~ttl & ~floor & ~promote) | faded | demote_cap
+    evict_cap = np.zeros(n, dtype=bool)
+    cand = np.flatnonzero(in_buf)
+    if cand.size > policy.buffer_capacity:
+        order = cand[np.argsort(p[cand], kind="stable")]
+        evict_cap[order[: cand.size - policy.buffer_capacity]] = True
+
+    # actions in this order; only the first max_actions are materialised (the rest deferred)
+    evict_cap_core = evict_cap & core
+    groups: list[tuple[np.ndarray, np.ndarray, str, str, str]] = [
+        (np.flatnonzero(ttl), p, "evicted", "ttl", "buffer"),
+        (np.flatnonzero(floor), p, "evicted", "below_floor", "buffer"),
+        (np.flatnonzero(evict_cap & ~core), p, "evicted", "buffer_capacity", "buffer"),
+        (np.flatnonzero(evict_cap_core), p, "evicted", "buffer_capacity", "core"),
+        (np.flatnonzero(faded & ~evict_cap), p, "demoted", "faded", "core"),
+        (np.flatnonzero(demote_cap & ~evict_cap), p, "demoted", "core_capacity", "core"),
+        (np.flatnonzero(promote), -p, "promoted", "earned", "buffer"),
+    ]
+    actions: list[DecayAction] = []
+    total = sum(int(g[0].size) for g in groups)
+    for idx, key, kind, reason, where in groups:
+        room = policy.max_actions - len(actions)
+        if room <= 0 or idx.size == 0:
+            continue
+        chosen = idx[np.argsort(key[idx], kind="stable")[:room]]
+        actions += [DecayAction(ids[i], kind, reason, where, float(p[i])) for i in chosen.tolist()]
+    plan.deferred = total - len(actions)
+    plan.actions = actions
+    return plan
+
+
+# -- dedup ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeGroup:
+    survivor: str
+    members: tuple[str, ...]  # merged into the survivor (removed), oldest first
+    similarity: tuple[float, ...]  # cosine of each member to the survivor
+
+
+def plan_merges(
+    ids: Sequence[str],
+    created_ts: Sequence[int],
+    vectors: np.ndarray,
+    tau: float,
+) -> list[MergeGroup]:
+    """Greedy oldest-first clustering of one scope's items (see module doc).
+
+    ``vectors`` are unit rows aligned with ``ids``. Returns only groups with members.
+    """
+    n = len(ids)
+    if n < 2:
+        return []
+    order = sorted(range(n), key=lambda i: (int(created_ts[i]), ids[i]))
+    vecs = np.asarray(vectors, dtype=np.float32)[order]
+    survivors: list[int] = []  # positions in `order`
+    members: dict[int, list[tuple[int, float]]] = {}
+    for pos in range(n):
+        if survivors:
+            sims = vecs[survivors] @ vecs[pos]
+            hit = np.flatnonzero(sims >= tau - 1e-6)
+            if hit.size:
+                s = survivors[int(hit[0])]
+                members.setdefault(s, []).append((pos, float(sims[hit[0]])))
+                continue
+        survivors.append(pos)
+    return [
+        MergeGroup(
+            survivor=ids[order[s]],
+            members=tuple(ids[order[m]] for m, _ in ms),
+            similarity=tuple(min(1.0, sim) for _, sim in ms),
+        )
+        for s, ms in members.items()
+    ]
+
+
+def _count(row: Mapping[str, Any]) -> int:
+    return max(1, int(row.get("merged_count", 1) or 1))
+
+
+def merge_rows(
+    survivor: Mapping[str, Any], members: Iterable[Mapping[str, Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Fold `members` into a copy of `survivor`; returns (new row, ids folded now).
+
+    Members already folded in before (their id is in ``metadata.merge.ids``) are
+    skipped, so a replayed merge is a no-op on the numbers.
+    """
+    out = dict(survivor)
+    meta = dict(out.get("metadata") or {})
+    merge = dict(meta.get("merge") or {})
+    seen_ids: list[str] = list(merge.get("ids", []))
+    created = int(out.get("created_ts", 0))
+    first = int(merge.get("first_seen_ts", created))
+    last = int(merge.get("last_seen_ts", created))
+    count = _count(out)
+    reward_sum = float(out.get("reward", 0.0)) * count
+    rpe = float(out.get("rpe", 0.0))
+    rpe_s = float(out.get("rpe_smoothed", 0.0))
+    gate = float(out.get("gate", 0.0))
+    uses = int(out.get("uses", 0))
+    util_sum = float(out.get("utility", 0.0)) * uses
+    last_access = int(out.get("last_access_ts", created))
+    partition = out.get("partition", "buffer")
+    folded: list[str] = []
+    for m in members:
+        mid = str(m["id"])
+        if mid == out.get("id") or mid in seen_ids or mid in folded:
+            continue
+        folded.append(mid)
+        c = _count(m)
+        m_meta = m.get("metadata") or {}
+        m_merge = m_meta.get("merge") or {} if isinstance(m_meta, Mapping) else {}
+        m_created = int(m.get("created_ts", 0))
+        first = min(first, int(m_merge.get("first_seen_ts", m_created)), m_created)
+        last = max(last, int(m_merge.get("last_seen_ts", m_created)), m_created)
+        count += c
+        reward_sum += float(m.get("reward", 0.0)) * c
+        if abs(float(m.get("rpe", 0.0))) > abs(rpe):
+            rpe = float(m.get("rpe", 0.0))
+        rpe_s = max(rpe_s, float(m.get("rpe_smoothed", 0.0)))
+        gate = max(gate, float(m.get("gate", 0.0)))
+        m_uses = int(m.get("uses", 0))
+        uses += m_uses
+        util_sum += float(m.get("utility", 0.0)) * m_uses
+        last_access = max(last_access, int(m.get("last_access_ts", m_created)))
+        if m.get("partition") == "core":
+            partition = "core"
+        m_access = (m_meta.get("access") or {}) if isinstance(m_meta, Mapping) else {}
+        if m_access:
+            acc = dict(meta.get("access") or {})
+            acc["n"] = int(acc.get("n", 0)) + int(m_access.get("n", 0))
+            meta["access"] = acc
+    if not folded:
+        return out, []
+    out["merged_count"] = count
+    out["reward"] = reward_sum / count
+    out["rpe"] = rpe
+    out["rpe_smoothed"] = rpe_s
+    out["gate"] = gate
+    out["uses"] = uses
+    if uses > 0:
+        out["utility"] = util_sum / uses
+    out["created_ts"] = min(created, first)
+    out["last_access_ts"] = last_access
+    out["partition"] = partition
+    merge.update(
+        ids=(seen_ids + folded)[-MERGE_IDS_KEPT:],
+        first_seen_ts=min(created, first),
+        last_seen_ts=max(last, created),
+    )
+    meta["merge"] = merge
+    out["metadata"] = meta
+    for k in ("reward", "rpe", "rpe_smoothed", "gate", "utility"):
+        if not math.isfinite(float(out[k])):  # pragma: no cover - inputs are finite
+            out[k] = 0.0
+    return out, folded
