@@ -144,6 +144,15 @@ class EligibilityWindow:
         ep = self._episodes.get(episode_key)
         return list(ep.entries) if ep is not None else []
 
+    def discard(self, episode_key: str, transition_ids: set[str]) -> int:
+        """Remove entries by transition id (a user asked to be forgotten)."""
+        ep = self._episodes.get(episode_key)
+        if ep is None:
+            return 0
+        before = len(ep.entries)
+        ep.entries = [e for e in ep.entries if e.transition_id not in transition_ids]
+        return before - len(ep.entries)
+
     def close(self, episode_key: str) -> list[EligibilityEntry]:
         """Forget an episode (its outcome has been processed); returns its entries."""
         ep = self._episodes.pop(episode_key, None)

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
-from schemas import EpisodeOutcome, encode
+from schemas import EpisodeOutcome, MemoryEvent, encode
 from schemas.errors import ConfigError
 from streams.admin import read_compacted
 from streams.metrics import install_metrics, record_batch
@@ -331,5 +331,18 @@ def wire_write_path(
             for ev in result.events:
                 await memories.send(key=ev.memory_id.encode(), value=encode(ev))
 
-    _ = (write_agent, retro_agent)
+    @app.agent(memories, name="dmem-forget-state")
+    async def forget_agent(stream: faust.StreamT[bytes]) -> None:
+        """`dmem forget` audit events also clear the write path's state."""
+        async for value in stream:
+            if not value or b'"forgotten"' not in value:
+                continue  # cheap pre-filter: nearly every event is written/dropped
+            try:
+                ev = MemoryEvent.model_validate(orjson.loads(value))
+            except (orjson.JSONDecodeError, ValidationError):
+                continue
+            if ev.kind == "forgotten":
+                pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
+
+    _ = (write_agent, retro_agent, forget_agent)
     return lambda: {"processed": pipeline.processed}

@@ -141,6 +141,7 @@ class TenantState:
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
         self.recent: OrderedDict[str, Transition] = OrderedDict()
+        self.key_of: OrderedDict[str, str] = OrderedDict()  # memory id -> content key
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
@@ -161,11 +162,25 @@ class TenantState:
         while len(self.recent) > self.settings.write.retro_cache:
             self.recent.popitem(last=False)
 
-    def remember(self, key: str, route: str) -> None:
+    def remember(self, key: str, route: str, memory_id: str | None = None) -> None:
         self.repeats[key] = route
         self.repeats.move_to_end(key)
         while len(self.repeats) > MAX_REPEAT_KEYS:
             self.repeats.popitem(last=False)
+        if memory_id is not None:
+            self.key_of[memory_id] = key
+            self.key_of.move_to_end(memory_id)
+            while len(self.key_of) > MAX_REPEAT_KEYS:
+                self.key_of.popitem(last=False)
+
+    def forget(self, memory_id: str, episode_id: str | None) -> None:
+        """Drop every trace of a forgotten memory from this state."""
+        key = self.key_of.pop(memory_id, None)
+        if key is not None:
+            self.repeats.pop(key, None)
+        self.recent.pop(memory_id, None)
+        if episode_id is not None:
+            self.eligibility.discard(episode_id, {memory_id})
 
     def to_bytes(self) -> bytes:
         header = {
@@ -192,6 +207,7 @@ class TenantState:
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
         self.recent = OrderedDict()
+        self.key_of = OrderedDict()
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
@@ -380,7 +396,7 @@ class WritePipeline:
                 if prev == "core" or (prev == "buffer" and route == "buffer"):
                     route, reason = "drop", "repeat"
             if route != "drop":
-                st.remember(key, route)
+                st.remember(key, route, t.memory_id)
             out.decisions.append(d)
             val = valence(float(deltas[i]))
             created = t.ts if t.ts is not None else now_ms
@@ -438,6 +454,19 @@ class WritePipeline:
                     float(d.theta_high),
                 )
             )
+
+    def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
+        """A `forgotten` MemoryEvent: remove the memory from the write path's state.
+
+        After this, the same content published again is judged afresh (it is no
+        longer a "repeat"), and hindsight re-scoring cannot resurrect it. The
+        content-key map is not checkpointed, so forgetting reaches repeat keys
+        of memories stored since the worker's last start.
+        """
+        st = self.tenants.get(tenant)
+        if st is not None:
+            st.forget(memory_id, episode_id)
+            self.dirty.add(tenant)
 
     # -- retrospective re-scoring -------------------------------------------
     def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:

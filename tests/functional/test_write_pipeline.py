@@ -202,3 +202,27 @@ def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
     run(p2, raws_of(warm))
     p2.process(raws_of(quiet, start=10_000), now_ms=50)
     assert p2.rescore("t", "quiet", 0.0, now_ms=60).upserts["core"] == []
+
+
+def test_forget_clears_repeat_keys_and_windows() -> None:
+    from streams.writepath import content_key
+
+    p = pipeline()
+    first = Transition(tenant="t", agent_id="a", episode_id="e1", step=0,
+                       observation="the stove is hot", action="touch", reward=-80.0)
+    other = Transition(tenant="t", agent_id="a", episode_id="e1", step=1,
+                       observation="the oven is hot", action="touch", reward=-90.0)
+    quiet = [Transition(tenant="t", agent_id="a", episode_id="e0", step=k,
+                        observation=f"kitchen {k}", action="look", reward=0.0)
+             for k in range(60)]
+    run(p, raws_of(quiet))
+    events = p.process(raws_of([first, other], start=100), now_ms=10).events
+    assert [e.route for e in events] == ["core", "core"]
+    st = p.tenants["t"]
+    assert content_key(first) in st.repeats and content_key(other) in st.repeats
+    p.forget("t", first.memory_id, "e1")
+    assert content_key(first) not in st.repeats  # same content is judged afresh
+    assert content_key(other) in st.repeats  # nothing else is touched
+    window = {e.transition_id for e in st.eligibility.get("e1")}
+    assert first.memory_id not in window and other.memory_id in window
+    assert "t" in p.dirty  # the next checkpoint carries the change
