@@ -38,6 +38,34 @@ def kafka_client_kwargs(k: KafkaSettings) -> dict[str, Any]:
     return kw
 
 
+def group_consumer(
+    settings: Settings,
+    topic: str,
+    group_suffix: str,
+    *,
+    auto_commit: bool = False,
+    offset_reset: str = "earliest",
+    fetch_max_wait_ms: int = 100,
+) -> AIOKafkaConsumer:
+    """A consumer in group ``<app_id>-<suffix>`` with the deployment's timeouts and security.
+
+    Used by the roles that run plain aiokafka loops inside faust Services
+    (responder, credit applier, maintenance).
+    """
+    k = settings.kafka
+    return AIOKafkaConsumer(
+        topic,
+        group_id=f"{settings.app_id}-{group_suffix}",
+        enable_auto_commit=auto_commit,
+        auto_offset_reset=offset_reset,
+        fetch_max_wait_ms=fetch_max_wait_ms,
+        session_timeout_ms=int(k.session_timeout_s * 1000),
+        heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
+        rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
+        **kafka_client_kwargs(k),
+    )
+
+
 async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), **kafka_client_kwargs(k))
     quiet = logging.getLogger("aiokafka")

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
 from schemas import DeadLetter, EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate, encode
-from streams.admin import kafka_client_kwargs
+from streams.admin import group_consumer, kafka_client_kwargs
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
 from streams.writepath import RawRecord, dead_letter, validation_reason
@@ -182,18 +182,8 @@ class UtilityApplier(Service):
         self.skipped = 0
 
     async def on_start(self) -> None:
-        k = self.settings.kafka
-        self.consumer = AIOKafkaConsumer(
-            self.settings.topic("credit"),
-            group_id=f"{self.settings.app_id}-applier",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=200,
-            session_timeout_ms=int(k.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
-            rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
-            **kafka_client_kwargs(k),
-        )
+        self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
+                                       fetch_max_wait_ms=200)
         await self.consumer.start()
         self.add_future(self._run())
 

@@ -83,7 +83,7 @@ from operators.maintenance import (
     tenant_priorities,
 )
 from schemas import MemoryEvent, encode
-from streams.admin import kafka_client_kwargs
+from streams.admin import group_consumer, kafka_client_kwargs
 from streams.settings import Settings
 
 log = logging.getLogger("dmem.maintenance")
@@ -419,17 +419,8 @@ class MaintenanceJob(Service):
         kw = kafka_client_kwargs(k)
         self.producer = AIOKafkaProducer(linger_ms=5, **kw)
         await self.producer.start()
-        self.consumer = AIOKafkaConsumer(
-            self.settings.topic("memories"),
-            group_id=f"{self.settings.app_id}-maintenance",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=100,
-            session_timeout_ms=int(k.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
-            rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
-            **kw,
-        )
+        self.consumer = group_consumer(self.settings, self.settings.topic("memories"),
+                                       "maintenance")
         await self.consumer.start()
         self.add_future(self._run())
 

@@ -56,20 +56,10 @@ class RequestConsumer(Service):
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def on_start(self) -> None:
-        from streams.admin import kafka_client_kwargs
+        from streams.admin import group_consumer
 
-        k = self.settings.kafka
-        self.consumer = AIOKafkaConsumer(
-            self.settings.topic("requests"),
-            group_id=f"{self.settings.app_id}-respond",
-            auto_offset_reset="latest",
-            enable_auto_commit=True,
-            fetch_max_wait_ms=100,
-            session_timeout_ms=int(k.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
-            rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
-            **kafka_client_kwargs(k),
-        )
+        self.consumer = group_consumer(self.settings, self.settings.topic("requests"),
+                                       "respond", auto_commit=True, offset_reset="latest")
         await self.consumer.start()
         self.add_future(self._run())
 
