@@ -218,13 +218,10 @@ def wire_write_path(
     # thread vs ~300-600 ms with 2 on 2 busy cores; see BENCHMARKS.md).
     torch.set_num_threads(max(1, int(os.environ.get("DMEM_TORCH_THREADS", "1"))))
 
-    def raw_topic(name: str) -> faust.TopicT:
-        return app.topic(name, key_serializer="raw", value_serializer="raw")
-
-    transitions = raw_topic(settings.topic("transitions"))
-    memories = raw_topic(settings.topic("memories"))
-    raw_topic(settings.topic("deadletter"))  # declared (raw serialisers) for faust
-    models = raw_topic(settings.topic("models"))
+    transitions = raw_topic(app, settings.topic("transitions"))
+    memories = raw_topic(app, settings.topic("memories"))
+    raw_topic(app, settings.topic("deadletter"))  # declared (raw serialisers) for faust
+    models = raw_topic(app, settings.topic("models"))
     w = settings.write
     app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
     app.dmem_store = store  # type: ignore[attr-defined]
@@ -308,7 +305,7 @@ def wire_write_path(
                 except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                     log.warning("final checkpoint failed: %s", exc)
 
-    feedback = raw_topic(settings.topic("feedback"))
+    feedback = raw_topic(app, settings.topic("feedback"))
 
     @app.agent(feedback, name="dmem-retro")
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:

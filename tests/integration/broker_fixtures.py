@@ -32,6 +32,17 @@ def topic_prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}."
 
 
+def isolated_env(prefix: str, **overrides: str) -> dict[str, str]:
+    """Worker settings that keep a test to its own topics, group and collection."""
+    return {
+        "DMEM_ENCODER__NAME": "hash",
+        "DMEM_KAFKA__TOPIC_PREFIX": prefix,
+        "DMEM_APP_ID": prefix.rstrip("."),
+        "DMEM_MILVUS__COLLECTION": prefix.rstrip(".").replace(".", "_") + "_mem",
+        **overrides,
+    }
+
+
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await p.start()

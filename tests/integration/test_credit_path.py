@@ -15,7 +15,7 @@ import pytest
 from schemas import EpisodeOutcome, Transition, encode
 from streams.client import DmemClient
 from streams.local import LocalStack
-from tests.integration.broker_fixtures import collect, produce
+from tests.integration.broker_fixtures import collect, isolated_env, produce
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +38,11 @@ def wait_for(pred: Any, timeout_s: float = 60.0) -> Any:
 def test_credit_survives_restart_and_ignores_duplicate_outcomes(
     tmp_path: Path, broker: str, topic_prefix: str
 ) -> None:
-    env = {
-        "DMEM_ENCODER__NAME": "hash",
-        "DMEM_KAFKA__TOPIC_PREFIX": topic_prefix,
-        "DMEM_APP_ID": topic_prefix.rstrip("."),
-        "DMEM_MILVUS__COLLECTION": topic_prefix.rstrip(".") + "_mem",
-        "DMEM_JOBS__UTILITY_BETA": "0.5",
-        "DMEM_LOG_LEVEL": "info",
-    }
+    env = isolated_env(
+        topic_prefix,
+        DMEM_JOBS__UTILITY_BETA="0.5",
+        DMEM_LOG_LEVEL="info",
+    )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
     stack.start()
     s = stack.settings

@@ -22,7 +22,7 @@ from operators.maintenance import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
 from streams.local import REPO_ROOT, LocalStack
 from streams.maintenance import MaintenanceEngine, flush_access, forget_scope
-from tests.integration.broker_fixtures import collect, decode_all, produce
+from tests.integration.broker_fixtures import collect, decode_all, isolated_env, produce
 from tests.integration.milvus_fixtures import make_record, unit_vector
 
 pytestmark = pytest.mark.integration
@@ -167,17 +167,14 @@ def _cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
                                  milvus_server_uri: str) -> None:
-    env = {
-        "DMEM_ENCODER__NAME": "hash",
-        "DMEM_KAFKA__TOPIC_PREFIX": topic_prefix,
-        "DMEM_APP_ID": topic_prefix.rstrip("."),
-        "DMEM_MILVUS__URI": milvus_server_uri,
-        "DMEM_MILVUS__COLLECTION": topic_prefix.rstrip(".") + "_mem",
-        "DMEM_MAINTENANCE__DEDUP_WINDOW_S": "0.5",
-        "DMEM_MAINTENANCE__DECAY_INTERVAL_S": "1",
-        "DMEM_GATE__WARMUP": "1000",  # the warm-up rule stores (nearly) everything
-        "DMEM_RPE__NOVELTY": "false",  # exact repeats reach the store: dedup's job here
-    }
+    env = isolated_env(
+        topic_prefix,
+        DMEM_MILVUS__URI=milvus_server_uri,
+        DMEM_MAINTENANCE__DEDUP_WINDOW_S="0.5",
+        DMEM_MAINTENANCE__DECAY_INTERVAL_S="1",
+        DMEM_GATE__WARMUP="1000",  # the warm-up rule stores (nearly) everything
+        DMEM_RPE__NOVELTY="false",  # exact repeats reach the store: dedup's job here
+    )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
     stack.start()
     s = stack.settings

@@ -11,7 +11,7 @@ import pytest
 
 from schemas import encode
 from streams.local import LocalStack
-from tests.integration.broker_fixtures import collect, produce
+from tests.integration.broker_fixtures import collect, isolated_env, produce
 from tests.integration.test_write_path import corridor
 
 pytestmark = pytest.mark.integration
@@ -43,13 +43,10 @@ def samples(
 def test_metrics_endpoint_exposes_gate_dead_letters_thresholds(
     tmp_path: Path, broker: str, topic_prefix: str
 ) -> None:
-    env = {
-        "DMEM_ENCODER__NAME": "hash",
-        "DMEM_KAFKA__TOPIC_PREFIX": topic_prefix,
-        "DMEM_APP_ID": topic_prefix.rstrip("."),
-        "DMEM_MILVUS__COLLECTION": topic_prefix.rstrip(".") + "_mem",
-        "DMEM_WRITE__BATCH_WITHIN_S": "0.2",
-    }
+    env = isolated_env(
+        topic_prefix,
+        DMEM_WRITE__BATCH_WITHIN_S="0.2",
+    )
     good = corridor(12)
     records: list[tuple[bytes | None, bytes]] = [(t.agent_id.encode(), encode(t)) for t in good]
     records.insert(7, (b"bad", b'{"tenant": "acme", "agent_id": '))  # malformed JSON

@@ -17,7 +17,7 @@ import pytest
 from schemas import Transition
 from streams.client import DmemClient
 from streams.local import LocalStack
-from tests.integration.broker_fixtures import collect, decode_all
+from tests.integration.broker_fixtures import collect, decode_all, isolated_env
 
 pytestmark = pytest.mark.integration
 
@@ -40,14 +40,11 @@ def transitions(tenant: str, n_eps: int = 6) -> list[Transition]:
 @pytest.fixture(params=["lite", "server"])
 def stack(request: pytest.FixtureRequest, tmp_path: Path, broker: str,
           topic_prefix: str) -> Any:
-    env = {
-        "DMEM_ENCODER__NAME": "hash",
-        "DMEM_KAFKA__TOPIC_PREFIX": topic_prefix,
-        "DMEM_APP_ID": topic_prefix.rstrip("."),
-        "DMEM_MILVUS__COLLECTION": topic_prefix.rstrip(".") + "_mem",
-        "DMEM_WRITE__BATCH_WITHIN_S": "0.2",
-        "DMEM_LOG_LEVEL": "info",
-    }
+    env = isolated_env(
+        topic_prefix,
+        DMEM_WRITE__BATCH_WITHIN_S="0.2",
+        DMEM_LOG_LEVEL="info",
+    )
     roles: tuple[str, ...] = ("all",)
     if request.param == "server":
         env["DMEM_MILVUS__URI"] = request.getfixturevalue("milvus_server_uri")

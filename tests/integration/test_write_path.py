@@ -17,7 +17,7 @@ import pytest
 from milvus import MemoryStore
 from schemas import Transition, encode
 from streams.local import LocalStack
-from tests.integration.broker_fixtures import collect, decode_all, produce
+from tests.integration.broker_fixtures import collect, decode_all, isolated_env, produce
 
 pytestmark = pytest.mark.integration
 
@@ -130,15 +130,12 @@ def milvus_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def make_stack(tmp_path: Path, broker: str, prefix: str, milvus_uri: str) -> LocalStack:
-    env = {
-        "DMEM_ENCODER__NAME": "hash",
-        "DMEM_KAFKA__TOPIC_PREFIX": prefix,
-        "DMEM_APP_ID": prefix.rstrip("."),
-        "DMEM_MILVUS__COLLECTION": prefix.rstrip(".").replace(".", "_") + "_mem",
-        "DMEM_WRITE__CHECKPOINT_EVERY_S": "0.5",
-        "DMEM_WRITE__BATCH_WITHIN_S": "0.3",
-        "DMEM_LOG_LEVEL": "info",
-    }
+    env = isolated_env(
+        prefix,
+        DMEM_WRITE__CHECKPOINT_EVERY_S="0.5",
+        DMEM_WRITE__BATCH_WITHIN_S="0.3",
+        DMEM_LOG_LEVEL="info",
+    )
     if milvus_uri:
         env["DMEM_MILVUS__URI"] = milvus_uri
     return LocalStack(tmp_path / "data", roles=("write",), extra_env=env, broker_bootstrap=broker)
