@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -46,6 +46,7 @@ def group_consumer(
     auto_commit: bool = False,
     offset_reset: str = "earliest",
     fetch_max_wait_ms: int = 100,
+    listener: ConsumerRebalanceListener | None = None,
 ) -> AIOKafkaConsumer:
     """A consumer in group ``<app_id>-<suffix>`` with the deployment's timeouts and security.
 
@@ -53,8 +54,7 @@ def group_consumer(
     (responder, credit applier, maintenance).
     """
     k = settings.kafka
-    return AIOKafkaConsumer(
-        topic,
+    consumer = AIOKafkaConsumer(
         group_id=f"{settings.app_id}-{group_suffix}",
         enable_auto_commit=auto_commit,
         auto_offset_reset=offset_reset,
@@ -64,6 +64,8 @@ def group_consumer(
         rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
         **kafka_client_kwargs(k),
     )
+    consumer.subscribe([topic], listener=listener)
+    return consumer
 
 
 async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:

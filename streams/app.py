@@ -4,21 +4,22 @@ Decisions:
 - The write agent reads raw bytes (``value_serializer="raw"``) so a malformed
   record can be dead-lettered with its original bytes; decoding is the
   pipeline's job.
-- Micro-batches come from ``stream.take_events`` (events, not values: each
-  carries topic/partition/offset for dead letters). faust acks a batch's
-  events when the loop body finishes, and commits acked offsets every
-  ``broker_commit_interval`` after flushing the producer. The body therefore
-  never finishes before Milvus acknowledged the batch: store errors are
-  retried with backoff *inside* the body, so an outage stalls consumption
-  (lag grows) instead of skipping records. A crash before the commit replays
-  the batch; memory ids are stable, upserts idempotent, so nothing duplicates.
+- The write role's consumer is a plain aiokafka consumer group inside a
+  Service (`streams.writer.WriteConsumer`), not a faust agent: faust's consumer
+  handed records over in 0.3-0.7 s bursts (hard-coded 1.5 s fetch wait). It
+  commits a micro-batch's offsets only after Milvus acknowledged its upserts
+  and the broker its MemoryEvents; store errors are retried with backoff, so an
+  outage stalls consumption (lag grows) instead of skipping records. A crash
+  before the commit replays the batch; memory ids are stable, upserts
+  idempotent, so nothing duplicates. Details in `streams.writer`.
 - Operator state (value model, RPE normaliser, gate sketch, smoothers) is not
   kept in faust Tables: faust refuses table writes from ``take()`` batches
   ("Cannot modify table key from outside of stream iteration"). Instead each
   tenant's state is snapshotted to the compacted ``models`` topic (key =
   tenant) every ``checkpoint_every_s`` and on shutdown, and read back before
   the first batch is processed. That is a changelog in all but name, with one
-  record per tenant instead of one per key update.
+  record per tenant instead of one per key update. Late outcomes (``retro``)
+  remain a faust agent: they are rare.
 - Torch work and Milvus calls run in a worker thread (`asyncio.to_thread`),
   never on the event loop, so heartbeats and the web server stay responsive.
 """
@@ -40,12 +41,11 @@ from pydantic import ValidationError
 
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
-from schemas import EpisodeOutcome, MemoryEvent, encode
+from schemas import EpisodeOutcome, encode
 from schemas.errors import ConfigError
-from streams.admin import read_compacted
-from streams.metrics import install_metrics, record_batch
+from streams.metrics import install_metrics
 from streams.settings import Settings
-from streams.writepath import RawRecord, WritePipeline
+from streams.writepath import WritePipeline
 
 log = logging.getLogger("dmem")
 
@@ -218,92 +218,14 @@ def wire_write_path(
     # thread vs ~300-600 ms with 2 on 2 busy cores; see BENCHMARKS.md).
     torch.set_num_threads(max(1, int(os.environ.get("DMEM_TORCH_THREADS", "1"))))
 
-    transitions = raw_topic(app, settings.topic("transitions"))
     memories = raw_topic(app, settings.topic("memories"))
-    raw_topic(app, settings.topic("deadletter"))  # declared (raw serialisers) for faust
-    models = raw_topic(app, settings.topic("models"))
-    w = settings.write
     app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
     app.dmem_store = store  # type: ignore[attr-defined]
+    from streams.writer import WriteConsumer
 
-    async def checkpoint() -> None:
-        for tenant in sorted(pipeline.dirty):
-            data = await asyncio.to_thread(pipeline.snapshot, tenant)
-            await models.send(key=tenant.encode(), value=data)
-        pipeline.dirty.clear()
-
-    async def restore() -> int:
-        states = await read_compacted(settings, settings.topic("models"))
-        for key, data in states.items():
-            try:
-                pipeline.restore(key.decode(), data)
-            except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
-                log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
-        return len(states)
-
-    mem_topic, dl_topic = settings.topic("memories"), settings.topic("deadletter")
-
-    def process_and_encode(raws: list[RawRecord], now: int) -> tuple[Any, list[Any]]:
-        """Pipeline + serialisation, both in the worker thread (off the event loop)."""
-        res = pipeline.process(raws, now)
-        msgs = [(dl_topic, key, encode(dl)) for key, dl in res.dead]
-        msgs += [(mem_topic, ev.memory_id.encode(), encode(ev)) for ev in res.events]
-        return res, msgs
-
-    @app.agent(transitions, name="dmem-write")
-    async def write_agent(stream: faust.StreamT[bytes]) -> None:
-        await store.maybe_start()
-        producer = await app.maybe_start_producer()
-        restored = await restore()
-        log.info("write path ready (restored %d tenant states)", restored)
-        last_ckpt = time.monotonic()
-        try:
-            async for events in stream.take_events(  # type: ignore[attr-defined]
-                w.batch_size, within=w.batch_within_s
-            ):
-                raws = [
-                    RawRecord(
-                        value=e.message.value,
-                        key=e.message.key,
-                        topic=e.message.topic,
-                        partition=e.message.partition,
-                        offset=e.message.offset,
-                        timestamp_ms=int(e.message.timestamp * 1000)
-                        if e.message.timestamp
-                        else None,
-                    )
-                    for e in events
-                ]
-                t0 = time.perf_counter()
-                result, out_msgs = await asyncio.to_thread(process_and_encode, raws, now_ms())
-                t1 = time.perf_counter()
-                await store.write(result.upserts)
-                t2 = time.perf_counter()
-                # Pipelined produce: enqueue every message (aiokafka batches them per
-                # partition), then wait for all acks once; the batch's offsets are
-                # committed only after this body returns, so at-least-once holds.
-                futs = [await producer.send(tp, k, v, None, None, None) for tp, k, v in out_msgs]
-                await asyncio.gather(*futs)
-                record_batch(result.events, result.dead, len(raws), write_s=t2 - t1)
-                log.info(
-                    "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
-                    len(raws),
-                    result.stored,
-                    len(result.dead),
-                    (t1 - t0) * 1e3,
-                    (t2 - t1) * 1e3,
-                    (time.perf_counter() - t2) * 1e3,
-                )
-                if time.monotonic() - last_ckpt >= w.checkpoint_every_s:
-                    await checkpoint()
-                    last_ckpt = time.monotonic()
-        finally:
-            if pipeline.dirty:
-                try:
-                    await checkpoint()
-                    await app.producer.flush()
-                except Exception as exc:  # noqa: BLE001 - best effort on shutdown
-                    log.warning("final checkpoint failed: %s", exc)
+    writer = WriteConsumer(settings, pipeline, store, now_ms, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(writer)
+    app.dmem_consumers = [lambda: (writer.consumer, writer.committed)]  # type: ignore[attr-defined]
 
     feedback = raw_topic(app, settings.topic("feedback"))
 
@@ -328,18 +250,5 @@ def wire_write_path(
             for ev in result.events:
                 await memories.send(key=ev.memory_id.encode(), value=encode(ev))
 
-    @app.agent(memories, name="dmem-forget-state")
-    async def forget_agent(stream: faust.StreamT[bytes]) -> None:
-        """`dmem forget` audit events also clear the write path's state."""
-        async for value in stream:
-            if not value or b'"forgotten"' not in value:
-                continue  # cheap pre-filter: nearly every event is written/dropped
-            try:
-                ev = MemoryEvent.model_validate(orjson.loads(value))
-            except (orjson.JSONDecodeError, ValidationError):
-                continue
-            if ev.kind == "forgotten":
-                pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
-
-    _ = (write_agent, retro_agent, forget_agent)
-    return lambda: {"processed": pipeline.processed}
+    _ = retro_agent
+    return writer.health

@@ -203,19 +203,26 @@ def _refresh_pipeline(pipeline: Any) -> None:
 
 
 def _refresh_lag(app: Any) -> None:
-    consumer = getattr(app, "_consumer", None)  # never create one just to scrape
-    if consumer is None:
-        return
-    committed = getattr(consumer, "_committed_offset", {})
-    for tp in consumer.assignment():
-        try:
-            high = consumer.highwater(tp)
-        except Exception:  # noqa: BLE001 - not fetched yet / rebalancing
+    # faust's own consumer (never create one just to scrape) with the committed
+    # offsets it keeps, and the plain aiokafka consumers a role registers in
+    # ``app.dmem_consumers`` (callables -> (consumer or None, committed offsets))
+    faust_consumer = getattr(app, "_consumer", None)
+    pairs = [(faust_consumer, getattr(faust_consumer, "_committed_offset", {}))]
+    pairs += [get() for get in getattr(app, "dmem_consumers", [])]
+    for consumer, committed in pairs:
+        if consumer is None:
             continue
-        if high is None:
-            continue
-        done = committed.get(tp) or 0
-        CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(max(high - done, 0))
+        for tp in consumer.assignment():
+            try:
+                high = consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - not fetched yet / rebalancing
+                continue
+            if high is None:
+                continue
+            done = committed.get(tp) or 0
+            CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                max(high - done, 0)
+            )
 
 
 class _Sizes:

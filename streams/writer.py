@@ -1,0 +1,352 @@
+"""The write role's consumer: a plain aiokafka group loop feeding `WritePipeline`.
+
+Why not a faust agent: faust builds its aiokafka consumer with a hard-coded
+``fetch_max_wait_ms=1500`` and hands records to agents through its own
+consumer thread; against the embedded broker, records reached the agent in
+0.3-0.7 s bursts and the worker sat idle between half-empty batches (measured,
+BENCHMARKS.md "Write path"). This Service owns its consumer and producer, so
+fetch waits, batch sizes and commits are ours.
+
+Decisions:
+- Consumer group ``<app_id>-write`` (its own group: faust's app group keeps the
+  role's other agents). Offsets are committed manually, per batch, only after
+  Milvus acknowledged the batch's upserts *and* the broker acknowledged every
+  MemoryEvent and dead letter of it: at-least-once delivery, and because memory
+  ids are stable and upserts idempotent, each transition is stored once.
+- Two stages, one batch in flight between them (a queue of size 1, so memory is
+  bounded and Milvus slowness turns into consumer lag, not process growth):
+  stage 1 collects a micro-batch (up to ``write.batch_size`` records, or what
+  arrived within ``write.batch_within_s``) and runs the operators in a worker
+  thread; stage 2 writes to Milvus (retried with backoff until acknowledged),
+  awaits the produce acks and commits. So the CPU work of batch n+1 overlaps
+  the Milvus and broker round trips of batch n. Batches are committed in order.
+- Checkpoints (per-tenant operator state to the compacted ``models`` topic)
+  are taken by stage 1 after stage 2 has drained, so a checkpoint never holds
+  state of a batch that is not yet stored; restored before the first fetch.
+- On a rebalance the revoked partitions' in-flight batch is finished first
+  (bounded wait); a commit refused because the partition moved is logged and
+  the new owner replays the batch (idempotent).
+- Forget events: every write worker holds state for the agents of its own
+  partitions, so each worker reads *all* of the ``memories`` topic's new
+  records (no group, from the end at start) and keeps only ``forgotten`` ones
+  (a byte pre-filter first; nearly every event is written/dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+from mode import Service
+from pydantic import ValidationError
+
+from schemas import MemoryEvent, encode
+from streams.admin import group_consumer, kafka_client_kwargs, read_compacted
+from streams.metrics import record_batch
+from streams.settings import Settings
+from streams.writepath import RawRecord, WritePipeline
+
+log = logging.getLogger("dmem.write")
+
+#: fetch wait of the write consumer: the broker answers a fetch after at most this
+#: long when no data is there; short, so a micro-batch is never held back by it.
+FETCH_MAX_WAIT_MS = 20
+#: how long a revocation waits for the in-flight batch before giving up (replay).
+REVOKE_DRAIN_S = 10.0
+
+
+def to_raw(m: Any) -> RawRecord:
+    return RawRecord(
+        value=m.value, key=m.key, topic=m.topic, partition=m.partition, offset=m.offset,
+        timestamp_ms=m.timestamp if m.timestamp and m.timestamp > 0 else None,
+    )
+
+
+class _Batch:
+    __slots__ = ("n", "offsets", "result", "msgs", "process_s")
+
+    def __init__(self, n: int, offsets: dict[TopicPartition, int], result: Any,
+                 msgs: list[tuple[str, bytes | None, bytes]], process_s: float) -> None:
+        self.n = n
+        self.offsets = offsets
+        self.result = result
+        self.msgs = msgs
+        self.process_s = process_s
+
+
+class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, writer: WriteConsumer) -> None:
+        self.writer = writer
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        if revoked:
+            await self.writer.drain(REVOKE_DRAIN_S)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("write partitions assigned: %s", sorted(tp.partition for tp in assigned))
+
+
+class WriteConsumer(Service):
+    """Transitions -> pipeline -> Milvus + MemoryEvents, committed after both acked."""
+
+    def __init__(self, settings: Settings, pipeline: WritePipeline, store: Any,
+                 now_ms: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.pipeline = pipeline
+        self.store_service = store
+        self.now_ms = now_ms
+        self.consumer: AIOKafkaConsumer | None = None
+        self.forget_consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
+        self.restored = 0
+        self.batches = 0
+        self.commit_failures = 0
+        self.committed: dict[TopicPartition, int] = {}  # for the lag metric
+        self.ready = False
+        self._stage1: asyncio.Future[Any] | None = None
+        self.mem_topic = settings.topic("memories")
+        self.dl_topic = settings.topic("deadletter")
+
+    # -- lifecycle -----------------------------------------------------------
+    async def on_start(self) -> None:
+        k = self.settings.kafka
+        self.producer = AIOKafkaProducer(
+            linger_ms=2, max_request_size=8 * 1024 * 1024, acks=1, **kafka_client_kwargs(k)
+        )
+        await self.producer.start()
+        await self.store_service.maybe_start()
+        self.restored = await self.restore()
+        self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
+                                       "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                                       listener=_Drain(self))
+        await self.consumer.start()
+        self.forget_consumer = AIOKafkaConsumer(
+            enable_auto_commit=False, fetch_max_wait_ms=200, **kafka_client_kwargs(k)
+        )
+        await self.forget_consumer.start()
+        self.ready = True
+        log.info("write path ready (restored %d tenant states)", self.restored)
+        self.add_future(self._stage_store())
+        self._stage1 = self.add_future(self._stage_process())
+        self.add_future(self._forget_loop())
+
+    async def on_stop(self) -> None:
+        """Finish the batch in hand, store and commit it, checkpoint, then close.
+
+        mode calls this with the stage loops still running (they see
+        ``should_stop``); a kill -9 skips all of it, and the uncommitted batches
+        replay on the next start (idempotent).
+        """
+        if self._stage1 is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stage1), REVOKE_DRAIN_S)
+            except Exception as exc:  # noqa: BLE001 - timeout or a crashed stage
+                log.warning("write stage 1 did not finish cleanly: %r", exc)
+        if self.ready:
+            try:
+                if await self.drain(REVOKE_DRAIN_S) and self.pipeline.dirty:
+                    await self.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - best effort on shutdown
+                log.warning("final checkpoint failed: %s", exc)
+        for c in (self.consumer, self.forget_consumer):
+            if c is not None:
+                try:
+                    await c.stop()
+                except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                    log.warning("consumer stop: %s", exc)
+        if self.producer is not None:
+            try:
+                await self.producer.stop()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("producer stop: %s", exc)
+
+    async def restore(self) -> int:
+        states = await read_compacted(self.settings, self.settings.topic("models"))
+        for key, data in states.items():
+            try:
+                self.pipeline.restore(key.decode(), data)
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
+                log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
+        return len(states)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every batch handed to stage 2 is stored and committed."""
+        try:
+            await asyncio.wait_for(self.queue.join(), timeout_s)
+            return True
+        except TimeoutError:
+            log.warning("in-flight write batch not finished within %.0fs; it will replay",
+                        timeout_s)
+            return False
+
+    async def checkpoint(self) -> None:
+        """Snapshot dirty tenants once stage 2 is empty (never ahead of the store)."""
+        await self.queue.join()
+        assert self.producer is not None
+        futs = []
+        for tenant in sorted(self.pipeline.dirty):
+            data = await asyncio.to_thread(self.pipeline.snapshot, tenant)
+            futs.append(await self.producer.send(self.settings.topic("models"), data,
+                                                 key=tenant.encode()))
+        self.pipeline.dirty.clear()
+        await asyncio.gather(*futs)
+
+    # -- stage 1: fetch + operators ------------------------------------------
+    async def _fetch(self) -> list[Any]:
+        """Up to batch_size records; returns early when `batch_within_s` has passed."""
+        assert self.consumer is not None
+        w = self.settings.write
+        out: list[Any] = []
+        deadline = time.monotonic() + w.batch_within_s
+        while len(out) < w.batch_size and not self.should_stop:
+            left = deadline - time.monotonic()
+            if left <= 0 and out:
+                break
+            got = await self.consumer.getmany(
+                timeout_ms=max(1, int(left * 1000)) if out else int(w.batch_within_s * 1000),
+                max_records=w.batch_size - len(out),
+            )
+            for msgs in got.values():
+                out.extend(msgs)
+            if not got and out:
+                break
+        return out
+
+    def _process(self, raws: list[RawRecord], now: int) -> tuple[Any, list[Any]]:
+        """Pipeline + serialisation, both in the worker thread (off the event loop)."""
+        res = self.pipeline.process(raws, now)
+        msgs = [(self.dl_topic, key, encode(dl)) for key, dl in res.dead]
+        msgs += [(self.mem_topic, ev.memory_id.encode(), encode(ev)) for ev in res.events]
+        return res, msgs
+
+    async def _stage_process(self) -> None:
+        last_ckpt = time.monotonic()
+        while not self.should_stop:
+            records = await self._fetch()
+            if records:
+                offsets: dict[TopicPartition, int] = {}
+                for m in records:
+                    tp = TopicPartition(m.topic, m.partition)
+                    offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
+                raws = [to_raw(m) for m in records]
+                t0 = time.perf_counter()
+                result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms())
+                await self.queue.put(
+                    _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0)
+                )
+            if self.pipeline.dirty and (
+                time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
+            ):
+                await self.checkpoint()
+                last_ckpt = time.monotonic()
+
+    # -- stage 2: store + produce + commit -----------------------------------
+    async def _stage_store(self) -> None:
+        """Runs until cancelled (after `on_stop` drained it), never on should_stop."""
+        assert self.producer is not None and self.consumer is not None
+        while True:
+            b = await self.queue.get()
+            try:
+                t1 = time.perf_counter()
+                await self.store_service.write(b.result.upserts)  # retried until acked
+                t2 = time.perf_counter()
+                await self._produce(b.msgs)
+                t3 = time.perf_counter()
+                await self._commit(b.offsets)
+                record_batch(b.result.events, b.result.dead, b.n, write_s=t2 - t1)
+                self.batches += 1
+                log.info(
+                    "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
+                    b.n, b.result.stored, len(b.result.dead), b.process_s * 1e3,
+                    (t2 - t1) * 1e3, (t3 - t2) * 1e3,
+                )
+            finally:
+                self.queue.task_done()
+
+    async def _produce(self, msgs: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Enqueue every message (aiokafka batches per partition), await all acks once.
+
+        Messages the broker did not acknowledge are sent again with backoff until
+        it does; the batch is not committed before that. A resend can duplicate an
+        event on the topic; consumers of ``memories`` are replay-safe by memory id.
+        """
+        assert self.producer is not None
+        w = self.settings.write
+        delay = w.retry_initial_s
+        todo = msgs
+        while todo:
+            futs: list[asyncio.Future[Any]] = []
+            try:
+                for tp, k, v in todo:
+                    futs.append(await self.producer.send(tp, v, key=k))
+            except KafkaError as exc:  # e.g. no metadata / buffer full: resend the rest
+                log.warning("produce failed after %d of %d: %s", len(futs), len(todo), exc)
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            failed = [m for m, r in zip(todo, results, strict=False)
+                      if isinstance(r, BaseException)] + todo[len(futs):]
+            if failed:
+                log.warning("%d write-path events not acknowledged; resend in %.1fs",
+                            len(failed), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, w.retry_max_s)
+            todo = failed
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        assert self.consumer is not None
+        mine = self.consumer.assignment()
+        todo = {tp: OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in mine}
+        if not todo:
+            return
+        try:
+            await self.consumer.commit(todo)
+            self.committed.update((tp, om.offset) for tp, om in todo.items())
+        except (CommitFailedError, IllegalStateError) as exc:
+            self.commit_failures += 1
+            log.warning("commit refused (%s); the new owner replays the batch", exc)
+
+    # -- forget broadcast -----------------------------------------------------
+    async def _forget_loop(self) -> None:
+        c = self.forget_consumer
+        assert c is not None
+        topic = self.mem_topic
+        parts = c.partitions_for_topic(topic)
+        if not parts:
+            await c._client.force_metadata_update()  # noqa: SLF001
+            parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return
+        c.assign(tps)
+        await c.seek_to_end(*tps)
+        while not self.should_stop:
+            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            for msgs in batch.values():
+                for m in msgs:
+                    if not m.value or b'"forgotten"' not in m.value:
+                        continue
+                    try:
+                        ev = MemoryEvent.model_validate(orjson.loads(m.value))
+                    except (orjson.JSONDecodeError, ValidationError):
+                        continue
+                    if ev.kind == "forgotten":
+                        self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "processed": self.pipeline.processed,
+            "batches": self.batches,
+            "ready": self.ready,
+            "commit_failures": self.commit_failures,
+        }
+
+
+__all__ = ["WriteConsumer"]
