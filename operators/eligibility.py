@@ -93,6 +93,11 @@ class EligibilityEntry:
 class _Episode:
     last_ms: int
     entries: list[EligibilityEntry] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)  # transition ids in `entries`
+
+    def set_entries(self, entries: list[EligibilityEntry]) -> None:
+        self.entries = entries
+        self.ids = {e.transition_id for e in entries}
 
 
 class EligibilityWindow:
@@ -128,13 +133,18 @@ class EligibilityWindow:
         else:
             self._episodes.move_to_end(episode_key)
             ep.last_ms = max(ep.last_ms, int(now_ms))
-        entries = [e for e in ep.entries if e.transition_id != entry.transition_id]
-        entries.append(entry)
-        if len(entries) > 1 and entries[-2].step > entry.step:
-            entries.sort(key=lambda e: e.step)
-        if len(entries) > self.horizon:
-            entries = entries[-self.horizon :]
-        ep.entries = entries
+        entries = ep.entries
+        if entry.transition_id in ep.ids or (entries and entries[-1].step > entry.step):
+            # replay or out of order (rare): rebuild unique and sorted
+            rebuilt = [e for e in entries if e.transition_id != entry.transition_id]
+            rebuilt.append(entry)
+            rebuilt.sort(key=lambda e: e.step)
+            ep.set_entries(rebuilt[-self.horizon :])
+        else:  # the usual case, O(1): the next step of the episode
+            entries.append(entry)
+            ep.ids.add(entry.transition_id)
+            if len(entries) > self.horizon:
+                ep.ids.discard(entries.pop(0).transition_id)
         while len(self._episodes) > self.max_episodes:
             self._episodes.popitem(last=False)
             self.evicted += 1
@@ -150,7 +160,7 @@ class EligibilityWindow:
         if ep is None:
             return 0
         before = len(ep.entries)
-        ep.entries = [e for e in ep.entries if e.transition_id not in transition_ids]
+        ep.set_entries([e for e in ep.entries if e.transition_id not in transition_ids])
         return before - len(ep.entries)
 
     def close(self, episode_key: str) -> list[EligibilityEntry]:
@@ -188,8 +198,7 @@ class EligibilityWindow:
             max_episodes=int(d["max_episodes"]),
         )
         for item in d["episodes"]:
-            w._episodes[str(item["key"])] = _Episode(
-                last_ms=int(item["last_ms"]),
-                entries=[EligibilityEntry.from_dict(e) for e in item["entries"]],
-            )
+            ep = _Episode(last_ms=int(item["last_ms"]))
+            ep.set_entries([EligibilityEntry.from_dict(e) for e in item["entries"]])
+            w._episodes[str(item["key"])] = ep
         return w

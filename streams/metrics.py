@@ -39,6 +39,7 @@ bounded set (they are ids, not user input).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import time
@@ -170,10 +171,14 @@ def record_batch(
     """
     last: dict[str, Any] = {}
     wrote = False
+    # one inc per (route, tenant), not per event
+    routes: collections.Counter[tuple[str, str]] = collections.Counter()
     for ev in events:
-        GATE_DECISIONS.labels(route=ev.route or "none", tenant=ev.tenant).inc()
+        routes[(ev.route or "none", ev.tenant)] += 1
         last[ev.tenant] = ev
         wrote = wrote or ev.kind == "written"
+    for (route, tenant), n in routes.items():
+        GATE_DECISIONS.labels(route=route, tenant=tenant).inc(n)
     if write_s is not None and wrote:
         MILVUS_LATENCY.labels(op="write").observe(write_s)
     for tenant, ev in last.items():
