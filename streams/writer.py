@@ -64,6 +64,8 @@ log = logging.getLogger("dmem.write")
 FETCH_MAX_WAIT_MS = 20
 #: (topic, key, value, partition): the partition precomputed for keyed events
 Message = tuple[str, bytes | None, bytes, int | None]
+#: record batch size of the write producer (a batch holds ~1000 MemoryEvents)
+PRODUCE_BATCH_BYTES = 512 * 1024
 #: how long a revocation waits for the in-flight batch before giving up (replay).
 REVOKE_DRAIN_S = 10.0
 
@@ -126,7 +128,8 @@ class WriteConsumer(Service):
     async def on_start(self) -> None:
         k = self.settings.kafka
         self.producer = AIOKafkaProducer(
-            linger_ms=2, max_request_size=8 * 1024 * 1024, acks=1, **kafka_client_kwargs(k)
+            linger_ms=2, max_request_size=8 * 1024 * 1024, max_batch_size=PRODUCE_BATCH_BYTES,
+            acks=1, **kafka_client_kwargs(k)
         )
         await self.producer.start()
         await self.store_service.maybe_start()
@@ -285,32 +288,60 @@ class WriteConsumer(Service):
                 self.queue.task_done()
 
     async def _produce(self, msgs: list[Message]) -> None:
-        """Enqueue every message (aiokafka batches per partition), await all acks once.
+        """Append every message to one record batch per partition, await all acks once.
 
-        Messages the broker did not acknowledge are sent again with backoff until
-        it does; the batch is not committed before that. A resend can duplicate an
-        event on the topic; consumers of ``memories`` are replay-safe by memory id.
+        ``send_batch`` with pre-built batches instead of one ``send`` per message:
+        the per-message future and accumulator work was a large share of the
+        event loop's CPU. Batches the broker did not acknowledge are sent again
+        with backoff until it does; the micro-batch is not committed before that.
+        A resend can duplicate an event on the topic; consumers of ``memories``
+        are replay-safe by memory id.
         """
         assert self.producer is not None
         w = self.settings.write
         delay = w.retry_initial_s
-        todo = msgs
+        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+        for topic, key, value, part in msgs:
+            if part is None:  # dead letters: the default partitioner's choice
+                parts = sorted(await self.producer.partitions_for(topic))
+                part = (partitions_for_keys([key], parts)[0] if key is not None
+                        else parts[len(groups) % len(parts)])
+            groups.setdefault((topic, part), []).append((key, value))
+        todo = [(tp, chunk) for tp, items in groups.items() for chunk in self._chunks(items)]
         while todo:
             futs: list[asyncio.Future[Any]] = []
             try:
-                for tp, k, v, p in todo:
-                    futs.append(await self.producer.send(tp, v, key=k, partition=p))
-            except KafkaError as exc:  # e.g. no metadata / buffer full: resend the rest
-                log.warning("produce failed after %d of %d: %s", len(futs), len(todo), exc)
+                for (topic, part), chunk in todo:
+                    batch = self.producer.create_batch()
+                    for key, value in chunk:
+                        batch.append(key=key, value=value, timestamp=None)
+                    futs.append(await self.producer.send_batch(batch, topic, partition=part))
+            except KafkaError as exc:  # e.g. no metadata: the rest is resent below
+                log.warning("produce failed after %d of %d batches: %s", len(futs), len(todo), exc)
             results = await asyncio.gather(*futs, return_exceptions=True)
-            failed = [m for m, r in zip(todo, results, strict=False)
-                      if isinstance(r, BaseException)] + todo[len(futs):]
+            failed = [c for c, r in zip(todo, results, strict=False)
+                      if isinstance(r, BaseException)]
+            failed += todo[len(futs):]
             if failed:
-                log.warning("%d write-path events not acknowledged; resend in %.1fs",
+                log.warning("%d event batches not acknowledged; resend in %.1fs",
                             len(failed), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, w.retry_max_s)
             todo = failed
+
+    @staticmethod
+    def _chunks(items: list[Any]) -> list[list[Any]]:
+        """Slices that fit one producer batch (``PRODUCE_BATCH_BYTES``, with headroom)."""
+        out: list[list[Any]] = [[]]
+        size = 0
+        for kv in items:
+            n = len(kv[1]) + (len(kv[0]) if kv[0] else 0) + 64
+            if out[-1] and size + n > PRODUCE_BATCH_BYTES // 2:
+                out.append([])
+                size = 0
+            out[-1].append(kv)
+            size += n
+        return out
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         assert self.consumer is not None

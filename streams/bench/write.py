@@ -404,6 +404,19 @@ async def latency_run(
 # --------------------------------------------------------------------------- driver
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of processes (Linux /proc; 0 where unreadable)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def dim_of(encoder: str, settings: Settings) -> int:
     return 384 if encoder == "minilm" else settings.encoder.dim
 
@@ -459,9 +472,11 @@ def run(
             settings = stack.settings
             note(f"  broker {stack.bootstrap}; {workers} write worker(s) up")
             alive = lambda: all(w.alive for w in stack.workers)  # noqa: E731
+            pids = [w.proc.pid for w in stack.workers if w.proc is not None]
             out = asyncio.run(
                 _measure(settings, rows, warm_rows, encoder, repeats, batch_size,
-                         latency_rate_frac, latency_transitions, milvus_uri, alive)
+                         latency_rate_frac, latency_transitions, milvus_uri, alive,
+                         lambda: cpu_seconds(pids))
             )
             logs = [str(w.log_path) for w in stack.workers]
             out.update(
@@ -500,6 +515,7 @@ async def _measure(
     latency_transitions: int | None,
     milvus_uri: str,
     alive: Any,
+    worker_cpu: Any = None,
 ) -> dict[str, Any]:
     from streams.admin import kafka_client_kwargs
 
@@ -511,6 +527,7 @@ async def _measure(
         note(f"  warm-up: {len(ids)} transitions")
         await pipeline_once(settings, producer, k, v, ids, alive, "warm-up")
         per: dict[str, list[float]] = {"pipeline": [], "kafka": [], "encoder": [], "milvus": []}
+        cpu_us: list[float] = []  # worker CPU per transition: robust to a shared machine
         for r in range(repeats):
             k, v, ids = rekey(rows, f"r{r}")
             per["kafka"].append(await raw_kafka(settings, k, v))
@@ -519,9 +536,12 @@ async def _measure(
             )
             per["milvus"].append(await asyncio.to_thread(
                 raw_milvus, milvus_uri, dim_of(encoder, settings), rows, batch_size))
+            c0 = worker_cpu() if worker_cpu else 0.0
             per["pipeline"].append(
                 await pipeline_once(settings, producer, k, v, ids, alive, f"pipeline {r + 1}")
             )
+            if worker_cpu:
+                cpu_us.append((worker_cpu() - c0) / len(ids) * 1e6)
             note(f"  repeat {r + 1}/{repeats}: pipeline {per['pipeline'][-1]:,.0f}/s, "
                  f"kafka {per['kafka'][-1]:,.0f}/s, encoder {per['encoder'][-1]:,.0f}/s, "
                  f"milvus {per['milvus'][-1]:,.0f} rows/s")
@@ -553,6 +573,11 @@ async def _measure(
         "latency_missing": n_lat - len(lat_ms),
         "repeats": repeats,
         "per_repeat": {name: [round(x, 1) for x in xs] for name, xs in per.items()},
+        # CPU seconds the write worker processes spent per transition during the
+        # pipeline runs (user + sys, all threads): what the code costs, which the
+        # wall-clock rates above hide on a loaded machine
+        "worker_cpu_us_per_transition": round(statistics.median(cpu_us), 1) if cpu_us else None,
+        "worker_cpu_us_per_repeat": [round(x, 1) for x in cpu_us],
     }
 
 
@@ -595,6 +620,8 @@ def report(out: dict[str, Any]) -> None:
         (f"latency p50 ms @ {out['latency_rate_tps']:,.0f}/s", out["latency_p50_ms"]),
         (f"latency p99 ms @ {out['latency_rate_tps']:,.0f}/s", out["latency_p99_ms"]),
     ]
+    if out.get("worker_cpu_us_per_transition"):
+        rows.append(("worker CPU us / transition", out["worker_cpu_us_per_transition"]))
     print_table(
         f"dmem bench write: {out['encoder']}, {out['workers']} worker(s), "
         f"{out['transitions']} transitions, batch {out['batch_size']}",
