@@ -40,6 +40,10 @@ TOPICS: dict[str, TopicSpec] = {
     # value-model checkpoints and operator state, keyed by tenant; compacted
     "models": TopicSpec("models", "tenant", None, compacted=True),
     "deadletter": TopicSpec("deadletter", "original key", DeadLetter),
+    # `forgotten` MemoryEvents again (the audit copy stays on ``memories``), keyed
+    # by tenant: every write worker reads this small topic whole instead of the
+    # busy ``memories`` topic to clear its operator state
+    "control": TopicSpec("control", "tenant", MemoryEvent),
 }
 
 

@@ -665,9 +665,11 @@ async def emit_events(settings: Settings, events: Sequence[MemoryEvent]) -> None
     producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
     await producer.start()
     try:
-        topic = settings.topic("memories")
+        topic, control = settings.topic("memories"), settings.topic("control")
         for ev in events:
             await producer.send(topic, encode(ev), key=ev.memory_id.encode())
+            if ev.kind == "forgotten":  # write workers clear their state from `control`
+                await producer.send(control, encode(ev), key=ev.tenant.encode())
         await producer.flush()
     finally:
         await producer.stop()
