@@ -120,6 +120,7 @@ class WriteConsumer(Service):
         self.restored = 0
         self.batches = 0
         self.commit_failures = 0
+        self.forgets_applied = 0  # `forgotten` notices read from ``control``
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
         self.ready = False
         self._stage1: asyncio.Future[Any] | None = None
@@ -384,6 +385,7 @@ class WriteConsumer(Service):
                         continue
                     if ev.kind == "forgotten":
                         self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
+                        self.forgets_applied += 1
 
     def health(self) -> dict[str, Any]:
         return {
@@ -391,6 +393,7 @@ class WriteConsumer(Service):
             "batches": self.batches,
             "ready": self.ready,
             "commit_failures": self.commit_failures,
+            "forgets_applied": self.forgets_applied,
         }
 
 

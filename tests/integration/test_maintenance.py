@@ -228,6 +228,12 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
         while time.monotonic() < deadline and _health(port)["maintenance"]["indexed"] != want:
             time.sleep(0.5)
         assert _health(port)["maintenance"]["indexed"] == want
+        # every write worker clears its operator state from the `control` notices
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and \
+                _health(port)["write"]["forgets_applied"] < out["forgotten"]:
+            time.sleep(0.5)
+        assert _health(port)["write"]["forgets_applied"] == out["forgotten"]
     finally:
         stack.stop()
         store = MemoryStore(milvus_server_uri, collection=env["DMEM_MILVUS__COLLECTION"], dim=256)
