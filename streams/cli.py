@@ -162,9 +162,11 @@ def demo(
 @click.option("--http", "http_url", default=None,
               help="search over HTTP at this base URL instead of Kafka")
 @click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
+              help="HTTP bearer token [env DMEM_API_TOKEN]")
 @click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
 def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | None,
-           http_url: str | None, timeout_s: float, as_json: bool) -> None:
+           http_url: str | None, timeout_s: float, token: str | None, as_json: bool) -> None:
     """Search a running deployment (settings from DMEM_* env vars)."""
     from streams.admin import check_broker, kafka_client_kwargs
     from streams.client import DmemClient
@@ -178,7 +180,7 @@ def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | N
             await check_broker(settings.kafka)
         client = DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
                             http_url=http_url, transport="http" if http_url else "kafka",
-                            timeout_s=timeout_s, client_kwargs=kw)
+                            timeout_s=timeout_s, client_kwargs=kw, token=token)
         async with client:
             return await client.search(query, k, agent_id=agent_id, lambda_=lam)
 

@@ -445,7 +445,13 @@ async def read_topic(settings: Settings, logical: str) -> list[Any]:
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)
         msgs: list[Any] = []
-        while any(await c.position(tp) < ends[tp] for tp in tps):
+        async def behind() -> bool:
+            for tp in tps:
+                if await c.position(tp) < ends[tp]:
+                    return True
+            return False
+
+        while await behind():
             batch = await c.getmany(timeout_ms=500, max_records=50_000)
             for part in batch.values():
                 msgs.extend(part)
