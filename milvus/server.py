@@ -92,11 +92,12 @@ try:
         # restart on the same ports: the wheel's probe bind (no SO_REUSEADDR) fails
         # for ~60 s while old connections sit in TIME_WAIT and then scans upward to
         # another port; milvus itself (Go) binds with SO_REUSEADDR, so probe alike
-        # (measured: even with SO_REUSEADDR the probe can fail on the pinned port
-        # right after a stop); the pinned proxy port is therefore trusted as long
-        # as nothing listens on it, and milvus reports a real conflict itself
+        # (measured: even with SO_REUSEADDR the probe can fail on a pinned port
+        # right after a stop, and one component scanning upward onto another's
+        # port moves the proxy); every pinned port is therefore trusted as long as
+        # nothing listens on it, and milvus reports a real conflict itself
         import socket as _socket
-        pinned = cfg["ports"]["proxy_port"]
+        pinned = set(cfg["ports"].values())
         def _try_bind(self, port):
             sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             try:
@@ -106,7 +107,7 @@ try:
                 return sock
             except (OSError, ValueError, OverflowError):
                 sock.close()
-            if port != pinned:
+            if port not in pinned:
                 return None
             probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             try:
@@ -162,7 +163,8 @@ try:
     srv.start()
     # the wheel may have scanned upward from our port: report what it really uses
     say({"port": srv.listen_port, "web_port": srv.webservice_port,
-         "pid": srv.server_proc.pid})
+         "pid": srv.server_proc.pid,
+         "ports": {k: conf.get(k) for k in cfg["ports"]}})
 except BaseException as exc:
     say({"error": "%s: %s" % (type(exc).__name__, exc), "trace": traceback.format_exc()})
     try:
@@ -266,10 +268,8 @@ class EmbeddedMilvusServer:
         normally are again (the server does not linger).
         """
         ports = self._ports
-        if ports is not None and self.port is not None:
-            # the wheel treats configured ports as scan starts: pin what it really used
-            ports = {**ports, "ports": {**ports["ports"], "proxy_port": self.port},
-                     "reuse_addr": True}
+        if ports is not None:
+            ports = {**ports, "reuse_addr": True}
         self.stop()
         return self.start(timeout_s=timeout_s, _ports=ports)
 
@@ -329,6 +329,9 @@ class EmbeddedMilvusServer:
                 f"embedded Milvus failed to start: {msg['error']} (logs: {self.log_dir})"
             )
         self.port = int(msg["port"])
+        if isinstance(msg.get("ports"), dict):  # what the wheel really used: restart() pins it
+            self._ports = {**ports, "ports": {k: int(v) for k, v in msg["ports"].items()},
+                           "web_port": int(msg.get("web_port") or ports["web_port"])}
         self.start_s = time.monotonic() - t0
         return self.uri
 

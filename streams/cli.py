@@ -326,20 +326,23 @@ def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batc
               help="kill -9 the write worker this many times (one inside the outage)")
 @click.option("--outage-s", type=click.FloatRange(0), default=30.0, show_default=True,
               help="seconds the Milvus server is down mid-stream (0: no outage)")
+@click.option("--broker-pause-s", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="seconds the broker is paused (SIGSTOP) late in the stream (0: none)")
 @click.option("--rate", type=click.FloatRange(1), default=250.0, show_default=True,
               help="records published per second")
 @click.option("--bad-every", type=click.IntRange(0), default=20, show_default=True,
               help="one fuzzed bad record after every N valid ones (0: none)")
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float, rate: float,
-                bad_every: int, seed: int, as_json: bool) -> None:
+def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
+                broker_pause_s: float, rate: float, bad_every: int, seed: int,
+                as_json: bool) -> None:
     """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
     from streams.bench.chaos import ChaosConfig
     from streams.bench.chaos import main as run_chaos
 
     cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
-                      rate=rate, bad_every=bad_every, seed=seed)
+                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every, seed=seed)
     try:
         run_chaos(cfg, as_json)
     except DmemError as exc:

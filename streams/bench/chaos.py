@@ -8,7 +8,7 @@ pages, and Milvus.
 
 Scenario, on a fixed seed (``--seed``):
 - ``transitions`` valid transitions of ``tenants`` tenants (4 agents each,
-  20-step episodes, mostly small step costs with rare +-10 surprises, so the
+  20-step episodes, noisy step costs N(-0.1, 1) with rare +-10 surprises, so the
   gate routes some to core, some to buffer and drops the rest) are published at
   ``rate`` per second, with one fuzzed bad record (`bad_record`) after every
   ``bad_every`` valid ones: random bytes, truncated JSON, huge strings, deep
@@ -22,6 +22,8 @@ Scenario, on a fixed seed (``--seed``):
   and restarted on the same data dir and ports (`EmbeddedMilvusServer.restart`).
   During the outage the driver polls the worker's ``/health`` (expects 503) and
   ``/metrics`` (``dmem_store_healthy 0``).
+- At 80 % of the stream the broker process is paused (SIGSTOP) for
+  ``broker_pause_s`` seconds and resumed (a broker hiccup: connections hang).
 - An unexpected worker exit (not one of our kills) is counted in
   ``worker_deaths`` and the worker is restarted so the run can finish.
 
@@ -97,6 +99,7 @@ class ChaosConfig:
     tenants: int = 3
     kills: int = 3
     outage_s: float = 30.0
+    broker_pause_s: float = 5.0
     rate: float = 250.0
     bad_every: int = 20
     seed: int = 7
@@ -119,7 +122,7 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
             ep, k = divmod(i, EPISODE_LEN)
             agent = f"agent-{ep % AGENTS}"
             u = rng.random()
-            reward = 10.0 if u < 0.03 else -10.0 if u < 0.06 else -0.1
+            reward = 10.0 if u < 0.03 else -10.0 if u < 0.06 else rng.gauss(-0.1, 1.0)
             cell = rng.randrange(400)
             rows.append(Transition(
                 tenant=tenant, agent_id=agent, episode_id=f"{tenant}-ep{ep}", step=k,
@@ -278,6 +281,7 @@ class Chaos:
         self.health_polls = 0
         self.store_unhealthy_metric = 0
         self.max_lag = 0.0
+        self.broker_paused_s = 0.0
 
     @property
     def port(self) -> int:
@@ -316,6 +320,19 @@ class Chaos:
         note(f"  milvus back at {new_uri} after {self.outage_s:.1f}s")
         if new_uri != uri:
             note(f"  WARNING: milvus came back on another address ({new_uri} != {uri})")
+
+    async def broker_pause(self) -> None:
+        """SIGSTOP the broker (unreachable, connections hang), then SIGCONT."""
+        broker = self.stack.broker
+        if broker is None:
+            return
+        note(f"  broker pause: SIGSTOP for {self.cfg.broker_pause_s:.0f}s")
+        broker.pause()
+        try:
+            await asyncio.sleep(self.cfg.broker_pause_s)
+        finally:
+            broker.resume()
+        self.broker_paused_s = self.cfg.broker_pause_s
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Sample RSS, health and metrics; count and repair unexpected deaths."""
@@ -587,11 +604,16 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     t0 = time.monotonic()
     pub = asyncio.create_task(publish_all(settings, records, cfg.rate, progress))
     outage_task: asyncio.Task[None] | None = None
+    pause_at = int(0.8 * n) if cfg.broker_pause_s > 0 else n + 1
+    paused = False
     while not pub.done() or kill_at or (outage_task and not outage_task.done()):
         done = progress[0] if not pub.done() else n
         prog.update(done)
         if outage_task is None and done >= outage_at:
             outage_task = asyncio.create_task(chaos.outage(cfg.kills >= 2, rng))
+        if not paused and done >= pause_at and not chaos.in_outage:
+            paused = True
+            await chaos.broker_pause()
         if kill_at and done >= kill_at[0] and not chaos.in_outage:
             kill_at.pop(0)
             await chaos.kill(rng)
@@ -647,6 +669,7 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         "worker_kills": chaos.kills,
         "worker_restarts": chaos.restarts,
         "milvus_outage_s": round(chaos.outage_s, 1),
+        "broker_paused_s": chaos.broker_paused_s,
         "expected_stored": len(written),
         "stored": len(written & stored_ids),
         "lost": len(written - stored_ids),
