@@ -45,7 +45,9 @@ class Denied:
     error: str
 
 
-def load_tokens(tokens: dict[str, list[str]], tokens_file: Path | None) -> dict[str, frozenset[str]]:
+def load_tokens(
+    tokens: dict[str, list[str]], tokens_file: Path | None
+) -> dict[str, frozenset[str]]:
     out = {t: frozenset(v) for t, v in tokens.items()}
     if tokens_file is not None:
         try:

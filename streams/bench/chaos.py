@@ -296,9 +296,10 @@ class Chaos:
 
     async def kill(self, rng: random.Random) -> None:
         self.expected_down = True
+        pid = self.worker.proc.pid if self.worker.proc else None
         await asyncio.to_thread(self.worker.kill)
         self.kills += 1
-        note(f"  kill -9 #{self.kills} (worker pid {self.worker.proc.pid if self.worker.proc else '?'})")
+        note(f"  kill -9 #{self.kills} (worker pid {pid})")
         await asyncio.sleep(rng.uniform(0.2, 2.0))
         self._restart()
         self.expected_down = False

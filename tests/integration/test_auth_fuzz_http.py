@@ -14,7 +14,6 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
