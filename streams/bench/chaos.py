@@ -312,7 +312,12 @@ class Chaos:
         self.in_outage = True
         await asyncio.to_thread(self.server.stop)
         if kill_inside:
-            await asyncio.sleep(min(5.0, self.cfg.outage_s / 3))
+            # kill once the running worker has reported the outage (/health 503), or
+            # at 80 % of it: both the report and a start during the outage get tested
+            deadline = t0 + 0.8 * self.cfg.outage_s
+            await asyncio.sleep(min(2.0, self.cfg.outage_s / 5))
+            while self.health_503 == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
             await self.kill(rng)
         await asyncio.sleep(max(0.0, self.cfg.outage_s - (time.monotonic() - t0)))
         new_uri = await asyncio.to_thread(self.server.restart, 180.0)
@@ -615,7 +620,9 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         if not paused and done >= pause_at and not chaos.in_outage:
             paused = True
             await chaos.broker_pause()
-        if kill_at and done >= kill_at[0] and not chaos.in_outage:
+        # no free kill shortly before the outage: the worker must be up to report it
+        near_outage = outage_at - 0.15 * n <= done < outage_at
+        if kill_at and done >= kill_at[0] and not chaos.in_outage and not near_outage:
             kill_at.pop(0)
             await chaos.kill(rng)
         await asyncio.sleep(0.1)

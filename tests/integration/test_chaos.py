@@ -20,8 +20,10 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
         EmbeddedMilvusServer("/tmp/unused").check_installed()
     except ConfigError as exc:
         pytest.skip(str(exc))
-    out = run(ChaosConfig(transitions=900, tenants=2, kills=2, outage_s=8.0, broker_pause_s=3.0,
-                          rate=120.0, bad_every=15, seed=11))
+    # the stream (~10 s) must outlast the stop of Milvus, so the first worker sees
+    # failing writes (and /health says 503) before the kill inside the outage
+    out = run(ChaosConfig(transitions=1500, tenants=2, kills=2, outage_s=20.0,
+                          broker_pause_s=3.0, rate=150.0, bad_every=15, seed=7))
     assert out["all_committed"], "the worker group did not commit every offset"
     assert out["worker_kills"] == 2
     assert out["expected_stored"] > 0
@@ -29,7 +31,7 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     assert out["duplicated"] == 0
     assert out["unprocessed"] == 0
     assert out["worker_deaths"] == 0
-    assert out["bad_inputs"] == 900 // 15
+    assert out["bad_inputs"] == 1500 // 15
     assert out["dead_lettered"] == out["bad_inputs"]
     assert out["good_dead_lettered"] == 0
     assert out["dead_letters_without_reason"] == 0
