@@ -88,6 +88,37 @@ try:
     base = cfg["base_dir"]
     srv.set_base_dir(base)
     conf = srv.config
+    if cfg.get("reuse_addr"):
+        # restart on the same ports: the wheel's probe bind (no SO_REUSEADDR) fails
+        # for ~60 s while old connections sit in TIME_WAIT and then scans upward to
+        # another port; milvus itself (Go) binds with SO_REUSEADDR, so probe alike
+        # (measured: even with SO_REUSEADDR the probe can fail on a pinned port
+        # right after a stop, and one component scanning upward onto another's
+        # port moves the proxy); every pinned port is therefore trusted as long as
+        # nothing listens on it, and milvus reports a real conflict itself
+        import socket as _socket
+        pinned = set(cfg["ports"].values())
+        def _try_bind(self, port):
+            sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                sock.listen()
+                return sock
+            except (OSError, ValueError, OverflowError):
+                sock.close()
+            if port not in pinned:
+                return None
+            probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            try:
+                probe.settimeout(0.5)
+                probe.connect(("127.0.0.1", port))
+                return None  # something really listens there
+            except OSError:
+                return _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            finally:
+                probe.close()
+        type(conf).try_bind_port = _try_bind
     for key, port in cfg["ports"].items():
         conf.set(key, port)
     srv.webservice_port = cfg["web_port"]
@@ -132,7 +163,8 @@ try:
     srv.start()
     # the wheel may have scanned upward from our port: report what it really uses
     say({"port": srv.listen_port, "web_port": srv.webservice_port,
-         "pid": srv.server_proc.pid})
+         "pid": srv.server_proc.pid,
+         "ports": {k: conf.get(k) for k in cfg["ports"]}})
 except BaseException as exc:
     say({"error": "%s: %s" % (type(exc).__name__, exc), "trace": traceback.format_exc()})
     try:
@@ -200,6 +232,7 @@ class EmbeddedMilvusServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.start_s: float | None = None
+        self._ports: dict[str, Any] | None = None  # the last start's ports, for restart()
 
     # -- state -----------------------------------------------------------------
     @property
@@ -227,7 +260,20 @@ class EmbeddedMilvusServer:
             )
 
     # -- lifecycle ---------------------------------------------------------------
-    def start(self, timeout_s: float = 60.0) -> str:
+    def restart(self, timeout_s: float = 120.0) -> str:
+        """Stop, then start again on the same data dir *and the same ports*.
+
+        Clients keep their URI across the restart (fault injection: a Milvus
+        outage). The ports were free at the first start; after a stop they
+        normally are again (the server does not linger).
+        """
+        ports = self._ports
+        if ports is not None:
+            ports = {**ports, "reuse_addr": True}
+        self.stop()
+        return self.start(timeout_s=timeout_s, _ports=ports)
+
+    def start(self, timeout_s: float = 60.0, _ports: dict[str, Any] | None = None) -> str:
         """Start the server and wait until it is healthy; returns its URI."""
         if self.running:
             return self.uri
@@ -238,13 +284,17 @@ class EmbeddedMilvusServer:
             "query_coord_port", "query_node_port", "index_coord_port", "index_node_port",
             "data_coord_port", "data_node_port",
         ]  # fmt: skip
+        ports = _ports or {
+            "ports": {k: _free_port() for k in keys},
+            "web_port": _free_port(),
+            "etcd_peer_port": _free_port(),
+        }
+        self._ports = ports
         settings = {
             "install_dir": str(self.install_dir),
             "base_dir": str(self.base_dir),
             "bin_cache": str(self.bin_cache_dir),
-            "ports": {k: _free_port() for k in keys},
-            "web_port": _free_port(),
-            "etcd_peer_port": _free_port(),
+            **ports,
             "grace_s": self.stop_grace_s,
             "session_ttl_s": self.session_ttl_s,
             "extra_config": self.extra_config,
@@ -279,6 +329,9 @@ class EmbeddedMilvusServer:
                 f"embedded Milvus failed to start: {msg['error']} (logs: {self.log_dir})"
             )
         self.port = int(msg["port"])
+        if isinstance(msg.get("ports"), dict):  # what the wheel really used: restart() pins it
+            self._ports = {**ports, "ports": {k: int(v) for k, v in msg["ports"].items()},
+                           "web_port": int(msg.get("web_port") or ports["web_port"])}
         self.start_s = time.monotonic() - t0
         return self.uri
 

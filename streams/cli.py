@@ -162,9 +162,11 @@ def demo(
 @click.option("--http", "http_url", default=None,
               help="search over HTTP at this base URL instead of Kafka")
 @click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
+              help="HTTP bearer token [env DMEM_API_TOKEN]")
 @click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
 def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | None,
-           http_url: str | None, timeout_s: float, as_json: bool) -> None:
+           http_url: str | None, timeout_s: float, token: str | None, as_json: bool) -> None:
     """Search a running deployment (settings from DMEM_* env vars)."""
     from streams.admin import check_broker, kafka_client_kwargs
     from streams.client import DmemClient
@@ -178,7 +180,7 @@ def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | N
             await check_broker(settings.kafka)
         client = DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
                             http_url=http_url, transport="http" if http_url else "kafka",
-                            timeout_s=timeout_s, client_kwargs=kw)
+                            timeout_s=timeout_s, client_kwargs=kw, token=token)
         async with client:
             return await client.search(query, k, agent_id=agent_id, lambda_=lam)
 
@@ -315,6 +317,36 @@ def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batc
         _fail(exc)
     if as_json:
         bw.emit_json(out)
+
+
+@bench.command("chaos")
+@click.option("--transitions", type=click.IntRange(1), default=20_000, show_default=True)
+@click.option("--tenants", type=click.IntRange(2), default=3, show_default=True)
+@click.option("--kills", type=click.IntRange(0), default=3, show_default=True,
+              help="kill -9 the write worker this many times (one inside the outage)")
+@click.option("--outage-s", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="seconds the Milvus server is down mid-stream (0: no outage)")
+@click.option("--broker-pause-s", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="seconds the broker is paused (SIGSTOP) late in the stream (0: none)")
+@click.option("--rate", type=click.FloatRange(1), default=250.0, show_default=True,
+              help="records published per second")
+@click.option("--bad-every", type=click.IntRange(0), default=20, show_default=True,
+              help="one fuzzed bad record after every N valid ones (0: none)")
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
+                broker_pause_s: float, rate: float, bad_every: int, seed: int,
+                as_json: bool) -> None:
+    """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
+    from streams.bench.chaos import ChaosConfig
+    from streams.bench.chaos import main as run_chaos
+
+    cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
+                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every, seed=seed)
+    try:
+        run_chaos(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
 
 
 @bench.command("credit")

@@ -56,6 +56,7 @@ class DmemClient:
         timeout_s: float = 5.0,
         retries: int = 2,
         client_kwargs: dict[str, Any] | None = None,
+        token: str | None = None,
     ) -> None:
         if transport not in ("kafka", "http"):
             raise ValueError("transport must be 'kafka' or 'http'")
@@ -69,6 +70,7 @@ class DmemClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.kw = dict(client_kwargs or {})
+        self.token = token  # HTTP bearer token (streams.auth); Kafka uses client_kwargs
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -100,7 +102,8 @@ class DmemClient:
             self._consumer = c
             self._reader = asyncio.create_task(self._read())
         else:
-            self._http = aiohttp.ClientSession()
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+            self._http = aiohttp.ClientSession(headers=headers)
         return self
 
     async def stop(self) -> None:
@@ -215,6 +218,8 @@ class DmemClient:
             data = await r.json(content_type=None)
             if r.status == 422:
                 raise SearchError(f"invalid request: {data}")
+            if r.status in (401, 403):
+                raise SearchError(f"not authorised (HTTP {r.status}): {data}")
             if r.status != 200:
                 raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
             return RetrievalResponse.model_validate(data)

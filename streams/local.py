@@ -98,6 +98,10 @@ class LocalStack:
             "DMEM_DATA_DIR": str(self.data_dir),
             "DMEM_WEB_PORT": str(web_port),
         }
+        if not any(k.startswith("DMEM_AUTH__") for k in self.extra_env):
+            # the embedded stack listens on 127.0.0.1 only: no HTTP tokens unless the
+            # caller configures them (see streams.auth for the fail-closed default)
+            env["DMEM_AUTH__DISABLED"] = "true"
         env.update(self.extra_env)
         return env
 

@@ -145,6 +145,15 @@ class GateSettings(BaseModel):
         return self
 
 
+class AuthSettings(BaseModel):
+    """HTTP API bearer tokens (see `streams.auth`): enabled and fail-closed by default."""
+
+    disabled: bool = False
+    tokens: dict[str, list[str]] = Field(default_factory=dict,
+                                         description='{"token": ["tenant", ...]}; "*" = all')
+    tokens_file: Path | None = None
+
+
 class WriteSettings(BaseModel):
     batch_size: int = Field(default=512, ge=1, le=100_000)
     batch_within_s: float = Field(default=0.2, gt=0.0)
@@ -175,6 +184,7 @@ class Settings(BaseSettings):
     respond: RespondSettings = Field(default_factory=RespondSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
     @property
     def milvus_uri(self) -> str:

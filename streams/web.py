@@ -165,9 +165,25 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
     def json_response(view: View, body: Any, status: int = 200) -> Response:
         return view.bytes(orjson.dumps(body), content_type="application/json", status=status)
 
+    from streams.auth import Authorizer
+
+    authorizer = Authorizer.from_settings(settings)
+
+    def denied(view: View, request: Request, tenant: str | None = None) -> Response | None:
+        """Auth check (streams.auth): None when allowed, else the 401/403 response."""
+        d = authorizer.check(request.headers.get("Authorization"), tenant)
+        if d is None:
+            return None
+        resp = json_response(view, {"error": d.error}, d.status)
+        if d.status == 401:
+            resp.headers["WWW-Authenticate"] = "Bearer"
+        return resp
+
     @app.page("/v1/search")
     class SearchView(View):
         async def post(self, request: Request) -> Response:
+            if (no := denied(self, request)) is not None:
+                return no
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError as exc:
@@ -179,6 +195,8 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
             except ValidationError as exc:
                 detail = json.loads(exc.json(include_url=False, include_input=False))
                 return json_response(self, {"error": "invalid request", "detail": detail}, 422)
+            if (no := denied(self, request, req.tenant)) is not None:
+                return no
             try:
                 resp = await answer(req)
             except DmemError as exc:
@@ -189,9 +207,13 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
     @app.page("/v1/memories/{memory_id}")
     class MemoryView(View):
         async def get(self, request: Request, memory_id: str) -> Response:
+            if (no := denied(self, request)) is not None:
+                return no
             tenant = request.query.get("tenant")
             if not tenant:
                 return json_response(self, {"error": "query parameter tenant is required"}, 422)
+            if (no := denied(self, request, tenant)) is not None:
+                return no
             if store.store is None:
                 return json_response(self, {"error": "store not ready"}, 503)
             rows = await asyncio.to_thread(store.store.get, [memory_id])

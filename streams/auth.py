@@ -1,0 +1,107 @@
+"""HTTP API authentication: bearer tokens mapped to the tenants they may read.
+
+Settings (`AuthSettings`, ``DMEM_AUTH__*``):
+- ``DMEM_AUTH__TOKENS``: JSON object ``{"<token>": ["tenant-a", "tenant-b"]}``;
+  ``"*"`` in a token's list allows every tenant (an operator token).
+- ``DMEM_AUTH__TOKENS_FILE``: a JSON file of the same shape (merged with
+  ``TOKENS``; read once at start). Suits Kubernetes Secrets mounted as files.
+- ``DMEM_AUTH__DISABLED=true``: no checks at all, for local use.
+
+Decisions:
+- Default: enabled, fail closed. A respond worker with no tokens configured
+  and auth not disabled answers every ``/v1/*`` request with 401 (and logs a
+  warning at start): a forgotten setting never exposes memories. The embedded
+  stack (`streams.local.LocalStack`: ``dmem up``, ``dmem demo``, tests) binds to
+  127.0.0.1 and sets ``DMEM_AUTH__DISABLED=true`` unless the caller configures
+  ``DMEM_AUTH__*`` itself, so the README's two demo commands keep working.
+- Missing, malformed or unknown token: 401 with ``WWW-Authenticate: Bearer``;
+  a known token asking for a tenant it does not list: 403. Both JSON bodies.
+- ``/health`` and ``/metrics`` stay open (probes and scrapers carry no tenant
+  data). Kafka topics are not covered: the broker's own SASL/ACLs guard them
+  (`streams.admin.kafka_client_kwargs`, `streams.app.faust_credentials`).
+- Tokens are compared with `hmac.compare_digest` against every configured
+  token (no early exit on the first byte).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from schemas.errors import ConfigError
+
+log = logging.getLogger("dmem.auth")
+
+ALL_TENANTS = "*"
+
+
+@dataclass(frozen=True)
+class Denied:
+    status: int  # 401 or 403
+    error: str
+
+
+def load_tokens(
+    tokens: dict[str, list[str]], tokens_file: Path | None
+) -> dict[str, frozenset[str]]:
+    out = {t: frozenset(v) for t, v in tokens.items()}
+    if tokens_file is not None:
+        try:
+            data = orjson.loads(Path(tokens_file).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ConfigError(f"auth tokens file {tokens_file}: {exc}") from exc
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            for k, v in data.items()
+        ):
+            raise ConfigError(f"auth tokens file {tokens_file}: expected {{token: [tenants]}}")
+        for k, v in data.items():
+            out[k] = out.get(k, frozenset()) | frozenset(v)
+    if any(not t for t in out):
+        raise ConfigError("auth: empty token")
+    return out
+
+
+class Authorizer:
+    """Checks an ``Authorization`` header against the token map."""
+
+    def __init__(self, disabled: bool, tokens: dict[str, frozenset[str]]) -> None:
+        self.disabled = disabled
+        self.tokens = tokens
+        if not disabled and not tokens:
+            log.warning("HTTP auth is enabled but no tokens are configured: every /v1 request "
+                        "gets 401 (set DMEM_AUTH__TOKENS, or DMEM_AUTH__DISABLED=true locally)")
+
+    @classmethod
+    def from_settings(cls, settings: object) -> Authorizer:
+        a = settings.auth  # type: ignore[attr-defined]
+        return cls(a.disabled, load_tokens(a.tokens, a.tokens_file))
+
+    def _lookup(self, header: str | None) -> frozenset[str] | None:
+        if not header:
+            return None
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        found: frozenset[str] | None = None
+        given = token.encode()
+        for known, tenants in self.tokens.items():
+            if hmac.compare_digest(known.encode(), given):
+                found = tenants
+        return found
+
+    def check(self, header: str | None, tenant: str | None = None) -> Denied | None:
+        """None when allowed; ``tenant=None`` only authenticates."""
+        if self.disabled:
+            return None
+        tenants = self._lookup(header)
+        if tenants is None:
+            return Denied(401, "missing or invalid bearer token")
+        if tenant is not None and ALL_TENANTS not in tenants and tenant not in tenants:
+            return Denied(403, f"token not allowed for tenant {tenant!r}")
+        return None
