@@ -55,7 +55,7 @@ def group_consumer(
     """
     k = settings.kafka
     consumer = AIOKafkaConsumer(
-        group_id=f"{settings.app_id}-{group_suffix}",
+        group_id=settings.group(group_suffix),
         enable_auto_commit=auto_commit,
         auto_offset_reset=offset_reset,
         fetch_max_wait_ms=fetch_max_wait_ms,

@@ -193,6 +193,10 @@ class Settings(BaseSettings):
             return self.milvus.uri
         return str((self.data_dir / "milvus.db").resolve())
 
+    def group(self, role: str) -> str:
+        """Consumer group of a role's plain aiokafka loop (e.g. ``dmem-write``)."""
+        return f"{self.app_id}-{role}"
+
     def topic(self, logical: str) -> str:
         from schemas.topics import topic_name
 

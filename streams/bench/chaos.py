@@ -429,7 +429,7 @@ async def wait_committed(settings: Settings, ends: dict[int, int], timeout_s: fl
     from streams.admin import kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
-    group = AIOKafkaConsumer(group_id=settings.app_id, enable_auto_commit=False, **kw)
+    group = AIOKafkaConsumer(group_id=settings.group("write"), enable_auto_commit=False, **kw)
     await group.start()
     topic = settings.topic("transitions")
     deadline = time.monotonic() + timeout_s

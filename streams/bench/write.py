@@ -251,7 +251,7 @@ class Observer:
         )
         # committed offsets of the workers' group, read without joining it
         self.group = AIOKafkaConsumer(
-            group_id=f"{settings.app_id}-write", enable_auto_commit=False, **self.kw
+            group_id=settings.group("write"), enable_auto_commit=False, **self.kw
         )
         self.seen: dict[str, float] = {}  # memory id -> wall time read
         self.want: set[str] = set()
