@@ -6,7 +6,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   are unit; negative cosine means unrelated, not "anti-relevant").
 - salience: how much the memory mattered, in [0, 1]:
   ``(1 - w_u) * (1 - exp(-|rpe| / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(u))``
-  with the optimistic utility ``u = utility + explore / (1 + uses)``.
+  with the optimistic utility ``u = utility + explore / (1 + uses)^2``.
   |rpe| is the stored tenant-normalised RPE (a z-score), so ``rpe_scale`` = 2
   puts a 2-sigma surprise at 0.63. Utility is the credit job's EMA of
   advantage per use; 0 sits at the neutral 0.5, so credit raises or lowers a
@@ -14,22 +14,23 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - exploration (optimistic initial values, count-based): ``uses`` is how
   many credited uses a memory has (the credit applier adds them, also for
   uses with zero credit). A memory nobody has tried yet gets the bonus
-  ``explore`` (default 1.0, one "pseudo-use" of optimism); it shrinks as
-  1/(1 + uses), so a memory that was served again and again without earning
-  credit loses its head start to untried ones, and an untried memory gets its
-  chance to earn credit. 1/(1 + n) rather than UCB's 1/sqrt(n): a memory that
-  did not help after one or two tries should make room quickly, and one that
-  helped keeps its place through its utility, not through the bonus. In a
-  store nobody credits, every memory has the same bonus: the credit half of
-  salience is a constant 0.88 instead of 0.5 (ranking changes only through
-  the recency factor it multiplies).
+  ``explore`` (default 1.0); it shrinks as 1/(1 + uses)^2, so a memory that
+  was served without earning credit loses its head start to untried ones, and
+  an untried memory gets its chance to earn credit. The fast decay (rather
+  than UCB's 1/sqrt(n)) is deliberate: after one fruitless try the bonus is
+  explore/4, below the utility a memory that helped earns in one or two uses
+  (an EMA step is utility_beta * advantage, ~0.1-0.2 for a clear success), so
+  a memory that helped keeps its place by its utility and one that did not
+  makes room quickly. In a store nobody credits, every memory has the same
+  bonus: the credit half of salience is a constant 0.88 instead of 0.5
+  (ranking changes only through the recency factor it multiplies).
 - evidence-adaptive lambda (``lambda_with_evidence``): the count schedule
   below keeps meaning dominant while a store is young, which also means a
   semantically weaker memory could never be served and so never prove itself.
   Once the memories that meaning alone would serve (the semantic top k of this
   request's candidates) all carry outcome evidence (uses > 0), meaning has had
   its say for this query: lambda moves towards ``lambda_evidence`` (default
-  0.2) in proportion to the share of those top-k memories that have been
+  0.1) in proportion to the share of those top-k memories that have been
   credited. Candidates are the ANN top-C by meaning in any case, so even a
   low lambda only re-orders memories that are about the query. A request
   that sets lambda explicitly (e.g. 1.0 for pure semantic search) is never
@@ -69,7 +70,7 @@ class RankPolicy:
     mature: int = 20_000
     mmr_mu: float = 0.5
     explore: float = 1.0
-    lambda_evidence: float = 0.2
+    lambda_evidence: float = 0.1
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -114,7 +115,7 @@ class RankPolicy:
 
     def salience(self, rpe: float, utility: float, uses: int = 0) -> float:
         surprise = 1.0 - math.exp(-abs(rpe) / self.rpe_scale)
-        optimistic = utility + self.explore / (1.0 + max(0, uses))
+        optimistic = utility + self.explore / (1.0 + max(0, uses)) ** 2
         credit = 0.5 + 0.5 * math.tanh(optimistic)
         return (1.0 - self.utility_weight) * surprise + self.utility_weight * credit
 
