@@ -156,8 +156,11 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
                 for _ in range(2):
                     await producer.send(s.topic("feedback"), encode(old),
                                         key=old.episode_id.encode())
+            # task = the vault: the credit job's baseline is then the running mean outcome
+            # of this vault's episodes (what the agent achieves there without help)
             pending = [EpisodeOutcome(tenant=tenant, episode_id=ep, reward=1.0 if won else -1.0,
-                                      outcome_id=f"{ep}:final", ts=int(time.time() * 1000))]
+                                      task=vault, outcome_id=f"{ep}:final",
+                                      ts=int(time.time() * 1000))]
             await asyncio.sleep(0.05)
             if progress:
                 rate = sum(successes) / len(successes)
