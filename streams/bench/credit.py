@@ -9,7 +9,8 @@ does the treasure lie in the <vault>?" (k = 3, scoped to the vault by a
 structured metadata filter), takes the side named by a retrieved briefing, or
 guesses when none was retrieved. It then reports which served memory its
 decision rested on (`DmemClient.report_usage`: the briefing it followed, or
-none when it guessed). The outcome (+1 right, -1 wrong) is reported *late*:
+none when it guessed). The outcome (+1 right, -1 wrong, ``task`` = the vault,
+so the credit baseline is the vault's own running mean) is reported *late*:
 after the next episode has started, and twice (a duplicate the credit job must
 ignore).
 
