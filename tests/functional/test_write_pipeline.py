@@ -221,7 +221,8 @@ def test_late_outcome_after_a_later_episode_writes_the_whole_quiet_episode() -> 
     p.process(raws_of(later, start=100), now_ms=20)
     res = p.rescore("t", "e1", -1.0, now_ms=30)
     assert {r["id"] for r in res.upserts["core"]} == {t.memory_id for t in brief}
-    assert all(abs(e.rpe) <= RETRO_Z_MAX and e.valence == -1 for e in res.events)
+    assert all(e.rpe is not None and abs(e.rpe) <= RETRO_Z_MAX and e.valence == -1
+               for e in res.events)
     assert p.rescore("t", "e1", -1.0, now_ms=40).upserts["core"] == []  # duplicate outcome
 
 
