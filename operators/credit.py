@@ -23,6 +23,18 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
 - Order: usages that arrive after their outcome (within the TTL) are credited
   on arrival with the stored outcome; outcomes that never arrive expire with the
   window (``ttl_ms`` after the episode's last activity) and credit nothing.
+- Served vs used: the responder records what a response *served*, weighted by
+  normalised score. Only the agent knows what it actually *used* for its
+  decision, so it may report its own record for the same request
+  (``source="agent"``: its own split, 0 for memories it ignored). The agent's
+  record replaces the served one whichever arrives first; a served record
+  after an agent one is ignored. Memories with weight 0 get a use with zero
+  credit: evidence that they were tried and did not help (the ranking's
+  exploration bonus shrinks with uses), not blame. Without such reports
+  co-served memories share credit by score ("hitchhikers" of a decisive
+  memory are credited with it). An agent record that arrives after its
+  request was already credited cannot be re-split; it is counted in
+  ``late_agent_reports`` and ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ class UsageRecord:
     step: int
     memory_ids: tuple[str, ...]
     weights: tuple[float, ...]
+    source: str = "served"  # "served" (responder) or "agent" (what was actually used)
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class CreditAssigner:
         self.baselines: dict[tuple[str, str], tuple[float, int]] = {}
         self.duplicate_outcomes = 0
         self.expired_without_outcome = 0
+        self.late_agent_reports = 0
 
     def baseline(self, tenant: str, task: str | None) -> float:
         mean, n = self.baselines.get((tenant, task or tenant), (0.0, 0))
@@ -123,7 +137,14 @@ class CreditAssigner:
         self, tenant: str, episode_id: str, usage: UsageRecord, now_ms: int
     ) -> list[CreditUpdate]:
         ep = self._episode(tenant, episode_id, now_ms)
-        ep.usages.setdefault(usage.request_id, usage)
+        prev = ep.usages.get(usage.request_id)
+        if prev is None:
+            ep.usages[usage.request_id] = usage
+        elif usage.source == "agent" and prev.source != "agent":
+            if usage.request_id in ep.credited:
+                self.late_agent_reports += 1
+            else:
+                ep.usages[usage.request_id] = usage  # what was used beats what was served
         if ep.outcome is None:
             return []
         return self._credit(episode_id, ep)  # late usage: credit it now

@@ -5,11 +5,36 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - semantic: cosine similarity of query and memory, clipped to [0, 1] (vectors
   are unit; negative cosine means unrelated, not "anti-relevant").
 - salience: how much the memory mattered, in [0, 1]:
-  ``(1 - w_u) * (1 - exp(-|rpe| / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(utility))``.
+  ``(1 - w_u) * (1 - exp(-|rpe| / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(u))``
+  with the optimistic utility ``u = utility + explore / (1 + uses)^2``.
   |rpe| is the stored tenant-normalised RPE (a z-score), so ``rpe_scale`` = 2
   puts a 2-sigma surprise at 0.63. Utility is the credit job's EMA of
-  advantage per use; 0 (never credited) sits at the neutral 0.5, so credit
-  raises or lowers a memory relative to uncredited ones. w_u defaults to 0.5.
+  advantage per use; 0 sits at the neutral 0.5, so credit raises or lowers a
+  memory relative to uncredited ones. w_u defaults to 0.5.
+- exploration (optimistic initial values, count-based): ``uses`` is how
+  many credited uses a memory has (the credit applier adds them, also for
+  uses with zero credit). A memory nobody has tried yet gets the bonus
+  ``explore`` (default 1.0); it shrinks as 1/(1 + uses)^2, so a memory that
+  was served without earning credit loses its head start to untried ones, and
+  an untried memory gets its chance to earn credit. The fast decay (rather
+  than UCB's 1/sqrt(n)) is deliberate: after one fruitless try the bonus is
+  explore/4, below the utility a memory that helped earns in one or two uses
+  (an EMA step is utility_beta * advantage, ~0.1-0.2 for a clear success), so
+  a memory that helped keeps its place by its utility and one that did not
+  makes room quickly. In a store nobody credits, every memory has the same
+  bonus: the credit half of salience is a constant 0.88 instead of 0.5
+  (ranking changes only through the recency factor it multiplies).
+- evidence-adaptive lambda (``lambda_with_evidence``): the count schedule
+  below keeps meaning dominant while a store is young, which also means a
+  semantically weaker memory could never be served and so never prove itself.
+  Once the memories that meaning alone would serve (the semantic top k of this
+  request's candidates) all carry outcome evidence (uses > 0), meaning has had
+  its say for this query: lambda moves towards ``lambda_evidence`` (default
+  0.1) in proportion to the share of those top-k memories that have been
+  credited. Candidates are the ANN top-C by meaning in any case, so even a
+  low lambda only re-orders memories that are about the query. A request
+  that sets lambda explicitly (e.g. 1.0 for pure semantic search) is never
+  adapted.
 - recency: 2^(-age / half_life), age from the memory's event time.
 - lambda schedule: young memory stores are ranked mostly by meaning (a handful
   of memories carry little salience signal yet); as the tenant's store grows,
@@ -44,6 +69,8 @@ class RankPolicy:
     young: int = 200
     mature: int = 20_000
     mmr_mu: float = 0.5
+    explore: float = 1.0
+    lambda_evidence: float = 0.1
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -58,6 +85,10 @@ class RankPolicy:
             raise ValueError("need 0 < young < mature")
         if p.mmr_mu < 0:
             raise ValueError("mmr_mu must be >= 0")
+        if p.explore < 0:
+            raise ValueError("explore must be >= 0")
+        if not 0 <= p.lambda_evidence <= 1:
+            raise ValueError("lambda_evidence must be in [0, 1]")
         return p
 
     def lambda_for(self, n_memories: int) -> float:
@@ -69,9 +100,23 @@ class RankPolicy:
         t = math.log(n_memories / self.young) / math.log(self.mature / self.young)
         return self.lambda_hi + t * (self.lambda_lo - self.lambda_hi)
 
-    def salience(self, rpe: float, utility: float) -> float:
+    def lambda_with_evidence(
+        self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int
+    ) -> float:
+        """Move `lam` towards ``lambda_evidence`` by the share of the semantic
+        top-`k` candidates that have credited uses (see the module docstring)."""
+        if not candidates or k <= 0 or self.lambda_evidence >= lam:
+            return lam
+        top = sorted(
+            candidates, key=lambda r: -float(r.get("similarity", r.get("distance", 0.0)))
+        )[:k]
+        share = sum(int(r.get("uses", 0) or 0) > 0 for r in top) / len(top)
+        return lam + share * (self.lambda_evidence - lam)
+
+    def salience(self, rpe: float, utility: float, uses: int = 0) -> float:
         surprise = 1.0 - math.exp(-abs(rpe) / self.rpe_scale)
-        credit = 0.5 + 0.5 * math.tanh(utility)
+        optimistic = utility + self.explore / (1.0 + max(0, uses)) ** 2
+        credit = 0.5 + 0.5 * math.tanh(optimistic)
         return (1.0 - self.utility_weight) * surprise + self.utility_weight * credit
 
     def recency(self, created_ms: float, now_ms: float) -> float:
@@ -98,13 +143,17 @@ def rank(
     vectors: Mapping[str, np.ndarray] | None = None,
 ) -> list[Ranked]:
     """Re-rank ANN candidates (each with ``similarity``, ``rpe``, ``utility``,
-    ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given."""
+    ``uses``, ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given."""
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")
     scored = []
     for row in candidates:
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
-        sal = policy.salience(float(row.get("rpe", 0.0)), float(row.get("utility", 0.0)))
+        sal = policy.salience(
+            float(row.get("rpe", 0.0)),
+            float(row.get("utility", 0.0)),
+            int(row.get("uses", 0) or 0),
+        )
         rec = policy.recency(float(row.get("created_ts", now_ms)), now_ms)
         score = lam * sem + (1.0 - lam) * sal * rec
         scored.append(Ranked(row, sem, sal, rec, lam, score))

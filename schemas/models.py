@@ -251,7 +251,14 @@ class RetrievalResponse(Model):
 
 
 class MemoryUsage(Model):
-    """Which memories one response served, with their normalised weights."""
+    """Which memories one response served, with their normalised weights.
+
+    ``source="served"`` is the responder's record (weights = normalised
+    scores). An agent that knows which of the served memories it actually
+    used may publish its own record for the same request with
+    ``source="agent"`` (weights = its own split, 0 for memories it ignored);
+    the credit job then credits that one instead (operators/credit.py).
+    """
 
     tenant: Ident
     episode_id: Ident
@@ -261,6 +268,7 @@ class MemoryUsage(Model):
     memory_ids: list[Ident]
     weights: list[FiniteFloat]
     ts: int = Field(ge=0)
+    source: Literal["served", "agent"] = "served"
 
     @model_validator(mode="after")
     def _aligned(self) -> MemoryUsage:

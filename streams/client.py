@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from schemas import (
     EpisodeOutcome,
     Hit,
+    MemoryUsage,
     RetrievalRequest,
     RetrievalResponse,
     SearchFilters,
@@ -165,6 +166,27 @@ class DmemClient:
         await self._producer.send_and_wait(self.topic("feedback"), encode(out),
                                            key=episode_id.encode())
 
+    async def report_usage(self, episode_id: str, request_id: str,
+                           weights: Mapping[str, float], *, step: int = 0,
+                           agent_id: str | None = None) -> None:
+        """Tell the credit job which served memories the agent actually used.
+
+        `weights` maps each memory the search `request_id` served to the share
+        it had in the decision (0 for memories the agent ignored; normalised
+        to sum 1 here). This record replaces the responder's score-weighted
+        one for that request, so credit goes to what was used, and ignored
+        memories collect uses without credit (operators/credit.py).
+        """
+        assert self._producer is not None, "call start() first"
+        ids = list(weights)
+        total = sum(max(0.0, float(weights[m])) for m in ids)
+        w = [max(0.0, float(weights[m])) / total if total > 0 else 0.0 for m in ids]
+        usage = MemoryUsage(tenant=self.tenant, episode_id=episode_id, request_id=request_id,
+                            agent_id=agent_id, step=step, memory_ids=ids, weights=w,
+                            ts=int(time.time() * 1000), source="agent")
+        await self._producer.send_and_wait(self.topic("usage"), encode(usage),
+                                           key=episode_id.encode())
+
     # -- read side -----------------------------------------------------------
     async def search(
         self,
@@ -177,10 +199,11 @@ class DmemClient:
         episode_id: str | None = None,
         step: int | None = None,
         mmr: bool = False,
+        request_id: str | None = None,
         **filters: Any,
     ) -> list[Hit]:
         req = RetrievalRequest.model_validate({
-            "request_id": uuid.uuid4().hex, "tenant": self.tenant, "query": query,
+            "request_id": request_id or uuid.uuid4().hex, "tenant": self.tenant, "query": query,
             "vector": vector, "k": k, "agent_id": agent_id, "lambda": lambda_,
             "episode_id": episode_id, "step": step, "mmr": mmr,
             "filters": SearchFilters(**filters),

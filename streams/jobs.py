@@ -15,6 +15,10 @@ with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
 upserts them back into their partition; offsets are committed only after
 Milvus acknowledged. Updates for memories that no longer exist are dropped.
 
+Usage records come from the responder (``source="served"``) and, optionally,
+from agents reporting what they actually used (``source="agent"``, see
+`DmemClient.report_usage`); the assigner prefers the agent's record.
+
 Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
 ``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
 memory id become a direct update of +1 / -1 credit.
@@ -117,7 +121,9 @@ class CreditJob(Service):
                 ups = self.assigner.on_usage(
                     u.tenant,
                     u.episode_id,
-                    UsageRecord(u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights)),
+                    UsageRecord(
+                        u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights), u.source
+                    ),
                     now,
                 )
             else:
@@ -246,6 +252,7 @@ def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
     return lambda: {
         "credit_emitted": job.emitted,
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,
+        "late_agent_reports": job.assigner.late_agent_reports,
         "credit_applied": applier.applied,
         "credit_skipped": applier.skipped,
         "open_episodes": len(job.assigner.episodes),

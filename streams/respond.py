@@ -9,7 +9,9 @@ in a worker thread. Decisions:
   dicts, which validate field names and escape values; metadata keys must be
   plain identifiers. No client text ever becomes expression syntax.
 - The default lambda comes from the tenant's memory count (cached for
-  `count_ttl_s`), per `RankPolicy.lambda_for`.
+  `count_ttl_s`), per `RankPolicy.lambda_for`, then adapts to the outcome
+  evidence of the request's candidates (`RankPolicy.lambda_with_evidence`;
+  never when the request sets lambda).
 - Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
   served ids and their normalised score weights.
 """
@@ -32,7 +34,7 @@ from streams.metrics import MILVUS_LATENCY
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "utility", "valence", "created_ts",
+    "utility", "uses", "valence", "created_ts",
 ]
 
 
@@ -124,9 +126,12 @@ class Responder:
             consistency_level=self.consistency_level,
         )
         MILVUS_LATENCY.labels(op="search").observe(time.perf_counter() - t_search)
-        lam = req.lambda_ if req.lambda_ is not None else self.policy.lambda_for(
-            self.tenant_size(req.tenant)
-        )
+        if req.lambda_ is not None:
+            lam = req.lambda_
+        else:  # count schedule, then outcome evidence (operators/retrieval.py)
+            lam = self.policy.lambda_with_evidence(
+                self.policy.lambda_for(self.tenant_size(req.tenant)), cands, req.k
+            )
         vectors = None
         if req.mmr and cands:
             rows = self.store.get([c["id"] for c in cands], with_vector=True,

@@ -64,6 +64,9 @@ class RespondSettings(BaseModel):
     lambda_lo: float = Field(default=0.4, ge=0.0, le=1.0)
     young: int = Field(default=200, ge=1)
     mature: int = Field(default=20_000, ge=2)
+    explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
+    lambda_evidence: float = Field(default=0.1, ge=0.0, le=1.0,
+                                   description="lambda once the semantic top-k are credited")
 
 
 class JobsSettings(BaseModel):

@@ -95,6 +95,8 @@ def policy_from(settings: Settings) -> RankPolicy:
         lambda_lo=r.lambda_lo,
         young=r.young,
         mature=r.mature,
+        explore=r.explore,
+        lambda_evidence=r.lambda_evidence,
     )
 
 

@@ -61,6 +61,7 @@ MAX_REPEAT_KEYS = 50_000
 # forgets the open episodes' last H transitions, which only affects the credit
 # job's retrospective promotion of those episodes).
 CHECKPOINT_REPEAT_KEYS = 10_000
+RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
 
 
 @dataclass(frozen=True)
@@ -479,7 +480,11 @@ class WritePipeline:
         Entries whose |z| reaches the current theta_high are written to core if
         they had been dropped (reason ``retrospective``) or promoted from the
         buffer (`BatchResult.promote`). The gate's sketch is not updated:
-        a hindsight score is not a new observation.
+        a hindsight score is not a new observation. The stored hindsight z is
+        clipped to +-``RETRO_Z_MAX`` (the gate compares the unclipped score):
+        against a near-zero sigma (a tenant whose rewards were all 0 so far)
+        the raw z is astronomically large, and ranking's surprise term is
+        saturated long before 10 sigma anyway.
         """
         out = BatchResult()
         st = self.tenants.get(tenant)
@@ -498,10 +503,11 @@ class WritePipeline:
             g = entries[idx].reward / scale + gamma * g
             retro[idx] = g
         for e, g_t in zip(entries, retro, strict=True):
-            z = (g_t - e.value) / sigma
-            score = abs(z)
-            if score < theta_high or e.route == "core":
+            raw_z = (g_t - e.value) / sigma
+            if abs(raw_z) < theta_high or e.route == "core":
                 continue
+            z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
+            score = abs(z)
             val = valence(z)
             strength = float(self.gate.strength(score))
 

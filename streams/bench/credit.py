@@ -7,9 +7,12 @@ its treasure and are therefore *semantically closer* to the decision query
 than the briefing. Every episode ends at a fork: the agent asks dmem "which way
 does the treasure lie in the <vault>?" (k = 3, scoped to the vault by a
 structured metadata filter), takes the side named by a retrieved briefing, or
-guesses when none was retrieved. The outcome (+1 right, -1 wrong) is reported
-*late*: after the next episode has started, and twice (a duplicate the credit
-job must ignore).
+guesses when none was retrieved. It then reports which served memory its
+decision rested on (`DmemClient.report_usage`: the briefing it followed, or
+none when it guessed). The outcome (+1 right, -1 wrong, ``task`` = the vault,
+so the credit baseline is the vault's own running mean) is reported *late*:
+after the next episode has started, and twice (a duplicate the credit job must
+ignore).
 
 Everything runs through the real stack: embedded broker, one worker with every
 role (write path gate, responder, credit job + utility applier), Milvus Lite.
@@ -71,7 +74,10 @@ def query(vault: str) -> str:
 
 
 def briefing(vault: str, side: str) -> str:
-    return f"Guide's briefing: take the {side.upper()} passage"
+    # Names its vault (briefings of different vaults are different memories, as in
+    # life; identical texts would be merged by the dedup job), yet stays farther
+    # from the fork query than every distractor (checked in tests/unit/test_credit.py).
+    return f"Briefing ({vault}): the guide says take the {side.upper()} passage"
 
 
 def plan(cfg: CreditConfig) -> tuple[dict[str, str], list[str]]:
@@ -99,7 +105,8 @@ def briefing_transitions(tenant: str, vault: str, side: str, cfg: CreditConfig,
 
 
 async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
-                        cfg: CreditConfig, progress: Progress | None) -> list[int]:
+                        cfg: CreditConfig, progress: Progress | None,
+                        trace: list[dict[str, Any]] | None = None) -> list[int]:
     """Play every episode; returns 1/0 success per episode."""
     sides, order = plan(cfg)
     s = stack.settings
@@ -126,13 +133,23 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
                         break
                     await asyncio.sleep(0.1)
                 processed_before = target
+            rid = f"{ep}-fork"
             hits = await c.search(query(vault), cfg.k, lambda_=lam, episode_id=ep,
-                                  step=cfg.distractors + 1, metadata_equals={"vault": vault})
-            choice = None
+                                  step=cfg.distractors + 1, request_id=rid,
+                                  metadata_equals={"vault": vault})
+            choice, used = None, None
             for h in hits:
-                if h.text.startswith("Guide's briefing"):
+                if h.text.startswith("Briefing ("):
                     choice = "left" if "LEFT" in h.text else "right"
+                    used = h.memory_id
                     break
+            if hits:  # what the decision actually rested on (nothing, when guessing)
+                await c.report_usage(ep, rid, {h.memory_id: float(h.memory_id == used)
+                                               for h in hits}, step=cfg.distractors + 1)
+            if trace is not None:
+                trace.append({"episode": e, "vault": vault, "hits": [
+                    [h.text[:24], round(h.score, 3), round(h.breakdown.lambda_, 3),
+                     round(h.breakdown.salience, 3), round(h.utility, 3)] for h in hits]})
             guess = rng.choice(["left", "right"])
             won = (choice or guess) == sides[vault]
             successes.append(int(won))
@@ -140,8 +157,11 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
                 for _ in range(2):
                     await producer.send(s.topic("feedback"), encode(old),
                                         key=old.episode_id.encode())
+            # task = the vault: the credit job's baseline is then the running mean outcome
+            # of this vault's episodes (what the agent achieves there without help)
             pending = [EpisodeOutcome(tenant=tenant, episode_id=ep, reward=1.0 if won else -1.0,
-                                      outcome_id=f"{ep}:final", ts=int(time.time() * 1000))]
+                                      task=vault, outcome_id=f"{ep}:final",
+                                      ts=int(time.time() * 1000))]
             await asyncio.sleep(0.05)
             if progress:
                 rate = sum(successes) / len(successes)
@@ -202,9 +222,12 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
         note("bench credit: starting broker + worker (all roles, Milvus Lite) ...")
         stack.start()
         curves: dict[str, list[int]] = {}
+        traces: dict[str, list[dict[str, Any]]] = {}
         for name, lam in (("hybrid", None), ("semantic", 1.0)):
             prog = Progress(f"credit {name}", cfg.episodes)
-            curves[name] = asyncio.run(run_condition(stack, f"bench-{name}", lam, cfg, prog))
+            traces[name] = []
+            curves[name] = asyncio.run(
+                run_condition(stack, f"bench-{name}", lam, cfg, prog, traces[name]))
         time.sleep(5)  # let the last credit land
         dup = int(health(stack).get("jobs", {}).get("duplicate_outcomes_ignored", 0))
         stack.stop_workers()
@@ -237,7 +260,8 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
     }
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     plot(curves, cfg.out_dir / "credit_success.png")
-    (cfg.out_dir / "credit.json").write_text(json.dumps({"result": result, "curves": curves}))
+    (cfg.out_dir / "credit.json").write_text(json.dumps({"result": result, "curves": curves,
+                                                                "served": traces}))
     note(f"plot: {cfg.out_dir / 'credit_success.png'}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result

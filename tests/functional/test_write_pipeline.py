@@ -204,6 +204,28 @@ def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
     assert p2.rescore("t", "quiet", 0.0, now_ms=60).upserts["core"] == []
 
 
+def test_late_outcome_after_a_later_episode_writes_the_whole_quiet_episode() -> None:
+    """All-zero rewards (a briefing: nothing surprising as it happens); the outcome
+    arrives after the next episode was processed. Every step of the first episode,
+    the earliest (most discounted) included, is written once, with a bounded z."""
+    from streams.writepath import RETRO_Z_MAX
+
+    p = pipeline()
+    brief = [Transition(tenant="t", agent_id="a", episode_id="e1", step=k,
+                        observation=f"briefing line {k}", action="listen", reward=0.0)
+             for k in range(7)]
+    later = [Transition(tenant="t", agent_id="a", episode_id="e2", step=k,
+                        observation=f"another day {k}", action="listen", reward=0.0)
+             for k in range(7)]
+    assert all(e.route == "drop" for e in p.process(raws_of(brief), now_ms=10).events)
+    p.process(raws_of(later, start=100), now_ms=20)
+    res = p.rescore("t", "e1", -1.0, now_ms=30)
+    assert {r["id"] for r in res.upserts["core"]} == {t.memory_id for t in brief}
+    assert all(e.rpe is not None and abs(e.rpe) <= RETRO_Z_MAX and e.valence == -1
+               for e in res.events)
+    assert p.rescore("t", "e1", -1.0, now_ms=40).upserts["core"] == []  # duplicate outcome
+
+
 def test_forget_clears_repeat_keys_and_windows() -> None:
     from streams.writepath import content_key
 

@@ -93,3 +93,87 @@ def test_validation() -> None:
         CreditAssigner(gamma=1.5)
     with pytest.raises(ValueError):
         CreditAssigner(ttl_ms=0)
+
+
+def test_agent_report_beats_served_record_in_either_order() -> None:
+    """What the agent used replaces what the responder served, whichever comes first."""
+    for order in ("served-first", "agent-first"):
+        ca = CreditAssigner(gamma=1.0)
+        served = UsageRecord("r", 0, ("a", "b"), (0.6, 0.4), "served")
+        agent = UsageRecord("r", 0, ("a", "b"), (0.0, 1.0), "agent")
+        for u in (served, agent) if order == "served-first" else (agent, served):
+            ca.on_usage("t", "e", u, 0)
+        ups = {u.memory_id: u for u in ca.on_outcome("t", "e", OutcomeRecord("o", 2.0), 1)}
+        assert ups["b"].credit == pytest.approx(2.0), order
+        # ignored memory: a use without credit (evidence it was tried), not blame
+        assert ups["a"].credit == 0.0 and ups["a"].uses == 1, order
+        assert ca.late_agent_reports == 0
+
+
+def test_agent_report_after_crediting_is_counted_not_resplit() -> None:
+    ca = CreditAssigner(gamma=1.0)
+    ca.on_usage("t", "e", UsageRecord("r", 0, ("a",), (1.0,)), 0)
+    assert len(ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)) == 1
+    assert ca.on_usage("t", "e", UsageRecord("r", 0, ("a",), (0.0,), "agent"), 2) == []
+    assert ca.late_agent_reports == 1
+
+
+def test_out_of_order_and_duplicated_outcomes_across_episodes() -> None:
+    """Outcomes arrive in reverse episode order, before some usages, and twice; each
+    episode's memories are credited exactly once with that episode's outcome."""
+    ca = CreditAssigner(gamma=1.0)
+    out: dict[str, float] = {}
+
+    def take(ups: list) -> None:
+        for u in ups:
+            assert u.memory_id not in out, "credited twice"
+            out[u.memory_id] = u.credit
+
+    take(ca.on_usage("t", "e1", usage("r1", 0, ["m1"], [1.0]), 0))
+    take(ca.on_outcome("t", "e2", OutcomeRecord("e2:final", -1.0), 1))  # before its usage
+    take(ca.on_outcome("t", "e1", OutcomeRecord("e1:final", 1.0), 2))
+    take(ca.on_outcome("t", "e2", OutcomeRecord("e2:final", -1.0), 3))  # duplicate
+    take(ca.on_usage("t", "e2", usage("r2", 0, ["m2"], [1.0]), 4))  # late usage
+    take(ca.on_outcome("t", "e1", OutcomeRecord("e1:final", 1.0), 5))  # duplicate
+    assert ca.duplicate_outcomes == 2
+    # e2 was judged against an empty history (baseline 0), e1 against e2's -1
+    assert out == {"m2": pytest.approx(-1.0), "m1": pytest.approx(1.0 - (-1.0))}
+
+
+def test_missing_outcome_credits_nothing_while_others_complete() -> None:
+    ca = CreditAssigner(ttl_ms=1000)
+    ca.on_usage("t", "lost", usage("r1", 0, ["m"], [1.0]), 0)
+    ca.on_usage("t", "ok", usage("r2", 0, ["m"], [1.0]), 0)
+    assert [u.episode_id for u in ca.on_outcome("t", "ok", OutcomeRecord("o", 1.0), 10)] == ["ok"]
+    assert ca.expire(5000) == 2 and ca.expired_without_outcome == 1
+
+
+def test_frequent_memory_does_not_outrank_decisive_one_with_agent_reports() -> None:
+    """Served in every episode but never what the decision rested on: many uses,
+    zero utility; the decisive memory, used in some episodes, ends positive."""
+    rng = random.Random(1)
+    ca = CreditAssigner(gamma=1.0)
+    rows = {"common": {"utility": 0.0}, "decisive": {"utility": 0.0}}
+    for e in range(200):
+        served_decisive = rng.random() < 0.5
+        ids = ("common", "decisive") if served_decisive else ("common",)
+        w = (0.0, 1.0) if served_decisive else (0.0,)
+        ca.on_usage("t", f"e{e}", UsageRecord(f"r{e}", 0, ids, w, "agent"), e)
+        won = served_decisive or rng.random() < 0.5
+        for u in ca.on_outcome("t", f"e{e}", OutcomeRecord("o", 1.0 if won else -1.0), e):
+            apply_utility(rows[u.memory_id], u.update_id, u.credit, u.uses)
+    assert rows["common"]["uses"] == 200 and rows["common"]["utility"] == 0.0
+    assert rows["decisive"]["utility"] > 0.1
+
+
+def test_bench_briefing_is_semantically_farther_than_every_distractor() -> None:
+    """The delayed-credit bench stays honest: meaning alone never prefers the briefing."""
+    from operators.encoders import build_encoder
+    from streams.bench.credit import DISTRACTORS, VAULTS, briefing, query
+
+    enc = build_encoder("hash", dim=256, cache_size=0)
+    for vault in VAULTS:
+        q = enc.encode([query(vault)])[0]
+        briefs = enc.encode([briefing(vault, s) for s in ("left", "right")]) @ q
+        distract = enc.encode([d.format(v=vault) for d in DISTRACTORS]) @ q
+        assert briefs.max() < distract.min(), vault

@@ -1,0 +1,57 @@
+"""Ranking: exploration bonus for untried memories and the evidence-adaptive lambda."""
+
+from __future__ import annotations
+
+import pytest
+
+from operators.retrieval import RankPolicy, rank
+
+
+def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict:
+    return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
+            "created_ts": 0}
+
+
+def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
+    p = RankPolicy.hybrid()
+    untried, once, often = (p.salience(3.0, 0.0, n) for n in (0, 1, 10))
+    assert untried > once > often > p.salience(3.0, -0.5, 10)
+    assert p.salience(3.0, 1.0, 10) > untried  # proven utility beats mere optimism
+    assert RankPolicy.hybrid(explore=0.0).salience(3.0, 0.0, 0) == pytest.approx(
+        RankPolicy.hybrid(explore=0.0).salience(3.0, 0.0, 50))
+
+
+def test_lambda_moves_to_lambda_evidence_as_the_semantic_top_k_get_credited() -> None:
+    p = RankPolicy.hybrid(lambda_evidence=0.2)
+    cands = [row("a", 0.9, uses=2), row("b", 0.8, uses=0), row("c", 0.7, uses=1),
+             row("z", 0.1, uses=0)]
+    assert p.lambda_with_evidence(0.9, cands, 3) == pytest.approx(0.9 + (2 / 3) * (0.2 - 0.9))
+    assert p.lambda_with_evidence(0.9, [row("a", 0.9), row("b", 0.8)], 2) == 0.9
+    assert p.lambda_with_evidence(0.1, cands, 3) == 0.1  # never raises lambda
+    assert p.lambda_with_evidence(0.9, [], 3) == 0.9
+
+
+def test_untried_far_memory_gets_served_once_near_ones_proved_useless() -> None:
+    """Meaning alone never serves 'far'; once the near ones were tried without
+    credit, the evidence-adapted lambda plus the bonus lets it in, and after it
+    earned credit it stays ahead of them."""
+    p = RankPolicy.hybrid()
+    near = [row(f"n{i}", 0.55 - 0.02 * i) for i in range(3)]
+    far = row("far", 0.35)
+    lam0 = p.lambda_with_evidence(p.lambda_for(10), [*near, far], 2)
+    assert "far" not in [r.row["id"] for r in rank([*near, far], p, lam0, 0, 2)]
+    tried = [row(f"n{i}", 0.55 - 0.02 * i, uses=2) for i in range(3)]
+    lam1 = p.lambda_with_evidence(p.lambda_for(10), [*tried, far], 2)
+    assert lam1 == pytest.approx(p.lambda_evidence)
+    assert rank([*tried, far], p, lam1, 0, 2)[0].row["id"] == "far"
+    proven = row("far", 0.35, utility=0.5, uses=3)
+    assert rank([*tried, proven], p, lam1, 0, 2)[0].row["id"] == "far"
+    # a pure semantic request (lambda = 1) is never adapted and never serves it
+    assert "far" not in [r.row["id"] for r in rank([*tried, proven], p, 1.0, 0, 2)]
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ValueError):
+        RankPolicy.hybrid(explore=-1.0)
+    with pytest.raises(ValueError):
+        RankPolicy.hybrid(lambda_evidence=1.5)
