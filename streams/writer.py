@@ -15,10 +15,14 @@ Decisions:
   ids are stable and upserts idempotent, each transition is stored once.
 - Two stages, one batch in flight between them (a queue of size 1, so memory is
   bounded and Milvus slowness turns into consumer lag, not process growth):
-  stage 1 collects a micro-batch (up to ``write.batch_size`` records, or what
-  arrived within ``write.batch_within_s``) and runs the operators in a worker
-  thread; stage 2 writes to Milvus (retried with backoff until acknowledged),
-  awaits the produce acks and commits. So the CPU work of batch n+1 overlaps
+  stage 1 takes what the consumer has buffered (up to ``write.batch_size``
+  records; it waits ``write.batch_within_s`` at most when nothing is there, and
+  never lingers once something is: under load batches grow by themselves) and
+  runs the operators in a worker thread; stage 2 writes to Milvus (retried
+  with backoff until acknowledged), awaits the produce acks and commits. Stage
+  1 fetches only once stage 2 has taken the previous batch, so a batch holds
+  what arrived during one store round trip (Milvus' per-call cost is paid per
+  batch, not per record). So the CPU work of batch n+1 overlaps
   the Milvus and broker round trips of batch n. Batches are committed in order.
 - Checkpoints (per-tenant operator state to the compacted ``models`` topic)
   are taken by stage 1 after stage 2 has drained, so a checkpoint never holds
@@ -117,6 +121,7 @@ class WriteConsumer(Service):
         self.forget_consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
+        self._taken = asyncio.Event()  # stage 2 took a batch off the queue
         self.restored = 0
         self.batches = 0
         self.commit_failures = 0
@@ -214,23 +219,26 @@ class WriteConsumer(Service):
 
     # -- stage 1: fetch + operators ------------------------------------------
     async def _fetch(self) -> list[Any]:
-        """Up to batch_size records; returns early when `batch_within_s` has passed."""
+        """What is buffered now, up to ``batch_size``; waits ``batch_within_s`` at most for one.
+
+        No linger once records are there: while stage 1 was busy with the previous
+        batch, the consumer's background fetches kept buffering, so under load
+        batches grow by themselves (to ``batch_size``) and at low load a record
+        does not wait for company. A second, non-blocking call sweeps the other
+        partitions' buffered records into the same batch.
+        """
         assert self.consumer is not None
         w = self.settings.write
         out: list[Any] = []
-        deadline = time.monotonic() + w.batch_within_s
-        while len(out) < w.batch_size and not self.should_stop:
-            left = deadline - time.monotonic()
-            if left <= 0 and out:
-                break
-            got = await self.consumer.getmany(
-                timeout_ms=max(1, int(left * 1000)) if out else int(w.batch_within_s * 1000),
-                max_records=w.batch_size - len(out),
-            )
-            for msgs in got.values():
+        got = await self.consumer.getmany(
+            timeout_ms=int(w.batch_within_s * 1000), max_records=w.batch_size
+        )
+        for msgs in got.values():
+            out.extend(msgs)
+        if out and len(out) < w.batch_size:
+            more = await self.consumer.getmany(timeout_ms=0, max_records=w.batch_size - len(out))
+            for msgs in more.values():
                 out.extend(msgs)
-            if not got and out:
-                break
         return out
 
     def _process(self, raws: list[RawRecord], now: int,
@@ -247,6 +255,9 @@ class WriteConsumer(Service):
     async def _stage_process(self) -> None:
         last_ckpt = time.monotonic()
         while not self.should_stop:
+            while self.queue.full():  # stage 2 still has the last batch waiting
+                self._taken.clear()
+                await self._taken.wait()
             records = await self._fetch()
             if records:
                 offsets: dict[TopicPartition, int] = {}
@@ -273,6 +284,7 @@ class WriteConsumer(Service):
         assert self.producer is not None and self.consumer is not None
         while True:
             b = await self.queue.get()
+            self._taken.set()
             try:
                 t1 = time.perf_counter()
                 await self.store_service.write(b.result.upserts)  # retried until acked
