@@ -11,16 +11,31 @@ What it checks (no cluster, no Docker, no network):
   targets). Kinds outside Kubernetes proper (the Prometheus Operator's
   ServiceMonitor) are checked against a small structural schema here, since
   no CRD schema ships offline;
-- every DMEM_* variable the chart's ConfigMap or the compose services set names
-  a real setting and parses (`streams.settings.Settings`);
+- every DMEM_* variable the chart's ConfigMap, the Deployments' plain ``env``
+  values or the compose services set names a real setting and parses
+  (`streams.settings.Settings`; JSON for map/list settings, as pydantic-settings
+  reads them from the environment);
+- HTTP API auth (`streams.auth`) per value set (`check_chart_auth`): with
+  ``auth.enabled`` and tokens configured, every pod of a role serving ``/v1``
+  (respond, all) sets ``DMEM_AUTH__TOKENS_FILE`` to a file inside a read-only
+  Secret volume whose key is ``auth.existingSecretKey`` of ``auth.existingSecret``
+  (or ``tokens.json`` of the chart's Secret, which must hold exactly
+  ``auth.tokens``, and then a ``checksum/auth`` pod annotation); with
+  ``auth.enabled=false`` those pods set ``DMEM_AUTH__DISABLED=true``; no pod sets
+  ``DMEM_AUTH__TOKENS`` inline, no role without ``/v1`` gets the tokens, and no
+  ConfigMap holds a ``DMEM_AUTH__TOKENS*`` key or any known token value.
+  ``auth.enabled`` with no tokens is accepted: the pods fail closed (401);
 - ``docker-compose.yml`` validates against the Compose Specification JSON schema
   bundled at ``charts/compose-spec.json`` and wires the required services
-  (Kafka, Milvus with etcd and MinIO, one worker per role) to each other.
+  (Kafka, Milvus with etcd and MinIO, one worker per role) to each other; the
+  services serving ``/v1`` (respond) get ``DMEM_AUTH__TOKENS`` (a non-empty
+  ``{token: [tenants]}`` after ``${VAR:-default}`` interpolation, the token taken
+  from an environment variable, not written into the file) and do not disable auth.
 
 The last stdout line with ``--json`` is one JSON object: ``ok``,
 ``chart_renders`` (value sets rendered), ``chart_value_sets``,
 ``manifests_valid``, ``manifests_invalid``, ``invalid`` (details),
-``lint_errors``, ``lint_warnings``, ``env_errors``, ``compose_valid``,
+``lint_errors``, ``lint_warnings``, ``env_errors``, ``auth_errors``, ``compose_valid``,
 ``compose_services``, ``compose_errors``, ``kube_versions``, ``helm_sdk``,
 ``elapsed_s``. Exit status 0 when everything passes, 1 otherwise, 2 when the
 tools are missing (install the ``deploy`` extra).
@@ -28,6 +43,8 @@ tools are missing (install the ``deploy`` extra).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import re
@@ -35,7 +52,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import click
 
@@ -50,6 +67,13 @@ NAMESPACE = "dmem"
 # Services docker-compose.yml must define, and the worker roles among them.
 COMPOSE_REQUIRED = ("kafka", "etcd", "minio", "milvus", "write", "respond", "jobs")
 COMPOSE_ROLES = ("write", "respond", "jobs")
+# Roles whose web server mounts the HTTP API (/v1/*; streams.app.build_app), and
+# the compose services among them. The others serve only /health and /metrics.
+API_ROLES = ("respond", "all")
+COMPOSE_API_ROLES = ("respond",)
+# Where the chart mounts the tokens file (charts/dmem/templates/deployment.yaml).
+AUTH_TOKENS_FILE = "/etc/dmem/auth/tokens.json"
+CHART_AUTH_KEY = "tokens.json"
 
 # Structural checks for CRD kinds that have no offline schema.
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
@@ -133,6 +157,7 @@ class Report:
     lint_warnings: int = 0
     lint_messages: list[str] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)
+    auth_errors: list[str] = field(default_factory=list)
     compose_valid: bool = False
     compose_services: list[str] = field(default_factory=list)
     compose_errors: list[str] = field(default_factory=list)
@@ -148,6 +173,7 @@ class Report:
             and self.manifests_valid > 0
             and self.lint_errors == 0
             and not self.env_errors
+            and not self.auth_errors
             and self.compose_valid
         )
 
@@ -189,6 +215,7 @@ def check_dmem_env(env: dict[str, str], where: str) -> list[str]:
             continue
         path = name[len("DMEM_") :].lower().split("__")
         model: Any = Settings
+        parsed: Any = value
         for i, part in enumerate(path):
             fields = getattr(model, "model_fields", None)
             if fields is None or part not in fields:
@@ -196,11 +223,18 @@ def check_dmem_env(env: dict[str, str], where: str) -> list[str]:
                 break
             if i < len(path) - 1:
                 model = fields[part].annotation
+            elif get_origin(fields[part].annotation) in (dict, list, set, tuple):
+                # pydantic-settings JSON-decodes complex values read from the environment
+                try:
+                    parsed = json.loads(value)
+                except ValueError as exc:
+                    errors.append(f"{where}: {name} is not valid JSON: {exc}")
+                    break
         else:
             cur = nested
             for part in path[:-1]:
                 cur = cur.setdefault(part, {})
-            cur[path[-1]] = value
+            cur[path[-1]] = parsed
     if not errors:
         try:
             Settings(**nested)
@@ -219,17 +253,130 @@ def _interpolate(value: Any) -> str:
     return _INTERP.sub(lambda m: m.group(2) or "", str(value))
 
 
-def _env_map(env: Any) -> dict[str, str]:
+def _env_map_raw(env: Any) -> dict[str, str]:
+    """A compose ``environment`` (map or ``KEY=value`` list) as written."""
     if isinstance(env, dict):
-        return {str(k): _interpolate("" if v is None else v) for k, v in env.items()}
-    out: dict[str, str] = {}
-    for item in env or []:
-        k, _, v = str(item).partition("=")
-        out[k] = _interpolate(v)
-    return out
+        return {str(k): "" if v is None else str(v) for k, v in env.items()}
+    return dict(str(item).partition("=")[::2] for item in env or [])
+
+
+def _env_map(env: Any) -> dict[str, str]:
+    return {k: _interpolate(v) for k, v in _env_map_raw(env).items()}
 
 
 # -- chart --------------------------------------------------------------------
+def _role(container: dict[str, Any]) -> str | None:
+    args = [str(a) for a in container.get("args") or []]
+    return args[-1] if len(args) >= 2 and args[-2] == "--role" else None
+
+
+def _token_maps(secrets: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    """Secret name -> tokens, for rendered Secrets holding a JSON token map."""
+    found: dict[str, set[str]] = {}
+    for name, s in secrets.items():
+        for raw in (s.get("data") or {}).values():
+            try:
+                data = json.loads(base64.b64decode(str(raw), validate=True))
+            except (ValueError, binascii.Error):
+                continue
+            if isinstance(data, dict):
+                found.setdefault(name, set()).update(str(k) for k in data)
+    return found
+
+
+def _check_auth_pod(
+    dep: dict[str, Any], auth: dict[str, Any], secrets: dict[str, dict[str, Any]]
+) -> list[str]:
+    """The tokens file of one /v1-serving pod: env -> read-only Secret volume -> key."""
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    where = dep["metadata"]["name"]
+    env = {e["name"]: e for e in c.get("env") or []}
+    path = str((env.get("DMEM_AUTH__TOKENS_FILE") or {}).get("value") or "")
+    if not path:
+        return [f"{where}: auth.enabled with tokens but no DMEM_AUTH__TOKENS_FILE value"]
+    mounts = [
+        m for m in c.get("volumeMounts") or []
+        if path.startswith(str(m.get("mountPath", "")).rstrip("/") + "/")
+    ]
+    if not mounts:
+        return [f"{where}: DMEM_AUTH__TOKENS_FILE {path} is not inside a mounted volume"]
+    m = mounts[0]
+    errors = [] if m.get("readOnly") else [f"{where}: tokens volume {m['name']} is not readOnly"]
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    sec = (volumes.get(m["name"]) or {}).get("secret")
+    if not sec:
+        return [*errors, f"{where}: tokens volume {m['name']} is not a Secret volume"]
+    rel = path[len(str(m["mountPath"]).rstrip("/")) + 1 :]
+    items = sec.get("items")
+    key = next((i["key"] for i in items if i.get("path") == rel), None) if items else rel
+    existing = auth.get("existingSecret") or ""
+    want_name = existing or None
+    want_key = auth.get("existingSecretKey") if existing else CHART_AUTH_KEY
+    if key != want_key:
+        errors.append(f"{where}: {path} is key {key!r} of the Secret, expected {want_key!r}")
+    name = sec.get("secretName")
+    if want_name is not None and name != want_name:
+        errors.append(f"{where}: tokens Secret is {name!r}, expected {existing!r}")
+    if want_name is None:
+        chart_secret = secrets.get(str(name))
+        raw = ((chart_secret or {}).get("data") or {}).get(CHART_AUTH_KEY)
+        if raw is None:
+            errors.append(f"{where}: chart Secret {name!r} with key {CHART_AUTH_KEY} not rendered")
+        elif json.loads(base64.b64decode(str(raw))) != auth.get("tokens"):
+            errors.append(f"{where}: chart Secret {name!r} does not hold auth.tokens")
+        if "checksum/auth" not in (pod["metadata"].get("annotations") or {}):
+            errors.append(f"{where}: no checksum/auth annotation (pods would keep old tokens)")
+    return errors
+
+
+def check_chart_auth(values: dict[str, Any], docs: list[dict[str, Any]], where: str) -> list[str]:
+    """HTTP API auth wiring of one rendered value set (see the module docstring)."""
+    auth = values.get("auth") or {}
+    enabled = bool(auth.get("enabled", True))
+    configured = enabled and bool(auth.get("existingSecret") or auth.get("tokens"))
+    secrets = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Secret"}
+    maps = _token_maps(secrets)
+    tokens = set(auth.get("tokens") or {}).union(*maps.values())
+    token_secrets = set(maps) | ({auth["existingSecret"]} if auth.get("existingSecret") else set())
+    errors: list[str] = []
+    for doc in docs:
+        name = f"{where} {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+        if doc.get("kind") == "ConfigMap":
+            for k, v in (doc.get("data") or {}).items():
+                if k.startswith("DMEM_AUTH__TOKENS"):
+                    errors.append(f"{name}: {k} belongs in a Secret, not a ConfigMap")
+                if any(tok in f"{k}={v}" for tok in tokens):
+                    errors.append(f"{name}: {k} holds an HTTP API token")
+        if doc.get("kind") != "Deployment":
+            continue
+        pod = doc["spec"]["template"]
+        (c,) = pod["spec"]["containers"]
+        env = {e["name"]: e for e in c.get("env") or []}
+        auth_env = sorted(k for k in env if k.startswith("DMEM_AUTH__"))
+        if "DMEM_AUTH__TOKENS" in env:
+            errors.append(f"{name}: DMEM_AUTH__TOKENS in the pod spec; mount a tokens file")
+        if _role(c) not in API_ROLES:
+            vols = {
+                (v.get("secret") or {}).get("secretName") for v in pod["spec"].get("volumes") or []
+            }
+            if auth_env or vols & token_secrets:
+                errors.append(f"{name}: role {_role(c)} serves no /v1 but gets the auth settings")
+            continue
+        disabled = str((env.get("DMEM_AUTH__DISABLED") or {}).get("value", "")).lower()
+        if not enabled:
+            if disabled != "true":
+                errors.append(f"{name}: auth.enabled=false but DMEM_AUTH__DISABLED is not true")
+            if "DMEM_AUTH__TOKENS_FILE" in env:
+                errors.append(f"{name}: auth.enabled=false but a tokens file is set")
+            continue
+        if "DMEM_AUTH__DISABLED" in env:
+            errors.append(f"{name}: auth.enabled but DMEM_AUTH__DISABLED is set")
+        if configured:
+            errors.extend(f"{where} {e}" for e in _check_auth_pod(doc, auth, secrets))
+    return errors
+
+
 def _split_manifests(yaml: Any, rendered: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     docs: list[tuple[str, dict[str, Any]]] = []
     for path, text in sorted(rendered.items()):
@@ -258,12 +405,16 @@ def check_chart(
             try:
                 chart.validate_schema(values)
                 rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+                merged: dict[str, Any] = chart.merge_values(values)
             except helm.HelmError as exc:
                 report.render_errors.append(f"{name}: {exc}")
                 continue
             report.chart_renders += 1
             docs = _split_manifests(yaml, rendered)
             rendered_all[name] = [d for _, d in docs]
+            report.auth_errors.extend(
+                check_chart_auth(merged, rendered_all[name], f"chart[{name}]")
+            )
             for path, doc in docs:
                 kind = str(doc.get("kind"))
                 report.kinds[kind] = report.kinds.get(kind, 0) + 1
@@ -283,6 +434,13 @@ def check_chart(
                             f"chart[{name}] ConfigMap",
                         )
                     )
+                elif kind == "Deployment":
+                    for c in doc["spec"]["template"]["spec"]["containers"]:
+                        plain = {e["name"]: str(e["value"]) for e in c.get("env") or []
+                                 if "value" in e}
+                        report.env_errors.extend(
+                            check_dmem_env(plain, f"chart[{name}] {doc['metadata']['name']} env")
+                        )
             lint = helm.lint(str(chart_dir), values, namespace=NAMESPACE)
             for msg in lint.get("messages", []):
                 sev = msg.get("severity", 0)
@@ -375,11 +533,34 @@ def compose_wiring(services: dict[str, Any]) -> list[str]:
                 errors.append(f"{role}: depends_on {need} must wait for service_healthy")
         if not svc.get("healthcheck"):
             errors.append(f"{role}: no healthcheck")
+        if role in COMPOSE_API_ROLES:
+            errors.extend(compose_auth(role, svc.get("environment"), env))
         errors.extend(check_dmem_env(env, f"compose[{role}]"))
     for name in COMPOSE_REQUIRED:
         if not (services[name].get("healthcheck") or {}).get("test"):
             errors.append(f"{name}: no healthcheck")
     return errors
+
+
+def compose_auth(role: str, raw: Any, env: dict[str, str]) -> list[str]:
+    """A /v1-serving compose service has tokens, from an environment variable."""
+    if env.get("DMEM_AUTH__DISABLED", "").lower() in ("1", "true", "yes", "on"):
+        return [f"{role}: serves /v1 with DMEM_AUTH__DISABLED"]
+    if "DMEM_AUTH__TOKENS" not in env:
+        return [f"{role}: serves /v1 but sets no DMEM_AUTH__TOKENS (every request would be 401)"]
+    try:
+        tokens = json.loads(env["DMEM_AUTH__TOKENS"])
+    except ValueError as exc:
+        return [f"{role}: DMEM_AUTH__TOKENS is not JSON after interpolation: {exc}"]
+    if not isinstance(tokens, dict) or not tokens or not all(
+        k and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
+        for k, v in tokens.items()
+    ):
+        return [f"{role}: DMEM_AUTH__TOKENS must be a non-empty {{token: [tenants]}}"]
+    raw_value = str(_env_map_raw(raw).get("DMEM_AUTH__TOKENS", ""))
+    if not _INTERP.search(raw_value):
+        return [f"{role}: DMEM_AUTH__TOKENS is written into the file; take it from ${{VAR}}"]
+    return []
 
 
 # -- entry points -------------------------------------------------------------
@@ -405,6 +586,7 @@ def _human(report: Report) -> str:
         f"manifests: {report.manifests_valid} valid, {report.manifests_invalid} invalid "
         f"({', '.join(f'{k} {n}' for k, n in sorted(report.kinds.items()))})",
         f"lint: {report.lint_errors} errors, {report.lint_warnings} warnings",
+        f"auth: {len(report.auth_errors)} errors",
         f"compose: {'valid' if report.compose_valid else 'INVALID'}; services "
         f"{', '.join(report.compose_services)}",
     ]
@@ -413,6 +595,7 @@ def _human(report: Report) -> str:
         ("invalid", report.invalid),
         ("lint", report.lint_messages),
         ("settings", report.env_errors),
+        ("auth", report.auth_errors),
         ("compose", report.compose_errors),
     ):
         lines.extend(f"  {title}: {m}" for m in items)

@@ -6,6 +6,7 @@ and the `dmem deploycheck --json` contract. No cluster and no Docker needed.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -17,13 +18,16 @@ import pytest
 import yaml
 
 from streams.deploy import (
+    AUTH_TOKENS_FILE,
     DEFAULT_CHART,
     DEFAULT_COMPOSE,
     DEFAULT_COMPOSE_SCHEMA,
     DEFAULT_KUBE_VERSIONS,
     REPO_ROOT,
     Report,
+    _env_map,
     check_chart,
+    check_chart_auth,
     check_compose,
 )
 
@@ -136,7 +140,7 @@ def test_sasl_and_milvus_credentials_come_from_existing_secrets(chart: Any) -> N
     assert not any("PASSWORD" in k or "TOKEN" in k for k in cm), "secrets leaked into the ConfigMap"
     for dep in by_kind(docs, "Deployment").values():
         (c,) = dep["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]}
+        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
         assert env["DMEM_KAFKA__SASL_USERNAME"] == {"name": "dmem-kafka-sasl", "key": "user"}
         assert env["DMEM_KAFKA__SASL_PASSWORD"] == {"name": "dmem-kafka-sasl", "key": "password"}
         assert env["DMEM_MILVUS__TOKEN"] == {"name": "dmem-milvus", "key": "token"}
@@ -163,7 +167,7 @@ def test_hpa_and_servicemonitor(chart: Any) -> None:
     assert sm["spec"]["endpoints"][0]["port"] == "http"
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
     # chart-managed Secret for the inline Milvus token, rolled by checksum/secret
-    (secret,) = by_kind(docs, "Secret").values()
+    secret = by_kind(docs, "Secret")["dmem-credentials"]
     assert set(secret["data"]) == {"token"}
     for dep in deps.values():
         assert "checksum/secret" in dep["spec"]["template"]["metadata"]["annotations"]
@@ -219,6 +223,192 @@ def test_every_value_is_documented_with_param() -> None:
     assert set(values) <= set(schema["properties"])
 
 
+def _render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    with helm.Chart.load(str(DEFAULT_CHART)) as c:
+        out = c.render(values, name="dmem", namespace="dmem", is_install=True)
+    return [d for k, text in sorted(out.items()) if not k.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+
+
+def _merged(values: dict[str, Any] | None) -> dict[str, Any]:
+    with helm.Chart.load(str(DEFAULT_CHART)) as c:
+        merged: dict[str, Any] = c.merge_values(values)
+    return merged
+
+
+def _pod(docs: list[dict[str, Any]], role: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = by_kind(docs, "Deployment")[f"dmem-{role}"]["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    return pod, c
+
+
+def _env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env") or []}
+
+
+def _tokens_file_source(pod: dict[str, Any], c: dict[str, Any]) -> tuple[str, str, bool]:
+    """(secretName, key, readOnly) behind DMEM_AUTH__TOKENS_FILE, resolved by hand."""
+    path = _env(c)["DMEM_AUTH__TOKENS_FILE"]
+    (m,) = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    (v,) = [v for v in pod["spec"]["volumes"] if v["name"] == m["name"]]
+    rel = path[len(m["mountPath"]) + 1 :]
+    (item,) = [i for i in v["secret"]["items"] if i["path"] == rel]
+    return v["secret"]["secretName"], item["key"], bool(m.get("readOnly"))
+
+
+def test_auth_tokens_from_existing_secret_mounted_into_respond_only(chart: Any) -> None:
+    report, rendered = chart
+    assert report.auth_errors == []
+    docs = rendered["external-kafka-sasl-values.yaml"]
+    pod, c = _pod(docs, "respond")
+    assert _env(c)["DMEM_AUTH__TOKENS_FILE"] == AUTH_TOKENS_FILE
+    assert _tokens_file_source(pod, c) == ("dmem-api-tokens", "tokens", True)
+    assert "DMEM_AUTH__DISABLED" not in _env(c)
+    assert "checksum/auth" not in pod["metadata"]["annotations"]  # the chart cannot see it
+    for role in ("write", "jobs"):  # /health and /metrics only: no tokens there
+        wpod, wc = _pod(docs, role)
+        assert not [k for k in _env(wc) if k.startswith("DMEM_AUTH__")]
+        assert "auth-tokens" not in {v["name"] for v in wpod["spec"]["volumes"]}
+
+
+def test_auth_inline_tokens_in_chart_secret_never_in_configmap(chart: Any) -> None:
+    _, rendered = chart
+    docs = rendered["hpa-servicemonitor-values.yaml"]
+    tokens = values_for("hpa-servicemonitor-values.yaml")["auth"]["tokens"]
+    assert tokens
+    secret = by_kind(docs, "Secret")["dmem-auth"]
+    assert json.loads(base64.b64decode(secret["data"]["tokens.json"])) == tokens
+    pod, c = _pod(docs, "respond")
+    assert _tokens_file_source(pod, c) == ("dmem-auth", "tokens.json", True)
+    assert re.fullmatch(r"[0-9a-f]{64}", pod["metadata"]["annotations"]["checksum/auth"])
+    wpod, _ = _pod(docs, "write")
+    assert "checksum/auth" not in wpod["metadata"]["annotations"]
+    text = yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
+    assert not [t for t in tokens if t in text], "a token left its Secret"
+
+
+def test_auth_checksum_follows_the_tokens() -> None:
+    def checksum(tokens: dict[str, list[str]]) -> str:
+        pod, _ = _pod(_render({"auth": {"tokens": tokens}}), "respond")
+        return str(pod["metadata"]["annotations"]["checksum/auth"])
+
+    a, b = checksum({"tok-a": ["acme"]}), checksum({"tok-a": ["acme", "beta"]})
+    assert a != b and a == checksum({"tok-a": ["acme"]})
+
+
+def test_auth_disabled_and_fail_closed_defaults(chart: Any) -> None:
+    _, rendered = chart
+    # minimal-all: auth.enabled=false on the all role (it serves /v1)
+    _, c = _pod(rendered["minimal-all-values.yaml"], "all")
+    assert _env(c)["DMEM_AUTH__DISABLED"] == "true"
+    assert "DMEM_AUTH__TOKENS_FILE" not in _env(c)
+    # default values: enabled, nothing configured -> no mount, auth stays on (401)
+    docs = rendered["default"]
+    pod, c = _pod(docs, "respond")
+    assert not [k for k in _env(c) if k.startswith("DMEM_AUTH__")]
+    assert "auth-tokens" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "Secret" not in {d["kind"] for d in docs}
+    with helm.Chart.load(str(DEFAULT_CHART)) as ch:
+        notes = ch.render(None, name="dmem")["dmem/templates/NOTES.txt"]
+    assert "answered 401" in notes and "auth.existingSecret" in notes
+
+
+def test_auth_all_role_with_tokens_renders_and_validates() -> None:
+    values = {
+        "roles": {r: {"enabled": r == "all"} for r in ROLES},
+        "auth": {"tokens": {"all-role-token": ["*"]}},
+    }
+    docs = _render(values)
+    pod, c = _pod(docs, "all")
+    assert _tokens_file_source(pod, c) == ("dmem-auth", "tokens.json", True)
+    assert check_chart_auth(_merged(values), docs, "all") == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"auth": {"existingSecret": "s", "tokens": {"t": ["*"]}}},  # both: ambiguous
+        {"auth": {"tokens": {"has space": ["*"]}}},
+        {"auth": {"tokens": {"tok": []}}},
+        {"auth": {"enabled": "yes"}},
+    ],
+)
+def test_values_schema_rejects_bad_auth(bad: dict[str, Any]) -> None:
+    with helm.Chart.load(str(DEFAULT_CHART)) as c, pytest.raises(helm.HelmValuesError):
+        c.render(bad, name="dmem")
+
+
+def test_auth_checks_catch_breakage() -> None:
+    values = {"auth": {"tokens": {"secret-token-xyz": ["acme"]}}}
+    merged = _merged(values)
+
+    def broken(edit: Any) -> str:
+        docs = _render(values)
+        assert check_chart_auth(merged, docs, "t") == []
+        edit(docs)
+        return "\n".join(check_chart_auth(merged, docs, "t"))
+
+    def respond(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return _pod(docs, "respond")
+
+    def drop_env(docs: list[dict[str, Any]]) -> None:
+        _, c = respond(docs)
+        c["env"] = [e for e in c["env"] if e["name"] != "DMEM_AUTH__TOKENS_FILE"]
+
+    def wrong_key(docs: list[dict[str, Any]]) -> None:
+        pod, _ = respond(docs)
+        (v,) = [v for v in pod["spec"]["volumes"] if v["name"] == "auth-tokens"]
+        v["secret"]["items"][0]["key"] = "other"
+
+    def writable(docs: list[dict[str, Any]]) -> None:
+        _, c = respond(docs)
+        for m in c["volumeMounts"]:
+            m.pop("readOnly", None)
+
+    def not_secret(docs: list[dict[str, Any]]) -> None:
+        pod, _ = respond(docs)
+        for v in pod["spec"]["volumes"]:
+            if v["name"] == "auth-tokens":
+                v.pop("secret")
+                v["configMap"] = {"name": "dmem"}
+
+    def leak(docs: list[dict[str, Any]]) -> None:
+        by_kind(docs, "ConfigMap")["dmem"]["data"]["DMEM_EXTRA"] = "secret-token-xyz"
+
+    def inline(docs: list[dict[str, Any]]) -> None:
+        _, c = respond(docs)
+        c["env"].append({"name": "DMEM_AUTH__TOKENS", "value": '{"x": ["*"]}'})
+
+    def to_write(docs: list[dict[str, Any]]) -> None:
+        _, c = _pod(docs, "write")
+        c.setdefault("env", []).append({"name": "DMEM_AUTH__TOKENS_FILE", "value": "/x"})
+
+    def no_checksum(docs: list[dict[str, Any]]) -> None:
+        pod, _ = respond(docs)
+        del pod["metadata"]["annotations"]["checksum/auth"]
+
+    for edit, expect in [
+        (drop_env, "no DMEM_AUTH__TOKENS_FILE"),
+        (wrong_key, "expected 'tokens.json'"),
+        (writable, "not readOnly"),
+        (not_secret, "not a Secret volume"),
+        (leak, "holds an HTTP API token"),
+        (inline, "DMEM_AUTH__TOKENS in the pod spec"),
+        (to_write, "serves no /v1"),
+        (no_checksum, "checksum/auth"),
+    ]:
+        assert expect in broken(edit), edit.__name__
+    # disabled: the respond pod must say so
+    off = {"auth": {"enabled": False}}
+    docs = _render(off)
+    assert check_chart_auth(_merged(off), docs, "off") == []
+    _, c = _pod(docs, "respond")
+    c["env"] = [e for e in c["env"] if e["name"] != "DMEM_AUTH__DISABLED"]
+    assert "DMEM_AUTH__DISABLED is not true" in "\n".join(
+        check_chart_auth(_merged(off), docs, "off")
+    )
+
+
 def test_compose_validates_and_wires_services() -> None:
     report = Report()
     data = check_compose(DEFAULT_COMPOSE, DEFAULT_COMPOSE_SCHEMA, report)
@@ -246,6 +436,13 @@ def test_compose_validates_and_wires_services() -> None:
         assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully"
         assert any(p.endswith(":6066") for p in svc["ports"])
         assert "/health" in " ".join(svc["healthcheck"]["test"])
+    # only respond serves /v1: its token comes from $DMEM_API_TOKEN (default for trials)
+    raw = s["respond"]["environment"]["DMEM_AUTH__TOKENS"]
+    assert "${DMEM_API_TOKEN:-" in raw
+    assert json.loads(_env_map(s["respond"]["environment"])["DMEM_AUTH__TOKENS"]) == {
+        "change-me": ["*"]
+    }
+    assert "DMEM_AUTH__TOKENS" not in s["write"]["environment"]
 
 
 def test_compose_checks_catch_breakage(tmp_path: Path) -> None:
@@ -276,6 +473,22 @@ def test_compose_checks_catch_breakage(tmp_path: Path) -> None:
     check_compose(bad, DEFAULT_COMPOSE_SCHEMA, report)
     text = "\n".join(report.compose_errors)
     assert "jobs: DMEM_MILVUS__URI" in text and "DMEM_NOT_A_SETTING is not a dmem setting" in text
+    # auth of the /v1 service
+    for tokens, expect in [
+        (None, "sets no DMEM_AUTH__TOKENS"),
+        ('{"${DMEM_API_TOKEN:-x}": "*"}', "non-empty {token: [tenants]}"),
+        ("{${DMEM_API_TOKEN:-x}: [*]}", "not JSON"),
+        ('{"hard-coded": ["*"]}', "written into the file"),
+    ]:
+        data = yaml.safe_load(DEFAULT_COMPOSE.read_text())
+        env = data["services"]["respond"]["environment"]
+        env.pop("DMEM_AUTH__TOKENS")
+        if tokens is not None:
+            env["DMEM_AUTH__TOKENS"] = tokens
+        bad.write_text(yaml.safe_dump(data))
+        report = Report()
+        check_compose(bad, DEFAULT_COMPOSE_SCHEMA, report)
+        assert expect in "\n".join(report.compose_errors), tokens
 
 
 def test_dockerfile_basics() -> None:
@@ -307,6 +520,7 @@ def test_deploycheck_cli_contract() -> None:
         "manifests_valid",
         "manifests_invalid",
         "lint_errors",
+        "auth_errors",
         "compose_valid",
         "compose_services",
     ):
@@ -315,6 +529,7 @@ def test_deploycheck_cli_contract() -> None:
     assert out["chart_renders"] == 1 + len(CI_FILES)
     assert out["manifests_invalid"] == 0 and out["manifests_valid"] > 0
     assert out["lint_errors"] == 0
+    assert out["auth_errors"] == []
     assert out["compose_valid"] is True
     assert {"kafka", "milvus", "etcd", "minio", "write", "respond", "jobs"} <= set(
         out["compose_services"]

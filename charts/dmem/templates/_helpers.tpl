@@ -99,3 +99,32 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* True when a role serving the HTTP API (/v1/*: respond, all) is enabled. */}}
+{{- define "dmem.httpApi" -}}
+{{- if or .Values.roles.respond.enabled .Values.roles.all.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* True when a role serves /v1. Call with (dict "root" $ "role" "respond"). */}}
+{{- define "dmem.roleServesApi" -}}
+{{- if has .role (list "respond" "all") -}}true{{- end -}}
+{{- end -}}
+
+{{/* True when the HTTP API pods mount a tokens Secret (existing or the chart's). */}}
+{{- define "dmem.authTokens" -}}
+{{- if and .Values.auth.enabled (or .Values.auth.existingSecret .Values.auth.tokens) -}}true{{- end -}}
+{{- end -}}
+
+{{/* True when the chart must create the Secret holding the inline auth.tokens. */}}
+{{- define "dmem.createAuthSecret" -}}
+{{- if and (include "dmem.authTokens" .) (include "dmem.httpApi" .) (not .Values.auth.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "dmem.authSecretName" -}}
+{{- default (printf "%s-auth" (include "dmem.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* Key of the tokens file in the auth Secret: existingSecretKey, or the chart's fixed key. */}}
+{{- define "dmem.authSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretKey }}{{- else -}}tokens.json{{- end -}}
+{{- end -}}
