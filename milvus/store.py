@@ -158,6 +158,11 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
         yield seq[i : i + n]
 
 
+#: Milvus' limit on one JSON field value (``proxy.maxJSONSize``-like; 64 KiB here):
+#: checked before sending, so a too-large metadata object is refused row by row
+#: (`InvalidRecord`) instead of failing a whole batch on the server
+MAX_JSON_BYTES = 65_536
+
 class MemoryStore:
     """Sync access to the dmem memory collection (Milvus Lite or server)."""
 
@@ -414,11 +419,21 @@ class MemoryStore:
                 if not isinstance(value, Mapping):
                     raise TypeError("expected dict")
                 value = dict(value)
-                json.dumps(value, allow_nan=False)
+                size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode())
+                if size > MAX_JSON_BYTES:
+                    raise ValueError(f"{size} bytes of JSON (max {MAX_JSON_BYTES})")
                 return value
         except (TypeError, ValueError) as exc:
             raise InvalidRecord(f"field {spec.name!r}: {exc}", key=key) from exc
         raise InvalidRecord(f"field {spec.name!r}: unsupported type", key=key)
+
+    def check_row(self, record: Mapping[str, Any]) -> str | None:
+        """Why the store would refuse ``record`` (`InvalidRecord`), or None if it is fine."""
+        try:
+            self._row(record)
+        except InvalidRecord as exc:
+            return str(exc)
+        return None
 
     def _batches(self, rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         """Chunks of <= batch_size rows and roughly <= 16 MB."""

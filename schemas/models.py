@@ -344,7 +344,8 @@ class MemoryRecord(BaseModel):
     step: int
     vector: list[float] = Field(json_schema_extra={"milvus": {"vector": True}})
     text: str = Field(json_schema_extra={"milvus": {"max_length": LIMITS.max_text_chars * 4}})
-    action: str = Field(json_schema_extra={"milvus": {"max_length": 512}})
+    # bytes: a Transition's action may hold LIMITS.max_id_chars * 4 characters of UTF-8
+    action: str = Field(json_schema_extra={"milvus": {"max_length": LIMITS.max_id_chars * 16}})
     reward: float
     rpe: float
     rpe_smoothed: float

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
 from schemas import EpisodeOutcome, encode
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, InvalidRecord
 from streams.metrics import install_metrics
 from streams.settings import Settings
 from streams.writepath import WritePipeline
@@ -89,7 +89,7 @@ class StoreService(Service):
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
-    async def _retry(self, what: str, fn: Any, *args: Any) -> Any:
+    async def _retry(self, what: str, fn: Any, *args: Any, raise_invalid: bool = False) -> Any:
         w = self.settings.write
         delay = w.retry_initial_s
         while True:
@@ -100,6 +100,8 @@ class StoreService(Service):
             except ConfigError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every store failure is retried
+                if raise_invalid and isinstance(exc, InvalidRecord):
+                    raise  # retrying cannot help: the caller isolates the record
                 self.healthy = False
                 self.failures += 1
                 retriable = getattr(exc, "retriable", True)
@@ -113,11 +115,31 @@ class StoreService(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, w.retry_max_s)
 
-    async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> None:
+    async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
+        """Upsert every partition's rows, retried until acknowledged.
+
+        Returns ``{memory id: reason}`` for rows the store refuses by itself
+        (`InvalidRecord`, e.g. a metadata object over Milvus' JSON limit): those
+        are left out and the rest is written, so one bad row cannot stall its
+        partition forever; the caller dead-letters them. Everything else
+        (outages, server errors) is retried with backoff, never skipped.
+        """
         assert self.store is not None
+        rejected: dict[str, str] = {}
         for partition, rows in upserts.items():
-            if rows:
-                await self._retry(f"upsert {partition}", self.store.upsert, rows, partition)
+            if not rows:
+                continue
+            try:
+                await self._retry(f"upsert {partition}", self.store.upsert, rows, partition,
+                                  raise_invalid=True)
+            except InvalidRecord:
+                store = self.store
+                bad = {r["id"]: why for r in rows if (why := store.check_row(r)) is not None}
+                good = [r for r in rows if r["id"] not in bad]
+                if good:
+                    await self._retry(f"upsert {partition}", store.upsert, good, partition)
+                rejected.update(bad)
+        return rejected
 
 
 def faust_credentials(settings: Settings) -> Any:

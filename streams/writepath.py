@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -292,6 +293,9 @@ class WritePipeline:
         self.tenants: dict[str, TenantState] = {}
         self.dirty: set[str] = set()
         self.processed = 0
+        # process / rescore / forget / snapshot run in worker threads of two agents
+        # (write batches, late outcomes): one at a time per pipeline
+        self.lock = threading.RLock()
 
     # -- state -------------------------------------------------------------
     def tenant(self, name: str) -> TenantState:
@@ -302,9 +306,17 @@ class WritePipeline:
         return st
 
     def snapshot(self, tenant: str) -> bytes:
+        with self.lock:
+            return self._snapshot(tenant)
+
+    def _snapshot(self, tenant: str) -> bytes:
         return self.tenants[tenant].to_bytes()
 
     def restore(self, tenant: str, data: bytes) -> None:
+        with self.lock:
+            self._restore(tenant, data)
+
+    def _restore(self, tenant: str, data: bytes) -> None:
         self.tenants[tenant] = TenantState.from_bytes(self.settings, data)
 
     # -- decode ------------------------------------------------------------
@@ -349,6 +361,10 @@ class WritePipeline:
 
     # -- process -----------------------------------------------------------
     def process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
+        with self.lock:
+            return self._process(raws, now_ms)
+
+    def _process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
         result = BatchResult()
         good: dict[str, Transition] = {}
         event_ts: dict[str, int] = {}
@@ -457,6 +473,10 @@ class WritePipeline:
             )
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
+        with self.lock:
+            self._forget(tenant, memory_id, episode_id)
+
+    def _forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
         """A `forgotten` MemoryEvent: remove the memory from the write path's state.
 
         After this, the same content published again is judged afresh (it is no
@@ -471,6 +491,10 @@ class WritePipeline:
 
     # -- retrospective re-scoring -------------------------------------------
     def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
+        with self.lock:
+            return self._rescore(tenant, episode_id, outcome, now_ms)
+
+    def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
         """Re-score an episode's eligibility window with its late outcome folded in.
 
         Retrospective return of entry t (steps ascending, last step T):

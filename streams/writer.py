@@ -56,12 +56,12 @@ from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 from pydantic import ValidationError
 
-from schemas import MemoryEvent, encode
+from schemas import DeadLetter, MemoryEvent, encode
 from streams.admin import group_consumer, kafka_client_kwargs, read_compacted
 from streams.metrics import record_batch
 from streams.partitioner import partitions_for_keys
 from streams.settings import Settings
-from streams.writepath import RawRecord, WritePipeline
+from streams.writepath import RawRecord, WritePipeline, dead_letter
 
 log = logging.getLogger("dmem.write")
 
@@ -84,11 +84,12 @@ def to_raw(m: Any) -> RawRecord:
 
 
 class _Batch:
-    __slots__ = ("n", "offsets", "result", "msgs", "process_s")
+    __slots__ = ("n", "offsets", "result", "msgs", "process_s", "raws")
 
     def __init__(self, n: int, offsets: dict[TopicPartition, int], result: Any,
-                 msgs: list[Message], process_s: float) -> None:
+                 msgs: list[Message], process_s: float, raws: list[RawRecord]) -> None:
         self.n = n
+        self.raws = raws
         self.offsets = offsets
         self.result = result
         self.msgs = msgs
@@ -270,7 +271,7 @@ class WriteConsumer(Service):
                 t0 = time.perf_counter()
                 result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
                 await self.queue.put(
-                    _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0)
+                    _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws)
                 )
             if self.pipeline.dirty and (
                 time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
@@ -287,7 +288,9 @@ class WriteConsumer(Service):
             self._taken.set()
             try:
                 t1 = time.perf_counter()
-                await self.store_service.write(b.result.upserts)  # retried until acked
+                rejected = await self.store_service.write(b.result.upserts)  # acked or refused
+                if rejected:
+                    b.msgs = await asyncio.to_thread(self._reject, b, rejected)
                 t2 = time.perf_counter()
                 await self._produce(b.msgs)
                 t3 = time.perf_counter()
@@ -301,6 +304,22 @@ class WriteConsumer(Service):
                 )
             finally:
                 self.queue.task_done()
+
+    def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
+        """Rows the store refused: dead letters (original bytes) instead of `written` events."""
+        ids = {k.encode() for k in rejected}
+        msgs = [m for m in b.msgs if not (m[0] == self.mem_topic and m[1] in ids)]
+        now = self.now_ms()
+        for raw in b.raws:
+            item = self.pipeline.decode(raw, now)
+            if isinstance(item, DeadLetter) or item.memory_id not in rejected:
+                continue
+            why = f"store refused the memory: {rejected[item.memory_id]}"
+            dl = dead_letter(raw, why, "InvalidRecord", "store", now)
+            msgs.append((self.dl_topic, raw.key, encode(dl), None))
+            self.pipeline.forget(item.tenant, item.memory_id, item.episode_id)  # not stored
+            log.warning("dead-lettered %s: %s", item.memory_id, why)
+        return msgs
 
     async def _produce(self, msgs: list[Message]) -> None:
         """Append every message to one record batch per partition, await all acks once.
@@ -396,7 +415,10 @@ class WriteConsumer(Service):
                     except (orjson.JSONDecodeError, ValidationError):
                         continue
                     if ev.kind == "forgotten":
-                        self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
+                        # in a thread: the pipeline's lock may be held by a batch
+                        await asyncio.to_thread(
+                            self.pipeline.forget, ev.tenant, ev.memory_id, ev.episode_id
+                        )
                         self.forgets_applied += 1
 
     def health(self) -> dict[str, Any]:

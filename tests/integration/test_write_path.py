@@ -239,3 +239,44 @@ def test_write_path_routes_dead_letters_replays_and_restores(
     assert len(ids) >= total_before
     replayed_written = {e["memory_id"] for e in new_events if e["kind"] == "written"}
     assert set(ids) >= replayed_written
+
+
+def test_a_row_the_store_refuses_is_dead_lettered_and_the_rest_stored(
+    tmp_path: Path, broker: str, topic_prefix: str
+) -> None:
+    """A valid Transition whose row Milvus cannot hold (metadata JSON over 64 KiB)
+    must not stall its partition: it becomes a dead letter, its batch is stored."""
+    env = isolated_env(topic_prefix, DMEM_GATE__WARMUP="1000")  # warm-up: keep ~everything
+    stack = LocalStack(tmp_path / "data", roles=("write",), extra_env=env, broker_bootstrap=broker)
+    stack.start_broker()
+    good = corridor(3)
+    huge = Transition(
+        tenant=TENANT, agent_id="agent-0", episode_id="huge", step=0,
+        observation="a room with a very long note", action="jump", reward=-50.0,
+        next_observation="\u20ac" * 8000,
+        metadata={f"k{i}": "\u20ac" * 500 for i in range(32)},
+    )
+    records = [(t.agent_id.encode(), encode(t)) for t in good[:10]]
+    records += [(huge.agent_id.encode(), encode(huge))]
+    records += [(t.agent_id.encode(), encode(t)) for t in good[10:]]
+    w = stack.start_worker("write")
+    try:
+        stack.wait_ready(w)
+        out = run_batch(stack, broker, records, len(records))
+        assert w.alive
+    finally:
+        stack.stop_workers()
+    dead = [m for m in out if m["_topic"].endswith("deadletter")]
+    events = {m["memory_id"]: m for m in out if m["_topic"].endswith("memories")}
+    assert len(dead) == 1 and dead[0]["stage"] == "store"
+    assert "store refused" in dead[0]["reason"] and "JSON" in dead[0]["reason"]
+    assert base64.b64decode(dead[0]["original_b64"]) == encode(huge)
+    assert huge.memory_id not in events, "no `written` event for a row that was not stored"
+    assert set(events) == {t.memory_id for t in good}
+    store = open_store(stack)
+    try:
+        rows = store.get([t.memory_id for t in good] + [huge.memory_id])
+    finally:
+        store.close()
+    written = {k for k, e in events.items() if e["kind"] == "written"}
+    assert written and {r["id"] for r in rows} == written
