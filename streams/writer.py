@@ -44,6 +44,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -135,6 +136,13 @@ class WriteConsumer(Service):
 
     # -- lifecycle -----------------------------------------------------------
     async def on_start(self) -> None:
+        # The operator state holds ~10^6 long-lived objects (repeat keys, eligibility
+        # windows, the dropped-transition cache) and a batch allocates ~10^5 more:
+        # with CPython's default thresholds (700, 10, 10) the collector ran young and
+        # full passes over that state every few batches. Measured in-process
+        # (1024-batches, hash): 101 -> 83 us CPU per transition, worst batch 353 ->
+        # 131 ms. Process-wide; cycles are still collected, just less often.
+        gc.set_threshold(50_000, 20, 100)
         k = self.settings.kafka
         self.producer = AIOKafkaProducer(
             linger_ms=2, max_request_size=8 * 1024 * 1024, max_batch_size=PRODUCE_BATCH_BYTES,
