@@ -427,6 +427,11 @@ class MemoryStore:
             raise InvalidRecord(f"field {spec.name!r}: {exc}", key=key) from exc
         raise InvalidRecord(f"field {spec.name!r}: unsupported type", key=key)
 
+    def ping(self, timeout_s: float = 3.0) -> None:
+        """One cheap round trip (raises `StoreUnavailable`/`StoreError` when it fails)."""
+        with self._errors("ping"):
+            self.client.has_collection(self.collection, timeout=timeout_s)
+
     def check_row(self, record: Mapping[str, Any]) -> str | None:
         """Why the store would refuse ``record`` (`InvalidRecord`), or None if it is fine."""
         try:

@@ -71,6 +71,8 @@ class StoreService(Service):
         self.store: MemoryStore | None = None
         self.healthy = False
         self.failures = 0
+        self._probed_at = 0.0
+        self.connected = asyncio.Event()
 
     async def on_start(self) -> None:
         m = self.settings.milvus
@@ -83,7 +85,16 @@ class StoreService(Service):
             token=m.token,
             timeout_s=m.timeout_s,
         )
+        # Connect in the background: a worker started during a Milvus outage must
+        # still come up and answer /health (503) instead of hanging in start-up,
+        # which an orchestrator's liveness probe would turn into a restart loop.
+        # Users of the store wait for `connected` (or retry through `_retry`).
+        self.add_future(self._connect())
+
+    async def _connect(self) -> None:
+        assert self.store is not None
         await self._retry("connect", self.store.connect)
+        self.connected.set()
 
     async def on_stop(self) -> None:
         if self.store is not None:
@@ -114,6 +125,23 @@ class StoreService(Service):
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, w.retry_max_s)
+
+    async def probe(self, max_age_s: float = 1.0, timeout_s: float = 1.0) -> bool:
+        """Ask Milvus now (cached for ``max_age_s``): /health and /metrics must show an
+        outage even when no write is pending, not only after the next write fails."""
+        if not self.connected.is_set():
+            return False
+        if self.store is None or time.monotonic() - self._probed_at < max_age_s:
+            return self.healthy
+        self._probed_at = time.monotonic()
+        store = self.store
+        try:
+            await asyncio.wait_for(asyncio.to_thread(store.ping, timeout_s), timeout_s + 0.2)
+            self.healthy = True
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable now"
+            log.info("milvus probe failed: %s", exc)
+            self.healthy = False
+        return self.healthy
 
     async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
         """Upsert every partition's rows, retried until acknowledged.
@@ -213,7 +241,7 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
 
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
-        ok = store.healthy
+        ok = await store.probe()
         body = {"ok": ok, "role": role, "store_failures": store.failures}
         for name in ("write", "respond", "jobs", "maintenance", "access"):
             if name in status:

@@ -212,6 +212,7 @@ class UtilityApplier(Service):
                         )
             if updates:
                 await self.store_service.maybe_start()
+                await self.store_service.connected.wait()
                 await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
             if batch:
                 await self.consumer.commit()

@@ -437,6 +437,7 @@ class MaintenanceJob(Service):
         assert self.consumer is not None
         m = self.settings.maintenance
         await self.store_service.maybe_start()
+        await self.store_service.connected.wait()
         engine = MaintenanceEngine(self.store_service.store, policy_from(self.settings),
                                    dedup_k=m.dedup_k, refresh_per_pass=m.refresh_per_pass)
         n = await self.store_service._retry("maintenance bootstrap", engine.bootstrap)  # noqa: SLF001
@@ -590,7 +591,7 @@ class AccessFlusher(Service):
 
     async def flush(self) -> None:
         hits = self.tracker.drain()
-        if not hits or self.store_service.store is None:
+        if not hits or not self.store_service.connected.is_set():
             self.tracker.restore(hits)
             return
         try:

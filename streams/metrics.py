@@ -113,7 +113,7 @@ PARTITION_SIZE = Gauge(
     registry=REGISTRY,
 )
 STORE_HEALTHY = Gauge(
-    "dmem_store_healthy", "1 when the last Milvus call succeeded", registry=REGISTRY
+    "dmem_store_healthy", "1 when the last Milvus call or probe succeeded", registry=REGISTRY
 )
 STORE_FAILURES = Gauge(
     "dmem_store_failures", "Failed Milvus calls since start (retried)", registry=REGISTRY
@@ -257,6 +257,8 @@ async def refresh(app: Any) -> None:
         _refresh_pipeline(pipeline)
     store = getattr(app, "dmem_store", None)
     if store is not None:
+        if hasattr(store, "probe"):
+            await store.probe()
         STORE_HEALTHY.set(1.0 if store.healthy else 0.0)
         STORE_FAILURES.set(store.failures)
     try:

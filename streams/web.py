@@ -113,7 +113,7 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
 
     def responder() -> Responder:
         if state["responder"] is None:
-            if store.store is None:
+            if store.store is None or not store.connected.is_set():
                 raise DmemError("store not ready")
             state["responder"] = Responder(
                 store.store, encoder, policy_from(settings),
@@ -216,7 +216,7 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 return json_response(self, {"error": "query parameter tenant is required"}, 422)
             if (no := denied(self, request, tenant)) is not None:
                 return no
-            if store.store is None:
+            if store.store is None or not store.connected.is_set():
                 return json_response(self, {"error": "store not ready"}, 503)
             rows = await asyncio.to_thread(store.store.get, [memory_id])
             rows = [r for r in rows if r.get("tenant") == tenant]

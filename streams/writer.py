@@ -48,6 +48,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -84,17 +85,16 @@ def to_raw(m: Any) -> RawRecord:
     )
 
 
+@dataclass(slots=True)
 class _Batch:
-    __slots__ = ("n", "offsets", "result", "msgs", "process_s", "raws")
+    """One micro-batch between the stages: its operator results and source offsets."""
 
-    def __init__(self, n: int, offsets: dict[TopicPartition, int], result: Any,
-                 msgs: list[Message], process_s: float, raws: list[RawRecord]) -> None:
-        self.n = n
-        self.raws = raws
-        self.offsets = offsets
-        self.result = result
-        self.msgs = msgs
-        self.process_s = process_s
+    n: int
+    offsets: dict[TopicPartition, int]
+    result: Any
+    msgs: list[Message]
+    process_s: float
+    raws: list[RawRecord]
 
 
 class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -150,6 +150,13 @@ class WriteConsumer(Service):
         )
         await self.producer.start()
         await self.store_service.maybe_start()
+        # the rest waits for Milvus in the background, so the worker's web server
+        # (and /health, 503 until then) comes up during a Milvus outage too
+        self.add_future(self._start_when_connected())
+
+    async def _start_when_connected(self) -> None:
+        k = self.settings.kafka
+        await self.store_service.connected.wait()
         self.restored = await self.restore()
         self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
                                        "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,

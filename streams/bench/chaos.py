@@ -62,7 +62,6 @@ import asyncio
 import base64
 import math
 import random
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -84,6 +83,7 @@ from streams.bench.common import (
     machine_info,
     note,
     print_table,
+    teardown,
 )
 from streams.local import LocalStack, WorkerProcess, tail
 from streams.settings import Settings
@@ -539,6 +539,7 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-chaos-"))
     server = None
     stack: LocalStack | None = None
+    failed = True
     try:
         with cleanup_on_signals():
             note(f"bench chaos: {cfg.transitions} transitions, {cfg.tenants} tenants, "
@@ -568,17 +569,9 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
             note(f"  broker {stack.bootstrap}; write worker up")
             out = asyncio.run(_scenario(cfg, stack, server, uri, env["DMEM_MILVUS__COLLECTION"]))
             out["machine"] = machine_info()
-    except BaseException:
-        if stack is not None:
-            for w in stack.workers:
-                note(tail(w.log_path))
-        raise
+            failed = False
     finally:
-        if stack is not None:
-            stack.stop()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        teardown(stack, server, tmp, failed)
     report(out)
     return out
 

@@ -218,3 +218,19 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def teardown(stack: Any, server: Any, tmp: Any, failed: bool) -> None:
+    """Stop what a bench started (showing the workers' log tails if it failed), drop tmp."""
+    import shutil
+
+    from streams.local import tail
+
+    if stack is not None:
+        if failed:
+            for w in stack.workers:
+                note(tail(w.log_path))
+        stack.stop()
+    if server is not None:
+        server.stop()
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -70,8 +69,9 @@ from streams.bench.common import (
     note,
     percentile,
     print_table,
+    teardown,
 )
-from streams.local import LocalStack, tail
+from streams.local import LocalStack
 from streams.settings import Settings
 
 N_AGENTS = 8
@@ -441,6 +441,7 @@ def run(
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-write-"))
     server = None
     stack: LocalStack | None = None
+    failed = True
     try:
         with cleanup_on_signals():
             note(f"bench write: {transitions} transitions, encoder {encoder}, workers {workers}, "
@@ -484,17 +485,9 @@ def run(
                 machine=machine_info(),
             )
             out["worker_batch_stats"] = worker_batch_stats(logs)
-    except BaseException:
-        if stack is not None:
-            for w in stack.workers:
-                note(tail(w.log_path))
-        raise
+            failed = False
     finally:
-        if stack is not None:
-            stack.stop()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        teardown(stack, server, tmp, failed)
     report(out)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
