@@ -240,3 +240,21 @@ def test_data_persists_across_close_and_reconnect(store_factory: Factory) -> Non
     assert [r["partition"] for r in again.get(["pc"])] == ["core"]
     hits = again.search(unit_vector(DIM, 99), "acme", 1)
     assert hits[0]["id"] == "pc"
+
+
+def test_wait_indexed_returns_once_every_row_is_indexed(store_factory: Factory) -> None:
+    store = store_factory(dim=DIM)
+    n = 3000 if not store.is_lite else 50
+    store.upsert([make_record(f"w{i}", seed=i) for i in range(n)], "buffer")
+    store.upsert([make_record(f"w{i}", seed=i) for i in range(0, n, 10)], "core")  # deletes
+    store.client.flush(store.collection)
+    took = store.wait_indexed(timeout_s=120, poll_s=0.2)
+    assert set(took) == {"compact_s", "index_s"} and min(took.values()) >= 0.0
+    if not store.is_lite:
+        d = store.client.describe_index(store.collection, "vector")
+        assert int(d["pending_index_rows"]) == 0
+        assert int(d["indexed_rows"]) >= int(d["total_rows"]) > 0
+    # the search sees every row afterwards
+    assert store.count() == n
+    hits = store.search(unit_vector(DIM, 3), tenant="acme", k=5)
+    assert hits and hits[0]["id"] == "w3"
