@@ -224,15 +224,20 @@ class DmemClient:
 
     async def _search_http(self, req: RetrievalRequest) -> RetrievalResponse:
         assert self._http is not None, "call start() first"
-        body = req.model_dump(mode="json", by_alias=True, exclude_none=True)
-        async with self._http.post(f"{self.http_url}/v1/search", json=body,
+        body = req.model_dump_json(by_alias=True, exclude_none=True)
+        async with self._http.post(f"{self.http_url}/v1/search", data=body,
+                                   headers={"Content-Type": "application/json"},
                                    timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-            data = await r.json(content_type=None)
+            raw = await r.read()
+            if r.status == 200:  # pydantic parses the JSON itself (no dict in between)
+                return RetrievalResponse.model_validate_json(raw)
+            try:
+                data: Any = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = raw[:500].decode("utf-8", "replace")
             if r.status == 422:
                 raise SearchError(f"invalid request: {data}")
-            if r.status != 200:
-                raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
-            return RetrievalResponse.model_validate(data)
+            raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
 
 
 class SyncDmemClient:

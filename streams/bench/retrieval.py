@@ -375,6 +375,12 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             raise
         info["stack_start_s"] = round(time.monotonic() - t0, 2)
         settings = local.settings
+        info["read_config"] = {  # what the latency depends on (README "Read path")
+            "search_consistency": env["DMEM_MILVUS__SEARCH_CONSISTENCY"],
+            "respond_fetch_max_wait_ms": settings.respond.fetch_max_wait_ms,
+            "client_fetch_max_wait_ms": DmemClient("-", "-").fetch_max_wait_ms,
+            "respond_concurrency": settings.respond.concurrency,
+        }
         http_url = f"http://127.0.0.1:{local.web_ports[0]}"
         note(f"  broker {local.bootstrap}, worker http {http_url}")
 
