@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,9 +277,9 @@ def test_one_call_search_labels_partitions_after_every_kind_of_write(
     calls: list[list[str]] = []
     real = store.client.search
 
-    def counting(*a: object, **kw: object) -> object:
-        calls.append(list(kw["partition_names"]))  # type: ignore[arg-type]
-        return real(*a, **kw)  # type: ignore[arg-type]
+    def counting(*a: Any, **kw: Any) -> Any:
+        calls.append(list(kw["partition_names"]))
+        return real(*a, **kw)
 
     store.client.search = counting  # type: ignore[method-assign]
     hits = store.search(q, tenant="acme", k=10, output_fields=["id", "metadata"])
