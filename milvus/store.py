@@ -34,6 +34,11 @@ source. A crash in between leaves a duplicate, never a loss; repeating the move
 repairs it (the row is still found in the source). On Lite the upsert alone moves
 the row.
 
+Every write also stamps the partition it writes to into ``metadata["_partition"]``
+(``PART_KEY``; every read strips it again), because Milvus does not report which
+partition a search hit came from: with the stamp a search over both partitions is
+one call instead of two (see ``search``).
+
 Reads use ``consistency_level="Strong"`` by default (a read right after a write
 sees it); pass ``consistency_level="Bounded"`` for cheaper searches.
 
