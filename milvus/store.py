@@ -34,6 +34,11 @@ source. A crash in between leaves a duplicate, never a loss; repeating the move
 repairs it (the row is still found in the source). On Lite the upsert alone moves
 the row.
 
+Every write also stamps the partition it writes to into ``metadata["_partition"]``
+(``PART_KEY``; every read strips it again), because Milvus does not report which
+partition a search hit came from: with the stamp a search over both partitions is
+one call instead of two (see ``search``).
+
 Reads use ``consistency_level="Strong"`` by default (a read right after a write
 sees it); pass ``consistency_level="Bounded"`` for cheaper searches.
 
@@ -47,6 +52,7 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -84,6 +90,9 @@ log = logging.getLogger(__name__)
 Partition = Literal["core", "buffer"]
 _SPECS: dict[str, FieldSpec] = {s.name: s for s in field_specs()}
 _ANY_ROW = f'{PRIMARY_FIELD} != ""'
+#: every write stamps the row's partition into ``metadata[PART_KEY]`` (stripped again
+#: on every read), so one search over both partitions can still label each hit
+PART_KEY = "_partition"
 _MAX_BATCH_BYTES = 16 * 1024 * 1024
 _UNAVAILABLE_HINTS = (
     "deadline exceeded",
@@ -130,6 +139,22 @@ def _is_unavailable(exc: BaseException) -> bool:
 
 def _other(partition: str) -> str:
     return "buffer" if partition == "core" else "core"
+
+
+def _stamped(rows: Sequence[dict[str, Any]], partition: str) -> list[dict[str, Any]]:
+    """Copies of ``rows`` whose metadata records the partition they are written to."""
+    return [{**r, "metadata": {**(r.get("metadata") or {}), PART_KEY: partition}} for r in rows]
+
+
+def _unstamp(row: dict[str, Any]) -> str | None:
+    """Remove the partition stamp from a read row (in place); returns it."""
+    meta = row.get("metadata")
+    if not isinstance(meta, dict) or PART_KEY not in meta:
+        return None
+    meta = dict(meta)
+    part = meta.pop(PART_KEY)
+    row["metadata"] = meta
+    return part if isinstance(part, str) else None
 
 
 def _check_partition(partition: Any) -> Partition:
@@ -312,6 +337,55 @@ class MemoryStore:
                 "an older schema; migrate it or use a new collection name"
             )
 
+    def wait_indexed(self, timeout_s: float = 600.0, *, compact: bool = True,
+                     poll_s: float = 1.0) -> dict[str, float]:
+        """Block until the background work of a bulk load is done (server only).
+
+        After ``flush`` a Milvus server still builds HNSW over every sealed
+        segment and auto-compacts the segments that carry deletes (every server
+        ``upsert`` deletes its ids from the other partition first), re-indexing
+        the compacted ones. On 2 cores that is 100 % of a core for a minute at
+        100k rows, and a search issued meanwhile competes with it (measured p99
+        100-300 ms instead of ~20). So: trigger one manual compaction, wait for
+        it, then wait until every row is indexed on two consecutive polls.
+        Returns ``{"compact_s", "index_s"}``; a timeout raises ``StoreUnavailable``.
+        """
+        out = {"compact_s": 0.0, "index_s": 0.0}
+        if self.is_lite:
+            return out
+        c, name = self.client, self.collection
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+
+        def wait(what: str, done: Any) -> None:
+            while not done():
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(f"Milvus {what} on {name!r} not done in {timeout_s}s")
+                time.sleep(poll_s)
+
+        with self._errors("compact"):
+            if compact:
+                job = c.compact(name, timeout=self.timeout_s)
+                wait("compaction", lambda: str(c.get_compaction_state(
+                    job, timeout=self.timeout_s)) == "Completed")
+            out["compact_s"] = time.monotonic() - t0
+
+            def indexed() -> bool:
+                d = c.describe_index(name, VECTOR_FIELD, timeout=self.timeout_s)
+                return int(d.get("pending_index_rows", 0)) == 0 and int(
+                    d.get("indexed_rows", 0)) >= int(d.get("total_rows", 0))
+
+            def indexed_twice() -> bool:  # a compaction may re-open index work
+                if not indexed():
+                    return False
+                time.sleep(poll_s)
+                return indexed()
+
+            t1 = time.monotonic()
+            wait("index build", indexed_twice)
+            out["index_s"] = time.monotonic() - t1
+        return out
+
     @property
     def client(self) -> MilvusClient:
         """The connected pymilvus client (connects on first use)."""
@@ -480,7 +554,8 @@ class MemoryStore:
             for batch in self._batches(rows):
                 if not self.is_lite:  # server: pk unique per partition (see module doc)
                     self._delete_ids([r[PRIMARY_FIELD] for r in batch], _other(part))
-                c.upsert(self.collection, batch, partition_name=part, timeout=self.timeout_s)
+                c.upsert(self.collection, _stamped(batch, part), partition_name=part,
+                         timeout=self.timeout_s)
         return len(rows)
 
     def _delete_ids(self, ids: Sequence[str], partition: str | None) -> None:
@@ -506,7 +581,8 @@ class MemoryStore:
         with self._errors("move"):
             for batch in self._batches(rows):
                 clean = [{k: v for k, v in r.items() if k != "partition"} for r in batch]
-                c.upsert(self.collection, clean, partition_name=target, timeout=self.timeout_s)
+                c.upsert(self.collection, _stamped(clean, target), partition_name=target,
+                         timeout=self.timeout_s)
                 if not self.is_lite:
                     self._delete_ids([r[PRIMARY_FIELD] for r in batch], src)
         return len(rows)
@@ -551,7 +627,8 @@ class MemoryStore:
         with self._errors("update"):
             for part, prow in by_part.items():
                 for batch in self._batches(prow):
-                    c.upsert(self.collection, batch, partition_name=part, timeout=self.timeout_s)
+                    c.upsert(self.collection, _stamped(batch, part), partition_name=part,
+                             timeout=self.timeout_s)
         return sum(len(v) for v in by_part.values())
 
     # -- reads ---------------------------------------------------------------------
@@ -573,6 +650,7 @@ class MemoryStore:
         out = dict(row)
         if VECTOR_FIELD in out and out[VECTOR_FIELD] is not None:
             out[VECTOR_FIELD] = np.asarray(out[VECTOR_FIELD], dtype=np.float32)
+        _unstamp(out)
         out["partition"] = partition
         return out
 
@@ -704,8 +782,15 @@ class MemoryStore:
 
         Each hit has the output fields plus ``distance`` (= cosine similarity,
         higher is closer; ``similarity`` is the same number) and ``partition``.
-        Searches each partition separately (Milvus does not report a hit's
-        partition) and merges.
+
+        Several partitions: ONE search over all of them; each hit's partition
+        comes from the stamp every write puts into ``metadata`` (``PART_KEY``;
+        Milvus does not report a hit's partition). Measured at 20k rows on the
+        2-core machine: one call 6.1 ms p50 / 15 ms p99 and 4.6 ms of server CPU,
+        two parallel per-partition calls 10.3 / 43 ms and 7.2 ms CPU. If any hit
+        lacks a valid stamp (a row written before stamping, or by another
+        client), the search falls back to one call per partition, which labels
+        hits by construction.
         """
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > 16_384:
             raise InvalidRecord(f"k must be an int in 1..16384 (got {k!r})")
@@ -715,18 +800,20 @@ class MemoryStore:
         parts = _check_partitions(partitions)
         flt = E.build_filter(tenant=tenant, agent_id=agent_id, extra_filter=extra_filter)
         out_fields = [f for f in self._out_fields(output_fields, False) if f != VECTOR_FIELD]
+        want_meta = "metadata" in out_fields
         params = search_params(self.is_lite, k)
         c = self.client
 
-        def one(part: str) -> list[dict[str, Any]]:
+        def run(names: list[str], label: str | None) -> list[dict[str, Any]] | None:
+            """Hits of one search over ``names``; None when a hit has no usable stamp."""
             res = c.search(
                 self.collection,
                 data=[vec],
                 filter=flt,
                 limit=k,
-                output_fields=out_fields,
+                output_fields=out_fields if want_meta or label else [*out_fields, "metadata"],
                 search_params=params,
-                partition_names=[part],
+                partition_names=names,
                 anns_field=VECTOR_FIELD,
                 timeout=self.timeout_s,
                 consistency_level=consistency_level or self.consistency_level,
@@ -736,16 +823,30 @@ class MemoryStore:
                 entity = dict(hit.get("entity") or {})
                 entity[PRIMARY_FIELD] = hit.get("id", entity.get(PRIMARY_FIELD))
                 entity["distance"] = entity["similarity"] = float(hit["distance"])
-                entity["partition"] = part
+                stamp = _unstamp(entity)
+                if not want_meta:
+                    entity.pop("metadata", None)
+                if label is None and stamp not in names:
+                    return None
+                entity["partition"] = label or stamp
                 hits.append(entity)
             return hits
+
+        def one(part: str) -> list[dict[str, Any]]:
+            return run([part], part) or []
 
         best: dict[str, dict[str, Any]] = {}
         with self._errors("search"):
             if len(parts) == 1:
                 results = [one(parts[0])]
-            else:  # one request per partition, in parallel
-                results = list(self._pool().map(one, parts))
+            else:
+                merged = run(parts, None)
+                if merged is not None:
+                    return merged[:k]
+                # unstamped rows: one request per partition, in parallel (the second
+                # in the pool, the first in this thread)
+                other = self._pool().submit(one, parts[1])
+                results = [one(parts[0]), other.result()]
         for hits in results:
             for h in hits:
                 prev = best.get(h[PRIMARY_FIELD])

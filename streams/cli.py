@@ -67,6 +67,11 @@ def worker(role: str) -> None:
     except DmemError as exc:
         _fail(exc)
     w = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    # No startup spinner: for it faust sets the ROOT logger to DEBUG (at any loglevel
+    # >= warn) and keeps a DEBUG handler, so every library debug call (aiokafka logs
+    # several per fetch and send) builds and handles a LogRecord for nothing: ~8 % of
+    # the respond worker's CPU under load (py-spy, BENCHMARKS.md "Retrieval").
+    w.spinner = None
     w.execute_from_commandline()
 
 

@@ -7,6 +7,13 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
   consumer group) and correlates by request_id. A timed-out search is retried
   with the *same* request_id (`retries`), so a responder restart loses nothing
   the client retries, and a late duplicate answer is simply ignored.
+- Latency (see BENCHMARKS.md "Retrieval"): requests are sent with
+  ``linger_ms=0``; the response consumer fetches with ``fetch_max_wait_ms``
+  (default 5) because the embedded Tansu broker holds a fetch for its whole
+  max wait even when a record arrives (20 ms cost ~7 ms median per request).
+  Short fetches cost CPU, so the response partitions are *paused* while no
+  search is waiting (no fetches at all when idle) and resumed before a request
+  is sent; a resume starts a fetch at once.
 - HTTP transport: ``POST {http_url}/v1/search``.
 - `SyncDmemClient` runs the async client on a private event loop thread for
   agents that are not async.
@@ -56,6 +63,7 @@ class DmemClient:
         transport: str = "kafka",
         timeout_s: float = 5.0,
         retries: int = 2,
+        fetch_max_wait_ms: int = 5,
         client_kwargs: dict[str, Any] | None = None,
         token: str | None = None,
     ) -> None:
@@ -70,10 +78,12 @@ class DmemClient:
         self.transport = transport
         self.timeout_s = timeout_s
         self.retries = retries
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self.kw = dict(client_kwargs or {})
         self.token = token  # HTTP bearer token (streams.auth); Kafka uses client_kwargs
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._tps: list[TopicPartition] = []
         self._reader: asyncio.Task[None] | None = None
         self._waiting: dict[str, asyncio.Future[RetrievalResponse]] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -83,12 +93,12 @@ class DmemClient:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> DmemClient:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=2,
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
                                           **self.kw)
         await self._producer.start()
         if self.transport == "kafka":
             c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                 fetch_max_wait_ms=20, **self.kw)
+                                 fetch_max_wait_ms=self.fetch_max_wait_ms, **self.kw)
             await c.start()
             name = self.topic("responses")
             parts = c.partitions_for_topic(name)
@@ -100,7 +110,8 @@ class DmemClient:
             await c.seek_to_end(*tps)
             for tp in tps:  # resolve the end positions now, before any request
                 await c.position(tp)
-            self._consumer = c
+            c.pause(*tps)  # nothing is waiting yet: no fetches while idle
+            self._consumer, self._tps = c, tps
             self._reader = asyncio.create_task(self._read())
         else:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
@@ -217,6 +228,8 @@ class DmemClient:
     async def _search_kafka(self, req: RetrievalRequest) -> RetrievalResponse:
         assert self._producer is not None, "call start() first"
         fut: asyncio.Future[RetrievalResponse] = asyncio.get_running_loop().create_future()
+        if not self._waiting and self._consumer is not None:
+            self._consumer.resume(*self._tps)  # starts a fetch now, before the request
         self._waiting[req.request_id] = fut
         try:
             for _attempt in range(self.retries + 1):
@@ -232,20 +245,27 @@ class DmemClient:
             )
         finally:
             self._waiting.pop(req.request_id, None)
+            if not self._waiting and self._consumer is not None:
+                self._consumer.pause(*self._tps)
 
     async def _search_http(self, req: RetrievalRequest) -> RetrievalResponse:
         assert self._http is not None, "call start() first"
-        body = req.model_dump(mode="json", by_alias=True, exclude_none=True)
-        async with self._http.post(f"{self.http_url}/v1/search", json=body,
+        body = req.model_dump_json(by_alias=True, exclude_none=True)
+        async with self._http.post(f"{self.http_url}/v1/search", data=body,
+                                   headers={"Content-Type": "application/json"},
                                    timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-            data = await r.json(content_type=None)
+            raw = await r.read()
+            if r.status == 200:  # pydantic parses the JSON itself (no dict in between)
+                return RetrievalResponse.model_validate_json(raw)
+            try:
+                data: Any = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = raw[:500].decode("utf-8", "replace")
             if r.status == 422:
                 raise SearchError(f"invalid request: {data}")
             if r.status in (401, 403):
                 raise SearchError(f"not authorised (HTTP {r.status}): {data}")
-            if r.status != 200:
-                raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
-            return RetrievalResponse.model_validate(data)
+            raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
 
 
 class SyncDmemClient:

@@ -58,6 +58,13 @@ class MilvusSettings(BaseModel):
 
 class RespondSettings(BaseModel):
     concurrency: int = Field(default=4, ge=1, le=64)
+    # The request consumer's fetch wait. The embedded Tansu broker answers a fetch
+    # only when fetch_max_wait_ms expires, not when a record arrives (measured:
+    # 100 ms -> ~45 ms median added per hop), so a short wait is the latency floor
+    # of the Kafka path; the price is ~200 empty fetches/s while idle (~10 % of a
+    # core in the worker plus ~7 % in the broker at 5 ms). Apache Kafka answers
+    # as soon as data arrives: raise this to 100-500 there. See BENCHMARKS.md.
+    fetch_max_wait_ms: int = Field(default=5, ge=0, le=10_000)
     count_ttl_s: float = Field(default=30.0, ge=0.0)
     half_life_s: float = Field(default=30 * 24 * 3600.0, gt=0.0)
     lambda_hi: float = Field(default=0.9, ge=0.0, le=1.0)

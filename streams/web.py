@@ -58,8 +58,10 @@ class RequestConsumer(Service):
     async def on_start(self) -> None:
         from streams.admin import group_consumer
 
-        self.consumer = group_consumer(self.settings, self.settings.topic("requests"),
-                                       "respond", auto_commit=True, offset_reset="latest")
+        self.consumer = group_consumer(
+            self.settings, self.settings.topic("requests"), "respond", auto_commit=True,
+            offset_reset="latest", fetch_max_wait_ms=self.settings.respond.fetch_max_wait_ms,
+        )
         await self.consumer.start()
         self.add_future(self._run())
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -374,6 +375,12 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             raise
         info["stack_start_s"] = round(time.monotonic() - t0, 2)
         settings = local.settings
+        info["read_config"] = {  # what the latency depends on (README "Read path")
+            "search_consistency": env["DMEM_MILVUS__SEARCH_CONSISTENCY"],
+            "respond_fetch_max_wait_ms": settings.respond.fetch_max_wait_ms,
+            "client_fetch_max_wait_ms": DmemClient("-", "-").fetch_max_wait_ms,
+            "respond_concurrency": settings.respond.concurrency,
+        }
         http_url = f"http://127.0.0.1:{local.web_ports[0]}"
         note(f"  broker {local.bootstrap}, worker http {http_url}")
 
@@ -400,12 +407,19 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         t0 = time.monotonic()
         store.client.flush(collection, timeout=600)
         flush_s = time.monotonic() - t0
+        # measure the steady state, not the bulk load's background index builds and
+        # compactions (they take a whole core for ~30-60 s at 100k rows)
+        note("  waiting for compaction and the HNSW builds to finish ...")
+        settle = store.wait_indexed(timeout_s=900)
+        info.update(compact_wait_s=round(settle["compact_s"], 1),
+                    index_wait_s=round(settle["index_s"], 1))
         loaded = store.count(tenant=LOAD_TENANT)
         total_rows = store.count()
         info.update(load_s=round(load_s, 1), load_rows_per_s=round(cfg.memories / load_s),
                     flush_s=round(flush_s, 1), collection_rows=total_rows)
         note(f"  loaded {loaded:,} in {load_s:.1f}s ({cfg.memories / load_s:,.0f}/s), "
-             f"flush {flush_s:.1f}s; collection holds {total_rows:,} rows")
+             f"flush {flush_s:.1f}s, index wait {settle['index_s']:.1f}s; collection holds "
+             f"{total_rows:,} rows")
         if loaded != cfg.memories:
             raise RuntimeError(f"expected {cfg.memories} memories, store counts {loaded}")
 
@@ -487,10 +501,13 @@ async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str
     per_took: dict[str, list[dict[str, float]]] = {"kafka": [], "http": []}
     empty: dict[str, int] = dict.fromkeys(transports, 0)
     names = list(transports)
+    loads: list[float] = []  # 1-min load average at the start of each repeat
     for rep in range(cfg.repeats):
         queries = query_texts(cfg.requests, cfg.seed + rep)
         order = names[rep % len(names):] + names[: rep % len(names)]
-        note(f"repeat {rep + 1}/{cfg.repeats} (order: {', '.join(order)})")
+        loads.append(round(os.getloadavg()[0], 2))
+        note(f"repeat {rep + 1}/{cfg.repeats} (order: {', '.join(order)}; "
+             f"load average {loads[-1]:.2f})")
         for name in order:
             if name == "milvus_raw":
                 raw_lat.clear()
@@ -523,7 +540,8 @@ async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str
                 qr.hits[mode] += any(h.text == text and h.action == action for h in hits)
         hc.tenant = LOAD_TENANT
         quality.append(qr)
-    return {"per": per, "per_took": per_took, "empty": empty, "quality": quality}
+    return {"per": per, "per_took": per_took, "empty": empty, "quality": quality,
+            "loads": loads}
 
 
 def _assemble(cfg: BenchConfig, m: dict[str, Any], quality_data_: Sequence[QualityData],
@@ -593,6 +611,7 @@ def _assemble(cfg: BenchConfig, m: dict[str, Any], quality_data_: Sequence[Quali
             name: [{k: round(v, 3) for k, v in s.items()} for s in reps]
             for name, reps in m["per_took"].items()
         },
+        "loadavg_per_repeat": m["loads"],
         "setup": info,
         "machine": machine_info(),
         "elapsed_s": round(elapsed, 1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -240,3 +241,64 @@ def test_data_persists_across_close_and_reconnect(store_factory: Factory) -> Non
     assert [r["partition"] for r in again.get(["pc"])] == ["core"]
     hits = again.search(unit_vector(DIM, 99), "acme", 1)
     assert hits[0]["id"] == "pc"
+
+
+def test_wait_indexed_returns_once_every_row_is_indexed(store_factory: Factory) -> None:
+    store = store_factory(dim=DIM)
+    n = 3000 if not store.is_lite else 50
+    store.upsert([make_record(f"w{i}", seed=i) for i in range(n)], "buffer")
+    store.upsert([make_record(f"w{i}", seed=i) for i in range(0, n, 10)], "core")  # deletes
+    store.client.flush(store.collection)
+    took = store.wait_indexed(timeout_s=120, poll_s=0.2)
+    assert set(took) == {"compact_s", "index_s"} and min(took.values()) >= 0.0
+    if not store.is_lite:
+        d = store.client.describe_index(store.collection, "vector")
+        assert int(d["pending_index_rows"]) == 0
+        assert int(d["indexed_rows"]) >= int(d["total_rows"]) > 0
+    # the search sees every row afterwards
+    assert store.count() == n
+    hits = store.search(unit_vector(DIM, 3), tenant="acme", k=5)
+    assert hits and hits[0]["id"] == "w3"
+
+
+def test_one_call_search_labels_partitions_after_every_kind_of_write(
+    store_factory: Factory,
+) -> None:
+    """Search over both partitions is one Milvus call labelled by the write-time stamp."""
+    store = store_factory(dim=DIM)
+    q = unit_vector(DIM, 100)
+    vecs = {f"p{i}": unit_vector(DIM, base=q, noise=0.05 * (i + 1), seed=i) for i in range(4)}
+    store.upsert([make_record(m, vector=v, metadata={"k": m}) for m, v in vecs.items()], "buffer")
+    store.upsert([make_record("p0", vector=vecs["p0"], metadata={"k": "p0"})], "core")  # relocate
+    store.move(["p1"], "core")
+    store.move(["p0"], "buffer")  # and back
+    store.update_fields([{"id": "p2", "utility": 0.5}])  # rewrite in place (buffer)
+    want = {"p0": "buffer", "p1": "core", "p2": "buffer", "p3": "buffer"}
+    calls: list[list[str]] = []
+    real = store.client.search
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        calls.append(list(kw["partition_names"]))
+        return real(*a, **kw)
+
+    store.client.search = counting  # type: ignore[method-assign]
+    hits = store.search(q, tenant="acme", k=10, output_fields=["id", "metadata"])
+    assert calls == [["core", "buffer"]]  # one request
+    assert {h["id"]: h["partition"] for h in hits} == want
+    # the stamp never leaks into what callers read
+    assert all(h["metadata"] == {"k": h["id"]} for h in hits)
+    assert all("_partition" not in r["metadata"] for r in store.get(list(want)))
+    assert all("_partition" not in r["metadata"] for r in store.scan(tenant="acme"))
+    assert {r["id"]: r["partition"] for r in store.get(list(want))} == want
+    assert "metadata" not in store.search(q, tenant="acme", k=2, output_fields=["id"])[0]
+
+
+def test_search_falls_back_per_partition_for_unstamped_rows(store_factory: Factory) -> None:
+    """Rows written without the stamp (older data, other clients) are still labelled right."""
+    store = store_factory(dim=DIM)
+    q = unit_vector(DIM, 100)
+    store.upsert([make_record("new", vector=unit_vector(DIM, base=q, noise=0.1, seed=1))], "core")
+    legacy = store._row(make_record("old", vector=q))  # noqa: SLF001 - bypass the stamp
+    store.client.upsert(store.collection, [legacy], partition_name="buffer")
+    hits = store.search(q, tenant="acme", k=5)
+    assert [(h["id"], h["partition"]) for h in hits] == [("old", "buffer"), ("new", "core")]
