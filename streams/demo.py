@@ -244,6 +244,7 @@ def run_demo(
     env = {
         "DMEM_WRITE__BATCH_SIZE": str(DEMO_BATCH),
         "DMEM_WRITE__BATCH_WITHIN_S": "5",
+        "DMEM_WRITE__LINGER_S": "5",  # a lockstep chunk is exactly one micro-batch
         "DMEM_APP_ID": f"dmem-demo-{seed}",
     }
     if encoder:

@@ -171,7 +171,12 @@ class AuthSettings(BaseModel):
 
 class WriteSettings(BaseModel):
     batch_size: int = Field(default=512, ge=1, le=100_000)
-    batch_within_s: float = Field(default=0.2, gt=0.0)
+    batch_within_s: float = Field(default=0.2, gt=0.0, description="longest wait for a record")
+    # 0: a batch is what the consumer has buffered (no waiting for company, the
+    # default: lowest latency, batches grow with load). > 0: wait up to this long
+    # after the first record for the batch to fill to batch_size (the demo uses it
+    # so every run sees identical micro-batches).
+    linger_s: float = Field(default=0.0, ge=0.0)
     checkpoint_every_s: float = Field(default=5.0, gt=0.0)
     eligibility_horizon: int = Field(default=64, ge=1)
     eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)

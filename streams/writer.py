@@ -241,7 +241,8 @@ class WriteConsumer(Service):
         batch, the consumer's background fetches kept buffering, so under load
         batches grow by themselves (to ``batch_size``) and at low load a record
         does not wait for company. A second, non-blocking call sweeps the other
-        partitions' buffered records into the same batch.
+        partitions' buffered records into the same batch. With ``write.linger_s`` > 0
+        it keeps fetching until the batch is full or that long has passed.
         """
         assert self.consumer is not None
         w = self.settings.write
@@ -251,10 +252,16 @@ class WriteConsumer(Service):
         )
         for msgs in got.values():
             out.extend(msgs)
-        if out and len(out) < w.batch_size:
-            more = await self.consumer.getmany(timeout_ms=0, max_records=w.batch_size - len(out))
+        deadline = time.monotonic() + w.linger_s
+        while out and len(out) < w.batch_size and not self.should_stop:
+            left = deadline - time.monotonic()
+            more = await self.consumer.getmany(
+                timeout_ms=max(0, int(left * 1000)), max_records=w.batch_size - len(out)
+            )
             for msgs in more.values():
                 out.extend(msgs)
+            if not more and left <= 0:
+                break
         return out
 
     def _process(self, raws: list[RawRecord], now: int,
