@@ -841,12 +841,13 @@ class MemoryStore:
                 results = [one(parts[0])]
             else:
                 merged = run(parts, None)
-                if merged is not None:
-                    return merged[:k]
-                # unstamped rows: one request per partition, in parallel (the second
-                # in the pool, the first in this thread)
-                other = self._pool().submit(one, parts[1])
-                results = [one(parts[0]), other.result()]
+                if merged is not None:  # still by id: a crashed move can leave two copies
+                    results = [merged]
+                else:
+                    # unstamped rows: one request per partition, in parallel (the
+                    # second in the pool, the first in this thread)
+                    other = self._pool().submit(one, parts[1])
+                    results = [one(parts[0]), other.result()]
         for hits in results:
             for h in hits:
                 prev = best.get(h[PRIMARY_FIELD])

@@ -1,9 +1,8 @@
 """The faust app: thin wiring around `WritePipeline` and `MemoryStore`.
 
 Decisions:
-- The write agent reads raw bytes (``value_serializer="raw"``) so a malformed
-  record can be dead-lettered with its original bytes; decoding is the
-  pipeline's job.
+- The write role reads raw bytes so a malformed record can be dead-lettered
+  with its original bytes; decoding is the pipeline's job.
 - The write role's consumer is a plain aiokafka consumer group inside a
   Service (`streams.writer.WriteConsumer`), not a faust agent: faust's consumer
   handed records over in 0.3-0.7 s bursts (hard-coded 1.5 s fetch wait). It
@@ -260,7 +259,7 @@ def raw_topic(app: faust.App, name: str) -> faust.TopicT:
 def wire_write_path(
     app: faust.App, settings: Settings, encoder: Encoder, store: StoreService
 ) -> Any:
-    """Wire the write agent; returns a callable giving its health details."""
+    """Wire the write consumer and the hindsight agent; returns a health-details callable."""
     pipeline = WritePipeline(settings, encoder)
     # Torch intra-op threads of this process (env DMEM_TORCH_THREADS, default 1):
     # the value MLP's matrices are tiny, and on a small machine extra threads only
@@ -282,6 +281,7 @@ def wire_write_path(
     @app.agent(feedback, name="dmem-retro")
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:
         """Late outcomes: re-score the episode's eligibility window (hindsight)."""
+        await writer.ready_event.wait()  # not before the tenant states are restored
         async for value in stream:
             try:
                 data = orjson.loads(value)
@@ -293,12 +293,15 @@ def wire_write_path(
             result = await asyncio.to_thread(
                 pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
             )
-            await store.write(result.upserts)
+            rejected = await store.write(result.upserts)
+            if rejected:
+                log.warning("hindsight rows refused by the store: %s", rejected)
             if result.promote:
                 assert store.store is not None
                 await store._retry("promote", store.store.move, result.promote, "core")
             for ev in result.events:
-                await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+                if ev.memory_id not in rejected:
+                    await memories.send(key=ev.memory_id.encode(), value=encode(ev))
 
     _ = retro_agent
     return writer.health

@@ -4,7 +4,7 @@ One module-level registry (`REGISTRY`) holds every dmem metric; `install_metrics
 adds the ``/metrics`` page to a faust app (text exposition format 0.0.4).
 
 Two kinds of metric:
-- event metrics, updated where the event happens (the write agent calls
+- event metrics, updated where the event happens (the write consumer calls
   `record_batch` once per micro-batch and times its Milvus upserts with
   `milvus_timer`): gate decisions, dead letters, Milvus latency, thresholds;
 - state metrics, refreshed from the app's live objects on each scrape

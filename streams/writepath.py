@@ -1,7 +1,7 @@
 """The fused write path as one plain object: raw records in, routed memories out.
 
-No faust and no Milvus here: the faust agent (`streams.app`) feeds batches of raw
-Kafka records and writes what comes back. Time is an argument (`now_ms`).
+No faust and no Milvus here: the write role's consumer (`streams.writer`) feeds
+batches of raw Kafka records and writes what comes back. Time is an argument (`now_ms`).
 
 Per batch: decode + validate (bad records become `DeadLetter`s with a reason) ->
 encode observations and next observations in one call -> per tenant: TD errors
@@ -62,6 +62,8 @@ MAX_REPEAT_KEYS = 50_000
 # forgets the open episodes' last H transitions, which only affects the credit
 # job's retrospective promotion of those episodes).
 CHECKPOINT_REPEAT_KEYS = 10_000
+#: bytes of the original record kept in a dead letter (base64 makes it 4/3 larger)
+MAX_ORIGINAL_BYTES = 256 * 1024
 RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
 
 
@@ -95,6 +97,9 @@ class BatchResult:
 def dead_letter(
     raw: RawRecord, reason: str, error_type: str, stage: str, now_ms: int
 ) -> DeadLetter:
+    if raw.value is not None and len(raw.value) > MAX_ORIGINAL_BYTES:
+        reason = f"{reason[:1900]} (original truncated to {MAX_ORIGINAL_BYTES} of " \
+                 f"{len(raw.value)} bytes)"
     return DeadLetter(
         reason=reason[:2000],
         error_type=error_type,
@@ -103,7 +108,9 @@ def dead_letter(
         partition=raw.partition,
         offset=raw.offset,
         key=raw.key.decode("utf-8", "replace")[:256] if raw.key else None,
-        original_b64=base64.b64encode(raw.value or b"").decode(),
+        # capped, so the dead letter itself fits a broker's default 1 MB message limit
+        # (a refused dead letter would stall the partition); `reason` says so
+        original_b64=base64.b64encode((raw.value or b"")[:MAX_ORIGINAL_BYTES]).decode(),
         ts=now_ms,
     )
 

@@ -130,6 +130,7 @@ class WriteConsumer(Service):
         self.forgets_applied = 0  # `forgotten` notices read from ``control``
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
         self.ready = False
+        self.ready_event = asyncio.Event()  # state restored, consumers started
         self._stage1: asyncio.Future[Any] | None = None
         self.mem_topic = settings.topic("memories")
         self.dl_topic = settings.topic("deadletter")
@@ -167,6 +168,7 @@ class WriteConsumer(Service):
         )
         await self.forget_consumer.start()
         self.ready = True
+        self.ready_event.set()
         log.info("write path ready (restored %d tenant states)", self.restored)
         self.add_future(self._stage_store())
         self._stage1 = self.add_future(self._stage_process())
@@ -186,8 +188,9 @@ class WriteConsumer(Service):
                 log.warning("write stage 1 did not finish cleanly: %r", exc)
         if self.ready:
             try:
-                if await self.drain(REVOKE_DRAIN_S) and self.pipeline.dirty:
-                    await self.checkpoint()
+                stage1_idle = self._stage1 is not None and self._stage1.done()
+                if stage1_idle and await self.drain(REVOKE_DRAIN_S) and self.pipeline.dirty:
+                    await self.checkpoint()  # only state whose batches are all stored
             except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                 log.warning("final checkpoint failed: %s", exc)
         for c in (self.consumer, self.forget_consumer):
@@ -225,13 +228,24 @@ class WriteConsumer(Service):
         """Snapshot dirty tenants once stage 2 is empty (never ahead of the store)."""
         await self.queue.join()
         assert self.producer is not None
-        futs = []
-        for tenant in sorted(self.pipeline.dirty):
-            data = await asyncio.to_thread(self.pipeline.snapshot, tenant)
-            futs.append(await self.producer.send(self.settings.topic("models"), data,
-                                                 key=tenant.encode()))
-        self.pipeline.dirty.clear()
-        await asyncio.gather(*futs)
+        tenants = sorted(self.pipeline.dirty)
+        self.pipeline.dirty.difference_update(tenants)  # marks made from here on stay
+        failed: list[str] = []
+        futs: list[tuple[str, asyncio.Future[Any]]] = []
+        for tenant in tenants:
+            try:
+                data = await asyncio.to_thread(self.pipeline.snapshot, tenant)
+                futs.append((tenant, await self.producer.send(
+                    self.settings.topic("models"), data, key=tenant.encode())))
+            except KafkaError as exc:
+                log.warning("checkpoint of tenant %r not sent: %s", tenant, exc)
+                failed.append(tenant)
+        results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
+        failed += [t for (t, _), r in zip(futs, results, strict=True)
+                   if isinstance(r, BaseException)]
+        if failed:  # tried again at the next interval; the worker keeps going
+            log.warning("checkpoint failed for %d tenant(s); retrying later", len(failed))
+            self.pipeline.dirty.update(failed)
 
     # -- stage 1: fetch + operators ------------------------------------------
     async def _fetch(self) -> list[Any]:
@@ -281,6 +295,8 @@ class WriteConsumer(Service):
             while self.queue.full():  # stage 2 still has the last batch waiting
                 self._taken.clear()
                 await self._taken.wait()
+            if self.should_stop:  # no new batch once stopping: on_stop checkpoints next
+                break
             records = await self._fetch()
             if records:
                 offsets: dict[TopicPartition, int] = {}
@@ -289,7 +305,7 @@ class WriteConsumer(Service):
                     offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
                 raws = [to_raw(m) for m in records]
                 assert self.producer is not None
-                parts = {self.mem_topic: sorted(await self.producer.partitions_for(self.mem_topic))}
+                parts = {self.mem_topic: await self._partitions(self.mem_topic)}
                 t0 = time.perf_counter()
                 result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
                 await self.queue.put(
@@ -357,12 +373,16 @@ class WriteConsumer(Service):
         w = self.settings.write
         delay = w.retry_initial_s
         groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+        topic_parts: dict[str, list[int]] = {}
         for topic, key, value, part in msgs:
             if part is None:  # dead letters: the default partitioner's choice
-                parts = sorted(await self.producer.partitions_for(topic))
+                if topic not in topic_parts:
+                    topic_parts[topic] = await self._partitions(topic)
+                parts = topic_parts[topic]
                 part = (partitions_for_keys([key], parts)[0] if key is not None
                         else parts[len(groups) % len(parts)])
             groups.setdefault((topic, part), []).append((key, value))
+        delay = w.retry_initial_s
         todo = [(tp, chunk) for tp, items in groups.items() for chunk in self._chunks(items)]
         while todo:
             futs: list[asyncio.Future[Any]] = []
@@ -384,6 +404,19 @@ class WriteConsumer(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, w.retry_max_s)
             todo = failed
+
+    async def _partitions(self, topic: str) -> list[int]:
+        """The topic's partitions, waiting out a broker that is away (never raises)."""
+        assert self.producer is not None
+        w = self.settings.write
+        delay = w.retry_initial_s
+        while True:
+            try:
+                return sorted(await self.producer.partitions_for(topic))
+            except KafkaError as exc:
+                log.warning("no partitions for %s (%s); retry in %.1fs", topic, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, w.retry_max_s)
 
     @staticmethod
     def _chunks(items: list[Any]) -> list[list[Any]]:
