@@ -71,6 +71,7 @@ class StoreService(Service):
         self.healthy = False
         self.failures = 0
         self._probed_at = 0.0
+        self._call_failing = False
         self.connected = asyncio.Event()
 
     async def on_start(self) -> None:
@@ -106,6 +107,7 @@ class StoreService(Service):
             try:
                 out = await asyncio.to_thread(fn, *args)
                 self.healthy = True
+                self._call_failing = False
                 return out
             except ConfigError:
                 raise
@@ -113,6 +115,7 @@ class StoreService(Service):
                 if raise_invalid and isinstance(exc, InvalidRecord):
                     raise  # retrying cannot help: the caller isolates the record
                 self.healthy = False
+                self._call_failing = True  # a good ping must not hide failing writes
                 self.failures += 1
                 retriable = getattr(exc, "retriable", True)
                 log.warning(
@@ -136,7 +139,7 @@ class StoreService(Service):
         store = self.store
         try:
             await asyncio.wait_for(asyncio.to_thread(store.ping, timeout_s), timeout_s + 0.2)
-            self.healthy = True
+            self.healthy = not self._call_failing
         except Exception as exc:  # noqa: BLE001 - any failure means "not reachable now"
             log.info("milvus probe failed: %s", exc)
             self.healthy = False

@@ -74,8 +74,11 @@ FETCH_MAX_WAIT_MS = 20
 Message = tuple[str, bytes | None, bytes, int | None]
 #: record batch size of the write producer (a batch holds ~1000 MemoryEvents)
 PRODUCE_BATCH_BYTES = 512 * 1024
-#: how long a revocation waits for the in-flight batch before giving up (replay).
-REVOKE_DRAIN_S = 10.0
+#: how long a revocation waits for the in-flight batch before giving up (replay),
+#: as a share of the group's rebalance timeout (a member that overstays it is evicted)
+REVOKE_DRAIN_SHARE = 0.8
+#: how long a shutdown waits for stage 1 and the in-flight batch
+STOP_DRAIN_S = 10.0
 
 
 def to_raw(m: Any) -> RawRecord:
@@ -103,10 +106,17 @@ class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         if revoked:
-            await self.writer.drain(REVOKE_DRAIN_S)
+            await self.writer.drain(
+                REVOKE_DRAIN_SHARE * self.writer.settings.kafka.rebalance_timeout_s
+            )
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("write partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        # the lag metric starts from the group's commits, not 0; in the background,
+        # never inside the rebalance itself
+        task = asyncio.ensure_future(self.writer.seed_committed(list(assigned)))
+        self.writer.tasks.add(task)
+        task.add_done_callback(self.writer.tasks.discard)
 
 
 class WriteConsumer(Service):
@@ -131,6 +141,7 @@ class WriteConsumer(Service):
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
         self.ready = False
         self.ready_event = asyncio.Event()  # state restored, consumers started
+        self.tasks: set[asyncio.Future[Any]] = set()  # small background tasks
         self._stage1: asyncio.Future[Any] | None = None
         self.mem_topic = settings.topic("memories")
         self.dl_topic = settings.topic("deadletter")
@@ -183,13 +194,13 @@ class WriteConsumer(Service):
         """
         if self._stage1 is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._stage1), REVOKE_DRAIN_S)
+                await asyncio.wait_for(asyncio.shield(self._stage1), STOP_DRAIN_S)
             except Exception as exc:  # noqa: BLE001 - timeout or a crashed stage
                 log.warning("write stage 1 did not finish cleanly: %r", exc)
         if self.ready:
             try:
                 stage1_idle = self._stage1 is not None and self._stage1.done()
-                if stage1_idle and await self.drain(REVOKE_DRAIN_S) and self.pipeline.dirty:
+                if stage1_idle and await self.drain(STOP_DRAIN_S) and self.pipeline.dirty:
                     await self.checkpoint()  # only state whose batches are all stored
             except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                 log.warning("final checkpoint failed: %s", exc)
@@ -213,6 +224,17 @@ class WriteConsumer(Service):
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
                 log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
         return len(states)
+
+    async def seed_committed(self, tps: list[TopicPartition]) -> None:
+        c = self.consumer
+        for tp in tps:
+            try:
+                off = await c.committed(tp) if c is not None else None
+            except Exception as exc:  # noqa: BLE001 - metrics only
+                log.debug("committed offset of %s unavailable: %s", tp, exc)
+                continue
+            if off is not None:
+                self.committed.setdefault(tp, off)
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every batch handed to stage 2 is stored and committed."""
