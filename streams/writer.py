@@ -393,7 +393,6 @@ class WriteConsumer(Service):
         """
         assert self.producer is not None
         w = self.settings.write
-        delay = w.retry_initial_s
         groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
         topic_parts: dict[str, list[int]] = {}
         for topic, key, value, part in msgs:
