@@ -22,6 +22,7 @@ COPY schemas ./schemas
 COPY operators ./operators
 COPY milvus ./milvus
 COPY streams ./streams
+COPY dmem ./dmem
 RUN pip install . \
  && python -c "import torch; print('torch', torch.__version__)"
 # Fail the build if the bundled model cannot be loaded offline.

@@ -50,10 +50,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # runnable as a plain script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
-from streams.adapter import DmemMemory  # noqa: E402
-from streams.client import SyncDmemClient  # noqa: E402
-from streams.demo import describe  # noqa: E402
-from streams.local import LocalStack, tail  # noqa: E402
+from dmem.adapter import DmemMemory  # noqa: E402
+from dmem.client import SyncDmemClient  # noqa: E402
+from dmem.demo import describe  # noqa: E402
+from streams.local.stack import LocalStack, tail  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")  # CliffWalking's action ids 0..3
 ROWS, COLS = 4, 12

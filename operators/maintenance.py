@@ -1,7 +1,7 @@
 """Maintenance operators: dedup/merge planning, merge arithmetic, priority, decay plans.
 
 Pure logic, no Kafka and no Milvus; time is always an argument (``now_ms``).
-`streams.maintenance` feeds these from the ``memories`` topic and Milvus.
+`streams.jobs.maintenance` feeds these from the ``memories`` topic and Milvus.
 
 Priority (higher = more worth keeping)::
 

@@ -1,0 +1,6 @@
+"""The stream processor, by role: `write/`, `respond/`, `jobs/`, `local/`.
+
+Shared wiring sits beside them (app, settings, metrics, auth, codec, clock, Kafka
+admin, partitioner, backoff, worker). Nothing here imports `dmem`, the user-facing
+package on top.
+"""

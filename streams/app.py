@@ -4,13 +4,13 @@ Decisions:
 - The write role reads raw bytes so a malformed record can be dead-lettered
   with its original bytes; decoding is the pipeline's job.
 - The write role's consumer is a plain aiokafka consumer group inside a
-  Service (`streams.writer.WriteConsumer`), not a faust agent: faust's consumer
+  Service (`streams.write.consumer.WriteConsumer`), not a faust agent: faust's consumer
   handed records over in 0.3-0.7 s bursts (hard-coded 1.5 s fetch wait). It
   commits a micro-batch's offsets only after Milvus acknowledged its upserts
   and the broker its MemoryEvents; store errors are retried with backoff, so an
   outage stalls consumption (lag grows) instead of skipping records. A crash
   before the commit replays the batch; memory ids are stable, upserts
-  idempotent, so nothing duplicates. Details in `streams.writer`.
+  idempotent, so nothing duplicates. Details in `streams.write.consumer`.
 - Operator state (value model, RPE normaliser, gate sketch, smoothers) is not
   kept in faust Tables: faust refuses table writes from ``take()`` batches
   ("Cannot modify table key from outside of stream iteration"). Instead each
@@ -42,17 +42,16 @@ from milvus import MemoryStore
 from operators import Encoder, build_encoder
 from schemas import EpisodeOutcome, encode
 from schemas.errors import ConfigError, InvalidRecord
+from streams.backoff import Backoff
+from streams.clock import now_ms
+from streams.codec import raw_topic
 from streams.metrics import install_metrics
 from streams.settings import Settings
-from streams.writepath import WritePipeline
+from streams.write.pipeline import WritePipeline
 
 log = logging.getLogger("dmem")
 
 ROLES = ("write", "respond", "jobs", "all")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def make_encoder(settings: Settings) -> Encoder:
@@ -102,7 +101,7 @@ class StoreService(Service):
 
     async def _retry(self, what: str, fn: Any, *args: Any, raise_invalid: bool = False) -> Any:
         w = self.settings.write
-        delay = w.retry_initial_s
+        backoff = Backoff(w.retry_initial_s, w.retry_max_s)
         while True:
             try:
                 out = await asyncio.to_thread(fn, *args)
@@ -123,10 +122,9 @@ class StoreService(Service):
                     what,
                     exc,
                     retriable,
-                    delay,
+                    backoff.delay,
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, w.retry_max_s)
+                await backoff.wait()
 
     async def probe(self, max_age_s: float = 1.0, timeout_s: float = 1.0) -> bool:
         """Ask Milvus now (cached for ``max_age_s``): /health and /metrics must show an
@@ -225,19 +223,19 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
     if role in ("write", "all"):
         status["write"] = wire_write_path(app, settings, encoder, store)
     if role in ("respond", "all"):
-        from streams.web import wire_respond
+        from streams.respond.http import wire_respond
 
         # its own encoder instance: the LRU cache is not shared across threads
         status["respond"] = wire_respond(app, settings, make_encoder(settings), store)
-        from streams.maintenance import wire_access
+        from streams.jobs.maintenance import wire_access
 
         status["access"] = wire_access(app, settings, store)
 
     if role in ("jobs", "all"):
-        from streams.jobs import wire_jobs
+        from streams.jobs.credit import wire_jobs
 
         status["jobs"] = wire_jobs(app, settings, store)
-        from streams.maintenance import wire_maintenance
+        from streams.jobs.maintenance import wire_maintenance
 
         status["maintenance"] = wire_maintenance(app, settings, store)
 
@@ -254,11 +252,6 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
     return app
 
 
-def raw_topic(app: faust.App, name: str) -> faust.TopicT:
-    """Bytes in, bytes out: decoding (and dead-lettering) is ours."""
-    return app.topic(name, key_serializer="raw", value_serializer="raw")
-
-
 def wire_write_path(
     app: faust.App, settings: Settings, encoder: Encoder, store: StoreService
 ) -> Any:
@@ -273,7 +266,7 @@ def wire_write_path(
     memories = raw_topic(app, settings.topic("memories"))
     app.dmem_pipeline = pipeline  # type: ignore[attr-defined]
     app.dmem_store = store  # type: ignore[attr-defined]
-    from streams.writer import WriteConsumer
+    from streams.write.consumer import WriteConsumer
 
     writer = WriteConsumer(settings, pipeline, store, now_ms, loop=app.loop, beacon=app.beacon)
     app.add_dependency(writer)

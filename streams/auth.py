@@ -11,7 +11,7 @@ Decisions:
 - Default: enabled, fail closed. A respond worker with no tokens configured
   and auth not disabled answers every ``/v1/*`` request with 401 (and logs a
   warning at start): a forgotten setting never exposes memories. The embedded
-  stack (`streams.local.LocalStack`: ``dmem up``, ``dmem demo``, tests) binds to
+  stack (`streams.local.stack.LocalStack`: ``dmem up``, ``dmem demo``, tests) binds to
   127.0.0.1 and sets ``DMEM_AUTH__DISABLED=true`` unless the caller configures
   ``DMEM_AUTH__*`` itself, so the README's two demo commands keep working.
 - Missing, malformed or unknown token: 401 with ``WWW-Authenticate: Bearer``;

@@ -1,9 +1,10 @@
-"""Registers the orjson codec with faust (codec name ``"orjson"``)."""
+"""Faust codecs: the orjson codec (name ``"orjson"``) and raw byte topics."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import faust
 from faust.serializers import codecs
 
 from schemas.codec import dumps, loads
@@ -19,3 +20,8 @@ class OrjsonCodec(codecs.Codec):
 
 def register() -> None:
     codecs.register("orjson", OrjsonCodec())
+
+
+def raw_topic(app: faust.App, name: str) -> faust.TopicT:
+    """Bytes in, bytes out: decoding (and dead-lettering) is ours."""
+    return app.topic(name, key_serializer="raw", value_serializer="raw")

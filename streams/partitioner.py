@@ -64,4 +64,25 @@ def partitions_for_keys(keys: Sequence[bytes], partitions: Sequence[int]) -> lis
     return [parts[i] for i in idx.tolist()]
 
 
-__all__ = ["murmur2_many", "partitions_for_keys"]
+def partitions_for_records(keys: Sequence[bytes | None], partitions: Sequence[int]) -> list[int]:
+    """One partition per record, keyed or not: the single path every produced record takes.
+
+    Keyed records go where the default partitioner sends them (murmur2, so a key's
+    records stay on one partition and in order); keyless ones (a dead letter of a
+    record that had no key) are spread round-robin in arrival order.
+    """
+    parts = sorted(partitions)
+    keyed = [k for k in keys if k is not None]
+    hashed = iter(partitions_for_keys(keyed, parts))
+    out: list[int] = []
+    spread = 0
+    for k in keys:
+        if k is not None:
+            out.append(next(hashed))
+        else:
+            out.append(parts[spread % len(parts)])
+            spread += 1
+    return out
+
+
+__all__ = ["murmur2_many", "partitions_for_keys", "partitions_for_records"]

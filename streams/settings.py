@@ -83,7 +83,7 @@ class JobsSettings(BaseModel):
 
 
 class MaintenanceSettings(BaseModel):
-    """Dedup/merge, decay and capacities (see `streams.maintenance`, `operators.maintenance`).
+    """Dedup/merge, decay and capacities (see `streams.jobs.maintenance`, `operators.maintenance`).
 
     ``dedup_tau`` is encoder dependent: 0.95 keeps distinct grid cells of the demo
     apart with the hash encoder (max cross-cell cosine 0.92); MiniLM rates short

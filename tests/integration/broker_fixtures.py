@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streams.embedded import EmbeddedBroker
+from streams.local.embedded import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

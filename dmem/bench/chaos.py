@@ -1,0 +1,715 @@
+"""`dmem bench chaos`: crash, outage and bad-input fault injection against the real stack.
+
+What runs (all real, nothing mocked): the embedded Tansu broker (`LocalStack`),
+a Milvus 2.3.5 standalone server (`EmbeddedMilvusServer`) and one
+``dmem worker --role write`` subprocess. The worker is a black box: this driver
+only talks to it through topics, its process, its ``/health`` and ``/metrics``
+pages, and Milvus.
+
+Scenario, on a fixed seed (``--seed``):
+- ``transitions`` valid transitions of ``tenants`` tenants (4 agents each,
+  20-step episodes, noisy step costs N(-0.1, 1) with rare +-10 surprises, so the
+  gate routes some to core, some to buffer and drops the rest) are published at
+  ``rate`` per second, with one fuzzed bad record (`bad_record`) after every
+  ``bad_every`` valid ones: random bytes, truncated JSON, huge strings, deep
+  nesting, NaN/inf, wrong types, wrong vector dims, unknown schema_version,
+  unknown fields, non-object JSON, tombstones.
+- ``kills`` times, at random points of the stream, the worker gets SIGKILL and
+  is restarted after a random 0.2-2 s pause. When ``kills >= 2`` one kill
+  happens inside the Milvus outage (a fresh worker must start while Milvus is
+  down and must not crash-loop).
+- At 40 % of the stream the Milvus server is stopped for ``outage_s`` seconds
+  and restarted on the same data dir and ports (`EmbeddedMilvusServer.restart`).
+  During the outage the driver polls the worker's ``/health`` (expects 503) and
+  ``/metrics`` (``dmem_store_healthy 0``).
+- At 80 % of the stream the broker process is paused (SIGSTOP) for
+  ``broker_pause_s`` seconds and resumed (a broker hiccup: connections hang).
+- An unexpected worker exit (not one of our kills) is counted in
+  ``worker_deaths`` and the worker is restarted so the run can finish.
+
+Then the driver waits until the worker group has committed every published
+offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
+
+- ``expected_stored``: distinct memory ids with a ``written`` MemoryEvent (the
+  gate routed them to a partition, in some run of the worker);
+- ``stored``: distinct ids of those found in Milvus; ``lost`` = expected - stored;
+- ``duplicated``: rows beyond one per transition (same id in both partitions,
+  or the same (tenant, agent, episode, step) under two ids);
+- ``unprocessed``: valid transitions with no MemoryEvent at all (must be 0);
+- ``orphans``: rows in Milvus whose latest MemoryEvent says ``dropped`` (a
+  replay after a kill re-routed a transition that was already upserted; see
+  README "Guarantees": kept, not lost, reported);
+- ``bad_inputs`` / ``dead_lettered``: bad records published / distinct source
+  offsets of dead letters (a replay may dead-letter a record twice; counted
+  once); ``good_dead_lettered`` (valid records dead-lettered, must be 0) and
+  ``dead_letters_without_reason`` (must be 0);
+- ``cross_tenant_hits``: after the stream, for every tenant, searches through
+  the responder's code path (`Responder.answer` on the same Milvus) with
+  hostile filter values (quotes, ``or``, operators, backslashes, unicode, JSON
+  paths) return rows of another tenant; ``searches_rejected`` counts hostile
+  requests refused by validation, ``plain_hits`` that unfiltered searches do
+  find rows (the check is not vacuous);
+- ``max_rss_mb``: the worker's peak resident set (sampled every 0.25 s);
+  ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` show
+  backpressure: while Milvus is down the lag grows, the process does not.
+
+Results: one JSON object on the last stdout line; progress and a table on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import random
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from dmem.bench.common import (
+    Progress,
+    cleanup_on_signals,
+    emit_json,
+    machine_info,
+    note,
+    print_table,
+    teardown,
+)
+from schemas import RetrievalRequest, Transition
+from streams.local.stack import LocalStack, WorkerProcess, tail
+from streams.settings import Settings
+
+AGENTS = 4
+EPISODE_LEN = 20
+DIM = 64
+
+
+@dataclass
+class ChaosConfig:
+    transitions: int = 20_000
+    tenants: int = 3
+    kills: int = 3
+    outage_s: float = 30.0
+    broker_pause_s: float = 5.0
+    rate: float = 250.0
+    bad_every: int = 20
+    seed: int = 7
+    batch_size: int = 256
+    drain_timeout_s: float = 300.0
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def good_transitions(cfg: ChaosConfig) -> list[Transition]:
+    """Valid transitions of all tenants, interleaved, deterministic in the seed."""
+    rng = random.Random(cfg.seed)
+    per_tenant = math.ceil(cfg.transitions / cfg.tenants)
+    streams_: list[list[Transition]] = []
+    for t in range(cfg.tenants):
+        tenant = f"tenant-{t}"
+        rows = []
+        for i in range(per_tenant):
+            ep, k = divmod(i, EPISODE_LEN)
+            agent = f"agent-{ep % AGENTS}"
+            u = rng.random()
+            reward = 10.0 if u < 0.03 else -10.0 if u < 0.06 else rng.gauss(-0.1, 1.0)
+            cell = rng.randrange(400)
+            rows.append(Transition(
+                tenant=tenant, agent_id=agent, episode_id=f"{tenant}-ep{ep}", step=k,
+                observation=f"{tenant} corridor cell {cell} step {k}",
+                action=rng.choice(["left", "right", "forward", "jump"]),
+                reward=reward, next_observation=f"{tenant} corridor cell {cell + 1}",
+                done=k == EPISODE_LEN - 1, metadata={"secret": tenant, "k": k},
+            ))
+        streams_.append(rows)
+    out = [row for group in zip(*streams_, strict=False) for row in group]
+    return out[: cfg.transitions]
+
+
+def _valid_dict(rng: random.Random) -> dict[str, Any]:
+    return {
+        "tenant": "tenant-0", "agent_id": "fuzz", "episode_id": f"fz{rng.randrange(10**6)}",
+        "step": rng.randrange(100), "observation": "a fuzzed record", "action": "left",
+        "reward": -0.1,
+    }
+
+
+def _nest(depth: int) -> Any:
+    obj: Any = 1
+    for _ in range(depth):
+        obj = {"a": obj}
+    return obj
+
+
+BAD_KINDS = (
+    "random_bytes", "truncated_json", "huge_string", "deep_nesting", "deep_json",
+    "nan_inf", "wrong_types", "wrong_vector_dims", "unknown_schema_version",
+    "unknown_field", "not_an_object", "tombstone",
+)
+
+
+def bad_record(rng: random.Random, kind: str | None = None) -> tuple[str, bytes | None]:
+    """One invalid record of a random (or the given) kind: (kind, value bytes or None)."""
+    kind = kind or rng.choice(BAD_KINDS)
+    d = _valid_dict(rng)
+    if kind == "random_bytes":
+        return kind, bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+    if kind == "truncated_json":
+        raw = orjson.dumps(d)
+        return kind, raw[: rng.randrange(1, len(raw) - 1)]
+    if kind == "huge_string":
+        field = rng.choice(["observation", "action", "agent_id", "next_observation"])
+        d[field] = "x" * rng.choice([9_000, 50_000, 200_000])
+        return kind, orjson.dumps(d)
+    if kind == "deep_nesting":
+        d["metadata"] = {"m": _nest(rng.randrange(2, 200))}
+        return kind, orjson.dumps(d)
+    if kind == "deep_json":  # deeper than any JSON parser's recursion limit
+        n = rng.choice([2_000, 50_000])
+        return kind, b"[" * n + b"]" * n
+    if kind == "nan_inf":
+        variant = rng.randrange(4)
+        if variant == 0:  # a bare NaN token: not JSON
+            return kind, orjson.dumps(d).replace(b'"reward":-0.1', b'"reward":NaN')
+        if variant == 1:  # overflows a double
+            return kind, orjson.dumps(d).replace(b'"reward":-0.1', b'"reward":1e999')
+        if variant == 2:
+            d["reward"] = rng.choice(["inf", "-inf", "NaN", "nan"])
+        else:
+            d.pop("observation")
+            d["state"] = [0.1, rng.choice(["inf", "NaN"])]
+        return kind, orjson.dumps(d)
+    if kind == "wrong_types":
+        field, value = rng.choice([
+            ("step", "three"), ("step", -1), ("step", [1]), ("reward", {"a": 1}),
+            ("tenant", 123), ("action", True), ("metadata", [1, 2]), ("done", "maybe"),
+            ("ts", -5), ("tenant", ""), ("agent_id", "bad id with spaces"),
+            ("observation", 42), ("state", "vector"),
+        ])
+        d[field] = value
+        return kind, orjson.dumps(d)
+    if kind == "wrong_vector_dims":
+        n = rng.randrange(2, 50)
+        d["state"] = [0.1] * n
+        d["next_state"] = [0.2] * (n + rng.randrange(1, 5))
+        if rng.random() < 0.3:
+            d["state"] = [0.1] * 5000  # above the vector limit
+            d.pop("next_state")
+        return kind, orjson.dumps(d)
+    if kind == "unknown_schema_version":
+        d["schema_version"] = rng.choice([0, 2, 99, -1, 10**9])
+        return kind, orjson.dumps(d)
+    if kind == "unknown_field":
+        d[rng.choice(["rewrad", "tenant_id", "__proto__", "$where"])] = 1
+        return kind, orjson.dumps(d)
+    if kind == "not_an_object":
+        return kind, rng.choice([b"[]", b"42", b'"text"', b"null", b"true", b"[{}]"])
+    if kind == "tombstone":
+        return kind, None
+    raise ValueError(kind)
+
+
+#: hostile values for the metadata filter: each tries to escape the string literal
+HOSTILE_VALUES = (
+    '" or tenant != "', "' or 1==1 or '", '") or (tenant like "%', "x\\\" || true || \\\"",
+    "tenant-1", 'tenant-1" || metadata["user"]["secret"] != "', "\\", '"', "\u202e\u0000x",
+    "𝔱𝔢𝔫𝔞𝔫𝔱", "%", "*", 'a" in ["tenant-0","tenant-1","tenant-2"] or "',
+)
+HOSTILE_KEYS = ('secret" or "1"=="1', "secret || true", "user.secret", "a b", "secret]")
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+    except OSError:
+        return 0, b""
+
+
+def metric(text: bytes, name: str) -> float | None:
+    for line in text.decode(errors="replace").splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            try:
+                return float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+class Chaos:
+    """The fault injector: owns the current worker and the Milvus server."""
+
+    def __init__(self, stack: LocalStack, server: Any, cfg: ChaosConfig) -> None:
+        self.stack, self.server, self.cfg = stack, server, cfg
+        self.worker: WorkerProcess = stack.workers[0]
+        self.kills = 0
+        self.deaths = 0
+        self.restarts = 0
+        self.expected_down = False  # between our SIGKILL and the restart
+        self.max_rss = 0.0
+        self.rss_before_outage = 0.0
+        self.rss_outage_max = 0.0
+        self.in_outage = False
+        self.outage_s = 0.0
+        self.health_503 = 0
+        self.health_polls = 0
+        self.store_unhealthy_metric = 0
+        self.max_lag = 0.0
+        self.broker_paused_s = 0.0
+
+    @property
+    def port(self) -> int:
+        return self.stack.web_ports[self.stack.workers.index(self.worker)]
+
+    def _restart(self) -> None:
+        i = self.stack.workers.index(self.worker)
+        self.stack.workers.pop(i)
+        self.stack.web_ports.pop(i)
+        self.worker = self.stack.start_worker("write")
+        self.restarts += 1
+
+    async def kill(self, rng: random.Random) -> None:
+        self.expected_down = True
+        pid = self.worker.proc.pid if self.worker.proc else None
+        await asyncio.to_thread(self.worker.kill)
+        self.kills += 1
+        note(f"  kill -9 #{self.kills} (worker pid {pid})")
+        await asyncio.sleep(rng.uniform(0.2, 2.0))
+        self._restart()
+        self.expected_down = False
+
+    async def outage(self, kill_inside: bool, rng: random.Random) -> None:
+        self.rss_before_outage = self.max_rss
+        uri = self.server.uri
+        note(f"  milvus outage: stopping {uri} for {self.cfg.outage_s:.0f}s")
+        t0 = time.monotonic()
+        self.in_outage = True
+        await asyncio.to_thread(self.server.stop)
+        if kill_inside:
+            # kill once the running worker has reported the outage (/health 503), or
+            # at 80 % of it: both the report and a start during the outage get tested
+            deadline = t0 + 0.8 * self.cfg.outage_s
+            await asyncio.sleep(min(2.0, self.cfg.outage_s / 5))
+            while self.health_503 == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+            await self.kill(rng)
+        await asyncio.sleep(max(0.0, self.cfg.outage_s - (time.monotonic() - t0)))
+        new_uri = await asyncio.to_thread(self.server.restart, 180.0)
+        self.in_outage = False
+        self.outage_s = time.monotonic() - t0
+        note(f"  milvus back at {new_uri} after {self.outage_s:.1f}s")
+        if new_uri != uri:
+            note(f"  WARNING: milvus came back on another address ({new_uri} != {uri})")
+
+    async def broker_pause(self) -> None:
+        """SIGSTOP the broker (unreachable, connections hang), then SIGCONT."""
+        broker = self.stack.broker
+        if broker is None:
+            return
+        note(f"  broker pause: SIGSTOP for {self.cfg.broker_pause_s:.0f}s")
+        broker.pause()
+        try:
+            await asyncio.sleep(self.cfg.broker_pause_s)
+        finally:
+            broker.resume()
+        self.broker_paused_s = self.cfg.broker_pause_s
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Sample RSS, health and metrics; count and repair unexpected deaths."""
+        last_probe = 0.0
+        while not stop.is_set():
+            w = self.worker
+            if w.proc is not None:
+                if not w.alive and not self.expected_down:
+                    self.deaths += 1
+                    note(f"  WORKER DIED (exit {w.proc.returncode}); log tail:\n"
+                         + tail(w.log_path))
+                    self._restart()
+                elif w.alive:
+                    r = rss_mb(w.proc.pid) or 0.0
+                    self.max_rss = max(self.max_rss, r)
+                    if self.in_outage:
+                        self.rss_outage_max = max(self.rss_outage_max, r)
+            if time.monotonic() - last_probe > 1.0 and self.worker.alive:
+                last_probe = time.monotonic()
+                code, _ = await asyncio.to_thread(http_get, self.port, "/health")
+                code_m, body = await asyncio.to_thread(http_get, self.port, "/metrics")
+                if self.in_outage and code:
+                    self.health_polls += 1
+                    self.health_503 += code == 503
+                if code_m == 200:
+                    if self.in_outage and metric(body, "dmem_store_healthy") == 0.0:
+                        self.store_unhealthy_metric += 1
+                    lag = _sum_metric(body, "dmem_consumer_lag")
+                    self.max_lag = max(self.max_lag, lag)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.25)
+            except TimeoutError:
+                pass
+
+
+def _sum_metric(text: bytes, name: str) -> float:
+    total = 0.0
+    for line in text.decode(errors="replace").splitlines():
+        if line.startswith(name + "{"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return total
+
+
+# --------------------------------------------------------------------------- driver
+
+
+async def publish_all(
+    settings: Settings,
+    records: list[tuple[bytes | None, bytes | None, str | None]],
+    rate: float,
+    progress: list[int],
+) -> tuple[dict[int, int], set[tuple[int, int]], set[tuple[int, int]]]:
+    """Paced sends; returns (partition -> end offset, bad (p, o), good (p, o))."""
+    from streams.admin import kafka_client_kwargs
+
+    kw = kafka_client_kwargs(settings.kafka)
+    producer = AIOKafkaProducer(linger_ms=5, max_request_size=1 << 20, **kw)
+    await producer.start()
+    topic = settings.topic("transitions")
+    futs = []
+    try:
+        t0 = time.perf_counter()
+        for i, (key, value, kind) in enumerate(records):
+            due = t0 + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            futs.append((kind, await producer.send(topic, value, key=key)))
+            progress[0] = i + 1
+        await producer.flush()
+        ends: dict[int, int] = {}
+        bad: set[tuple[int, int]] = set()
+        good: set[tuple[int, int]] = set()
+        for kind, f in futs:
+            md = await f
+            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+            (bad if kind else good).add((md.partition, md.offset))
+        return ends, bad, good
+    finally:
+        await producer.stop()
+
+
+async def wait_committed(settings: Settings, ends: dict[int, int], timeout_s: float,
+                         alive: Any) -> bool:
+    from streams.admin import kafka_client_kwargs
+
+    kw = kafka_client_kwargs(settings.kafka)
+    group = AIOKafkaConsumer(group_id=settings.group("write"), enable_auto_commit=False, **kw)
+    await group.start()
+    topic = settings.topic("transitions")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            done = True
+            for p, end in ends.items():
+                off = await group.committed(TopicPartition(topic, p))
+                if off is None or off < end:
+                    done = False
+                    break
+            if done:
+                return True
+            alive()
+            await asyncio.sleep(0.5)
+        return False
+    finally:
+        await group.stop()
+
+
+async def read_topic(settings: Settings, logical: str) -> list[Any]:
+    """Every record of a topic, from the beginning to its current end."""
+    from streams.admin import kafka_client_kwargs
+
+    kw = kafka_client_kwargs(settings.kafka)
+    c = AIOKafkaConsumer(enable_auto_commit=False, max_partition_fetch_bytes=8 << 20, **kw)
+    await c.start()
+    name = settings.topic(logical)
+    try:
+        parts = c.partitions_for_topic(name)
+        if not parts:
+            await c._client.force_metadata_update()
+            parts = c.partitions_for_topic(name) or set()
+        tps = [TopicPartition(name, p) for p in sorted(parts)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        msgs: list[Any] = []
+        async def behind() -> bool:
+            for tp in tps:
+                if await c.position(tp) < ends[tp]:
+                    return True
+            return False
+
+        while await behind():
+            batch = await c.getmany(timeout_ms=500, max_records=50_000)
+            for part in batch.values():
+                msgs.extend(part)
+        return msgs
+    finally:
+        await c.stop()
+
+
+def count_store(uri: str, collection: str) -> list[dict[str, Any]]:
+    from milvus import MemoryStore
+
+    store = MemoryStore(uri, collection=collection, dim=DIM).connect()
+    try:
+        return list(store.scan(output_fields=["id", "tenant", "agent_id", "episode_id", "step"]))
+    finally:
+        store.close()
+
+
+def hostile_searches(uri: str, collection: str, settings: Settings, tenants: list[str],
+                     owner: dict[str, str]) -> dict[str, int]:
+    """Search every tenant with hostile filters through the responder's code path."""
+    from milvus import MemoryStore
+    from operators import build_encoder
+    from schemas.errors import DmemError
+    from streams.respond.responder import Responder
+
+    enc = build_encoder("hash", dim=DIM, cache_size=0)
+    store = MemoryStore(uri, collection=collection, dim=DIM).connect()
+    out = {"searches": 0, "searches_rejected": 0, "cross_tenant_hits": 0, "plain_hits": 0}
+    try:
+        responder = Responder(store, enc, consistency_level="Strong")
+        for tenant in tenants:
+            bodies: list[dict[str, Any]] = [{}]
+            bodies += [{"metadata_equals": {"secret": v}} for v in HOSTILE_VALUES]
+            bodies += [{"metadata_equals": {k: "tenant-1"}} for k in HOSTILE_KEYS]
+            for i, filters in enumerate(bodies):
+                out["searches"] += 1
+                body = {"request_id": f"h{i}", "tenant": tenant, "query": "corridor cell",
+                        "k": 50, "filters": filters}
+                try:
+                    req = RetrievalRequest.model_validate(body)
+                    resp, _ = responder.answer(req, int(time.time() * 1000))
+                except (DmemError, ValueError):
+                    out["searches_rejected"] += 1
+                    continue
+                if resp.error:
+                    out["searches_rejected"] += 1
+                    continue
+                foreign = [h for h in resp.hits if owner.get(h.memory_id) != tenant]
+                out["cross_tenant_hits"] += len(foreign)
+                if not filters:
+                    out["plain_hits"] += len(resp.hits)
+    finally:
+        store.close()
+    return out
+
+
+def run(cfg: ChaosConfig) -> dict[str, Any]:
+    """Run the scenario; returns the result dict."""
+    from milvus.server import EmbeddedMilvusServer
+
+    tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-chaos-"))
+    server = None
+    stack: LocalStack | None = None
+    failed = True
+    try:
+        with cleanup_on_signals():
+            note(f"bench chaos: {cfg.transitions} transitions, {cfg.tenants} tenants, "
+                 f"{cfg.kills} kills, outage {cfg.outage_s:.0f}s, seed {cfg.seed}")
+            server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=3, time_tick_ms=50)
+            uri = server.start(timeout_s=180)
+            note(f"  milvus server {uri} (started in {server.start_s:.1f}s)")
+            run_id = uuid.uuid4().hex[:6]
+            env = {
+                "DMEM_MILVUS__URI": uri,
+                "DMEM_MILVUS__COLLECTION": f"chaos_{run_id}",
+                "DMEM_MILVUS__TIMEOUT_S": "5",
+                "DMEM_ENCODER__NAME": "hash",
+                "DMEM_ENCODER__DIM": str(DIM),
+                "DMEM_WRITE__BATCH_SIZE": str(cfg.batch_size),
+                "DMEM_WRITE__BATCH_WITHIN_S": "0.2",
+                "DMEM_WRITE__CHECKPOINT_EVERY_S": "1.0",
+                "DMEM_WRITE__RETRY_MAX_S": "2.0",
+                "DMEM_KAFKA__COMMIT_INTERVAL_S": "0.5",
+                "DMEM_APP_ID": f"dmem-chaos-{run_id}",
+                "DMEM_KAFKA__TOPIC_PREFIX": f"chaos{run_id}.",
+                "DMEM_MAINTENANCE__ENABLED": "false",
+                "DMEM_LOG_LEVEL": "info",
+            }
+            stack = LocalStack(tmp / "stack", roles=("write",), extra_env=env)
+            stack.start()
+            note(f"  broker {stack.bootstrap}; write worker up")
+            out = asyncio.run(_scenario(cfg, stack, server, uri, env["DMEM_MILVUS__COLLECTION"]))
+            out["machine"] = machine_info()
+            failed = False
+    finally:
+        teardown(stack, server, tmp, failed)
+    report(out)
+    return out
+
+
+async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
+                    collection: str) -> dict[str, Any]:
+    rng = random.Random(cfg.seed)
+    settings = stack.settings
+    good = good_transitions(cfg)
+    owner = {t.memory_id: t.tenant for t in good}
+    records: list[tuple[bytes | None, bytes | None, str | None]] = []
+    bad_kinds: Counter[str] = Counter()
+    for i, t in enumerate(good):
+        records.append((t.agent_id.encode(), orjson.dumps(t.model_dump(mode="json")), None))
+        if cfg.bad_every and i % cfg.bad_every == cfg.bad_every - 1:
+            kind, value = bad_record(rng)
+            bad_kinds[kind] += 1
+            records.append((b"fuzz", value, kind))
+    n = len(records)
+    outage_at = int(0.4 * n) if cfg.outage_s > 0 else n + 1
+    n_free = cfg.kills - 1 if (cfg.kills >= 2 and cfg.outage_s > 0) else cfg.kills
+    kill_at = sorted(rng.randrange(int(0.05 * n), max(int(0.95 * n), int(0.05 * n) + 1))
+                     for _ in range(max(n_free, 0)))
+    chaos = Chaos(stack, server, cfg)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(chaos.watch(stop))
+    progress = [0]
+    prog = Progress("published", n)
+    t0 = time.monotonic()
+    pub = asyncio.create_task(publish_all(settings, records, cfg.rate, progress))
+    outage_task: asyncio.Task[None] | None = None
+    pause_at = int(0.8 * n) if cfg.broker_pause_s > 0 else n + 1
+    paused = False
+    while not pub.done() or kill_at or (outage_task and not outage_task.done()):
+        done = progress[0] if not pub.done() else n
+        prog.update(done)
+        if outage_task is None and done >= outage_at:
+            outage_task = asyncio.create_task(chaos.outage(cfg.kills >= 2, rng))
+        if not paused and done >= pause_at and not chaos.in_outage:
+            paused = True
+            await chaos.broker_pause()
+        # no free kill shortly before the outage: the worker must be up to report it
+        near_outage = outage_at - 0.15 * n <= done < outage_at
+        if kill_at and done >= kill_at[0] and not chaos.in_outage and not near_outage:
+            kill_at.pop(0)
+            await chaos.kill(rng)
+        await asyncio.sleep(0.1)
+    ends, bad_offsets, good_offsets = await pub
+    note(f"  published {n} records in {time.monotonic() - t0:.1f}s; draining")
+
+    def alive() -> None:
+        pass  # the watcher restarts dead workers
+
+    committed = await wait_committed(settings, ends, cfg.drain_timeout_s, alive)
+    drain_s = time.monotonic() - t0
+    await asyncio.sleep(1.0)
+    stop.set()
+    await watcher
+    events_raw = await read_topic(settings, "memories")
+    dead_raw = await read_topic(settings, "deadletter")
+
+    written: set[str] = set()
+    latest: dict[str, str] = {}
+    seen: set[str] = set()
+    for m in events_raw:
+        ev = orjson.loads(m.value)
+        mid = ev["memory_id"]
+        seen.add(mid)
+        latest[mid] = ev["kind"]
+        if ev["kind"] == "written":
+            written.add(mid)
+    dl_offsets: set[tuple[int, int]] = set()
+    no_reason = 0
+    for m in dead_raw:
+        dl = orjson.loads(m.value)
+        if dl.get("topic") != settings.topic("transitions"):
+            continue
+        if not dl.get("reason"):
+            no_reason += 1
+        dl_offsets.add((dl["partition"], dl["offset"]))
+        _ = base64.b64decode(dl.get("original_b64", ""))
+
+    rows = await asyncio.to_thread(count_store, uri, collection)
+    by_id = Counter(r["id"] for r in rows)
+    by_key = Counter((r["tenant"], r["agent_id"], r["episode_id"], r["step"]) for r in rows)
+    stored_ids = set(by_id)
+    duplicated = (sum(by_id.values()) - len(by_id)) + (len(by_id) - len(by_key))
+    good_ids = {t.memory_id for t in good}
+    hostile = await asyncio.to_thread(
+        hostile_searches, uri, collection, settings, sorted({t.tenant for t in good}), owner)
+    out: dict[str, Any] = {
+        "bench": "chaos",
+        "config": asdict(cfg),
+        "transitions": len(good),
+        "records_published": n,
+        "worker_kills": chaos.kills,
+        "worker_restarts": chaos.restarts,
+        "milvus_outage_s": round(chaos.outage_s, 1),
+        "broker_paused_s": chaos.broker_paused_s,
+        "expected_stored": len(written),
+        "stored": len(written & stored_ids),
+        "lost": len(written - stored_ids),
+        "duplicated": duplicated,
+        "unprocessed": len(good_ids - seen),
+        "orphans": sum(1 for i in stored_ids - written if latest.get(i) == "dropped"),
+        "unexpected_rows": len(stored_ids - good_ids),
+        "bad_inputs": len(bad_offsets),
+        "bad_kinds": dict(sorted(bad_kinds.items())),
+        "dead_lettered": len(dl_offsets & bad_offsets),
+        "good_dead_lettered": len(dl_offsets & good_offsets),
+        "dead_letters_without_reason": no_reason,
+        "worker_deaths": chaos.deaths,
+        **hostile,
+        "max_rss_mb": round(chaos.max_rss, 1),
+        "rss_before_outage_mb": round(chaos.rss_before_outage, 1),
+        "rss_outage_max_mb": round(chaos.rss_outage_max, 1),
+        "max_lag": chaos.max_lag,
+        "health_polls_in_outage": chaos.health_polls,
+        "health_503_in_outage": chaos.health_503,
+        "store_unhealthy_metric_in_outage": chaos.store_unhealthy_metric,
+        "all_committed": committed,
+        "wall_s": round(drain_s, 1),
+    }
+    return out
+
+
+def report(out: dict[str, Any]) -> None:
+    keys = ["transitions", "worker_kills", "milvus_outage_s", "expected_stored", "stored", "lost",
+            "duplicated", "unprocessed", "orphans", "bad_inputs", "dead_lettered",
+            "good_dead_lettered", "worker_deaths", "cross_tenant_hits", "searches_rejected",
+            "max_rss_mb", "rss_before_outage_mb", "rss_outage_max_mb", "max_lag",
+            "health_503_in_outage", "wall_s"]
+    print_table("dmem bench chaos", ["measure", "value"],
+                [(k, out.get(k)) for k in keys])
+
+
+def main(cfg: ChaosConfig, as_json: bool) -> dict[str, Any]:
+    out = run(cfg)
+    if as_json:
+        emit_json(out)
+    return out

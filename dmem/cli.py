@@ -1,0 +1,494 @@
+"""The `dmem` command line.
+
+Errors are one line on stderr and a non-zero exit (2 for bad settings or an
+unreachable service), never a traceback wall; ``DMEM_DEBUG=1`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from schemas.errors import DmemError
+
+
+def _settings(**overrides: Any) -> Any:
+    from streams.settings import Settings
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise click.ClickException(f"bad setting {loc}: {first.get('msg')}") from None
+
+
+def _fail(exc: BaseException) -> None:
+    if os.environ.get("DMEM_DEBUG"):
+        raise exc
+    click.echo(f"dmem: error: {exc}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+def main() -> None:
+    """dmem: dopamine-gated, outcome-credited memory for agents, over Kafka and Milvus."""
+
+
+@main.command()
+@click.option(
+    "--role",
+    type=click.Choice(["write", "respond", "jobs", "all"]),
+    default="all",
+    show_default=True,
+)
+def worker(role: str) -> None:
+    """Run a worker (settings from DMEM_* environment variables)."""
+    from streams.worker import run_worker
+
+    settings = _settings()
+    try:
+        run_worker(settings, role)
+    except DmemError as exc:
+        _fail(exc)
+
+
+@main.group()
+def topics() -> None:
+    """Topic administration."""
+
+
+@topics.command("create")
+def topics_create() -> None:
+    """Create every dmem topic on the configured broker (idempotent)."""
+    from streams.admin import check_broker, ensure_topics
+
+    settings = _settings()
+    try:
+        asyncio.run(check_broker(settings.kafka))
+        created = asyncio.run(ensure_topics(settings))
+    except DmemError as exc:
+        _fail(exc)
+    click.echo(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
+
+
+@main.group()
+def schemas() -> None:
+    """Payload schemas."""
+
+
+@schemas.command("export")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def schemas_export(directory: Path) -> None:
+    """Write the JSON Schema of every payload into DIRECTORY."""
+    from schemas import export_json_schemas
+
+    for p in export_json_schemas(directory):
+        click.echo(str(p))
+
+
+@main.command()
+@click.option(
+    "--env",
+    "env_name",
+    type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
+    default="cliffwalking",
+    show_default=True,
+)
+@click.option("--steps", type=int, default=3000, show_default=True)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option(
+    "--encoder",
+    type=click.Choice(["minilm", "hash"]),
+    default=None,
+    help="override DMEM_ENCODER__NAME",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="keep the Milvus Lite data here (default: a fresh temp dir)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def demo(
+    env_name: str, steps: int, seed: int, encoder: str | None, data_dir: Path | None, as_json: bool
+) -> None:
+    """Embedded end-to-end run: broker + Milvus Lite + write worker + a Gymnasium agent."""
+    from dmem.demo import run_demo
+
+    if steps < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--steps")
+    try:
+        summary = run_demo(
+            env_name=env_name,
+            steps=steps,
+            seed=seed,
+            encoder=encoder,
+            data_dir=data_dir,
+            as_json=as_json,
+        )
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        from schemas import dumps
+
+        click.echo(dumps(summary).decode())
+
+
+@main.command()
+@click.argument("query")
+@click.option("--tenant", required=True, help="tenant whose memories to search")
+@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=None,
+              help="override the semantic weight")
+@click.option("--http", "http_url", default=None,
+              help="search over HTTP at this base URL instead of Kafka")
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
+              help="HTTP bearer token [env DMEM_API_TOKEN]")
+@click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
+def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | None,
+           http_url: str | None, timeout_s: float, token: str | None, as_json: bool) -> None:
+    """Search a running deployment (settings from DMEM_* env vars)."""
+    from dmem.client import DmemClient
+    from streams.admin import check_broker, kafka_client_kwargs
+
+    settings = _settings()
+    kw = kafka_client_kwargs(settings.kafka)
+    bootstrap = kw.pop("bootstrap_servers")
+
+    async def go() -> list[Any]:
+        if http_url is None:
+            await check_broker(settings.kafka)
+        client = DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
+                            http_url=http_url, transport="http" if http_url else "kafka",
+                            timeout_s=timeout_s, client_kwargs=kw, token=token)
+        async with client:
+            return await client.search(query, k, agent_id=agent_id, lambda_=lam)
+
+    try:
+        hits = asyncio.run(go())
+    except (DmemError, ValidationError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
+        return
+    if not hits:
+        click.echo("no memories found")
+    for i, h in enumerate(hits, 1):
+        click.echo(f"{i}. [{h.partition} v{h.valence:+d} score {h.score:.3f}] {h.text!r} "
+                   f"-> {h.action} (reward {h.reward:g}, rpe {h.rpe:.2f}, utility {h.utility:.2f})")
+
+
+@main.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("dmem-data"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
+def up(data_dir: Path, as_json: bool) -> None:
+    """Run the local stack (embedded broker, Milvus Lite, workers) until Ctrl-C."""
+    from streams.local.stack import run_up
+
+    try:
+        run_up(data_dir=data_dir, as_json=as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True)
+@click.option("--bench-json", "bench_json", type=click.Path(dir_okay=False, path_type=Path),
+              multiple=True, help="benchmark result file(s) to include (JSON, last line)")
+@click.option("--bench-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".dmem-bench"), show_default=True,
+              help="directory of `dmem bench` results (*.json)")
+@click.option("--max-events", type=click.IntRange(1), default=200_000, show_default=True,
+              help="newest MemoryEvents read from the memories topic")
+@click.option("--json", "as_json", is_flag=True, help="print a summary as one JSON line")
+def report(out: Path, bench_json: tuple[Path, ...], bench_dir: Path, max_events: int,
+           as_json: bool) -> None:
+    """Self-contained HTML report of a running deployment (settings from DMEM_* env vars)."""
+    from dmem.report import build_report
+    from streams.admin import check_broker
+
+    settings = _settings()
+    try:
+        asyncio.run(check_broker(settings.kafka))
+        summary = build_report(settings, out, bench_json=bench_json, bench_dir=bench_dir,
+                               max_events=max_events)
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"wrote {out} ({summary['events']} events, {summary['images']} plots)")
+
+
+from dmem.deploycheck import deploycheck  # noqa: E402 - heavy imports are lazy inside
+
+main.add_command(deploycheck)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks (long; not run in CI)."""
+
+
+@bench.command("retrieval")
+@click.option("--memories", type=click.IntRange(1), default=100_000, show_default=True,
+              help="memories loaded for the latency tenant")
+@click.option("--requests", type=click.IntRange(1), default=300, show_default=True,
+              help="sequential requests per transport and repeat")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="hash",
+              show_default=True, help="encoder of the stored rows and of the worker")
+@click.option("--env", "envs", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
+              multiple=True, help="Gymnasium run(s) of the quality probes "
+              "[default: cliffwalking and taxi]")
+@click.option("--steps", type=click.IntRange(1), default=3000, show_default=True,
+              help="steps of each quality run")
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True,
+              help="untimed requests per transport before measuring")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
+                    envs: tuple[str, ...], steps: int, seed: int, warmup: int,
+                    as_json: bool) -> None:
+    """Read-path latency (Kafka, HTTP, raw Milvus) and critical-event probe quality."""
+    from dmem.bench.retrieval import BenchConfig
+    from dmem.bench.retrieval import main as run_bench
+
+    cfg = BenchConfig(memories=memories, requests=requests, repeats=repeats, encoder=encoder,
+                      envs=envs or ("cliffwalking", "taxi"), steps=steps, seed=seed,
+                      warmup=warmup)
+    try:
+        run_bench(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
+@bench.command("write")
+@click.option("--transitions", type=click.IntRange(1), default=50_000, show_default=True)
+@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="hash",
+              show_default=True)
+@click.option("--workers", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
+              help="worker micro-batch (DMEM_WRITE__BATCH_SIZE)")
+@click.option("--batch-within", type=float, default=0.1, show_default=True,
+              help="worker micro-batch window in seconds")
+@click.option("--latency-transitions", type=click.IntRange(1), default=None,
+              help="paced transitions of the latency run [default: ~15 s worth]")
+@click.option("--milvus-uri", default=None, help="use this Milvus server instead of starting one")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batch_size: int,
+                batch_within: float, latency_transitions: int | None, milvus_uri: str | None,
+                as_json: bool) -> None:
+    """Write-path throughput and latency vs raw Kafka, encoder and Milvus baselines."""
+    from dmem.bench import write as bw
+
+    try:
+        out = bw.run(transitions=transitions, encoder=encoder, workers=workers, repeats=repeats,
+                     batch_size=batch_size, batch_within_s=batch_within,
+                     latency_transitions=latency_transitions, milvus_uri=milvus_uri)
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        bw.emit_json(out)
+
+
+@bench.command("chaos")
+@click.option("--transitions", type=click.IntRange(1), default=20_000, show_default=True)
+@click.option("--tenants", type=click.IntRange(2), default=3, show_default=True)
+@click.option("--kills", type=click.IntRange(0), default=3, show_default=True,
+              help="kill -9 the write worker this many times (one inside the outage)")
+@click.option("--outage-s", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="seconds the Milvus server is down mid-stream (0: no outage)")
+@click.option("--broker-pause-s", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="seconds the broker is paused (SIGSTOP) late in the stream (0: none)")
+@click.option("--rate", type=click.FloatRange(1), default=250.0, show_default=True,
+              help="records published per second")
+@click.option("--bad-every", type=click.IntRange(0), default=20, show_default=True,
+              help="one fuzzed bad record after every N valid ones (0: none)")
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
+                broker_pause_s: float, rate: float, bad_every: int, seed: int,
+                as_json: bool) -> None:
+    """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
+    from dmem.bench.chaos import ChaosConfig
+    from dmem.bench.chaos import main as run_chaos
+
+    cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
+                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every, seed=seed)
+    try:
+        run_chaos(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
+@bench.command("credit")
+@click.option("--episodes", type=click.IntRange(1), default=300, show_default=True)
+@click.option("--scenarios", type=click.IntRange(1, 24), default=20, show_default=True)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> None:
+    """Delayed-credit task through the real pipeline: hybrid vs semantic ranking."""
+    from dmem.bench.credit import CreditConfig
+    from dmem.bench.credit import main as run_credit
+
+    try:
+        run_credit(CreditConfig(episodes=episodes, scenarios=scenarios, seed=seed), as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
+def _store(settings: Any) -> Any:
+    """A connected MemoryStore for CLI tools (dim from the encoder settings)."""
+    from milvus import MemoryStore
+
+    m = settings.milvus
+    dim = 384 if settings.encoder.name == "minilm" else settings.encoder.dim
+    if not m.uri:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,
+                       timeout_s=m.timeout_s).connect()
+
+
+@main.command("inspect")
+@click.option("--tenant", required=True, help="tenant to inspect")
+@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--events/--no-events", default=True, show_default=True,
+              help="read recent merges/evictions from the memories topic (needs the broker)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
+    """Counts, age/priority distributions, top memories, recent merges/evictions."""
+    from streams.jobs.maintenance import inspect_tenant, now_ms, policy_from, recent_events
+
+    settings = _settings()
+    try:
+        store = _store(settings)
+        try:
+            report = inspect_tenant(store, tenant, policy_from(settings), now_ms(), top=top)
+        finally:
+            store.close()
+        report["recent"] = None
+        if events:
+            try:
+                report["recent"] = asyncio.run(asyncio.wait_for(
+                    recent_events(settings, tenant), timeout=15))
+            except Exception as exc:  # noqa: BLE001 - the store part is still useful
+                report["recent_error"] = f"{type(exc).__name__}: {exc}"
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    c = report["counts"]
+    click.echo(f"tenant {tenant}: core {c['core']}, buffer {c['buffer']} "
+               f"(capacity {report['capacity']['core']}/{report['capacity']['buffer']}), "
+               f"{report['merged_total']} duplicates merged into {report['merged_rows']} rows")
+    for name in ("age_s", "priority"):
+        for part, q in report[name].items():
+            click.echo(f"  {name:<8} {part:<6} " + " ".join(
+                f"{k}={v:.3g}" if v is not None else f"{k}=-" for k, v in q.items()))
+    click.echo(f"next decay pass would do: {report['next_pass'] or 'nothing'}")
+    click.echo("top by priority:")
+    for i, t in enumerate(report["top"], 1):
+        click.echo(f"  {i}. [{t['partition']} p={t['priority']:.3f} rpe={t['rpe']:+.2f} "
+                   f"x{t['merged_count']} hits={t['hits']}] {t['text']!r} -> {t['action']}")
+    if report.get("recent"):
+        click.echo("recent maintenance events:")
+        for ev in report["recent"]:
+            click.echo(f"  {ev.get('ts')} {ev.get('kind'):<9} {ev.get('memory_id')} "
+                       f"{ev.get('reason', '')}")
+    elif report.get("recent_error"):
+        click.echo(f"recent events unavailable: {report['recent_error']}")
+
+
+@main.command()
+@click.option("--tenant", required=True, help="tenant whose memories to forget")
+@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option("--memory", "memory_id", default=None, help="only this memory")
+@click.option("--audit/--no-audit", default=True, show_default=True,
+              help="emit a forgotten MemoryEvent per deleted memory (needs the broker)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool,
+           as_json: bool) -> None:
+    """Delete every memory of the scope from Milvus (and emit `forgotten` audit events)."""
+    from streams.admin import check_broker
+    from streams.jobs.maintenance import emit_events, forget_scope
+
+    settings = _settings()
+    try:
+        if audit:  # fail before deleting anything if the audit trail cannot be written
+            asyncio.run(check_broker(settings.kafka))
+        store = _store(settings)
+        try:
+            events = forget_scope(store, tenant, agent_id=agent_id, memory_id=memory_id)
+        finally:
+            store.close()
+        if audit and events:
+            asyncio.run(emit_events(settings, events))
+    except DmemError as exc:
+        _fail(exc)
+    out = {"tenant": tenant, "agent": agent_id, "memory": memory_id, "forgotten": len(events),
+           "audited": len(events) if audit else 0}
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"forgot {len(events)} memories of tenant {tenant}"
+                   + (f" agent {agent_id}" if agent_id else "")
+                   + (f" memory {memory_id}" if memory_id else ""))
+
+
+@bench.command("maintenance")
+@click.option("--steps", type=click.IntRange(1), default=20_000, show_default=True,
+              help="Gymnasium steps streamed through the pipeline")
+@click.option("--env", "env_name", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
+              default="cliffwalking", show_default=True)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--core-capacity", type=click.IntRange(1), default=150, show_default=True)
+@click.option("--buffer-capacity", type=click.IntRange(1), default=300, show_default=True)
+@click.option("--scale", default="1000,10000,100000", show_default=True,
+              help="memory counts of the decay-pass cost measurement (comma separated)")
+@click.option("--passes", type=click.IntRange(1), default=20, show_default=True,
+              help="decay passes timed at each scale")
+@click.option("--milvus-uri", default=None,
+              help="Milvus server for the scale measurement [default: start the embedded one, "
+              "else Milvus Lite]")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_maintenance(steps: int, env_name: str, seed: int, core_capacity: int,
+                      buffer_capacity: int, scale: str, passes: int, milvus_uri: str | None,
+                      as_json: bool) -> None:
+    """Dedup/decay/capacity through the real pipeline, and decay-pass cost vs size."""
+    import dmem.bench.maintenance as bm
+
+    try:
+        sizes = [int(x) for x in scale.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter("comma-separated integers", param_hint="--scale") from None
+    try:
+        out = bm.run(steps=steps, env_name=env_name, seed=seed, core_capacity=core_capacity,
+                     buffer_capacity=buffer_capacity, sizes=sizes, passes=passes,
+                     milvus_uri=milvus_uri)
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        bm.emit_json(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""The processing-time clock, written once.
+
+Processing time only decides *when* a job runs or how long a request waited; what a
+job decides is measured on event time (DESIGN.md "Time"). Operators never read a
+clock: callers pass ``now`` in, so this is the one place the wall clock is read.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return int(time.time() * 1000)

@@ -1,0 +1,1 @@
+"""The jobs role: outcome credit (`credit`) and dedup / decay / forget (`maintenance`)."""

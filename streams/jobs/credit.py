@@ -1,0 +1,259 @@
+"""Jobs role: the credit job and the utility applier (faust Services, thin wiring).
+
+Credit job (`CreditJob`): reads ``dmem.usage`` and ``dmem.feedback`` and feeds
+`operators.credit.CreditAssigner`; emits `UtilityUpdate`s to ``dmem.credit``.
+Restart safety without a state store: on start it re-reads both topics from
+``now - ttl`` (by timestamp) and rebuilds its windows. Updates it had already
+emitted before the restart come out again with the *same* update ids, and the
+applier ignores ids it has applied, so a restart mid-window neither loses nor
+double-counts credit. (Single jobs worker per deployment: the job reads all
+partitions; scale the applier, not the job.)
+
+Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
+``dmem.credit``; batches updates per memory, reads the rows, folds the updates
+with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
+upserts them back into their partition; offsets are committed only after
+Milvus acknowledged. Updates for memories that no longer exist are dropped.
+
+Usage records come from the responder (``source="served"``) and, optionally,
+from agents reporting what they actually used (``source="agent"``, see
+`DmemClient.report_usage`); the assigner prefers the agent's record.
+
+Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
+``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
+memory id become a direct update of +1 / -1 credit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from mode import Service
+from pydantic import ValidationError
+
+from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
+from schemas import DeadLetter, EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate, encode
+from streams.admin import group_consumer, kafka_client_kwargs
+from streams.clock import now_ms
+from streams.metrics import CREDIT_UPDATES
+from streams.settings import Settings
+from streams.write.pipeline import RawRecord, dead_letter, validation_reason
+
+log = logging.getLogger("dmem.jobs")
+
+
+def parse_feedback(value: bytes) -> EpisodeOutcome | Feedback:
+    data = orjson.loads(value)
+    if isinstance(data, dict) and ("kind" in data or "memory_id" in data or "value" in data):
+        return Feedback.model_validate(data)
+    return EpisodeOutcome.model_validate(data)
+
+
+class CreditJob(Service):
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        j = settings.jobs
+        self.assigner = CreditAssigner(gamma=j.credit_gamma, ttl_ms=j.credit_ttl_ms)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.emitted = 0
+        self.dead = 0
+        self.rebuilt = 0
+
+    async def on_start(self) -> None:
+        kw = kafka_client_kwargs(self.settings.kafka)
+        self.producer = AIOKafkaProducer(linger_ms=5, **kw)
+        await self.producer.start()
+        c = AIOKafkaConsumer(enable_auto_commit=False, fetch_max_wait_ms=100, **kw)
+        await c.start()
+        tps: list[TopicPartition] = []
+        for logical in ("usage", "feedback"):
+            name = self.settings.topic(logical)
+            parts = c.partitions_for_topic(name)
+            if not parts:
+                await c._client.force_metadata_update()  # noqa: SLF001
+                parts = c.partitions_for_topic(name) or set()
+            tps += [TopicPartition(name, p) for p in sorted(parts)]
+        c.assign(tps)
+        since = now_ms() - self.settings.jobs.credit_ttl_ms
+        offsets = await c.offsets_for_times({tp: since for tp in tps})
+        for tp in tps:
+            found = offsets.get(tp)
+            if found is not None:
+                c.seek(tp, found.offset)
+            else:
+                await c.seek_to_end(tp)
+        self.consumer = c
+        self.add_future(self._run())
+        self.add_future(self._expire())
+
+    async def on_stop(self) -> None:
+        for client in (self.consumer, self.producer):
+            if client is not None:
+                await client.stop()
+
+    async def _run(self) -> None:
+        assert self.consumer is not None
+        while not self.should_stop:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=1000)
+            for msgs in batch.values():
+                for m in msgs:
+                    await self._handle(m)
+
+    async def _expire(self) -> None:
+        while not self.should_stop:
+            await self.sleep(30.0)
+            self.assigner.expire(now_ms())
+
+    async def _handle(self, m: Any) -> None:
+        now = now_ms()
+        try:
+            if m.topic == self.settings.topic("usage"):
+                u = MemoryUsage.model_validate(orjson.loads(m.value))
+                ups = self.assigner.on_usage(
+                    u.tenant,
+                    u.episode_id,
+                    UsageRecord(
+                        u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights), u.source
+                    ),
+                    now,
+                )
+            else:
+                fb = parse_feedback(m.value)
+                ups = self._feedback(fb, now)
+        except (ValidationError, orjson.JSONDecodeError, ValueError) as exc:
+            raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
+            await self._dead(
+                raw.key, dead_letter(raw, validation_reason(exc), type(exc).__name__, "credit", now)
+            )
+            return
+        await self._emit(ups, now)
+
+    def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
+        if isinstance(fb, EpisodeOutcome):
+            oid = fb.outcome_id or f"{fb.episode_id}:final"
+            return self.assigner.on_outcome(
+                fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.reward, None, fb.task), now
+            )
+        if fb.memory_id is not None and fb.kind != "reward":
+            credit = 1.0 if fb.kind == "thumbs_up" else -1.0
+            fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{fb.ts}"
+            return [
+                CreditUpdate(f"fb:{fid}", fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0)
+            ]
+        if fb.episode_id is not None:
+            oid = fb.feedback_id or f"{fb.episode_id}:final"
+            return self.assigner.on_outcome(
+                fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.value), now
+            )
+        return []
+
+    async def _emit(self, ups: list[CreditUpdate], now: int) -> None:
+        assert self.producer is not None
+        for u in ups:
+            msg = UtilityUpdate(
+                update_id=u.update_id,
+                memory_id=u.memory_id,
+                tenant=u.tenant,
+                credit=u.credit,
+                uses=u.uses,
+                ts=now,
+            )
+            await self.producer.send(
+                self.settings.topic("credit"), encode(msg), key=u.memory_id.encode()
+            )
+            self.emitted += 1
+
+    async def _dead(self, key: bytes | None, dl: DeadLetter) -> None:
+        assert self.producer is not None
+        await self.producer.send(self.settings.topic("deadletter"), encode(dl), key=key)
+        self.dead += 1
+
+
+class UtilityApplier(Service):
+    def __init__(self, settings: Settings, store: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.store_service = store
+        self.consumer: AIOKafkaConsumer | None = None
+        self.applied = 0
+        self.skipped = 0
+
+    async def on_start(self) -> None:
+        self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
+                                       fetch_max_wait_ms=200)
+        await self.consumer.start()
+        self.add_future(self._run())
+
+    async def on_stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+    async def _run(self) -> None:
+        assert self.consumer is not None
+        while not self.should_stop:
+            batch = await self.consumer.getmany(timeout_ms=500, max_records=2000)
+            updates: list[UtilityUpdate] = []
+            for msgs in batch.values():
+                for m in msgs:
+                    try:
+                        updates.append(UtilityUpdate.model_validate(orjson.loads(m.value)))
+                    except (ValidationError, orjson.JSONDecodeError) as exc:
+                        log.warning(
+                            "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
+                        )
+            if updates:
+                await self.store_service.maybe_start()
+                await self.store_service.connected.wait()
+                await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
+            if batch:
+                await self.consumer.commit()
+
+    def apply(self, updates: list[UtilityUpdate]) -> int:
+        """Fold updates into their rows (sync; runs in a worker thread)."""
+        store = self.store_service.store
+        ids = sorted({u.memory_id for u in updates})
+        rows = {r["id"]: r for r in store.get(ids, with_vector=True)}
+        touched: dict[str, dict[str, Any]] = {}
+        for u in updates:
+            row = rows.get(u.memory_id)
+            if row is None or row.get("tenant") != u.tenant:
+                self.skipped += 1
+                continue
+            if apply_utility(
+                row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
+            ):
+                touched[u.memory_id] = row
+                self.applied += 1
+                CREDIT_UPDATES.labels(tenant=u.tenant).inc()
+            else:
+                self.skipped += 1
+        by_part: dict[str, list[dict[str, Any]]] = {}
+        for row in touched.values():
+            part = row.pop("partition")
+            by_part.setdefault(part, []).append(row)
+        for part, part_rows in by_part.items():
+            store.upsert(part_rows, part)
+        return len(touched)
+
+
+def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
+    job = CreditJob(settings, loop=app.loop, beacon=app.beacon)
+    applier = UtilityApplier(settings, store, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(job)
+    app.add_dependency(applier)
+    return lambda: {
+        "credit_emitted": job.emitted,
+        "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,
+        "late_agent_reports": job.assigner.late_agent_reports,
+        "credit_applied": applier.applied,
+        "credit_skipped": applier.skipped,
+        "open_episodes": len(job.assigner.episodes),
+    }
+
+
+__all__ = ["CreditJob", "UtilityApplier", "wire_jobs"]

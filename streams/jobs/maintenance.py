@@ -1,0 +1,792 @@
+"""Maintenance jobs (jobs role): dedup/merge, decay/forgetting, promotion/demotion,
+capacities; access tracking (respond role); ``dmem forget`` and ``dmem inspect``.
+
+The logic is in `operators.maintenance` (pure); this module is the thin part that
+talks to Kafka and Milvus.
+
+`MaintenanceJob` (one per deployment, like the credit job: it reads every
+partition of ``dmem.memories`` through the consumer group
+``<app_id>-maintenance``, because capacities are per tenant):
+
+- Priority index: on start, one scan of the collection's scalar fields builds an
+  in-memory columnar index per tenant (`operators.maintenance.PriorityIndex`,
+  about 60 bytes of arrays + one dict slot per memory). From then on the
+  ``memories`` topic keeps it current: ``written`` adds, ``merged``/``evicted``/
+  ``forgotten`` remove, ``moved``/``promoted``/``demoted`` change the partition.
+  Values written by other processes (utility from the credit applier, access
+  counts from the responders) reach it through a round-robin refresh of
+  ``refresh_per_pass`` rows per pass, and every row is re-read just before an
+  action is taken on it.
+- Dedup: tumbling processing-time windows (``dedup_window_s``) of ``written``
+  events, per tenant. At window close the window's rows are read (with
+  vectors), grouped by scope (agent, action, valence), and each scope's rows
+  are searched against Milvus (one batched ANN query per scope, top
+  ``dedup_k`` excluding the window's own ids); rows within cosine ``tau``
+  are merged oldest-first (`plan_merges`, `merge_rows`): the survivor is
+  rewritten, the others deleted, one ``merged`` event each. Offsets are
+  committed only after a window's merges were acknowledged by Milvus; a replay
+  folds nothing twice (merged ids are remembered in the survivor).
+- Decay: every ``decay_interval_s``, per tenant: refresh a slice, plan
+  (`plan_decay`, O(n) numpy over the index), re-read the chosen rows, act
+  (move / delete, at most ``max_actions_per_pass``), one event per action.
+
+Cost of a decay pass for a tenant with n memories: O(n) vectorised arithmetic
+in memory (about a millisecond per 100k), plus Milvus I/O bounded by
+``refresh_per_pass + 2 * max_actions_per_pass`` rows, independent of n. The
+full scan happens once per process start (bootstrap), not per tick.
+
+Concurrency: Milvus has no partial updates, so a merge, a move or an access
+flush is a read-modify-write of the row. Writers in this module share one
+process-wide lock; the credit applier (`streams.jobs.credit`) does not take it, so a
+credit applied in the few milliseconds between a merge's read and write of the
+same survivor can be lost (documented limitation).
+
+Access tracking: the responder calls `streams.respond.responder.ACCESS_HOOK` with the
+served ids; `AccessTracker` accumulates counts in memory and `AccessFlusher`
+writes them every ``access_flush_s`` in one batch (``last_access_ts`` and
+``metadata.access.n``, the retrieval count). ``uses`` stays the credited-use
+count owned by the credit applier (utility is an EMA of credit per *credited*
+use; counting retrievals there would dilute it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from mode import Service
+from pydantic import ValidationError
+
+from milvus import MemoryStore
+from milvus import expr as E
+from milvus.schema import VECTOR_FIELD, search_params
+from operators.maintenance import (
+    CORE,
+    PART_NAME,
+    Entry,
+    MaintenancePolicy,
+    MergeGroup,
+    PriorityIndex,
+    TenantIndex,
+    entry_from_row,
+    merge_rows,
+    plan_decay,
+    plan_merges,
+    tenant_priorities,
+)
+from schemas import MemoryEvent, encode
+from streams.admin import group_consumer, kafka_client_kwargs
+from streams.clock import now_ms
+from streams.settings import Settings
+
+log = logging.getLogger("dmem.maintenance")
+
+#: one writer at a time for the read-modify-writes of this module, per process
+WRITE_LOCK = threading.Lock()
+SCAN_FIELDS = ["id", "tenant", "created_ts", "last_access_ts", "rpe", "utility", "metadata"]
+REMOVED = ("merged", "evicted", "forgotten")
+MOVED = ("moved", "promoted", "demoted")
+
+
+def policy_from(settings: Settings) -> MaintenancePolicy:
+    m = settings.maintenance
+    return MaintenancePolicy(
+        tau=m.dedup_tau,
+        half_life_ms=m.half_life_s * 1000.0,
+        utility_weight=m.utility_weight,
+        access_weight=m.access_weight,
+        access_half_life_ms=m.access_half_life_s * 1000.0,
+        buffer_floor=m.buffer_floor,
+        buffer_ttl_ms=int(m.buffer_ttl_s * 1000),
+        demote_below=m.demote_below,
+        promote_above=m.promote_above,
+        core_capacity=m.core_capacity,
+        buffer_capacity=m.buffer_capacity,
+        max_actions=m.max_actions_per_pass,
+    )
+
+
+def _unique(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        out.setdefault(str(r["id"]), r)
+    return out
+
+
+def _event(kind: str, row: dict[str, Any], partition: str | None, reason: str,
+           now: int) -> MemoryEvent:  # fmt: skip
+    return MemoryEvent.model_validate(
+        {
+            "kind": kind,
+            "memory_id": str(row["id"]),
+            "tenant": str(row["tenant"]),
+            "agent_id": row.get("agent_id") or None,
+            "episode_id": row.get("episode_id") or None,
+            "step": row.get("step"),
+            "partition": partition,
+            "reward": row.get("reward"),
+            "rpe": row.get("rpe"),
+            "valence": row.get("valence"),
+            "reason": reason,
+            "ts": now,
+        }
+    )
+
+
+def get_bounded(store: MemoryStore, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
+    """Rows by id with Bounded consistency (no wait for the next time tick), then a
+    Strong read of the ids that were not found (they may be just written).
+
+    Used for the index refresh and the re-read before acting: a value updated
+    in the last moment may be missed and is seen by a later pass.
+    """
+    out = _get_bounded(store, ids, fields)
+    missing = set(ids) - {str(r["id"]) for r in out}
+    if missing:
+        out += store.get(sorted(missing), output_fields=fields)
+    return out
+
+
+def _get_bounded(store: MemoryStore, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    client = store.client
+    for part in ("core", "buffer"):
+        for i in range(0, len(ids), 1000):
+            with store._errors("query"):  # noqa: SLF001 - same error mapping
+                res = client.query(store.collection, filter=E.ids_in(ids[i : i + 1000]),
+                                   output_fields=fields, partition_names=[part],
+                                   timeout=store.timeout_s, consistency_level="Bounded")
+            out += [{**r, "partition": part} for r in res]
+    return out
+
+
+class MaintenanceEngine:
+    """Sync core of the maintenance job (runs in a worker thread)."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        policy: MaintenancePolicy,
+        *,
+        dedup_k: int = 8,
+        refresh_per_pass: int = 2000,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.dedup_k = dedup_k
+        self.refresh_per_pass = refresh_per_pass
+        self.index = PriorityIndex()
+        self.counters: dict[str, int] = {}
+        self.pass_samples: deque[tuple[float, int]] = deque(maxlen=512)  # (ms, memories)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    # -- index ---------------------------------------------------------------------
+    def bootstrap(self, tenant: str | None = None) -> int:
+        """One scan of the scalar fields into the index (on start only)."""
+        n = 0
+        for row in self.store.scan(tenant=tenant, output_fields=SCAN_FIELDS, batch_size=4096):
+            self.index.upsert(str(row["tenant"]), str(row["id"]), entry_from_row(row))
+            n += 1
+        return n
+
+    def observe(self, ev: MemoryEvent) -> None:
+        """Keep the index current from one ``memories`` event."""
+        if ev.kind == "written" and ev.partition is not None:
+            t = self.index.tenant(ev.tenant)
+            if ev.memory_id not in t:  # approximate until the dedup window reads the row
+                ts = ev.event_ts or ev.ts
+                t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
+                                             abs(ev.rpe or 0.0), 0.0, 0, ts))  # fmt: skip
+        elif ev.kind in REMOVED:
+            self.index.remove(ev.tenant, ev.memory_id)
+        elif ev.kind in MOVED and ev.partition is not None:
+            self.index.set_partition(ev.tenant, ev.memory_id, ev.partition)
+
+    def refresh(self, tenant: str, ids: Sequence[str]) -> set[str]:
+        """Re-read `ids` into the index; ids gone from Milvus leave it. Returns those found."""
+        if not ids:
+            return set()
+        rows = _unique(get_bounded(self.store, list(ids), SCAN_FIELDS))
+        t = self.index.tenant(tenant)
+        found = set()
+        for mid in ids:
+            row = rows.get(mid)
+            if row is None or row.get("tenant") != tenant:
+                t.remove(mid)
+            else:
+                t.upsert(mid, entry_from_row(row))
+                found.add(mid)
+        return found
+
+    # -- dedup -----------------------------------------------------------------------
+    def _neighbors(
+        self, tenant: str, scope: tuple[str, str, int], vectors: np.ndarray, exclude: list[str]
+    ) -> set[str]:
+        """Ids of stored rows of `scope` within tau of any of `vectors` (batched ANN)."""
+        agent, action, valence = scope
+        flt = E.build_filter(
+            tenant=tenant, agent_id=agent, extra_filter={"action": action, "valence": valence}
+        )
+        if exclude:
+            flt = E.and_all([flt, f"not ({E.ids_in(exclude)})"])
+        client = self.store.client
+        params = search_params(self.store.is_lite, self.dedup_k)
+        found: set[str] = set()
+        for part in ("core", "buffer"):
+            for i in range(0, len(vectors), 256):
+                chunk = [v.tolist() for v in vectors[i : i + 256]]
+                with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
+                    res = client.search(
+                        self.store.collection,
+                        data=chunk,
+                        filter=flt,
+                        limit=self.dedup_k,
+                        output_fields=["id"],
+                        search_params=params,
+                        partition_names=[part],
+                        anns_field=VECTOR_FIELD,
+                        timeout=self.store.timeout_s,
+                        consistency_level="Strong",
+                    )
+                for hits in res or []:
+                    for h in hits:
+                        if float(h["distance"]) >= self.policy.tau - 1e-6:
+                            found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
+        return found
+
+    def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
+        """Merge one tenant's window of new memories into existing ones (and each other)."""
+        rows = {k: r for k, r in _unique(self.store.get(list(ids), with_vector=True)).items()
+                if r.get("tenant") == tenant}  # fmt: skip
+        scopes: dict[tuple[str, str, int], list[str]] = {}
+        for mid, r in rows.items():
+            scopes.setdefault((str(r["agent_id"]), str(r["action"]), int(r["valence"])),
+                              []).append(mid)  # fmt: skip
+        t = self.index.tenant(tenant)
+        events: list[MemoryEvent] = []
+        for scope, sids in scopes.items():
+            vecs = np.stack([np.asarray(rows[m][VECTOR_FIELD], dtype=np.float32) for m in sids])
+            near = self._neighbors(tenant, scope, vecs, sids) - set(sids)
+            group_rows = {m: rows[m] for m in sids}
+            if near:
+                for mid, r in _unique(self.store.get(sorted(near), with_vector=True)).items():
+                    same = (str(r["agent_id"]), str(r["action"]), int(r["valence"])) == scope
+                    if r.get("tenant") == tenant and same:
+                        group_rows[mid] = r
+            order = sorted(group_rows)
+            groups = plan_merges(
+                order,
+                [int(group_rows[m]["created_ts"]) for m in order],
+                np.stack([np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32)
+                          for m in order]),  # fmt: skip
+                self.policy.tau,
+            )
+            merged: set[str] = set()
+            for g in groups:
+                events += self._apply_merge(g, group_rows, now)
+                merged.update(g.members)
+            for mid, r in group_rows.items():
+                if mid not in merged and mid in rows:
+                    t.upsert(mid, entry_from_row(r))
+        for mid in ids:
+            if mid not in rows:
+                t.remove(mid)
+        return events
+
+    def _apply_merge(self, g: MergeGroup, rows: dict[str, dict[str, Any]],
+                     now: int) -> list[MemoryEvent]:  # fmt: skip
+        s = rows[g.survivor]
+        members = [rows[m] for m in g.members]
+        new, folded = merge_rows(s, members)
+        target = str(new.pop("partition"))
+        with WRITE_LOCK:
+            if folded or target != s["partition"]:
+                clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
+                self.store.upsert([clean], target)  # type: ignore[arg-type]
+            self.store.delete(list(g.members))
+        t = self.index.tenant(str(s["tenant"]))
+        events = []
+        for m, sim in zip(members, g.similarity, strict=True):
+            t.remove(str(m["id"]))
+            events.append(
+                _event("merged", m, m["partition"], f"into {g.survivor} cos={sim:.4f}", now)
+            )
+        t.upsert(g.survivor, entry_from_row({**new, "partition": target}))
+        self._count("merged", len(members))
+        if target != s["partition"]:
+            events.append(_event("promoted", s, target, "merge: a core duplicate joined", now))
+            self._count("promoted")
+        return events
+
+    # -- decay -----------------------------------------------------------------------
+    def decay(self, tenant: str, now: int) -> list[MemoryEvent]:
+        """One decay pass for one tenant; bounded Milvus I/O (see module doc)."""
+        t0 = time.perf_counter()
+        t = self.index.tenant(tenant)
+        self.refresh(tenant, t.next_refresh(self.refresh_per_pass))
+        plan = plan_decay(t, now, self.policy)
+        events: list[MemoryEvent] = []
+        if plan.actions:
+            chosen = [a.memory_id for a in plan.actions]
+            rows = _unique(get_bounded(self.store, chosen, [
+                "id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence",
+                "created_ts", "last_access_ts", "utility", "metadata"]))  # fmt: skip
+            fresh = set()
+            for mid in chosen:
+                r = rows.get(mid)
+                if r is None or r.get("tenant") != tenant:
+                    t.remove(mid)
+                else:
+                    t.upsert(mid, entry_from_row(r))
+                    fresh.add(mid)
+            plan = plan_decay(t, now, self.policy)  # with the fresh values
+            actions = [a for a in plan.actions if a.memory_id in fresh]
+            events = self._execute(t, actions, rows, now)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.pass_samples.append((ms, len(t)))
+        self._count("decay_passes")
+        return events
+
+    def _execute(self, t: TenantIndex, actions: list[Any], rows: dict[str, dict[str, Any]],
+                 now: int) -> list[MemoryEvent]:  # fmt: skip
+        demote = [a for a in actions if a.kind == "demoted"]
+        promote = [a for a in actions if a.kind == "promoted"]
+        evict = [a for a in actions if a.kind == "evicted"]
+        with WRITE_LOCK:
+            if demote:
+                self.store.move([a.memory_id for a in demote], "buffer")
+            if promote:
+                self.store.move([a.memory_id for a in promote], "core")
+            if evict:
+                self.store.delete([a.memory_id for a in evict])
+        events = []
+        for a in demote + promote + evict:
+            row = rows[a.memory_id]
+            if a.kind == "evicted":
+                t.remove(a.memory_id)
+                part = a.partition
+            else:
+                part = "buffer" if a.kind == "demoted" else "core"
+                t.set_partition(a.memory_id, 1 if part == "buffer" else CORE)
+            events.append(_event(a.kind, row, part, f"{a.reason} p={a.priority:.4f}", now))
+            self._count(a.kind)
+            self._count(f"{a.kind}:{a.reason}")
+        return events
+
+    def status(self) -> dict[str, Any]:
+        ms = [s[0] for s in self.pass_samples]
+        return {
+            "indexed": len(self.index),
+            "tenants": len(self.index.tenants),
+            **self.counters,
+            "decay_pass_ms_p50": float(np.percentile(ms, 50)) if ms else None,
+            "decay_pass_ms_p99": float(np.percentile(ms, 99)) if ms else None,
+            "decay_samples": [list(s) for s in list(self.pass_samples)[-64:]],
+        }
+
+
+class MaintenanceJob(Service):
+    """Consumes ``dmem.memories``; runs dedup windows and decay passes (see module doc)."""
+
+    def __init__(self, settings: Settings, store: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.store_service = store
+        self.engine: MaintenanceEngine | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.windows: dict[str, dict[str, None]] = {}
+        self.window_started: float | None = None
+        self.emitted = 0
+        self.bad = 0
+        self.ready = False
+
+    async def on_start(self) -> None:
+        k = self.settings.kafka
+        kw = kafka_client_kwargs(k)
+        self.producer = AIOKafkaProducer(linger_ms=5, **kw)
+        await self.producer.start()
+        self.consumer = group_consumer(self.settings, self.settings.topic("memories"),
+                                       "maintenance")
+        await self.consumer.start()
+        self.add_future(self._run())
+
+    async def on_stop(self) -> None:
+        for client in (self.consumer, self.producer):
+            if client is not None:
+                await client.stop()
+
+    @property
+    def pending(self) -> int:
+        return sum(len(w) for w in self.windows.values())
+
+    async def _run(self) -> None:
+        assert self.consumer is not None
+        m = self.settings.maintenance
+        await self.store_service.maybe_start()
+        await self.store_service.connected.wait()
+        engine = MaintenanceEngine(self.store_service.store, policy_from(self.settings),
+                                   dedup_k=m.dedup_k, refresh_per_pass=m.refresh_per_pass)
+        n = await self.store_service._retry("maintenance bootstrap", engine.bootstrap)  # noqa: SLF001
+        self.engine = engine
+        self.ready = True
+        log.info("maintenance ready: %d memories indexed", n)
+        next_decay = time.monotonic() + m.decay_interval_s
+        while not self.should_stop:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
+            for msgs in batch.values():
+                for msg in msgs:
+                    self._observe(msg)
+            if self.windows and self.window_started is not None and (
+                time.monotonic() - self.window_started >= m.dedup_window_s
+                or self.pending >= m.dedup_max_window
+            ):
+                await self._close_windows()
+            elif batch and not self.windows:
+                await self.consumer.commit()
+            if time.monotonic() >= next_decay:
+                await self._decay()
+                next_decay = time.monotonic() + m.decay_interval_s
+
+    def _observe(self, msg: Any) -> None:
+        assert self.engine is not None
+        try:
+            ev = MemoryEvent.model_validate(orjson.loads(msg.value))
+        except (ValidationError, orjson.JSONDecodeError) as exc:
+            self.bad += 1
+            log.warning("skipping bad memory event at %s/%s: %s", msg.partition, msg.offset, exc)
+            return
+        self.engine.observe(ev)
+        if ev.kind == "written" and ev.partition is not None:
+            if not self.windows:
+                self.window_started = time.monotonic()
+            self.windows.setdefault(ev.tenant, {})[ev.memory_id] = None
+        elif ev.kind in REMOVED:
+            self.windows.get(ev.tenant, {}).pop(ev.memory_id, None)
+
+    async def _emit(self, events: list[MemoryEvent]) -> None:
+        assert self.producer is not None
+        topic = self.settings.topic("memories")
+        for ev in events:
+            await self.producer.send(topic, encode(ev), key=ev.memory_id.encode())
+        self.emitted += len(events)
+
+    async def _close_windows(self) -> None:
+        assert self.engine is not None and self.consumer is not None
+        windows, self.windows, self.window_started = self.windows, {}, None
+        for tenant, ids in windows.items():
+            if ids:
+                events = await self.store_service._retry(  # noqa: SLF001
+                    "dedup", self.engine.dedup, tenant, list(ids), now_ms()
+                )
+                await self._emit(events)
+        assert self.producer is not None
+        await self.producer.flush()
+        await self.consumer.commit()
+
+    async def _decay(self) -> None:
+        assert self.engine is not None
+        for tenant in sorted(self.engine.index.tenants):
+            events = await self.store_service._retry(  # noqa: SLF001
+                "decay", self.engine.decay, tenant, now_ms()
+            )
+            await self._emit(events)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ready": self.ready, "pending": self.pending,
+                               "emitted": self.emitted, "bad_events": self.bad}  # fmt: skip
+        if self.engine is not None:
+            out.update(self.engine.status())
+        return out
+
+
+# -- access tracking -----------------------------------------------------------------------
+
+
+class AccessTracker:
+    """Thread-safe accumulator of retrievals: (tenant, id) -> (hits, last ts)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hits: dict[tuple[str, str], tuple[int, int]] = {}
+        self.recorded = 0
+
+    def record(self, tenant: str, ids: Sequence[str], now: int) -> None:
+        with self._lock:
+            for mid in ids:
+                n, _ = self._hits.get((tenant, mid), (0, 0))
+                self._hits[(tenant, mid)] = (n + 1, now)
+            self.recorded += len(ids)
+
+    def drain(self) -> dict[tuple[str, str], tuple[int, int]]:
+        with self._lock:
+            out, self._hits = self._hits, {}
+        return out
+
+    def restore(self, pending: dict[tuple[str, str], tuple[int, int]]) -> None:
+        """Put back counts whose write failed (merged with any new ones)."""
+        with self._lock:
+            for key, (n, ts) in pending.items():
+                n2, ts2 = self._hits.get(key, (0, 0))
+                self._hits[key] = (n + n2, max(ts, ts2))
+
+
+def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]]) -> int:
+    """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows."""
+    if not hits:
+        return 0
+    by_id: dict[str, dict[str, tuple[int, int]]] = {}
+    for (tenant, mid), counts in hits.items():
+        by_id.setdefault(mid, {})[tenant] = counts
+    with WRITE_LOCK:
+        rows = _unique(store.get(sorted(by_id), with_vector=True))
+        by_part: dict[str, list[dict[str, Any]]] = {}
+        for mid, row in rows.items():
+            mine = by_id[mid].get(str(row.get("tenant")))
+            if mine is None:  # an id served to another tenant never touches this row
+                continue
+            n, ts = mine
+            meta = dict(row.get("metadata") or {})
+            acc = dict(meta.get("access") or {})
+            acc["n"] = int(acc.get("n", 0)) + n
+            meta["access"] = acc
+            row["metadata"] = meta
+            row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), ts)
+            part = row.pop("partition")
+            by_part.setdefault(part, []).append(row)
+        for part, prow in by_part.items():
+            store.upsert(prow, part)  # type: ignore[arg-type]
+    return sum(len(v) for v in by_part.values())
+
+
+class AccessFlusher(Service):
+    """Writes the tracker's counts every ``access_flush_s`` (and on stop)."""
+
+    def __init__(self, settings: Settings, store: Any, tracker: AccessTracker,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.store_service = store
+        self.tracker = tracker
+        self.flushed = 0
+
+    async def on_start(self) -> None:
+        self.add_future(self._run())
+
+    async def on_stop(self) -> None:
+        await self.flush()
+
+    async def flush(self) -> None:
+        hits = self.tracker.drain()
+        if not hits or not self.store_service.connected.is_set():
+            self.tracker.restore(hits)
+            return
+        try:
+            self.flushed += await asyncio.to_thread(flush_access, self.store_service.store, hits)
+        except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
+            log.warning("access flush failed (%s); will retry", exc)
+            self.tracker.restore(hits)
+
+    async def _run(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self.settings.maintenance.access_flush_s)
+            await self.flush()
+
+
+# -- wiring ----------------------------------------------------------------------------------
+
+
+def wire_maintenance(app: Any, settings: Settings, store: Any) -> Any:
+    job = MaintenanceJob(settings, store, loop=app.loop, beacon=app.beacon)
+    if settings.maintenance.enabled:
+        app.add_dependency(job)
+    return job.status
+
+
+def wire_access(app: Any, settings: Settings, store: Any) -> Any:
+    import streams.respond.responder as respond
+
+    tracker = AccessTracker()
+    respond.ACCESS_HOOK = tracker.record
+    flusher = AccessFlusher(settings, store, tracker, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(flusher)
+    return lambda: {"recorded": tracker.recorded, "flushed": flusher.flushed}
+
+
+# -- forget and inspect -------------------------------------------------------------------
+
+FORGET_FIELDS = ["id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence"]
+
+
+def forget_scope(
+    store: MemoryStore, tenant: str, agent_id: str | None = None, memory_id: str | None = None,
+    now: int | None = None, rounds: int = 5,
+) -> list[MemoryEvent]:  # fmt: skip
+    """Delete every memory of the scope; returns one ``forgotten`` event per deleted row.
+
+    Repeats (up to `rounds`) until the scope is empty, so rows written while it
+    ran are caught too.
+    """
+    now = now or now_ms()
+    events: list[MemoryEvent] = []
+    scope = f"tenant={tenant}" + (f" agent={agent_id}" if agent_id else "") + (
+        f" memory={memory_id}" if memory_id else "")  # fmt: skip
+    for _ in range(rounds):
+        if memory_id is not None:
+            rows = [r for r in store.get([memory_id], output_fields=FORGET_FIELDS)
+                    if r.get("tenant") == tenant
+                    and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
+        else:
+            extra = {"agent_id": agent_id} if agent_id else None
+            rows = list(store.scan(tenant=tenant, extra_filter=extra, output_fields=FORGET_FIELDS))
+        found = _unique(rows)
+        if not found:
+            break
+        with WRITE_LOCK:
+            store.delete(sorted(found))
+        events += [_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
+                   for r in found.values()]  # fmt: skip
+    return events
+
+
+async def emit_events(settings: Settings, events: Sequence[MemoryEvent]) -> None:
+    producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    await producer.start()
+    try:
+        topic, control = settings.topic("memories"), settings.topic("control")
+        for ev in events:
+            await producer.send(topic, encode(ev), key=ev.memory_id.encode())
+            if ev.kind == "forgotten":  # write workers clear their state from `control`
+                await producer.send(control, encode(ev), key=ev.tenant.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def recent_events(
+    settings: Settings, tenant: str, kinds: Sequence[str] = ("merged", "evicted", "demoted",
+    "promoted", "forgotten"), per_partition: int = 5000, limit: int = 20,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The latest maintenance events of `tenant` from the tail of ``dmem.memories``."""
+    c = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings.kafka))
+    await c.start()
+    out: list[dict[str, Any]] = []
+    try:
+        name = settings.topic("memories")
+        parts = c.partitions_for_topic(name)
+        if not parts:
+            await c._client.force_metadata_update()  # noqa: SLF001
+            parts = c.partitions_for_topic(name) or set()
+        tps = [TopicPartition(name, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        c.assign(tps)
+        ends = await c.end_offsets(tps)
+        begins = await c.beginning_offsets(tps)
+        for tp in tps:
+            c.seek(tp, max(begins[tp], ends[tp] - per_partition))
+        todo = {tp for tp in tps if ends[tp] > begins[tp]}
+        while todo:
+            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            if not batch:
+                break
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    try:
+                        ev = orjson.loads(m.value)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if ev.get("tenant") == tenant and ev.get("kind") in kinds:
+                        out.append(ev)
+                    if m.offset >= ends[tp] - 1:
+                        todo.discard(tp)
+    finally:
+        await c.stop()
+    out.sort(key=lambda e: (e.get("ts", 0), e.get("memory_id", "")))
+    return out[-limit:]
+
+
+def _quantiles(xs: np.ndarray) -> dict[str, float | None]:
+    if xs.size == 0:
+        return {k: None for k in ("min", "p50", "p90", "p99", "max")}
+    q = np.percentile(xs, [0, 50, 90, 99, 100])
+    return {k: round(float(v), 4) for k, v in zip(("min", "p50", "p90", "p99", "max"), q,
+                                                   strict=True)}  # fmt: skip
+
+
+def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, now: int,
+                   top: int = 10) -> dict[str, Any]:  # fmt: skip
+    """Counts, age/priority distributions, top memories, and what the next pass would do.
+
+    Scans the tenant once (an operator tool, O(n)).
+    """
+    fields = [*SCAN_FIELDS, "agent_id", "text", "action", "merged_count", "uses", "valence"]
+    rows = list(_unique(store.scan(tenant=tenant, output_fields=fields)).values())
+    t = TenantIndex()
+    for r in rows:
+        t.upsert(str(r["id"]), entry_from_row(r))
+    by_id = {str(r["id"]): r for r in rows}
+    p, _ = tenant_priorities(t, now, policy)
+    v = t.view()
+    age_s = (now - v["created_ts"]) / 1000.0
+    out: dict[str, Any] = {
+        "tenant": tenant,
+        "counts": {"core": store.count("core", tenant), "buffer": store.count("buffer", tenant)},
+        "age_s": {"all": _quantiles(age_s)},
+        "priority": {"all": _quantiles(p)},
+        "merged_rows": int(sum(1 for r in rows if int(r.get("merged_count", 1)) > 1)),
+        "merged_total": int(sum(int(r.get("merged_count", 1)) - 1 for r in rows)),
+    }
+    for code, name in enumerate(PART_NAME):
+        sel = v["partition"] == code
+        out["age_s"][name] = _quantiles(age_s[sel])
+        out["priority"][name] = _quantiles(p[sel])
+    order = np.argsort(-p, kind="stable")[:top]
+    out["top"] = [
+        {
+            "id": t.ids[i],
+            "partition": PART_NAME[int(v["partition"][i])],
+            "priority": round(float(p[i]), 4),
+            "rpe": round(float(by_id[t.ids[i]].get("rpe", 0.0)), 4),
+            "utility": round(float(by_id[t.ids[i]].get("utility", 0.0)), 4),
+            "merged_count": int(by_id[t.ids[i]].get("merged_count", 1)),
+            "hits": int(v["hits"][i]),
+            "agent_id": by_id[t.ids[i]].get("agent_id"),
+            "action": by_id[t.ids[i]].get("action"),
+            "text": str(by_id[t.ids[i]].get("text", ""))[:120],
+        }
+        for i in order
+    ]
+    plan = plan_decay(t, now, policy)
+    next_pass: dict[str, int] = {}
+    for a in plan.actions:
+        next_pass[f"{a.kind}:{a.reason}"] = next_pass.get(f"{a.kind}:{a.reason}", 0) + 1
+    out["next_pass"] = next_pass
+    out["capacity"] = {"core": policy.core_capacity, "buffer": policy.buffer_capacity}
+    return out
+
+
+__all__ = [
+    "AccessFlusher",
+    "AccessTracker",
+    "MaintenanceEngine",
+    "MaintenanceJob",
+    "emit_events",
+    "flush_access",
+    "forget_scope",
+    "inspect_tenant",
+    "policy_from",
+    "recent_events",
+    "wire_access",
+    "wire_maintenance",
+]

@@ -1,0 +1,1 @@
+"""The embedded services: the Tansu broker (`embedded`) and the local stack (`stack`)."""

@@ -1,0 +1,225 @@
+"""The embedded local stack: Tansu broker + Milvus Lite + worker processes.
+
+Used by `dmem up` (developers of agents), `dmem demo` and the integration tests.
+Workers run as subprocesses (`python -m streams.worker`) configured only by
+environment variables, exactly like a production deployment; this keeps the
+Milvus Lite file owned by one process at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import orjson
+
+from schemas.errors import ServiceUnavailable
+from streams.admin import ensure_topics
+from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
+from streams.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """One `dmem worker` subprocess with its own environment."""
+
+    def __init__(self, role: str, env: dict[str, str], log_path: Path) -> None:
+        self.role = role
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.worker", "--role", self.role],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for fault-injection tests."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        return self.proc.returncode
+
+
+class LocalStack:
+    """Broker + data dir + workers; settings for clients come from `settings`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        roles: tuple[str, ...] = ("write",),
+        extra_env: dict[str, str] | None = None,
+        broker_bootstrap: str | None = None,
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.roles = roles
+        self.extra_env = dict(extra_env or {})
+        self.broker: EmbeddedBroker | None = None
+        self.bootstrap = broker_bootstrap
+        self.workers: list[WorkerProcess] = []
+        self.web_ports: list[int] = []
+
+    def env(self, web_port: int) -> dict[str, str]:
+        env = {
+            "DMEM_KAFKA__BROKER": f"kafka://{self.bootstrap}",
+            "DMEM_DATA_DIR": str(self.data_dir),
+            "DMEM_WEB_PORT": str(web_port),
+        }
+        if not any(k.startswith("DMEM_AUTH__") for k in self.extra_env):
+            # the embedded stack listens on 127.0.0.1 only: no HTTP tokens unless the
+            # caller configures them (see streams.auth for the fail-closed default)
+            env["DMEM_AUTH__DISABLED"] = "true"
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def settings(self) -> Settings:
+        """Client-side view of the same settings the workers get."""
+        saved = dict(os.environ)
+        try:
+            os.environ.update(self.env(0))
+            return Settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def start_broker(self) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.bootstrap is None:
+            self.broker = EmbeddedBroker(log_path=self.data_dir / "broker.log")
+            self.bootstrap = self.broker.start()
+        asyncio.run(ensure_topics(self.settings))
+        return self.bootstrap
+
+    def start_worker(self, role: str) -> WorkerProcess:
+        port = free_port()
+        w = WorkerProcess(role, self.env(port), self.data_dir / f"worker-{role}-{port}.log")
+        w.start()
+        self.workers.append(w)
+        self.web_ports.append(port)
+        return w
+
+    def wait_ready(self, worker: WorkerProcess, timeout_s: float = 90.0) -> None:
+        """Wait until the worker's web server answers (it starts with the app)."""
+        port = self.web_ports[self.workers.index(worker)]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not worker.alive:
+                raise ServiceUnavailable(
+                    f"worker {worker.role} exited early; see {worker.log_path}:\n"
+                    + tail(worker.log_path)
+                )
+            if wait_for_port("127.0.0.1", port, 0.5):
+                return
+        raise ServiceUnavailable(f"worker {worker.role} not ready after {timeout_s}s")
+
+    def start(self) -> LocalStack:
+        self.start_broker()
+        for role in self.roles:
+            self.wait_ready(self.start_worker(role))
+        return self
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.workers.clear()
+        self.web_ports.clear()
+
+    def stop(self) -> None:
+        self.stop_workers()
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_up(data_dir: Path, as_json: bool) -> None:
+    """`dmem up`: print the addresses, then run until SIGINT/SIGTERM."""
+    # one process with every role: Milvus Lite is a single-process file store
+    stack = LocalStack(data_dir, roles=("all",))
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        stack.start()
+        info = {
+            "kafka": stack.bootstrap,
+            "milvus": stack.settings.milvus_uri,
+            "http": f"http://127.0.0.1:{stack.web_ports[0]}",
+            "roles": list(stack.roles),
+            "data_dir": str(stack.data_dir),
+        }
+        if as_json:
+            print(orjson.dumps(info).decode(), flush=True)
+        else:
+            print(
+                f"kafka   {info['kafka']}\nmilvus  {info['milvus']}\nhttp    {info['http']}\n"
+                f"(Ctrl-C to stop; data kept in {info['data_dir']})",
+                flush=True,
+            )
+        while not stopping:
+            for w in stack.workers:
+                if not w.alive:
+                    print(
+                        f"worker {w.role} died; restarting (log: {w.log_path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    stack.workers.remove(w)
+                    stack.start_worker(w.role)
+                    break
+            time.sleep(0.5)
+    finally:
+        stack.stop()

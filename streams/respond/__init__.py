@@ -1,0 +1,1 @@
+"""The respond role: the query responder (`responder`) and its HTTP views (`http`)."""

@@ -1,0 +1,179 @@
+"""Query responder core: `RetrievalRequest` -> `RetrievalResponse` (+ `MemoryUsage`).
+
+Plain object, no faust: the Kafka agent and the HTTP view both call `answer`
+in a worker thread. Decisions:
+- Candidates: ANN top-C (C = max(4k, 32)) over the requested partitions with
+  the tenant filter (and the agent scope when given), then `operators.retrieval`
+  re-ranks them. Unknown tenants simply have no rows: the answer is empty.
+- Filters are structured (`SearchFilters`) and become `MemoryStore` filter
+  dicts, which validate field names and escape values; metadata keys must be
+  plain identifiers. No client text ever becomes expression syntax.
+- The default lambda comes from the tenant's memory count (cached for
+  `count_ttl_s`), per `RankPolicy.lambda_for`, then adapts to the outcome
+  evidence of the request's candidates (`RankPolicy.lambda_with_evidence`;
+  never when the request sets lambda).
+- Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
+  served ids and their normalised score weights.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from operators import Encoder, PassthroughEncoder
+from operators.retrieval import RankPolicy, rank, usage_weights
+from schemas import Hit, MemoryUsage, RetrievalRequest, RetrievalResponse, ScoreBreakdown
+from schemas.errors import InvalidRecord
+from streams.metrics import MILVUS_LATENCY
+
+META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+OUTPUT = [
+    "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
+    "utility", "uses", "valence", "created_ts",
+]
+
+
+def store_filter(req: RetrievalRequest) -> dict[str, Any]:
+    """Structured filters -> the store's validated filter dict."""
+    f = req.filters
+    out: dict[str, Any] = {}
+    if f.valence is not None:
+        out["valence"] = f.valence
+    rng: dict[str, int] = {}
+    if f.since_ms is not None:
+        rng[">="] = f.since_ms
+    if f.until_ms is not None:
+        rng["<="] = f.until_ms
+    if rng:
+        out["created_ts"] = rng
+    if f.min_utility is not None:
+        out["utility"] = {">=": f.min_utility}
+    for key, value in f.metadata_equals.items():
+        if not META_KEY.match(key):
+            raise InvalidRecord(f"metadata filter key {key!r} must be a plain identifier")
+        out[f"metadata.user.{key}"] = value
+    return out
+
+
+#: access tracking hook: called as (tenant, served memory ids, now_ms) after each answer;
+#: `streams.jobs.maintenance.wire_access` installs a batching tracker (never one write per hit)
+ACCESS_HOOK: Callable[[str, list[str], int], None] | None = None
+
+
+class Responder:
+    def __init__(
+        self,
+        store: Any,
+        encoder: Encoder,
+        policy: RankPolicy | None = None,
+        count_ttl_s: float = 30.0,
+        consistency_level: str | None = None,
+    ) -> None:
+        self.store = store
+        self.encoder = encoder
+        self.policy = policy or RankPolicy.hybrid()
+        self.count_ttl_s = count_ttl_s
+        self.consistency_level = consistency_level
+        self._counts: dict[str, tuple[float, int]] = {}
+        self.answered = 0
+
+    def tenant_size(self, tenant: str) -> int:
+        now = time.monotonic()
+        hit = self._counts.get(tenant)
+        if hit and now - hit[0] < self.count_ttl_s:
+            return hit[1]
+        n = int(self.store.count(tenant=tenant))
+        self._counts[tenant] = (now, n)
+        return n
+
+    def query_vector(self, req: RetrievalRequest) -> np.ndarray:
+        if req.vector is not None:
+            if len(req.vector) != self.encoder.dim:
+                raise InvalidRecord(
+                    f"wrong vector dim: query has {len(req.vector)}, store expects "
+                    f"{self.encoder.dim}"
+                )
+            v = np.asarray(req.vector, dtype=np.float32)
+            n = float(np.linalg.norm(v))
+            if n == 0:
+                raise InvalidRecord("query vector is all zeros")
+            return v / n
+        if isinstance(self.encoder, PassthroughEncoder):
+            raise InvalidRecord("this deployment stores state vectors: send `vector`, not text")
+        assert req.query is not None
+        return self.encoder.encode([req.query])[0]
+
+    def answer(
+        self, req: RetrievalRequest, now_ms: int
+    ) -> tuple[RetrievalResponse, MemoryUsage | None]:
+        t0 = time.perf_counter()
+        vec = self.query_vector(req)
+        parts = (req.filters.partition,) if req.filters.partition else ("core", "buffer")
+        t_search = time.perf_counter()
+        cands = self.store.search(
+            vec,
+            tenant=req.tenant,
+            k=max(4 * req.k, 32),
+            partitions=parts,
+            agent_id=req.agent_id,
+            extra_filter=store_filter(req) or None,
+            output_fields=OUTPUT,
+            consistency_level=self.consistency_level,
+        )
+        MILVUS_LATENCY.labels(op="search").observe(time.perf_counter() - t_search)
+        if req.lambda_ is not None:
+            lam = req.lambda_
+        else:  # count schedule, then outcome evidence (operators/retrieval.py)
+            lam = self.policy.lambda_with_evidence(
+                self.policy.lambda_for(self.tenant_size(req.tenant)), cands, req.k
+            )
+        vectors = None
+        if req.mmr and cands:
+            rows = self.store.get([c["id"] for c in cands], with_vector=True,
+                                  output_fields=["id", "vector"])
+            vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
+        ranked = rank(cands, self.policy, lam, now_ms, req.k, vectors)
+        hits = [
+            Hit(
+                memory_id=str(r.row["id"]),
+                text=str(r.row.get("text", "")),
+                action=str(r.row.get("action", "")),
+                reward=float(r.row.get("reward", 0.0)),
+                rpe=float(r.row.get("rpe", 0.0)),
+                valence=int(r.row.get("valence", 0)),
+                utility=float(r.row.get("utility", 0.0)),
+                partition=r.row["partition"],
+                episode_id=str(r.row.get("episode_id", "")),
+                agent_id=str(r.row.get("agent_id", "")),
+                step=int(r.row.get("step", 0)),
+                created_ts=int(r.row.get("created_ts", 0)),
+                score=r.score,
+                breakdown=ScoreBreakdown.model_validate(
+                    {"semantic": r.semantic, "salience": r.salience, "recency": r.recency,
+                     "lambda": r.lam, "score": r.score}
+                ),
+            )
+            for r in ranked
+        ]
+        resp = RetrievalResponse(
+            request_id=req.request_id, tenant=req.tenant, hits=hits,
+            took_ms=(time.perf_counter() - t0) * 1e3,
+        )
+        usage = None
+        if req.episode_id is not None and hits:
+            usage = MemoryUsage(
+                tenant=req.tenant, episode_id=req.episode_id, request_id=req.request_id,
+                agent_id=req.agent_id, step=req.step or 0,
+                memory_ids=[h.memory_id for h in hits], weights=usage_weights(ranked),
+                ts=now_ms,
+            )
+        hook = ACCESS_HOOK
+        if hook is not None and hits:
+            hook(req.tenant, [h.memory_id for h in hits], now_ms)
+        self.answered += 1
+        return resp, usage

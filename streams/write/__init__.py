@@ -1,0 +1,1 @@
+"""The write role: the consumer group (`consumer`) and its operator pipeline (`pipeline`)."""

@@ -1,0 +1,512 @@
+"""The write role's consumer: a plain aiokafka group loop feeding `WritePipeline`.
+
+Why not a faust agent: faust builds its aiokafka consumer with a hard-coded
+``fetch_max_wait_ms=1500`` and hands records to agents through its own
+consumer thread; against the embedded broker, records reached the agent in
+0.3-0.7 s bursts and the worker sat idle between half-empty batches (measured,
+BENCHMARKS.md "Write path"). This Service owns its consumer and producer, so
+fetch waits, batch sizes and commits are ours.
+
+Decisions:
+- Consumer group ``<app_id>-write`` (its own group: faust's app group keeps the
+  role's other agents). Offsets are committed manually, per batch, only after
+  Milvus acknowledged the batch's upserts *and* the broker acknowledged every
+  MemoryEvent and dead letter of it: at-least-once delivery, and because memory
+  ids are stable and upserts idempotent, each transition is stored once.
+- Two stages, one batch in flight between them (a queue of size 1, so memory is
+  bounded and Milvus slowness turns into consumer lag, not process growth):
+  stage 1 takes what the consumer has buffered (up to ``write.batch_size``
+  records; it waits ``write.batch_within_s`` at most when nothing is there, and
+  never lingers once something is: under load batches grow by themselves) and
+  runs the operators in a worker thread; stage 2 writes to Milvus (retried
+  with backoff until acknowledged), awaits the produce acks and commits. Stage
+  1 fetches only once stage 2 has taken the previous batch, so a batch holds
+  what arrived during one store round trip (Milvus' per-call cost is paid per
+  batch, not per record). So the CPU work of batch n+1 overlaps
+  the Milvus and broker round trips of batch n. Batches are committed in order.
+- Checkpoints (per-tenant operator state to the compacted ``models`` topic)
+  are taken by stage 1 after stage 2 has drained, so a checkpoint never holds
+  state of a batch that is not yet stored; restored before the first fetch.
+- On a rebalance the revoked partitions' in-flight batch is finished first
+  (bounded wait); a commit refused because the partition moved is logged and
+  the new owner replays the batch (idempotent).
+- Forget events: every write worker holds state for the agents of its own
+  partitions, so each worker reads *all* of the small ``control`` topic (no
+  group, from the beginning at every start, so a forget issued while a worker
+  was down still reaches the restored state; applying one twice is harmless).
+  Reading the busy ``memories`` topic for the rare ``forgotten`` events instead
+  cost ~15 % of the worker's CPU (py-spy).
+- MemoryEvents are produced with the partition computed for the whole batch
+  (`streams.partitioner`, the default murmur2 partitioner vectorised): the
+  same partition aiokafka would pick, at a fraction of the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+from mode import Service
+from pydantic import ValidationError
+
+from schemas import DeadLetter, MemoryEvent, encode
+from streams.admin import group_consumer, kafka_client_kwargs, read_compacted
+from streams.backoff import Backoff
+from streams.metrics import record_batch
+from streams.partitioner import partitions_for_records
+from streams.settings import Settings
+from streams.write.pipeline import RawRecord, WritePipeline, dead_letter
+
+log = logging.getLogger("dmem.write")
+
+#: fetch wait of the write consumer: the broker answers a fetch after at most this
+#: long when no data is there; short, so a micro-batch is never held back by it.
+FETCH_MAX_WAIT_MS = 20
+#: (topic, key, value, partition): every record's partition chosen once (`_messages`)
+Message = tuple[str, bytes | None, bytes, int]
+#: record batch size of the write producer (a batch holds ~1000 MemoryEvents)
+PRODUCE_BATCH_BYTES = 512 * 1024
+#: how long a revocation waits for the in-flight batch before giving up (replay),
+#: as a share of the group's rebalance timeout (a member that overstays it is evicted)
+REVOKE_DRAIN_SHARE = 0.8
+#: how long a shutdown waits for stage 1 and the in-flight batch
+STOP_DRAIN_S = 10.0
+
+
+def to_raw(m: Any) -> RawRecord:
+    return RawRecord(
+        value=m.value, key=m.key, topic=m.topic, partition=m.partition, offset=m.offset,
+        timestamp_ms=m.timestamp if m.timestamp and m.timestamp > 0 else None,
+    )
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One micro-batch between the stages: its operator results and source offsets."""
+
+    n: int
+    offsets: dict[TopicPartition, int]
+    result: Any
+    msgs: list[Message]
+    process_s: float
+    raws: list[RawRecord]
+    parts: dict[str, list[int]]
+
+
+class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, writer: WriteConsumer) -> None:
+        self.writer = writer
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        if revoked:
+            await self.writer.drain(
+                REVOKE_DRAIN_SHARE * self.writer.settings.kafka.rebalance_timeout_s
+            )
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("write partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        # the lag metric starts from the group's commits, not 0; in the background,
+        # never inside the rebalance itself
+        task = asyncio.ensure_future(self.writer.seed_committed(list(assigned)))
+        self.writer.tasks.add(task)
+        task.add_done_callback(self.writer.tasks.discard)
+
+
+class WriteConsumer(Service):
+    """Transitions -> pipeline -> Milvus + MemoryEvents, committed after both acked."""
+
+    def __init__(self, settings: Settings, pipeline: WritePipeline, store: Any,
+                 now_ms: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.pipeline = pipeline
+        self.store_service = store
+        self.now_ms = now_ms
+        self.consumer: AIOKafkaConsumer | None = None
+        self.forget_consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
+        self._taken = asyncio.Event()  # stage 2 took a batch off the queue
+        self.restored = 0
+        self.batches = 0
+        self.commit_failures = 0
+        self.forgets_applied = 0  # `forgotten` notices read from ``control``
+        self.committed: dict[TopicPartition, int] = {}  # for the lag metric
+        self.ready = False
+        self.ready_event = asyncio.Event()  # state restored, consumers started
+        self.tasks: set[asyncio.Future[Any]] = set()  # small background tasks
+        self._stage1: asyncio.Future[Any] | None = None
+        self.mem_topic = settings.topic("memories")
+        self.dl_topic = settings.topic("deadletter")
+
+    # -- lifecycle -----------------------------------------------------------
+    async def on_start(self) -> None:
+        # The operator state holds ~10^6 long-lived objects (repeat keys, eligibility
+        # windows, the dropped-transition cache) and a batch allocates ~10^5 more:
+        # with CPython's default thresholds (700, 10, 10) the collector ran young and
+        # full passes over that state every few batches. Measured in-process
+        # (1024-batches, hash): 101 -> 83 us CPU per transition, worst batch 353 ->
+        # 131 ms. Process-wide; cycles are still collected, just less often.
+        gc.set_threshold(50_000, 20, 100)
+        k = self.settings.kafka
+        self.producer = AIOKafkaProducer(
+            linger_ms=2, max_request_size=8 * 1024 * 1024, max_batch_size=PRODUCE_BATCH_BYTES,
+            acks=1, **kafka_client_kwargs(k)
+        )
+        await self.producer.start()
+        await self.store_service.maybe_start()
+        # the rest waits for Milvus in the background, so the worker's web server
+        # (and /health, 503 until then) comes up during a Milvus outage too
+        self.add_future(self._start_when_connected())
+
+    async def _start_when_connected(self) -> None:
+        k = self.settings.kafka
+        await self.store_service.connected.wait()
+        self.restored = await self.restore()
+        self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
+                                       "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                                       listener=_Drain(self))
+        await self.consumer.start()
+        self.forget_consumer = AIOKafkaConsumer(
+            enable_auto_commit=False, fetch_max_wait_ms=200, **kafka_client_kwargs(k)
+        )
+        await self.forget_consumer.start()
+        self.ready = True
+        self.ready_event.set()
+        log.info("write path ready (restored %d tenant states)", self.restored)
+        self.add_future(self._stage_store())
+        self._stage1 = self.add_future(self._stage_process())
+        self.add_future(self._forget_loop())
+
+    async def on_stop(self) -> None:
+        """Finish the batch in hand, store and commit it, checkpoint, then close.
+
+        mode calls this with the stage loops still running (they see
+        ``should_stop``); a kill -9 skips all of it, and the uncommitted batches
+        replay on the next start (idempotent).
+        """
+        if self._stage1 is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stage1), STOP_DRAIN_S)
+            except Exception as exc:  # noqa: BLE001 - timeout or a crashed stage
+                log.warning("write stage 1 did not finish cleanly: %r", exc)
+        if self.ready:
+            try:
+                stage1_idle = self._stage1 is not None and self._stage1.done()
+                if stage1_idle and await self.drain(STOP_DRAIN_S) and self.pipeline.dirty:
+                    await self.checkpoint()  # only state whose batches are all stored
+            except Exception as exc:  # noqa: BLE001 - best effort on shutdown
+                log.warning("final checkpoint failed: %s", exc)
+        for c in (self.consumer, self.forget_consumer):
+            if c is not None:
+                try:
+                    await c.stop()
+                except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                    log.warning("consumer stop: %s", exc)
+        if self.producer is not None:
+            try:
+                await self.producer.stop()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("producer stop: %s", exc)
+
+    async def restore(self) -> int:
+        states = await read_compacted(self.settings, self.settings.topic("models"))
+        for key, data in states.items():
+            try:
+                self.pipeline.restore(key.decode(), data)
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
+                log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
+        return len(states)
+
+    async def seed_committed(self, tps: list[TopicPartition]) -> None:
+        c = self.consumer
+        for tp in tps:
+            try:
+                off = await c.committed(tp) if c is not None else None
+            except Exception as exc:  # noqa: BLE001 - metrics only
+                log.debug("committed offset of %s unavailable: %s", tp, exc)
+                continue
+            if off is not None:
+                self.committed.setdefault(tp, off)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every batch handed to stage 2 is stored and committed."""
+        try:
+            await asyncio.wait_for(self.queue.join(), timeout_s)
+            return True
+        except TimeoutError:
+            log.warning("in-flight write batch not finished within %.0fs; it will replay",
+                        timeout_s)
+            return False
+
+    async def checkpoint(self) -> None:
+        """Snapshot dirty tenants once stage 2 is empty (never ahead of the store)."""
+        await self.queue.join()
+        assert self.producer is not None
+        tenants = sorted(self.pipeline.dirty)
+        self.pipeline.dirty.difference_update(tenants)  # marks made from here on stay
+        failed: list[str] = []
+        futs: list[tuple[str, asyncio.Future[Any]]] = []
+        for tenant in tenants:
+            try:
+                data = await asyncio.to_thread(self.pipeline.snapshot, tenant)
+                futs.append((tenant, await self.producer.send(
+                    self.settings.topic("models"), data, key=tenant.encode())))
+            except KafkaError as exc:
+                log.warning("checkpoint of tenant %r not sent: %s", tenant, exc)
+                failed.append(tenant)
+        results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
+        failed += [t for (t, _), r in zip(futs, results, strict=True)
+                   if isinstance(r, BaseException)]
+        if failed:  # tried again at the next interval; the worker keeps going
+            log.warning("checkpoint failed for %d tenant(s); retrying later", len(failed))
+            self.pipeline.dirty.update(failed)
+
+    # -- stage 1: fetch + operators ------------------------------------------
+    async def _fetch(self) -> list[Any]:
+        """What is buffered now, up to ``batch_size``; waits ``batch_within_s`` at most for one.
+
+        No linger once records are there: while stage 1 was busy with the previous
+        batch, the consumer's background fetches kept buffering, so under load
+        batches grow by themselves (to ``batch_size``) and at low load a record
+        does not wait for company. A second, non-blocking call sweeps the other
+        partitions' buffered records into the same batch. With ``write.linger_s`` > 0
+        it keeps fetching until the batch is full or that long has passed.
+        """
+        assert self.consumer is not None
+        w = self.settings.write
+        out: list[Any] = []
+        got = await self.consumer.getmany(
+            timeout_ms=int(w.batch_within_s * 1000), max_records=w.batch_size
+        )
+        for msgs in got.values():
+            out.extend(msgs)
+        deadline = time.monotonic() + w.linger_s
+        while out and len(out) < w.batch_size and not self.should_stop:
+            left = deadline - time.monotonic()
+            more = await self.consumer.getmany(
+                timeout_ms=max(0, int(left * 1000)), max_records=w.batch_size - len(out)
+            )
+            for msgs in more.values():
+                out.extend(msgs)
+            if not more and left <= 0:
+                break
+        return out
+
+    def _process(self, raws: list[RawRecord], now: int,
+                 parts: dict[str, list[int]]) -> tuple[Any, list[Message]]:
+        """Pipeline, serialisation and partitioning, in the worker thread (off the loop)."""
+        res = self.pipeline.process(raws, now)
+        msgs = self._messages(self.dl_topic, [(key, encode(dl)) for key, dl in res.dead], parts)
+        msgs += self._messages(
+            self.mem_topic, [(ev.memory_id.encode(), encode(ev)) for ev in res.events], parts
+        )
+        return res, msgs
+
+    @staticmethod
+    def _messages(topic: str, records: list[tuple[bytes | None, bytes]],
+                  parts: dict[str, list[int]]) -> list[Message]:
+        """Records of one topic with their partitions: MemoryEvents and dead letters alike."""
+        chosen = partitions_for_records([k for k, _ in records], parts[topic])
+        return [(topic, k, v, p) for (k, v), p in zip(records, chosen, strict=True)]
+
+    async def _stage_process(self) -> None:
+        last_ckpt = time.monotonic()
+        while not self.should_stop:
+            while self.queue.full():  # stage 2 still has the last batch waiting
+                self._taken.clear()
+                await self._taken.wait()
+            if self.should_stop:  # no new batch once stopping: on_stop checkpoints next
+                break
+            records = await self._fetch()
+            if records:
+                offsets: dict[TopicPartition, int] = {}
+                for m in records:
+                    tp = TopicPartition(m.topic, m.partition)
+                    offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
+                raws = [to_raw(m) for m in records]
+                assert self.producer is not None
+                parts = {t: await self._partitions(t) for t in (self.mem_topic, self.dl_topic)}
+                t0 = time.perf_counter()
+                result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
+                await self.queue.put(
+                    _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws,
+                           parts)
+                )
+            if self.pipeline.dirty and (
+                time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
+            ):
+                await self.checkpoint()
+                last_ckpt = time.monotonic()
+
+    # -- stage 2: store + produce + commit -----------------------------------
+    async def _stage_store(self) -> None:
+        """Runs until cancelled (after `on_stop` drained it), never on should_stop."""
+        assert self.producer is not None and self.consumer is not None
+        while True:
+            b = await self.queue.get()
+            self._taken.set()
+            try:
+                t1 = time.perf_counter()
+                rejected = await self.store_service.write(b.result.upserts)  # acked or refused
+                if rejected:
+                    b.msgs = await asyncio.to_thread(self._reject, b, rejected)
+                t2 = time.perf_counter()
+                await self._produce(b.msgs)
+                t3 = time.perf_counter()
+                await self._commit(b.offsets)
+                record_batch(b.result.events, b.result.dead, b.n, write_s=t2 - t1)
+                self.batches += 1
+                log.info(
+                    "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
+                    b.n, b.result.stored, len(b.result.dead), b.process_s * 1e3,
+                    (t2 - t1) * 1e3, (t3 - t2) * 1e3,
+                )
+            finally:
+                self.queue.task_done()
+
+    def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
+        """Rows the store refused: dead letters (original bytes) instead of `written` events."""
+        ids = {k.encode() for k in rejected}
+        msgs = [m for m in b.msgs if not (m[0] == self.mem_topic and m[1] in ids)]
+        dead: list[tuple[bytes | None, bytes]] = []
+        now = self.now_ms()
+        for raw in b.raws:
+            item = self.pipeline.decode(raw, now)
+            if isinstance(item, DeadLetter) or item.memory_id not in rejected:
+                continue
+            why = f"store refused the memory: {rejected[item.memory_id]}"
+            dl = dead_letter(raw, why, "InvalidRecord", "store", now)
+            dead.append((raw.key, encode(dl)))
+            self.pipeline.forget(item.tenant, item.memory_id, item.episode_id)  # not stored
+            log.warning("dead-lettered %s: %s", item.memory_id, why)
+        return msgs + self._messages(self.dl_topic, dead, b.parts)
+
+    async def _produce(self, msgs: list[Message]) -> None:
+        """Append every message to one record batch per partition, await all acks once.
+
+        ``send_batch`` with pre-built batches instead of one ``send`` per message:
+        the per-message future and accumulator work was a large share of the
+        event loop's CPU. Batches the broker did not acknowledge are sent again
+        with backoff until it does; the micro-batch is not committed before that.
+        A resend can duplicate an event on the topic; consumers of ``memories``
+        are replay-safe by memory id.
+        """
+        assert self.producer is not None
+        w = self.settings.write
+        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+        for topic, key, value, part in msgs:
+            groups.setdefault((topic, part), []).append((key, value))
+        backoff = Backoff(w.retry_initial_s, w.retry_max_s)
+        todo = [(tp, chunk) for tp, items in groups.items() for chunk in self._chunks(items)]
+        while todo:
+            futs: list[asyncio.Future[Any]] = []
+            try:
+                for (topic, part), chunk in todo:
+                    batch = self.producer.create_batch()
+                    for key, value in chunk:
+                        batch.append(key=key, value=value, timestamp=None)
+                    futs.append(await self.producer.send_batch(batch, topic, partition=part))
+            except KafkaError as exc:  # e.g. no metadata: the rest is resent below
+                log.warning("produce failed after %d of %d batches: %s", len(futs), len(todo), exc)
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            failed = [c for c, r in zip(todo, results, strict=False)
+                      if isinstance(r, BaseException)]
+            failed += todo[len(futs):]
+            if failed:
+                log.warning("%d event batches not acknowledged; resend in %.1fs",
+                            len(failed), backoff.delay)
+                await backoff.wait()
+            todo = failed
+
+    async def _partitions(self, topic: str) -> list[int]:
+        """The topic's partitions, waiting out a broker that is away (never raises)."""
+        assert self.producer is not None
+        w = self.settings.write
+        backoff = Backoff(w.retry_initial_s, w.retry_max_s)
+        while True:
+            try:
+                return sorted(await self.producer.partitions_for(topic))
+            except KafkaError as exc:
+                log.warning("no partitions for %s (%s); retry in %.1fs", topic, exc,
+                            backoff.delay)
+                await backoff.wait()
+
+    @staticmethod
+    def _chunks(items: list[Any]) -> list[list[Any]]:
+        """Slices that fit one producer batch (``PRODUCE_BATCH_BYTES``, with headroom)."""
+        out: list[list[Any]] = [[]]
+        size = 0
+        for kv in items:
+            n = len(kv[1]) + (len(kv[0]) if kv[0] else 0) + 64
+            if out[-1] and size + n > PRODUCE_BATCH_BYTES // 2:
+                out.append([])
+                size = 0
+            out[-1].append(kv)
+            size += n
+        return out
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        assert self.consumer is not None
+        mine = self.consumer.assignment()
+        todo = {tp: OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in mine}
+        if not todo:
+            return
+        try:
+            await self.consumer.commit(todo)
+            self.committed.update((tp, om.offset) for tp, om in todo.items())
+        except (CommitFailedError, IllegalStateError) as exc:
+            self.commit_failures += 1
+            log.warning("commit refused (%s); the new owner replays the batch", exc)
+
+    # -- forget broadcast -----------------------------------------------------
+    async def _forget_loop(self) -> None:
+        c = self.forget_consumer
+        assert c is not None
+        topic = self.settings.topic("control")
+        parts = c.partitions_for_topic(topic)
+        while not parts and not self.should_stop:  # `dmem topics create` may come later
+            await c._client.force_metadata_update()  # noqa: SLF001
+            parts = c.partitions_for_topic(topic)
+            if not parts:
+                await asyncio.sleep(5.0)
+        tps = [TopicPartition(topic, p) for p in sorted(parts or ())]
+        if not tps:
+            return
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        while not self.should_stop:
+            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            for msgs in batch.values():
+                for m in msgs:
+                    try:
+                        ev = MemoryEvent.model_validate(orjson.loads(m.value))
+                    except (orjson.JSONDecodeError, ValidationError):
+                        continue
+                    if ev.kind == "forgotten":
+                        # in a thread: the pipeline's lock may be held by a batch
+                        await asyncio.to_thread(
+                            self.pipeline.forget, ev.tenant, ev.memory_id, ev.episode_id
+                        )
+                        self.forgets_applied += 1
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "processed": self.pipeline.processed,
+            "batches": self.batches,
+            "ready": self.ready,
+            "commit_failures": self.commit_failures,
+            "forgets_applied": self.forgets_applied,
+        }
+
+
+__all__ = ["WriteConsumer"]

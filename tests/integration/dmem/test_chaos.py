@@ -1,0 +1,45 @@
+"""The chaos scenario (`dmem bench chaos`), short: real Tansu broker, real Milvus
+2.3.5 server, a real write worker killed with SIGKILL (once inside the Milvus
+outage), the Milvus server stopped and restarted mid-stream, the broker paused,
+fuzzed bad records interleaved with valid ones, hostile cross-tenant searches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dmem.bench.chaos import ChaosConfig, run
+from milvus.server import EmbeddedMilvusServer
+from schemas.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+
+
+def test_chaos_short_nothing_lost_or_duplicated() -> None:
+    try:
+        EmbeddedMilvusServer("/tmp/unused").check_installed()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    # the stream (~10 s) must outlast the stop of Milvus, so the first worker sees
+    # failing writes (and /health says 503) before the kill inside the outage
+    out = run(ChaosConfig(transitions=1500, tenants=2, kills=2, outage_s=20.0,
+                          broker_pause_s=3.0, rate=150.0, bad_every=15, seed=7))
+    assert out["all_committed"], "the worker group did not commit every offset"
+    assert out["worker_kills"] == 2
+    assert out["expected_stored"] > 0
+    assert out["lost"] == 0
+    assert out["duplicated"] == 0
+    assert out["unprocessed"] == 0
+    assert out["worker_deaths"] == 0
+    assert out["bad_inputs"] == 1500 // 15
+    assert out["dead_lettered"] == out["bad_inputs"]
+    assert out["good_dead_lettered"] == 0
+    assert out["dead_letters_without_reason"] == 0
+    assert out["cross_tenant_hits"] == 0
+    assert out["plain_hits"] > 0 and out["searches_rejected"] > 0
+    # /health and the store metric report the outage: they probe Milvus themselves
+    # (`StoreService.probe`), so they do not wait for a failing write
+    assert out["health_polls_in_outage"] > 0
+    assert out["health_503_in_outage"] > 0
+    assert out["store_unhealthy_metric_in_outage"] > 0
+    assert out["max_rss_mb"] > 0

@@ -1,0 +1,124 @@
+"""The `dmem` command line against real services (subprocesses, as a user runs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.local.embedded import free_port
+
+pytestmark = pytest.mark.integration
+
+DMEM = [sys.executable, "-m", "dmem.cli"]
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        DMEM + args,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_demo_json_is_reproducible_and_meets_its_contract() -> None:
+    args = ["demo", "--json", "--steps", "700", "--seed", "11", "--encoder", "hash"]
+    first = run(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    a = json.loads(first.stdout.strip().splitlines()[-1])
+    for key in (
+        "published",
+        "stored_core",
+        "stored_buffer",
+        "dropped",
+        "dead_lettered",
+        "critical_seen",
+        "critical_in_core",
+        "critical_coverage",
+        "storage_ratio",
+        "elapsed_s",
+        "transitions_per_s",
+    ):
+        assert key in a
+    assert a["published"] == 700
+    assert a["stored_core"] + a["stored_buffer"] + a["dropped"] == 700
+    assert a["dead_lettered"] == 0
+    assert a["critical_seen"] > 0
+    assert a["critical_coverage"] == pytest.approx(
+        a["critical_in_core"] / a["critical_seen"], abs=1e-4
+    )
+    assert a["storage_ratio"] <= 0.3
+    second = run(args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    b = json.loads(second.stdout.strip().splitlines()[-1])
+    for volatile in ("elapsed_s", "transitions_per_s"):
+        a.pop(volatile)
+        b.pop(volatile)
+    assert a == b
+
+
+def test_unreachable_broker_is_one_clear_line() -> None:
+    port = free_port()
+    res = run(["topics", "create"], env={"DMEM_KAFKA__BROKER": f"127.0.0.1:{port}"}, timeout=60)
+    assert res.returncode == 2
+    assert f"127.0.0.1:{port}" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bad_setting_is_reported() -> None:
+    res = run(["topics", "create"], env={"DMEM_GATE__Q_LOW": "0.95"}, timeout=60)
+    assert res.returncode != 0
+    assert "q_low" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_schemas_export(tmp_path: Path) -> None:
+    res = run(["schemas", "export", str(tmp_path / "out")], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "Transition.schema.json").exists()
+
+
+def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
+    data = tmp_path / "stack"
+    proc = subprocess.Popen(
+        DMEM + ["up", "--json", "--data-dir", str(data)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DMEM_ENCODER__NAME": "hash"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        info = json.loads(line)
+        assert set(info) >= {"kafka", "milvus", "http"}
+        host, port = info["kafka"].split(":")
+        import socket
+
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+        assert info["http"].startswith("http://127.0.0.1:")
+        import urllib.request
+
+        with urllib.request.urlopen(info["http"] + "/health", timeout=10) as resp:
+            assert json.loads(resp.read())["ok"] is True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+    assert time.monotonic() - t0 < 60
+    assert (data / "milvus.db").exists()

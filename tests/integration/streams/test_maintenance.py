@@ -1,0 +1,244 @@
+"""Maintenance against real Milvus (Lite and server): merges, decay, forget, access;
+and end to end through the broker with the jobs running, `dmem inspect` and `dmem forget`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from milvus import MemoryStore
+from operators.maintenance import DAY_MS, MaintenancePolicy
+from schemas import Transition, encode
+from streams.jobs.maintenance import MaintenanceEngine, flush_access, forget_scope
+from streams.local.stack import REPO_ROOT, LocalStack
+from tests.integration.broker_fixtures import collect, decode_all, isolated_env, produce
+from tests.integration.milvus_fixtures import make_record, unit_vector
+
+pytestmark = pytest.mark.integration
+NOW = 1_800_000_000_000
+
+
+def ids_of(store: MemoryStore, tenant: str = "acme") -> set[str]:
+    return {r["id"] for r in store.scan(tenant=tenant, output_fields=["id"])}
+
+
+def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryStore]) -> None:
+    store = store_factory(dim=8)
+    base = unit_vector(8, 1)
+    old = make_record("old", vector=base, reward=1.0, rpe=0.5, created_ts=1000,
+                      last_access_ts=1000, utility=0.4, uses=2)
+    news = [make_record(f"new{i}", vector=unit_vector(8, 10 + i, base=base, noise=0.01),
+                        reward=4.0, rpe=-2.0 - i, created_ts=2000 + i, last_access_ts=2000 + i)
+            for i in range(2)]
+    other_action = make_record("act", vector=base, action="jump", created_ts=3000)
+    far = make_record("far", vector=unit_vector(8, 99), created_ts=3000)
+    store.upsert([old], "buffer")
+    store.upsert([*news, other_action, far], "core")
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    assert eng.bootstrap() == 5
+    events = eng.dedup("acme", ["new0", "new1", "act", "far"], NOW)
+    kinds = sorted((e.kind, e.memory_id) for e in events)
+    assert kinds == [("merged", "new0"), ("merged", "new1"), ("promoted", "old")]
+    (row,) = store.get(["old"])
+    assert row["partition"] == "core"  # a core duplicate joined
+    assert row["merged_count"] == 3
+    assert row["reward"] == pytest.approx((1.0 + 4.0 + 4.0) / 3)
+    assert row["rpe"] == pytest.approx(-3.0)
+    assert row["utility"] == pytest.approx(0.4) and row["uses"] == 2
+    assert row["created_ts"] == 1000 and row["metadata"]["merge"]["last_seen_ts"] == 2001
+    assert ids_of(store) == {"old", "act", "far"}
+    hits = store.search(news[0]["vector"], tenant="acme", k=5)
+    hit_ids = [h["id"] for h in hits]
+    assert hit_ids[0] in ("old", "act") and "old" in hit_ids[:2]
+    assert not {"new0", "new1"} & set(hit_ids)
+    assert "new0" not in eng.index.tenant("acme") and len(eng.index) == 3
+    # the write path replays new0 (crash before its commit): merging again changes nothing
+    store.upsert([news[0]], "core")
+    events = eng.dedup("acme", ["new0"], NOW)
+    assert [(e.kind, e.memory_id) for e in events] == [("merged", "new0")]
+    (again,) = store.get(["old"])
+    assert again["merged_count"] == 3 and again["reward"] == pytest.approx(row["reward"])
+    assert ids_of(store) == {"old", "act", "far"}
+
+
+def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryStore]) -> None:
+    store = store_factory(dim=8)
+    base = unit_vector(8, 5)
+    rows = [make_record(f"w{i}", vector=base, created_ts=100 + i, reward=float(i))
+            for i in range(12)]
+    store.upsert(rows, "buffer")
+    eng = MaintenanceEngine(store, MaintenancePolicy(), dedup_k=4)
+    events = eng.dedup("acme", [r["id"] for r in rows], NOW)
+    assert len(events) == 11
+    (row,) = store.get(["w0"])
+    assert row["merged_count"] == 12 and row["reward"] == pytest.approx(5.5)
+    assert ids_of(store) == {"w0"}
+
+
+def test_ttl_and_capacity_evict_lowest_priority(store_factory: Callable[..., MemoryStore]) -> None:
+    store = store_factory(dim=8)
+
+    def rec(mid: str, age_days: float, rpe: float) -> dict[str, Any]:
+        ts = int(NOW - age_days * DAY_MS)
+        return make_record(mid, seed=hash(mid) % 1000, rpe=rpe, created_ts=ts, last_access_ts=ts)
+
+    store.upsert([rec("c1", 0, 5.0), rec("c2", 0, 3.0), rec("c3", 0, 2.0), rec("c4", 0, 1.0)],
+                 "core")
+    store.upsert([rec("expired", 20, 9.0), rec("b-hi", 1, 2.0), rec("b-mid", 1, 1.0),
+                  rec("b-lo", 1, 0.6), rec("other", 1, 0.1) | {"tenant": "zeta"}], "buffer")
+    pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3)
+    eng = MaintenanceEngine(store, pol)
+    eng.bootstrap()
+    events = eng.decay("acme", NOW)
+    got = {(e.kind, e.memory_id, e.reason.split()[0]) for e in events}
+    # TTL: the expired one despite its large |rpe|. Core over 2: c3 (p=2) and c4 (p=1)
+    # demoted. The buffer then holds b-hi (p=1.81), b-mid (0.91), b-lo (0.54), c3, c4
+    # (5 > 3): the two lowest, b-lo and b-mid, are evicted.
+    assert got == {
+        ("evicted", "expired", "ttl"),
+        ("demoted", "c3", "core_capacity"),
+        ("demoted", "c4", "core_capacity"),
+        ("evicted", "b-mid", "buffer_capacity"),
+        ("evicted", "b-lo", "buffer_capacity"),
+    }
+    assert {r["id"] for r in store.scan(tenant="acme", partition="core",
+                                        output_fields=["id"])} == {"c1", "c2"}
+    assert {r["id"] for r in store.scan(tenant="acme", partition="buffer",
+                                        output_fields=["id"])} == {"b-hi", "c3", "c4"}
+    assert ids_of(store, "zeta") == {"other"}  # other tenants untouched
+    assert eng.decay("acme", NOW) == []  # converged
+
+
+def test_forget_removes_exactly_the_scope(store_factory: Callable[..., MemoryStore]) -> None:
+    store = store_factory(dim=8)
+    rows = [make_record(f"a1-{i}", agent_id="a1", seed=i) for i in range(3)]
+    rows += [make_record(f"a2-{i}", agent_id="a2", seed=10 + i) for i in range(3)]
+    rows += [make_record(f"z-{i}", tenant="zeta", agent_id="a1", seed=20 + i) for i in range(2)]
+    store.upsert(rows[:4], "core")
+    store.upsert(rows[4:], "buffer")
+    ev = forget_scope(store, "acme", agent_id="a1", now=NOW)
+    assert sorted(e.memory_id for e in ev) == ["a1-0", "a1-1", "a1-2"]
+    assert all(e.kind == "forgotten" and e.tenant == "acme" for e in ev)
+    assert ids_of(store) == {"a2-0", "a2-1", "a2-2"}
+    ev = forget_scope(store, "acme", memory_id="z-0")  # another tenant's id: nothing
+    assert ev == [] and ids_of(store, "zeta") == {"z-0", "z-1"}
+    ev = forget_scope(store, "acme", memory_id="a2-1")
+    assert [e.memory_id for e in ev] == ["a2-1"]
+    forget_scope(store, "acme")
+    assert ids_of(store) == set() and ids_of(store, "zeta") == {"z-0", "z-1"}
+
+
+def test_access_flush_is_batched(store_factory: Callable[..., MemoryStore]) -> None:
+    store = store_factory(dim=8)
+    store.upsert([make_record("m1", uses=1, utility=0.3), make_record("m2", seed=3)], "core")
+    n = flush_access(store, {("acme", "m1"): (3, NOW), ("acme", "m2"): (1, NOW - 5),
+                             ("zeta", "m2"): (1, NOW)})
+    assert n == 2
+    rows = {r["id"]: r for r in store.get(["m1", "m2"])}
+    assert rows["m1"]["metadata"]["access"] == {"n": 3} and rows["m1"]["last_access_ts"] == NOW
+    assert rows["m1"]["uses"] == 1 and rows["m1"]["utility"] == pytest.approx(0.3)
+    assert rows["m1"]["metadata"]["task"] == "demo" and rows["m1"]["partition"] == "core"
+    assert rows["m2"]["metadata"]["access"] == {"n": 1}
+
+
+def _health(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def _cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    full = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run([sys.executable, "-m", "dmem.cli", *args, "--json"], env=full,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
+                                 milvus_server_uri: str) -> None:
+    env = isolated_env(
+        topic_prefix,
+        DMEM_MILVUS__URI=milvus_server_uri,
+        DMEM_MAINTENANCE__DEDUP_WINDOW_S="0.5",
+        DMEM_MAINTENANCE__DECAY_INTERVAL_S="1",
+        DMEM_GATE__WARMUP="1000",  # the warm-up rule stores (nearly) everything
+        DMEM_RPE__NOVELTY="false",  # exact repeats reach the store: dedup's job here
+    )
+    stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
+    stack.start()
+    s = stack.settings
+    port = stack.web_ports[0]
+    try:
+        trs = [Transition(tenant="acme", agent_id="a" if i % 2 else "b", episode_id=f"e{i // 10}",
+                          step=i % 10, observation=f"the door number {i % 5} is locked",
+                          action="open", reward=(-1.0 if i % 5 == 0 else 1.0) + 0.01 * i)
+                for i in range(40)]
+        trs += [Transition(tenant="zeta", agent_id="a", episode_id="z", step=i,
+                           observation="the door number 1 is locked", action="open", reward=1.0)
+                for i in range(3)]
+        asyncio.run(produce(broker, s.topic("transitions"), [(b"k", encode(t)) for t in trs]))
+
+        def settled(msgs: list[Any]) -> bool:
+            evs = decode_all(msgs)
+            seen = {e["memory_id"] for e in evs if e["kind"] in ("written", "dropped")}
+            return len(seen) >= len(trs)
+
+        evs = decode_all(asyncio.run(collect(broker, [s.topic("memories")], settled)))
+        written = {e["memory_id"]: e for e in evs if e["kind"] == "written"}
+        assert len(written) >= 20
+        text = {t.memory_id: t.observation for t in trs}
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            mt = _health(port)["maintenance"]
+            if mt.get("ready") and mt["pending"] == 0 and mt.get("merged", 0) > 0:
+                break
+            time.sleep(0.5)
+        report = _cli(["inspect", "--tenant", "acme"], env | {"DMEM_KAFKA__BROKER": broker})
+        # one memory per (agent, door, valence) survives; the rest were merged into it
+        acme = [e for e in written.values() if e["tenant"] == "acme"]
+        scopes = {(e["agent_id"], text[e["memory_id"]], e["valence"]) for e in acme}
+        assert report["counts"]["core"] + report["counts"]["buffer"] == len(scopes)
+        assert report["merged_total"] == len(acme) - len(scopes)
+        assert report["recent"] and {e["kind"] for e in report["recent"]} >= {"merged"}
+        out = _cli(["forget", "--tenant", "acme", "--agent", "a"],
+                   env | {"DMEM_KAFKA__BROKER": broker})
+        assert out["forgotten"] == len({sc for sc in scopes if sc[0] == "a"})
+        after = _cli(["inspect", "--tenant", "acme", "--no-events"],
+                     env | {"DMEM_KAFKA__BROKER": broker})
+        assert after["counts"]["core"] + after["counts"]["buffer"] == \
+            len({sc for sc in scopes if sc[0] == "b"})
+        zeta = _cli(["inspect", "--tenant", "zeta", "--no-events"],
+                    env | {"DMEM_KAFKA__BROKER": broker})
+        assert zeta["counts"]["core"] + zeta["counts"]["buffer"] >= 1
+        # the running job's index drops the forgotten memories (from the audit events)
+        want = len({sc for sc in scopes if sc[0] == "b"}) + \
+            zeta["counts"]["core"] + zeta["counts"]["buffer"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _health(port)["maintenance"]["indexed"] != want:
+            time.sleep(0.5)
+        assert _health(port)["maintenance"]["indexed"] == want
+        # every write worker clears its operator state from the `control` notices
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and \
+                _health(port)["write"]["forgets_applied"] < out["forgotten"]:
+            time.sleep(0.5)
+        assert _health(port)["write"]["forgets_applied"] == out["forgotten"]
+    finally:
+        stack.stop()
+        store = MemoryStore(milvus_server_uri, collection=env["DMEM_MILVUS__COLLECTION"], dim=256)
+        try:
+            store.drop()
+        except Exception:  # noqa: BLE001
+            pass
+    _ = np

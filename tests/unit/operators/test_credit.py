@@ -1,0 +1,179 @@
+"""Credit assignment: joins, duplicates, order, TTL, fairness, idempotent application."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from operators.credit import CreditAssigner, OutcomeRecord, UsageRecord, apply_utility
+
+
+def usage(rid: str, step: int, ids: list[str], weights: list[float]) -> UsageRecord:
+    return UsageRecord(rid, step, tuple(ids), tuple(weights))
+
+
+def test_credit_is_weighted_discounted_advantage_per_use() -> None:
+    ca = CreditAssigner(gamma=0.5)
+    ca.on_usage("t", "e1", usage("r1", 0, ["a", "b"], [0.75, 0.25]), 0)
+    ca.on_usage("t", "e1", usage("r2", 1, ["a"], [1.0]), 1)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "e1", OutcomeRecord("o", 8.0, 2), 2)}
+    # baseline is 0 for the first episode; G_0 = 0.25 * 8 = 2, G_1 = 0.5 * 8 = 4
+    assert ups["a"].credit == pytest.approx((2 * 0.75 + 4 * 1.0) / 2)
+    assert ups["a"].uses == 2
+    assert ups["b"].credit == pytest.approx(2 * 0.25)
+    assert ups["b"].uses == 1
+
+
+def test_duplicate_outcome_is_ignored_and_counted() -> None:
+    ca = CreditAssigner()
+    ca.on_usage("t", "e", usage("r", 0, ["m"], [1.0]), 0)
+    first = ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)
+    again = ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 2)
+    assert len(first) == 1 and again == []
+    assert ca.duplicate_outcomes == 1
+
+
+def test_late_usage_after_outcome_is_credited_once() -> None:
+    ca = CreditAssigner(gamma=1.0)
+    assert ca.on_outcome("t", "e", OutcomeRecord("o", 5.0, 3), 0) == []
+    ups = ca.on_usage("t", "e", usage("r", 1, ["m"], [1.0]), 10)
+    assert [u.memory_id for u in ups] == ["m"] and ups[0].credit == pytest.approx(5.0)
+    assert ca.on_usage("t", "e", usage("r", 1, ["m"], [1.0]), 11) == []  # redelivered usage
+
+
+def test_missing_outcome_expires_without_credit() -> None:
+    ca = CreditAssigner(ttl_ms=1000)
+    ca.on_usage("t", "e", usage("r", 0, ["m"], [1.0]), 0)
+    assert ca.expire(500) == 0
+    assert ca.expire(5000) == 1
+    assert ca.expired_without_outcome == 1
+    assert ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 6000) == []
+
+
+def test_update_ids_are_deterministic_across_a_rebuild() -> None:
+    def run() -> list[str]:
+        ca = CreditAssigner()
+        ca.on_usage("t", "e", usage("r1", 0, ["a", "b"], [0.5, 0.5]), 0)
+        return [u.update_id for u in ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)]
+
+    assert run() == run()
+
+
+def test_frequently_used_memory_does_not_outrank_the_decisive_one() -> None:
+    """'common' is served in every episode, 'decisive' only when it was retrieved;
+    success depends on 'decisive' alone."""
+    rng = random.Random(0)
+    ca = CreditAssigner(gamma=1.0)
+    rows = {"common": {"utility": 0.0}, "decisive": {"utility": 0.0}}
+    for e in range(300):
+        used_decisive = rng.random() < 0.5
+        ids = ["common", "decisive"] if used_decisive else ["common"]
+        w = [0.5, 0.5] if used_decisive else [1.0]
+        ca.on_usage("t", f"e{e}", usage(f"r{e}", 0, ids, w), e)
+        success = used_decisive and rng.random() < 0.9
+        for u in ca.on_outcome("t", f"e{e}", OutcomeRecord("o", 1.0 if success else 0.0), e):
+            apply_utility(rows[u.memory_id], u.update_id, u.credit, u.uses)
+    assert rows["decisive"]["utility"] > rows["common"]["utility"] + 0.05
+    assert rows["decisive"]["uses"] < rows["common"]["uses"]
+
+
+def test_apply_utility_is_idempotent() -> None:
+    row: dict = {"utility": 0.0, "uses": 0, "metadata": {"user": {}}}
+    assert apply_utility(row, "u1", 1.0, 2, beta=0.5)
+    snapshot = (row["utility"], row["uses"])
+    assert not apply_utility(row, "u1", 1.0, 2, beta=0.5)
+    assert (row["utility"], row["uses"]) == snapshot == (0.5, 2)
+    assert apply_utility(row, "u2", -1.0, 1, beta=0.5)
+    assert row["utility"] == pytest.approx(-0.25) and row["uses"] == 3
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError):
+        CreditAssigner(gamma=1.5)
+    with pytest.raises(ValueError):
+        CreditAssigner(ttl_ms=0)
+
+
+def test_agent_report_beats_served_record_in_either_order() -> None:
+    """What the agent used replaces what the responder served, whichever comes first."""
+    for order in ("served-first", "agent-first"):
+        ca = CreditAssigner(gamma=1.0)
+        served = UsageRecord("r", 0, ("a", "b"), (0.6, 0.4), "served")
+        agent = UsageRecord("r", 0, ("a", "b"), (0.0, 1.0), "agent")
+        for u in (served, agent) if order == "served-first" else (agent, served):
+            ca.on_usage("t", "e", u, 0)
+        ups = {u.memory_id: u for u in ca.on_outcome("t", "e", OutcomeRecord("o", 2.0), 1)}
+        assert ups["b"].credit == pytest.approx(2.0), order
+        # ignored memory: a use without credit (evidence it was tried), not blame
+        assert ups["a"].credit == 0.0 and ups["a"].uses == 1, order
+        assert ca.late_agent_reports == 0
+
+
+def test_agent_report_after_crediting_is_counted_not_resplit() -> None:
+    ca = CreditAssigner(gamma=1.0)
+    ca.on_usage("t", "e", UsageRecord("r", 0, ("a",), (1.0,)), 0)
+    assert len(ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)) == 1
+    assert ca.on_usage("t", "e", UsageRecord("r", 0, ("a",), (0.0,), "agent"), 2) == []
+    assert ca.late_agent_reports == 1
+
+
+def test_out_of_order_and_duplicated_outcomes_across_episodes() -> None:
+    """Outcomes arrive in reverse episode order, before some usages, and twice; each
+    episode's memories are credited exactly once with that episode's outcome."""
+    ca = CreditAssigner(gamma=1.0)
+    out: dict[str, float] = {}
+
+    def take(ups: list) -> None:
+        for u in ups:
+            assert u.memory_id not in out, "credited twice"
+            out[u.memory_id] = u.credit
+
+    take(ca.on_usage("t", "e1", usage("r1", 0, ["m1"], [1.0]), 0))
+    take(ca.on_outcome("t", "e2", OutcomeRecord("e2:final", -1.0), 1))  # before its usage
+    take(ca.on_outcome("t", "e1", OutcomeRecord("e1:final", 1.0), 2))
+    take(ca.on_outcome("t", "e2", OutcomeRecord("e2:final", -1.0), 3))  # duplicate
+    take(ca.on_usage("t", "e2", usage("r2", 0, ["m2"], [1.0]), 4))  # late usage
+    take(ca.on_outcome("t", "e1", OutcomeRecord("e1:final", 1.0), 5))  # duplicate
+    assert ca.duplicate_outcomes == 2
+    # e2 was judged against an empty history (baseline 0), e1 against e2's -1
+    assert out == {"m2": pytest.approx(-1.0), "m1": pytest.approx(1.0 - (-1.0))}
+
+
+def test_missing_outcome_credits_nothing_while_others_complete() -> None:
+    ca = CreditAssigner(ttl_ms=1000)
+    ca.on_usage("t", "lost", usage("r1", 0, ["m"], [1.0]), 0)
+    ca.on_usage("t", "ok", usage("r2", 0, ["m"], [1.0]), 0)
+    assert [u.episode_id for u in ca.on_outcome("t", "ok", OutcomeRecord("o", 1.0), 10)] == ["ok"]
+    assert ca.expire(5000) == 2 and ca.expired_without_outcome == 1
+
+
+def test_frequent_memory_does_not_outrank_decisive_one_with_agent_reports() -> None:
+    """Served in every episode but never what the decision rested on: many uses,
+    zero utility; the decisive memory, used in some episodes, ends positive."""
+    rng = random.Random(1)
+    ca = CreditAssigner(gamma=1.0)
+    rows = {"common": {"utility": 0.0}, "decisive": {"utility": 0.0}}
+    for e in range(200):
+        served_decisive = rng.random() < 0.5
+        ids = ("common", "decisive") if served_decisive else ("common",)
+        w = (0.0, 1.0) if served_decisive else (0.0,)
+        ca.on_usage("t", f"e{e}", UsageRecord(f"r{e}", 0, ids, w, "agent"), e)
+        won = served_decisive or rng.random() < 0.5
+        for u in ca.on_outcome("t", f"e{e}", OutcomeRecord("o", 1.0 if won else -1.0), e):
+            apply_utility(rows[u.memory_id], u.update_id, u.credit, u.uses)
+    assert rows["common"]["uses"] == 200 and rows["common"]["utility"] == 0.0
+    assert rows["decisive"]["utility"] > 0.1
+
+
+def test_bench_briefing_is_semantically_farther_than_every_distractor() -> None:
+    """The delayed-credit bench stays honest: meaning alone never prefers the briefing."""
+    from dmem.bench.credit import DISTRACTORS, VAULTS, briefing, query
+    from operators.encoders import build_encoder
+
+    enc = build_encoder("hash", dim=256, cache_size=0)
+    for vault in VAULTS:
+        q = enc.encode([query(vault)])[0]
+        briefs = enc.encode([briefing(vault, s) for s in ("left", "right")]) @ q
+        distract = enc.encode([d.format(v=vault) for d in DISTRACTORS]) @ q
+        assert briefs.max() < distract.min(), vault

@@ -1,0 +1,195 @@
+"""Maintenance operators: priority, merge planning and arithmetic, decay plans, index."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from operators.maintenance import (
+    BUFFER,
+    CORE,
+    DAY_MS,
+    Entry,
+    MaintenancePolicy,
+    TenantIndex,
+    entry_from_row,
+    merge_rows,
+    plan_decay,
+    plan_merges,
+    priority,
+)
+from streams.jobs.maintenance import AccessTracker
+
+NOW = 1_800_000_000_000
+
+
+def unit(v: list[float]) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float32)
+    return a / np.linalg.norm(a)
+
+
+def test_priority_formula() -> None:
+    pol = MaintenancePolicy(half_life_ms=1000, access_half_life_ms=500, utility_weight=2.0,
+                            access_weight=0.5)
+    p, earned = priority(np.array([2.0]), np.array([1000]), np.array([0.3]), np.array([3]),
+                         np.array([500]), pol)
+    want_earned = 2.0 * math.tanh(0.3) + 0.5 * math.log2(4) * 0.5
+    assert earned[0] == pytest.approx(want_earned)
+    assert p[0] == pytest.approx(2.0 * 0.5 + want_earned)
+    # negative utility lowers priority; no hits, no access term
+    p2, e2 = priority(1.0, 0, -1.0, 0, 0, pol)
+    assert e2 == pytest.approx(2.0 * math.tanh(-1.0)) and p2 < 1.0
+
+
+def test_policy_requires_hysteresis() -> None:
+    with pytest.raises(ValueError):
+        MaintenancePolicy(demote_below=0.5, promote_above=0.5)
+
+
+def test_plan_merges_oldest_survives_regardless_of_order() -> None:
+    a, b = unit([1, 0, 0]), unit([0, 1, 0])
+    near_a = unit([1, 0.05, 0])
+    ids = ["z-new", "a-old", "b", "m"]
+    created = [30, 10, 5, 20]
+    vecs = np.stack([near_a, a, b, near_a])
+    groups = plan_merges(ids, created, vecs, tau=0.95)
+    assert len(groups) == 1
+    g = groups[0]
+    assert g.survivor == "a-old" and g.members == ("m", "z-new")
+    perm = [3, 1, 0, 2]
+    again = plan_merges([ids[i] for i in perm], [created[i] for i in perm], vecs[perm], 0.95)
+    assert again == groups
+
+
+def test_plan_merges_does_not_chain_beyond_tau() -> None:
+    # x ~ y and y ~ z above tau but x !~ z: z becomes its own survivor... unless y merged first
+    x = unit([1, 0])
+    y = unit([math.cos(0.25), math.sin(0.25)])
+    z = unit([math.cos(0.5), math.sin(0.5)])
+    tau = math.cos(0.3)
+    groups = plan_merges(["x", "y", "z"], [1, 2, 3], np.stack([x, y, z]), tau)
+    assert [(g.survivor, g.members) for g in groups] == [("x", ("y",))]
+
+
+def row(mid: str, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"id": mid, "tenant": "t", "reward": 0.0, "rpe": 0.0,
+                               "rpe_smoothed": 0.0, "gate": 0.0, "utility": 0.0, "uses": 0,
+                               "merged_count": 1, "created_ts": 0, "last_access_ts": 0,
+                               "metadata": {"user": {"k": 1}}, "partition": "buffer"}
+    base.update(kw)
+    return base
+
+
+def test_merge_arithmetic_and_idempotency() -> None:
+    s = row("s", reward=1.0, rpe=0.5, merged_count=2, created_ts=100, last_access_ts=100,
+            utility=0.2, uses=1, gate=0.3, rpe_smoothed=0.4)
+    m1 = row("m1", reward=4.0, rpe=-3.0, created_ts=300, last_access_ts=350, utility=0.8, uses=3,
+             partition="core", gate=0.9, rpe_smoothed=2.0)
+    m2 = row("m2", reward=-2.0, rpe=1.0, created_ts=200, last_access_ts=50)
+    new, folded = merge_rows(s, [m1, m2])
+    assert folded == ["m1", "m2"]
+    assert new["merged_count"] == 4
+    assert new["reward"] == pytest.approx((1.0 * 2 + 4.0 - 2.0) / 4)
+    assert new["rpe"] == -3.0  # largest |rpe|, sign kept
+    assert new["rpe_smoothed"] == 2.0 and new["gate"] == 0.9
+    assert new["uses"] == 4 and new["utility"] == pytest.approx((0.2 * 1 + 0.8 * 3) / 4)
+    assert new["created_ts"] == 100 and new["last_access_ts"] == 350
+    assert new["metadata"]["merge"]["last_seen_ts"] == 300
+    assert new["metadata"]["merge"]["first_seen_ts"] == 100
+    assert new["metadata"]["user"] == {"k": 1}
+    assert new["partition"] == "core"
+    # replaying the same merge on the merged row folds nothing
+    again, folded2 = merge_rows(new, [m1, m2])
+    assert folded2 == [] and again["merged_count"] == 4 and again["reward"] == new["reward"]
+    # a third member later: counts continue from the merged row
+    third, _ = merge_rows(new, [row("m3", reward=0.0, created_ts=400)])
+    assert third["merged_count"] == 5 and third["reward"] == pytest.approx(4.0 / 5)
+    assert entry_from_row(third).last_seen_ts == 400
+
+
+def index_of(entries: dict[str, Entry]) -> TenantIndex:
+    t = TenantIndex(capacity=2)
+    for k, e in entries.items():
+        t.upsert(k, e)
+    return t
+
+
+def e(part: int, age_days: float, rpe: float, **kw: float) -> Entry:
+    ts = int(NOW - age_days * DAY_MS)
+    return Entry(part, ts, ts, rpe, kw.get("utility", 0.0), int(kw.get("hits", 0)),
+                 int(NOW - kw.get("access_age_days", age_days) * DAY_MS))
+
+
+def test_decay_ttl_floor_fade_promote() -> None:
+    pol = MaintenancePolicy()
+    t = index_of({
+        "old-buf": e(BUFFER, 20, 5.0),            # past TTL (14 d)
+        "weak-buf": e(BUFFER, 1, 0.03),           # below floor
+        "ok-buf": e(BUFFER, 1, 1.0),
+        "faded-core": e(CORE, 30, 1.0),           # 1 * 2^-30/7 ~ 0.05 < 0.3
+        "fresh-core": e(CORE, 0.5, 2.0),
+        "useful-buf": e(BUFFER, 3, 0.2, utility=0.9),  # earned tanh(.9)=0.72 >= 0.5
+        "used-buf": e(BUFFER, 3, 0.2, hits=15, access_age_days=0.01),
+    })
+    plan = plan_decay(t, NOW, pol)
+    got = {(a.memory_id, a.kind, a.reason) for a in plan.actions}
+    assert got == {
+        ("old-buf", "evicted", "ttl"),
+        ("weak-buf", "evicted", "below_floor"),
+        ("faded-core", "demoted", "faded"),
+        ("useful-buf", "promoted", "earned"),
+        ("used-buf", "promoted", "earned"),
+    }
+    # a recently accessed old buffer entry is not past the TTL
+    t2 = index_of({"old-but-used": e(BUFFER, 20, 5.0, access_age_days=1, hits=1)})
+    assert all(a.reason != "ttl" for a in plan_decay(t2, NOW, pol).actions)
+
+
+def test_capacities_pick_lowest_priority() -> None:
+    pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3)
+    t = index_of({
+        "c-hi": e(CORE, 0, 5.0), "c-mid": e(CORE, 0, 3.0), "c-lo": e(CORE, 0, 1.0),
+        "b1": e(BUFFER, 0, 0.9), "b2": e(BUFFER, 0, 0.8), "b3": e(BUFFER, 0, 0.7),
+    })
+    plan = plan_decay(t, NOW, pol)
+    assert [(a.memory_id, a.kind, a.reason) for a in plan.actions] == [
+        ("b3", "evicted", "buffer_capacity"),
+        ("c-lo", "demoted", "core_capacity"),
+    ]
+    # a promotion that would not make the core's top is not made
+    t.upsert("b-earned", e(BUFFER, 0, 0.0, utility=0.6))
+    plan = plan_decay(t, NOW, pol)
+    assert "b-earned" not in {a.memory_id for a in plan.by_kind("promoted")}
+
+
+def test_max_actions_defers() -> None:
+    pol = MaintenancePolicy(buffer_capacity=0, max_actions=3)
+    t = index_of({f"b{i}": e(BUFFER, 0, 1.0 + i) for i in range(5)})
+    plan = plan_decay(t, NOW, pol)
+    assert [a.memory_id for a in plan.actions] == ["b0", "b1", "b2"] and plan.deferred == 2
+
+
+def test_index_swap_remove_and_refresh_cursor() -> None:
+    t = index_of({f"m{i}": e(BUFFER, 0, float(i)) for i in range(5)})
+    assert t.remove("m1") and not t.remove("m1")
+    assert len(t) == 4 and "m4" in t
+    got = t.get("m4")
+    assert got is not None and got.abs_rpe == 4.0
+    seen = t.next_refresh(3) + t.next_refresh(3)
+    assert set(seen) == set(t.ids)
+    t.set_partition("m4", CORE)
+    assert t.counts() == {"core": 1, "buffer": 3}
+
+
+def test_access_tracker_batches() -> None:
+    tr = AccessTracker()
+    tr.record("t", ["a", "b"], 10)
+    tr.record("t", ["a"], 20)
+    hits = tr.drain()
+    assert hits == {("t", "a"): (2, 20), ("t", "b"): (1, 10)}
+    assert tr.drain() == {}
+    tr.record("t", ["a"], 30)
+    tr.restore(hits)
+    assert tr.drain()[("t", "a")] == (3, 30)
