@@ -228,7 +228,11 @@ class DmemMemory:
         """
         self._reset_episode()
 
-    # -- LangChain-style API ---------------------------------------------------
+    # -- retired LangChain ``BaseMemory``-style aliases ----------------------------
+    # LangChain has retired that interface; these stay only as thin aliases of
+    # `get_relevant_memories` / `add_memory` for old callers. New code uses
+    # `dmem.integrations.langchain.DmemRetriever` or
+    # `dmem.integrations.langgraph.DmemStore`.
     @property
     def memory_variables(self) -> list[str]:
         return [self.memory_key]

@@ -490,5 +490,52 @@ def bench_maintenance(steps: int, env_name: str, seed: int, core_capacity: int,
         bm.emit_json(out)
 
 
+@main.command()
+@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
+              show_default=True)
+@click.option("--tenant", required=True, envvar="DMEM_MCP_TENANT",
+              help="the tenant every tool acts for [env DMEM_MCP_TENANT]")
+@click.option("--agent", "agent_id", default="mcp", show_default=True,
+              help="agent_id of the transitions `remember` publishes")
+@click.option("--http", "http_url", default=None,
+              help="the deployment's HTTP API (recall over HTTP; needed by forget and stats)")
+@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
+              help="bearer token for the deployment's HTTP API [env DMEM_API_TOKEN]")
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
+              help="http transport only")
+@click.option("--auth-token", envvar="DMEM_MCP_TOKEN", default=None,
+              help="bearer token MCP clients must send (http transport) [env DMEM_MCP_TOKEN]")
+@click.option("--no-auth", is_flag=True, help="serve http without a token (loopback tests)")
+def mcp(transport: str, tenant: str, agent_id: str, http_url: str | None, token: str | None,
+        timeout_s: float, host: str, port: int, auth_token: str | None, no_auth: bool) -> None:
+    """MCP server (tools remember/recall/report_outcome/feedback/forget) for a deployment."""
+    try:
+        from dmem.integrations.mcp import build_server, run_http
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
+    from dmem.client import DmemClient
+    from streams.admin import kafka_client_kwargs
+
+    if transport == "http" and not auth_token and not no_auth:
+        raise click.ClickException("the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
+                                   "--no-auth serves without one")
+    settings = _settings()
+    kw = kafka_client_kwargs(settings.kafka)
+    bootstrap = kw.pop("bootstrap_servers")
+
+    def make_client() -> DmemClient:
+        return DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
+                          http_url=http_url, transport="http" if http_url else "kafka",
+                          timeout_s=timeout_s, client_kwargs=kw, token=token)
+
+    server = build_server(make_client, agent_id=agent_id)
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        run_http(server, host, port, None if no_auth else auth_token)
+
+
 if __name__ == "__main__":
     main()

@@ -22,11 +22,13 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -34,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import (
     EpisodeOutcome,
+    Feedback,
     Hit,
     MemoryUsage,
     RetrievalRequest,
@@ -50,6 +53,10 @@ T = TypeVar("T")
 
 class SearchError(DmemError):
     """The responder answered with an error (bad request: not retriable)."""
+
+
+class NotFound(SearchError):
+    """The HTTP API has no such memory for this tenant."""
 
 
 class DmemClient:
@@ -113,7 +120,7 @@ class DmemClient:
             c.pause(*tps)  # nothing is waiting yet: no fetches while idle
             self._consumer, self._tps = c, tps
             self._reader = asyncio.create_task(self._read())
-        else:
+        if self.http_url:  # search (transport="http"), forget and stats go over HTTP
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             self._http = aiohttp.ClientSession(headers=headers)
         return self
@@ -176,6 +183,67 @@ class DmemClient:
                              outcome_id=f"{episode_id}:final")
         await self._producer.send_and_wait(self.topic("feedback"), encode(out),
                                            key=episode_id.encode())
+
+    async def feedback(self, *, memory_id: str | None = None, episode_id: str | None = None,
+                       kind: str = "thumbs_up", value: float = 1.0,
+                       agent_id: str | None = None) -> Feedback:
+        """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
+        on the feedback topic, where the credit job turns it into utility."""
+        assert self._producer is not None, "call start() first"
+        fb = Feedback.model_validate({
+            "tenant": self.tenant, "memory_id": memory_id, "episode_id": episode_id,
+            "agent_id": agent_id, "kind": kind, "value": value, "ts": int(time.time() * 1000),
+            "feedback_id": uuid.uuid4().hex,
+        })
+        key = (episode_id or memory_id or self.tenant).encode()
+        await self._producer.send_and_wait(self.topic("feedback"), encode(fb), key=key)
+        return fb
+
+    async def forget(self, *, memory_id: str | None = None,
+                     agent_id: str | None = None) -> int:
+        """Delete one memory or an agent's memories of this tenant (respond role, HTTP);
+        returns how many rows were deleted. Each is audited as a `forgotten` event."""
+        if memory_id is None and agent_id is None:
+            raise ValueError("forget needs a memory_id or an agent_id")
+        body = {"tenant": self.tenant, "memory_id": memory_id, "agent_id": agent_id}
+        data = await self._http_json("POST", "/v1/forget", body)
+        return int(data["forgotten"])
+
+    async def get_memory(self, memory_id: str) -> dict[str, Any] | None:
+        """One stored memory of this tenant (row without its vector), None if not stored."""
+        try:
+            row: dict[str, Any] = await self._http_json(
+                "GET", f"/v1/memories/{quote(memory_id)}?tenant={quote(self.tenant)}")
+        except NotFound:
+            return None
+        return row
+
+    async def stats(self) -> dict[str, Any]:
+        """This tenant's memory counts by partition (respond role, HTTP)."""
+        return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
+
+    async def _http_json(self, method: str, path: str, body: Any = None) -> Any:
+        if self._http is None:
+            raise ValueError("this call goes over HTTP: pass http_url to the client")
+        async with self._http.request(
+            method, f"{self.http_url}{path}", data=orjson.dumps(body) if body else None,
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        ) as r:
+            raw = await r.read()
+        try:
+            data: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = raw[:500].decode("utf-8", "replace")
+        if r.status == 200:
+            return data
+        if r.status == 404:
+            raise NotFound(f"HTTP 404: {data}")
+        if r.status in (401, 403):
+            raise SearchError(f"not authorised (HTTP {r.status}): {data}")
+        if 400 <= r.status < 500:
+            raise SearchError(f"HTTP {r.status}: {data}")
+        raise ServiceUnavailable(f"HTTP {r.status}: {data}")
 
     async def report_usage(self, episode_id: str, request_id: str,
                            weights: Mapping[str, float], *, step: int = 0,
@@ -283,6 +351,16 @@ class SyncDmemClient:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @property
+    def client(self) -> DmemClient:
+        """The async client inside (bound to this facade's own loop: use `submit`)."""
+        return self._client
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run a coroutine on the client's loop from any thread (await it with
+        `asyncio.wrap_future` from another loop)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    @property
     def tenant(self) -> str:
         return self._client.tenant
 
@@ -297,6 +375,22 @@ class SyncDmemClient:
 
     def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
         self._run(self._client.report_outcome(episode_id, reward, **kw))
+
+    def feedback(self, **kw: Any) -> Feedback:
+        return self._run(self._client.feedback(**kw))
+
+    def forget(self, **kw: Any) -> int:
+        return self._run(self._client.forget(**kw))
+
+    def stats(self) -> dict[str, Any]:
+        return self._run(self._client.stats())
+
+    def get_memory(self, memory_id: str) -> dict[str, Any] | None:
+        return self._run(self._client.get_memory(memory_id))
+
+    def report_usage(self, episode_id: str, request_id: str, weights: Mapping[str, float],
+                     **kw: Any) -> None:
+        self._run(self._client.report_usage(episode_id, request_id, weights, **kw))
 
     def close(self) -> None:
         try:

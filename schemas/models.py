@@ -177,6 +177,24 @@ class Feedback(Model):
         return self
 
 
+class ForgetRequest(Model):
+    """Delete one memory or one agent's memories of a tenant (``POST /v1/forget``).
+
+    A whole tenant is deliberately not a request: that stays the operator's
+    ``dmem forget --tenant T`` (audited, run where the store is reachable).
+    """
+
+    tenant: Ident
+    agent_id: Ident | None = None
+    memory_id: Ident | None = None
+
+    @model_validator(mode="after")
+    def _scope(self) -> ForgetRequest:
+        if self.agent_id is None and self.memory_id is None:
+            raise ValueError("forget needs a memory_id or an agent_id")
+        return self
+
+
 class SearchFilters(Model):
     """Structured filters only: never a raw Milvus expression."""
 
@@ -240,6 +258,8 @@ class Hit(BaseModel):
     created_ts: int
     score: float
     breakdown: ScoreBreakdown
+    #: the transition's own metadata as the agent sent it (integrations keep keys here)
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class RetrievalResponse(Model):

@@ -7,8 +7,11 @@
   Bad requests are dead-lettered *and* answered with an error when they carry
   a usable request_id, so a client never waits for a timeout on a typo.
 - HTTP: ``POST /v1/search`` (JSON `RetrievalRequest`; request_id optional),
-  ``GET /v1/memories/{id}?tenant=T``. Validation errors are 422 with a JSON
-  body; an id of another tenant is 404, exactly like a missing one.
+  ``GET /v1/memories/{id}?tenant=T``, ``DELETE /v1/memories/{id}?tenant=T`` and
+  ``POST /v1/forget`` (JSON `ForgetRequest`: one memory or one agent's memories;
+  audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``),
+  ``GET /v1/stats?tenant=T`` (row counts by partition). Validation errors are 422
+  with a JSON body; an id of another tenant is 404, exactly like a missing one.
 - Both paths emit `MemoryUsage` for requests with an episode_id.
 - The request consumer is a plain aiokafka consumer group inside a faust
   Service (`RequestConsumer`), not a faust agent: faust's consumer thread hands
@@ -36,7 +39,7 @@ from pydantic import ValidationError
 
 from operators import Encoder
 from operators.retrieval import RankPolicy
-from schemas import RetrievalRequest, RetrievalResponse, encode
+from schemas import ForgetRequest, RetrievalRequest, RetrievalResponse, encode
 from schemas.errors import DmemError, InvalidRecord
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
@@ -229,7 +232,65 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
             row.pop("vector", None)
             return json_response(self, row)
 
-    _ = (SearchView, MemoryView)
+        async def delete(self, request: Request, memory_id: str) -> Response:
+            body = {"tenant": request.query.get("tenant"), "memory_id": memory_id}
+            return await forget_view(self, request, body, missing=404)
+
+    memories = raw_topic(app, settings.topic("memories"))
+    control = raw_topic(app, settings.topic("control"))
+
+    async def forget_view(view: View, request: Request, body: Any,
+                          missing: int = 200) -> Response:
+        """Validate, authorise, delete the scope, audit it; ``missing`` when nothing matched."""
+        from streams.jobs.maintenance import forget_scope
+
+        if (no := denied(view, request)) is not None:
+            return no
+        try:
+            req = ForgetRequest.model_validate(body)
+        except ValidationError as exc:
+            detail = json.loads(exc.json(include_url=False, include_input=False))
+            return json_response(view, {"error": "invalid request", "detail": detail}, 422)
+        if (no := denied(view, request, req.tenant)) is not None:
+            return no
+        if store.store is None or not store.connected.is_set():
+            return json_response(view, {"error": "store not ready"}, 503)
+        events = await asyncio.to_thread(forget_scope, store.store, req.tenant,
+                                         agent_id=req.agent_id, memory_id=req.memory_id)
+        for ev in events:  # the same audit trail as `dmem forget`
+            await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+            await control.send(key=ev.tenant.encode(), value=encode(ev))
+        status = missing if not events else 200
+        return json_response(view, {"tenant": req.tenant, "forgotten": len(events)}, status)
+
+    @app.page("/v1/forget")
+    class ForgetView(View):
+        async def post(self, request: Request) -> Response:
+            try:
+                body = orjson.loads(await request.read())
+            except orjson.JSONDecodeError as exc:
+                return json_response(self, {"error": f"malformed JSON: {exc}"}, 422)
+            return await forget_view(self, request, body)
+
+    @app.page("/v1/stats")
+    class StatsView(View):
+        async def get(self, request: Request) -> Response:
+            if (no := denied(self, request)) is not None:
+                return no
+            tenant = request.query.get("tenant")
+            if not tenant:
+                return json_response(self, {"error": "query parameter tenant is required"}, 422)
+            if (no := denied(self, request, tenant)) is not None:
+                return no
+            if store.store is None or not store.connected.is_set():
+                return json_response(self, {"error": "store not ready"}, 503)
+            st = store.store
+            counts = await asyncio.to_thread(
+                lambda: {p: st.count(p, tenant) for p in ("core", "buffer")})
+            return json_response(self, {"tenant": tenant, **counts,
+                                        "total": sum(counts.values())})
+
+    _ = (SearchView, MemoryView, ForgetView, StatsView)
     return lambda: {
         "answered": state["responder"].answered if state["responder"] else 0,
         "errors": state["errors"],

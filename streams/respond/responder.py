@@ -34,7 +34,7 @@ from streams.metrics import MILVUS_LATENCY
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "utility", "uses", "valence", "created_ts",
+    "utility", "uses", "valence", "created_ts", "metadata",
 ]
 
 
@@ -152,6 +152,7 @@ class Responder:
                 agent_id=str(r.row.get("agent_id", "")),
                 step=int(r.row.get("step", 0)),
                 created_ts=int(r.row.get("created_ts", 0)),
+                metadata=dict((r.row.get("metadata") or {}).get("user") or {}),
                 score=r.score,
                 breakdown=ScoreBreakdown.model_validate(
                     {"semantic": r.semantic, "salience": r.salience, "recency": r.recency,

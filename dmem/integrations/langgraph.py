@@ -1,0 +1,205 @@
+"""LangGraph long-term memory on dmem: `DmemStore`, a ``langgraph.store.base.BaseStore``.
+
+``graph = builder.compile(store=DmemStore(SyncClient(bootstrap, tenant, http_url=...)))``;
+nodes then use ``get_store()`` (or the ``store`` argument) as with any LangGraph store.
+
+Mapping (decisions):
+- The client's tenant is the tenant; a namespace tuple is one agent scope,
+  ``agent_id = "/".join(namespace)`` (its parts must be dmem identifiers:
+  letters, digits and ``_.:@-``). The memory id is a stable hash of
+  (namespace, key), so a second ``put`` of the same key replaces the first.
+- ``put(ns, key, value)`` publishes one `Transition` (``action="put"``, reward
+  ``value.get("reward", 0)``). The value's text (its ``text``, ``content``,
+  ``memory`` or ``data`` field when that is a string, else the whole value as JSON)
+  is the observation that gets embedded; the rest of the value travels in the
+  transition's metadata (at most 512 characters as JSON, else `ValueError`).
+  **Under the gate**: a put is a write *request*. The write role decides within
+  milliseconds whether it is kept (core or buffer) or dropped as expected (a
+  repeat of what the agent already stored, for instance); only kept items become
+  searchable, after the write role has processed them (typically well under a
+  second; eventually consistent like any stream). ``get`` of a dropped key is None.
+- ``get`` reads the row by id over the HTTP API; ``search(ns, query=...)`` is
+  dmem's value-aware search scoped to exactly that namespace (a namespace
+  *prefix* shorter than a written namespace is not an agent scope: `ValueError`);
+  ``filter`` maps to metadata equality on the value's scalar non-text fields
+  (stored with the prefix ``lgv_``); ``score`` is dmem's ranking score.
+  ``delete`` (or ``put`` with value None) forgets the memory (audited).
+- ``list_namespaces`` answers the namespaces this store object has written or
+  read: dmem keeps no namespace catalogue to list across processes.
+- No TTL support (``supports_ttl = False``): forgetting is dmem's decay and
+  capacity policy, not a per-item timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+)
+
+from dmem.client import DmemClient, SyncDmemClient
+from schemas import LIMITS, Transition
+
+TEXT_FIELDS = ("text", "content", "memory", "data")
+META_PREFIX = "lgv_"
+
+
+def memory_id(namespace: tuple[str, ...], key: str) -> str:
+    raw = "\x1f".join([*namespace, "", key]).encode()
+    return "lg-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def agent_for(namespace: tuple[str, ...]) -> str:
+    if not namespace:
+        raise ValueError("a dmem namespace needs at least one part")
+    return "/".join(namespace)
+
+
+def split_value(value: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(text to embed, the field it came from or "" for whole-JSON, the rest)."""
+    for f in TEXT_FIELDS:
+        if isinstance(value.get(f), str):
+            return value[f], f, {k: v for k, v in value.items() if k != f}
+    return json.dumps(value, sort_keys=True, default=str), "", {}
+
+
+def _ts(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+
+
+class DmemStore(BaseStore):
+    """A LangGraph `BaseStore` backed by a dmem deployment (see the module doc)."""
+
+    supports_ttl = False
+
+    def __init__(self, client: SyncDmemClient) -> None:
+        if client.client.http_url is None:
+            raise ValueError("DmemStore reads over HTTP: create the client with http_url=...")
+        self.sync = client
+        self.seen: set[tuple[str, ...]] = set()
+
+    # -- BaseStore -----------------------------------------------------------
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        return self.sync.submit(self._batch(list(ops))).result()
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await asyncio.wrap_future(self.sync.submit(self._batch(list(ops))))
+
+    # -- implementation (runs on the client's loop) -------------------------
+    async def _batch(self, ops: list[Op]) -> list[Result]:
+        c = self.sync.client
+        out: list[Result] = []
+        for op in ops:
+            if isinstance(op, GetOp):
+                out.append(await self._get(c, op))
+            elif isinstance(op, PutOp):
+                await self._put(c, op)
+                out.append(None)
+            elif isinstance(op, SearchOp):
+                out.append(await self._search(c, op))
+            elif isinstance(op, ListNamespacesOp):
+                out.append(self._namespaces(op))
+            else:
+                raise TypeError(f"unsupported store operation {type(op).__name__}")
+        return out
+
+    async def _put(self, c: DmemClient, op: PutOp) -> None:
+        mid = memory_id(op.namespace, op.key)
+        self.seen.add(op.namespace)
+        if op.value is None:
+            await c.forget(memory_id=mid)
+            return
+        value = dict(op.value)
+        text, field, rest = split_value(value)
+        meta: dict[str, Any] = {"lg_key": op.key, "lg_text_field": field}
+        rest_json = json.dumps(rest, sort_keys=True, default=str)
+        if len(rest_json) > LIMITS.max_metadata_value_chars:
+            raise ValueError(f"the value's non-text fields take {len(rest_json)} characters "
+                             f"as JSON (at most {LIMITS.max_metadata_value_chars})")
+        meta["lg_rest"] = rest_json
+        for k, v in rest.items():  # scalar fields are filterable (`filter=`)
+            if isinstance(v, str | int | float | bool) and len(str(v)) <= 256:
+                meta[f"{META_PREFIX}{k}"] = v
+        reward = value.get("reward", 0.0)
+        now = int(datetime.now(tz=UTC).timestamp() * 1000)
+        await c.publish(Transition.model_validate({
+            "transition_id": mid, "tenant": c.tenant, "agent_id": agent_for(op.namespace),
+            "episode_id": agent_for(op.namespace), "step": 0, "observation": text,
+            "action": "put", "reward": float(reward) if isinstance(reward, int | float) else 0.0,
+            "ts": now, "metadata": meta,
+        }))
+
+    @staticmethod
+    def _value(text: str, meta: dict[str, Any]) -> dict[str, Any]:
+        field = meta.get("lg_text_field", "")
+        if not field:
+            try:
+                value = json.loads(text)
+                return value if isinstance(value, dict) else {"text": text}
+            except json.JSONDecodeError:
+                return {"text": text}
+        rest = json.loads(meta.get("lg_rest") or "{}")
+        return {**rest, field: text}
+
+    async def _get(self, c: DmemClient, op: GetOp) -> Item | None:
+        self.seen.add(op.namespace)
+        row = await c.get_memory(memory_id(op.namespace, op.key))
+        if row is None:
+            return None
+        meta = dict((row.get("metadata") or {}).get("user") or {})  # the agent's own part
+        ts = _ts(int(row.get("created_ts", 0)))
+        updated = _ts(int(row.get("last_access_ts", row.get("created_ts", 0))))
+        return Item(value=self._value(str(row.get("text", "")), meta), key=op.key,
+                    namespace=op.namespace, created_at=ts, updated_at=updated)
+
+    async def _search(self, c: DmemClient, op: SearchOp) -> list[SearchItem]:
+        ns = op.namespace_prefix
+        if not ns:
+            raise ValueError("search needs the full namespace of an agent scope")
+        filters = {f"{META_PREFIX}{k}": v for k, v in (op.filter or {}).items()}
+        hits = await c.search(op.query or "", op.limit + op.offset, agent_id=agent_for(ns),
+                              metadata_equals=filters)
+        out = []
+        for h in hits[op.offset:]:
+            meta = h.metadata
+            if "lg_key" not in meta:
+                continue  # a memory of the same agent not written through a store
+            out.append(SearchItem(namespace=ns, key=str(meta["lg_key"]),
+                                  value=self._value(h.text, meta), created_at=_ts(h.created_ts),
+                                  updated_at=_ts(h.created_ts), score=h.score))
+        self.seen.add(ns)
+        return out
+
+    def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        names = sorted(self.seen)
+        for cond in op.match_conditions or ():
+            path = tuple(cond.path)
+            if cond.match_type == "prefix":
+                names = [n for n in names if _match(n[: len(path)], path)]
+            else:
+                names = [n for n in names if len(n) >= len(path)
+                         and _match(n[-len(path):], path)]
+        if op.max_depth is not None:
+            names = sorted({n[: op.max_depth] for n in names})
+        return names[op.offset: op.offset + op.limit]
+
+
+def _match(part: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    return all(p == "*" or p == q for q, p in zip(part, pattern, strict=True))
+
+
+__all__ = ["DmemStore", "memory_id"]

@@ -1,0 +1,238 @@
+"""An MCP server for dmem: ``dmem mcp [--transport stdio|http]``.
+
+Built on the official MCP Python SDK (``mcp``, 2.x: `MCPServer`). It is a client
+of a running deployment, with the same connection options as ``dmem search``:
+writes (``remember``, ``report_outcome``, ``feedback``) go to Kafka (``DMEM_KAFKA__*``),
+``recall`` goes over Kafka request/reply or, with ``--http URL``, over the HTTP
+API, and ``forget`` and the stats resource need the HTTP API (``--http``), where
+the respond role holds the store.
+
+Tools (their input schemas are built from the `schemas` types, so the limits an
+MCP client sees are the ones the stream enforces):
+
+- ``remember(observation, action, reward=0, next_observation?, done?, episode_id?,
+  step?, metadata?)``: one `Transition` for this server's tenant and agent. Without
+  an ``episode_id`` the server's session episode is used; without a ``step`` the
+  next step of that episode (counted by this server). Whether it is *stored* is
+  the gate's decision, made asynchronously by the write role: ``remember`` answers
+  once the broker has the transition, not once it is searchable.
+- ``recall(query, k=5, filters?, lambda_?)``: hits with their score breakdown,
+  RPE, valence and utility.
+- ``report_outcome(episode_id, reward)``: the late reward of an episode (credit).
+- ``feedback(memory_id, thumbs)``: thumbs up / down on one memory.
+- ``forget(memory_id? | agent_id?)``: delete one memory or an agent's memories.
+- resource ``dmem://stats``: the tenant's row counts by partition.
+
+Bad input is a tool error carrying pydantic's reasons (``is_error`` result), never a
+crash of the server. Over HTTP (streamable HTTP, path ``/mcp``) every request must
+carry ``Authorization: Bearer <token>`` (``--auth-token`` / ``DMEM_MCP_TOKEN``):
+a missing or wrong token is 401. Without a token the HTTP transport refuses to
+start (fail closed, like the HTTP API's default; ``--no-auth`` for loopback-only
+experiments). stdio needs no token: the client owns the process.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from dmem.client import DmemClient
+from schemas import SearchFilters, Transition
+from schemas.errors import DmemError
+from schemas.models import FiniteFloat, Ident, MetaValue, Text
+
+INSTRUCTIONS = (
+    "dmem is this agent's long-term memory. Call `remember` after each step with what "
+    "you observed, what you did and the reward (0 when there is none); surprising steps "
+    "are kept, expected ones are dropped. Call `recall` with the current situation "
+    "before deciding. Report how an episode ended with `report_outcome`; rate a "
+    "memory with `feedback`."
+)
+
+
+def _reasons(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(x) for x in e.get('loc', ())) or 'input'}: {e.get('msg')}"
+        for e in exc.errors()
+    )
+
+
+class _Session:
+    """Per-server state: the lazily started client, the default episode, step counters."""
+
+    def __init__(self, make_client: Callable[[], DmemClient], agent_id: str) -> None:
+        self.make_client = make_client
+        self.agent_id = agent_id
+        self.episode_id = f"mcp-{uuid.uuid4().hex[:12]}"
+        self.steps: dict[str, itertools.count[int]] = {}
+        self.client: DmemClient | None = None
+
+    async def get(self) -> DmemClient:
+        if self.client is None:
+            client = self.make_client()
+            await client.start()
+            self.client = client
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.stop()
+            self.client = None
+
+    def next_step(self, episode_id: str) -> int:
+        return next(self.steps.setdefault(episode_id, itertools.count()))
+
+
+def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp") -> Any:
+    """The MCP server; ``make_client`` builds the (unstarted) SDK client it talks through."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    session = _Session(make_client, agent_id)
+
+    @asynccontextmanager
+    async def lifespan(_server: Any) -> AsyncIterator[None]:
+        try:
+            yield None
+        finally:
+            await session.close()
+
+    server = MCPServer(name="dmem", instructions=INSTRUCTIONS, lifespan=lifespan)
+
+    async def call(what: str, fn: Callable[[DmemClient], Any]) -> Any:
+        """Run one SDK call; dmem's errors become tool errors with their message."""
+        try:
+            return await fn(await session.get())
+        except ValidationError as exc:
+            raise ToolError(f"invalid {what}: {_reasons(exc)}") from None
+        except (DmemError, ValueError) as exc:
+            raise ToolError(f"{what} failed: {exc}") from None
+
+    @server.tool(description="Publish one step (observation, action, reward) to memory.")
+    async def remember(
+        observation: Text,
+        action: Ident,
+        reward: FiniteFloat = 0.0,
+        next_observation: Text | None = None,
+        done: bool = False,
+        episode_id: Ident | None = None,
+        step: int | None = None,
+        metadata: dict[str, MetaValue] | None = None,
+    ) -> dict[str, Any]:
+        ep = episode_id or session.episode_id
+
+        async def go(c: DmemClient) -> dict[str, Any]:
+            t = Transition.model_validate({
+                "tenant": c.tenant, "agent_id": session.agent_id, "episode_id": ep,
+                "step": session.next_step(ep) if step is None else step,
+                "observation": observation, "action": action, "reward": reward,
+                "next_observation": next_observation, "done": done,
+                "metadata": metadata or {},
+            })
+            await c.publish(t)
+            return {"memory_id": t.memory_id, "episode_id": t.episode_id, "step": t.step,
+                    "accepted": True}
+
+        result: dict[str, Any] = await call("transition", go)
+        return result
+
+    @server.tool(description="Search memory: hits ranked by meaning, surprise and outcome, "
+                             "each with its score breakdown, RPE, valence and utility.")
+    async def recall(
+        query: Text,
+        k: int = 5,
+        filters: SearchFilters | None = None,
+        lambda_: float | None = None,
+    ) -> list[dict[str, Any]]:
+        f = (filters or SearchFilters()).model_dump(exclude={"schema_version"},
+                                                    exclude_none=True)
+
+        async def go(c: DmemClient) -> list[dict[str, Any]]:
+            hits = await c.search(query, k, lambda_=lambda_, **f)
+            return [h.model_dump(mode="json", by_alias=True) for h in hits]
+
+        result: list[dict[str, Any]] = await call("search", go)
+        return result
+
+    @server.tool(description="Report how an episode ended (its return): credit flows back "
+                             "to the memories that were used in it.")
+    async def report_outcome(episode_id: Ident, reward: FiniteFloat) -> dict[str, Any]:
+        async def go(c: DmemClient) -> dict[str, Any]:
+            await c.report_outcome(episode_id, reward, agent_id=session.agent_id)
+            return {"episode_id": episode_id, "reward": reward, "accepted": True}
+
+        result: dict[str, Any] = await call("outcome", go)
+        return result
+
+    @server.tool(description="Thumbs up or down on one memory (from a user or a critic).")
+    async def feedback(memory_id: Ident, thumbs: Literal["up", "down"]) -> dict[str, Any]:
+        async def go(c: DmemClient) -> dict[str, Any]:
+            fb = await c.feedback(memory_id=memory_id, kind=f"thumbs_{thumbs}",
+                                  value=1.0 if thumbs == "up" else -1.0,
+                                  agent_id=session.agent_id)
+            return {"memory_id": memory_id, "kind": fb.kind, "accepted": True}
+
+        result: dict[str, Any] = await call("feedback", go)
+        return result
+
+    @server.tool(description="Delete one memory (memory_id) or every memory of an agent "
+                             "(agent_id) of this tenant.")
+    async def forget(memory_id: Ident | None = None,
+                     agent_id: Ident | None = None) -> dict[str, Any]:
+        async def go(c: DmemClient) -> dict[str, Any]:
+            n = await c.forget(memory_id=memory_id, agent_id=agent_id)
+            return {"forgotten": n}
+
+        result: dict[str, Any] = await call("forget", go)
+        return result
+
+    @server.resource("dmem://stats", name="stats", mime_type="application/json",
+                     description="The tenant's memory: row counts by partition.")
+    async def stats() -> dict[str, Any]:
+        result: dict[str, Any] = await call("stats", lambda c: c.stats())
+        return result
+
+    _ = (remember, recall, report_outcome, feedback, forget, stats)
+    return server
+
+
+class BearerAuth:
+    """ASGI middleware: every request needs ``Authorization: Bearer <token>`` (else 401)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            got = headers.get(b"authorization", b"")
+            ok = got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)
+            if not ok:
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body",
+                            "body": b'{"error":"missing or unknown bearer token"}'})
+                return
+        await self.app(scope, receive, send)
+
+
+def run_http(server: Any, host: str, port: int, token: str | None) -> None:
+    """Serve streamable HTTP at ``http://host:port/mcp``, behind `BearerAuth` when a token
+    is given (the CLI refuses to start without one unless told ``--no-auth``)."""
+    import uvicorn
+
+    app: Any = server.streamable_http_app(host=host)
+    if token:
+        app = BearerAuth(app, token)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+__all__ = ["BearerAuth", "build_server", "run_http"]

@@ -1,0 +1,277 @@
+"""MCP server (stdio and streamable HTTP with auth), LangGraph store and LangChain
+retriever against the real embedded stack (Tansu broker, worker with every role,
+Milvus Lite)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+
+from dmem.client import DmemClient, SyncDmemClient
+from schemas import Transition
+from streams.local.stack import LocalStack
+from tests.integration.broker_fixtures import isolated_env
+
+pytestmark = pytest.mark.integration
+
+TENANT = "mcp-tenant"
+TRAP = "standing at the edge of crater 4"
+
+
+@pytest.fixture
+def stack(tmp_path: Path, broker: str, topic_prefix: str) -> Iterator[LocalStack]:
+    env = isolated_env(topic_prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2")
+    s = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def http_url(stack: LocalStack) -> str:
+    return f"http://127.0.0.1:{stack.web_ports[0]}"
+
+
+def worker_env(stack: LocalStack) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+    env.update(stack.env(0))
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    return env
+
+
+def corridor(agent: str, n_eps: int = 4) -> list[Transition]:
+    """Mundane steps and one trap per episode: the trap is what the gate keeps."""
+    return [
+        Transition(tenant=TENANT, agent_id=agent, episode_id=f"{agent}-ep{e}", step=k,
+                   observation=TRAP if k == 4 else f"walking on the quiet road mile {k}",
+                   action="jump" if k == 4 else "walk", reward=-20.0 if k == 4 else -0.1,
+                   next_observation=f"mile {k + 1}")
+        for e in range(n_eps) for k in range(10)
+    ]
+
+
+def text_of(result: Any) -> Any:
+    """The JSON a tool answered (structured content when present, else its text)."""
+    if result.structured_content is not None:
+        sc = result.structured_content
+        return sc.get("result", sc) if isinstance(sc, dict) else sc
+    return json.loads(result.content[0].text)
+
+
+async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
+    """The transcript the closing note shows: list tools, remember, recall, outcome, ..."""
+    lines: list[str] = []
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {"remember", "recall", "report_outcome", "feedback", "forget"}
+    for t in tools.values():
+        assert t.input_schema["type"] == "object" and t.input_schema.get("properties")
+    assert tools["remember"].input_schema["properties"]["action"]["pattern"]
+    lines.append("tools/list -> " + ", ".join(sorted(tools)))
+
+    for t in corridor("mcp-agent")[:10]:  # one episode through `remember`
+        r = await client.call_tool("remember", {
+            "observation": t.observation, "action": t.action, "reward": t.reward,
+            "next_observation": t.next_observation, "episode_id": t.episode_id,
+            "step": t.step})
+        assert not r.is_error, r
+    ack = text_of(r)
+    assert ack["accepted"] is True and ack["episode_id"] == "mcp-agent-ep0"
+    lines.append(f"remember x10 -> last {ack}")
+
+    bad = await client.call_tool("remember", {"observation": "x", "action": "no spaces!"})
+    assert bad.is_error and "action" in bad.content[0].text
+    lines.append(f"remember (bad action) -> is_error: {bad.content[0].text.splitlines()[0]}")
+
+    hits: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while not hits and time.monotonic() < deadline:
+        r = await client.call_tool("recall", {"query": TRAP, "k": 3})
+        assert not r.is_error, r
+        hits = text_of(r)
+        if not hits:
+            await asyncio.sleep(0.5)
+    assert hits and hits[0]["action"] == "jump" and hits[0]["valence"] == -1
+    for key in ("semantic", "salience", "recency", "lambda", "score"):
+        assert key in hits[0]["breakdown"]
+    assert {"rpe", "utility", "memory_id"} <= set(hits[0])
+    lines.append(f"recall '{TRAP}' -> {hits[0]['action']} score {hits[0]['score']:.3f} "
+                 f"breakdown {hits[0]['breakdown']} rpe {hits[0]['rpe']:.2f}")
+
+    r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 1}})
+    assert not r.is_error and all(h["valence"] == 1 for h in text_of(r))
+    r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 7}})
+    assert r.is_error  # outside the schema: a tool error, the server keeps serving
+
+    r = await client.call_tool("report_outcome", {"episode_id": "mcp-agent-ep0", "reward": 1})
+    assert not r.is_error and text_of(r)["accepted"] is True
+    lines.append(f"report_outcome -> {text_of(r)}")
+    r = await client.call_tool("feedback", {"memory_id": hits[0]["memory_id"], "thumbs": "up"})
+    assert not r.is_error and text_of(r)["kind"] == "thumbs_up"
+
+    res = await client.read_resource("dmem://stats")
+    stats = json.loads(res.contents[0].text)
+    assert stats["tenant"] == TENANT and stats["total"] >= 1
+    lines.append(f"resources/read dmem://stats -> {stats}")
+
+    r = await client.call_tool("forget", {"memory_id": hits[0]["memory_id"]})
+    assert not r.is_error and text_of(r)["forgotten"] == 1
+    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=stack.settings.kafka.topic_prefix,
+                          http_url=http_url(stack)) as c:
+        assert await c.get_memory(hits[0]["memory_id"]) is None
+    lines.append(f"forget {hits[0]['memory_id']} -> {text_of(r)}")
+    r = await client.call_tool("forget", {})
+    assert r.is_error  # neither a memory nor an agent: refused with the reason
+    return lines
+
+
+def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) -> None:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    env = worker_env(stack)
+    args = ["-m", "dmem.cli", "mcp", "--tenant", TENANT, "--http", http_url(stack),
+            "--timeout", "10"]
+
+    async def over_stdio() -> list[str]:
+        params = StdioServerParameters(command=sys.executable, args=args, env=env)
+        async with Client(params) as client:
+            return await mcp_session_checks(client, stack)
+
+    transcript = asyncio.run(over_stdio())
+    (tmp_path / "mcp-transcript.txt").write_text("\n".join(transcript))
+    print("\n".join(transcript))
+
+    # streamable HTTP: refuses to start without a token, then 401 without/with a wrong one
+    no_token = subprocess.run([sys.executable, *args, "--transport", "http"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert no_token.returncode != 0 and "auth-token" in no_token.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, *args, "--transport", "http", "--port", str(port),
+                             "--auth-token", "s3cret"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and status is None:
+            req = urllib.request.Request(url, data=b"{}", method="POST",
+                                         headers={"content-type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=5)
+                status = 200
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except OSError:
+                time.sleep(0.3)
+        assert status == 401
+        req = urllib.request.Request(url, data=b"{}", method="POST", headers={
+            "content-type": "application/json", "authorization": "Bearer wrong"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 401
+
+        async def over_http() -> None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"},
+                                      timeout=30)
+            async with http, Client(streamable_http_client(url, http_client=http)) as client:
+                tools = (await client.list_tools()).tools
+                assert {t.name for t in tools} == {
+                    "remember", "recall", "report_outcome", "feedback", "forget"}
+                r = await client.call_tool("recall", {"query": "walking on the quiet road",
+                                                      "k": 3})
+                assert not r.is_error
+
+        asyncio.run(over_http())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+class State(TypedDict):
+    question: str
+    answer: str
+
+
+def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
+    from langgraph.config import get_store
+    from langgraph.graph import END, START, StateGraph
+
+    from dmem.integrations.langchain import DmemRetriever
+    from dmem.integrations.langgraph import DmemStore
+
+    prefix = stack.settings.kafka.topic_prefix
+    sync = SyncDmemClient(stack.bootstrap, TENANT, topic_prefix=prefix,
+                          http_url=http_url(stack), timeout_s=10)
+    try:
+        store = DmemStore(sync)
+        ns = ("memories", "user-7")
+
+        def remember(state: State) -> dict[str, Any]:
+            s = get_store()
+            for i in range(30):  # the mundane bulk, then the facts that matter
+                s.put(ns, f"k{i}", {"text": f"small talk about the weather number {i}",
+                                    "reward": -0.1, "topic": "chat"})
+            for i in range(3):
+                s.put(ns, f"allergy{i}", {"text": f"the user is allergic to nuts ({i})",
+                                          "reward": -20.0, "topic": "health"})
+            return {}
+
+        def recall(state: State) -> dict[str, Any]:
+            s = get_store()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                found = s.search(ns, query=state["question"], limit=3)
+                if found:
+                    return {"answer": found[0].value["text"]}
+                time.sleep(0.5)
+            return {"answer": ""}
+
+        g = StateGraph(State)
+        g.add_node("remember", remember)
+        g.add_node("recall", recall)
+        g.add_edge(START, "remember")
+        g.add_edge("remember", "recall")
+        g.add_edge("recall", END)
+        graph = g.compile(store=store)
+        out = graph.invoke({"question": "what is the user allergic to", "answer": ""})
+        assert "allergic to nuts" in out["answer"]
+
+        item = store.get(ns, "allergy0")
+        assert item is not None and item.key == "allergy0"
+        assert item.value == {"text": "the user is allergic to nuts (0)", "reward": -20.0,
+                              "topic": "health"}
+        health = store.search(ns, query="allergic", filter={"topic": "health"}, limit=5)
+        assert health and all(i.value["topic"] == "health" for i in health)
+        assert ns in store.list_namespaces(prefix=("memories",))
+        store.delete(ns, "allergy0")
+        assert store.get(ns, "allergy0") is None
+        assert store.get(ns, "never-written") is None
+
+        docs = DmemRetriever(client=sync, k=3).invoke("the user is allergic to nuts")
+        assert docs and "allergic" in docs[0].page_content
+        meta = docs[0].metadata
+        assert set(meta["breakdown"]) == {"semantic", "salience", "recency", "lambda", "score"}
+        assert meta["memory_id"] == docs[0].id and meta["valence"] == -1
+        adocs = asyncio.run(DmemRetriever(client=sync, k=3, filters={"valence": -1})
+                            .ainvoke("allergic"))
+        assert adocs and all(d.metadata["valence"] == -1 for d in adocs)
+    finally:
+        sync.close()
