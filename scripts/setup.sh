@@ -15,6 +15,9 @@ if [ ! -f .venv/.dmem-installed ] || [ pyproject.toml -nt .venv/.dmem-installed 
   $PIP install -e '.[test]'
   touch .venv/.dmem-installed
 fi
+# The minilm-static encoder: distilled once from the bundled MiniLM (cached in
+# ~/.cache/dmem, or DMEM_ENCODER__STATIC_PATH; a few minutes on 2 cores).
+.venv/bin/python -c "import os, sys; from operators.encoders import distill_static; distill_static(os.environ.get('DMEM_ENCODER__STATIC_PATH'), log=sys.stderr)"
 if [ ! -d .cache/milvus-server/milvus ]; then
   $PIP install --no-deps --target .cache/milvus-server milvus==2.3.5
 fi

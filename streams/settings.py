@@ -123,9 +123,11 @@ class MaintenanceSettings(BaseModel):
 
 
 class EncoderSettings(BaseModel):
-    name: Literal["minilm", "hash", "passthrough"] = "minilm"
+    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm"
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
     cache_size: int = Field(default=50_000, ge=0)
+    static_path: str | None = Field(default=None, description="where minilm-static is "
+                                    "distilled (default ~/.cache/dmem/minilm-static-256)")
 
 
 class ValueSettings(BaseModel):

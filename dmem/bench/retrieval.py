@@ -73,6 +73,7 @@ from dmem.bench.common import (
     print_table,
     summarize_ms,
 )
+from operators.encoders import encoder_dim
 
 LOAD_TENANT = "bench-load"
 QUALITY_BATCH = 256  # write-path micro-batch, as in `dmem demo`
@@ -109,7 +110,7 @@ class BenchConfig:
 
     @property
     def dim(self) -> int:
-        return 384 if self.encoder == "minilm" else 256
+        return encoder_dim(self.encoder, 256)
 
     @property
     def candidates(self) -> int:

@@ -70,6 +70,7 @@ from dmem.bench.common import (
     print_table,
     teardown,
 )
+from operators.encoders import encoder_dim
 from schemas.models import stable_transition_id
 from streams.local.stack import LocalStack
 from streams.settings import Settings
@@ -418,7 +419,7 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def dim_of(encoder: str, settings: Settings) -> int:
-    return 384 if encoder == "minilm" else settings.encoder.dim
+    return encoder_dim(encoder, settings.encoder.dim)
 
 
 def run(

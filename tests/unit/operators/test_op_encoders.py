@@ -175,3 +175,28 @@ def test_minilm_offline_unit_norm_and_similarity(minilm: MiniLMEncoder) -> None:
 def test_minilm_missing_path_fails_without_download() -> None:
     with pytest.raises(FileNotFoundError):
         MiniLMEncoder(model_path="/nonexistent/minilm").load()
+
+
+def test_static_encoder_distilled_from_minilm_is_unit_norm_deterministic_and_semantic() -> None:
+    from operators.encoders import StaticEncoder
+
+    enc = StaticEncoder()  # distilled by scripts/setup.sh (or here, on first use)
+    texts = ["the cat sat on the mat", "a cat was sitting on the mat",
+             "stock prices fell sharply today"]
+    e = enc.encode(texts)
+    assert e.shape == (3, 256) and e.dtype == np.float32
+    assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert np.array_equal(e, enc.encode(texts))
+    assert float(e[0] @ e[1]) > float(e[0] @ e[2]) + 0.2
+    assert enc.encode([]).shape == (0, 256)
+
+
+def test_encoder_dim_and_build_by_name() -> None:
+    from operators.encoders import CachedEncoder, build_encoder, encoder_dim
+
+    assert encoder_dim("minilm") == 384 and encoder_dim("minilm-static") == 256
+    assert encoder_dim("hash", 64) == 64
+    enc = build_encoder("minilm-static", cache_size=10)
+    assert isinstance(enc, CachedEncoder) and enc.dim == 256
+    with pytest.raises(ValueError, match="minilm-static"):
+        build_encoder("nope")
