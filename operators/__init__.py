@@ -23,7 +23,13 @@ if TYPE_CHECKING:
         build_encoder,
     )
     from operators.gate import Gate, GateDecision, GateState, Reason, Route
-    from operators.rpe import AgentSmoother, RpeNormalizer, valence
+    from operators.rpe import (
+        AgentSmoother,
+        RewardSurprise,
+        RpeNormalizer,
+        extrinsic_score,
+        valence,
+    )
     from operators.sketch import DecayedQuantileSketch
     from operators.value import RunningStd, TDValueLearner
 
@@ -42,10 +48,12 @@ __all__ = [
     "PassthroughEncoder",
     "Reason",
     "Route",
+    "RewardSurprise",
     "RpeNormalizer",
     "RunningStd",
     "TDValueLearner",
     "build_encoder",
+    "extrinsic_score",
     "valence",
 ]
 
@@ -64,7 +72,9 @@ _MODULE_OF = {
     "Reason": "gate",
     "Route": "gate",
     "AgentSmoother": "rpe",
+    "RewardSurprise": "rpe",
     "RpeNormalizer": "rpe",
+    "extrinsic_score": "rpe",
     "valence": "rpe",
     "DecayedQuantileSketch": "sketch",
     "RunningStd": "value",

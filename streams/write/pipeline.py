@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -47,11 +46,12 @@ from operators import (
     GateDecision,
     GateState,
     PassthroughEncoder,
+    RewardSurprise,
     RpeNormalizer,
     TDValueLearner,
+    extrinsic_score,
     valence,
 )
-from operators.gate import MAD_TO_SIGMA, Reason, Route
 from schemas import DeadLetter, MemoryEvent, Partition, Transition
 from streams.settings import Settings
 
@@ -146,6 +146,7 @@ class TenantState:
             seed=seed,
         )
         self.normalizer = RpeNormalizer()
+        self.reward_surprise = RewardSurprise()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
@@ -195,6 +196,7 @@ class TenantState:
         header = {
             "format": STATE_FORMAT,
             "normalizer": self.normalizer.to_dict(),
+            "reward_surprise": self.reward_surprise.to_dict(),
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
@@ -212,6 +214,8 @@ class TenantState:
         self.settings = settings
         self.learner = learner
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
+        rs = header.get("reward_surprise")  # absent in checkpoints from before issue 13
+        self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
@@ -264,27 +268,12 @@ def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[
         or (arr < 0).any()
     ):
         return [gate.decide(state, s) for s in scores]
-    t_low, t_high = gate.thresholds(state)
-    out_thr = math.inf
-    if ((arr >= gate.floor) & (arr < t_high)).any():
-        med, mad = sk.median_mad()
-        out_thr = med + max(gate.outlier_k * MAD_TO_SIGMA * mad, gate.floor)
-    floor = gate.floor
+    plan = gate.plan(state)
+    t_low, t_high, _ = plan
     gates = 1.0 / (1.0 + np.exp(-(gate.alpha * arr - gate.beta)))
     out: list[GateDecision] = []
     for s, g in zip(arr.tolist(), gates.tolist(), strict=True):
-        route: Route
-        reason: Reason
-        if s >= t_high:
-            route, reason = "core", "above_high"
-        elif s >= floor and s >= out_thr:
-            route, reason = "core", "outlier"
-        elif s >= t_low:
-            route, reason = "buffer", "between"
-        elif s < floor:
-            route, reason = "drop", "below_floor"
-        else:
-            route, reason = "drop", "below_low"
+        route, reason = gate.route(plan, s)
         out.append(GateDecision(route, s, g, t_low, t_high, reason))
     sk.add_many(arr)
     return out
@@ -408,7 +397,11 @@ class WritePipeline:
         st.last_loss = st.learner.update(s, r, s2, done)
         z = st.normalizer.normalize(deltas)
         novelty = self.settings.rpe.novelty
-        scores = [st.smoother(t.agent_id).smooth(float(z[i])) for i, t in enumerate(ts)]
+        reward_scores = st.reward_surprise.score_many(r)
+        scores = [
+            extrinsic_score(st.smoother(t.agent_id).smooth(float(z[i])), float(reward_scores[i]))
+            for i, t in enumerate(ts)
+        ]
         decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
@@ -508,10 +501,16 @@ class WritePipeline:
         G_t = sum_{j>=t} gamma^(j-t) r_j + gamma^(T+1-t) * outcome, in the value
         model's reward units; retrospective delta = G_t - V(s_t) (V as estimated
         when the transition was processed), normalised by the tenant's sigma.
-        Entries whose |z| reaches the current theta_high are written to core if
-        they had been dropped (reason ``retrospective``) or promoted from the
-        buffer (`BatchResult.promote`). The gate's sketch is not updated:
-        a hindsight score is not a new observation. The stored hindsight z is
+        Selective (issue 13; a successful episode must not copy its trajectory
+        into core): an entry qualifies only when its hindsight score |z| routes
+        to core under the gate's current plan (the same rule as a live score:
+        theta_high or the robust outlier rule), and the outcome changed its
+        surprise materially (|z| - |live z| >= the gate's floor, live z being
+        its TD error when processed over the tenant's sigma now). Of those, at
+        most ``write.hindsight_max`` (8) per outcome, the highest |z| first,
+        are written to core if they had been dropped (reason ``retrospective``)
+        or promoted from the buffer (`BatchResult.promote`). The gate's sketch
+        is not updated: a hindsight score is not a new observation. The stored hindsight z is
         clipped to +-``RETRO_Z_MAX`` (the gate compares the unclipped score):
         against a near-zero sigma (a tenant whose rewards were all 0 so far)
         the raw z is astronomically large, and ranking's surprise term is
@@ -526,17 +525,24 @@ class WritePipeline:
             return out
         gamma = st.learner.gamma
         scale = st.learner.reward_scale
-        _, theta_high = self.gate.thresholds(st.gate_state)
+        plan = self.gate.plan(st.gate_state)
+        theta_high = plan[1]
         sigma = st.normalizer.sigma
         g = outcome / scale
         retro: list[float] = [0.0] * len(entries)
         for idx in range(len(entries) - 1, -1, -1):
             g = entries[idx].reward / scale + gamma * g
             retro[idx] = g
+        picked: list[tuple[float, EligibilityEntry]] = []
         for e, g_t in zip(entries, retro, strict=True):
             raw_z = (g_t - e.value) / sigma
-            if abs(raw_z) < theta_high or e.route == "core":
+            if e.route == "core" or self.gate.route(plan, abs(raw_z))[0] != "core":
                 continue
+            if abs(raw_z) - abs(e.delta) / sigma < self.gate.floor:
+                continue  # the outcome did not change how surprising this step was
+            picked.append((raw_z, e))
+        picked.sort(key=lambda p: -abs(p[0]))
+        for raw_z, e in picked[: self.settings.write.hindsight_max]:
             z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
             score = abs(z)
             val = valence(z)
