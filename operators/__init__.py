@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from operators.gate import Gate, GateDecision, GateState, Reason, Route
     from operators.rpe import (
         AgentSmoother,
+        OutcomeBaseline,
         RewardSurprise,
         RpeNormalizer,
         extrinsic_score,
@@ -45,6 +46,7 @@ __all__ = [
     "GateState",
     "HashingEncoder",
     "MiniLMEncoder",
+    "OutcomeBaseline",
     "PassthroughEncoder",
     "Reason",
     "Route",
@@ -72,6 +74,7 @@ _MODULE_OF = {
     "Reason": "gate",
     "Route": "gate",
     "AgentSmoother": "rpe",
+    "OutcomeBaseline": "rpe",
     "RewardSurprise": "rpe",
     "RpeNormalizer": "rpe",
     "extrinsic_score": "rpe",

@@ -57,7 +57,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AgentSmoother", "RewardSurprise", "RpeNormalizer", "extrinsic_score", "valence"]
+__all__ = [
+    "AgentSmoother",
+    "OutcomeBaseline",
+    "RewardSurprise",
+    "RpeNormalizer",
+    "extrinsic_score",
+    "valence",
+]
 
 
 def valence(delta: float, eps: float = 1e-9) -> int:
@@ -255,3 +262,50 @@ class RewardSurprise:
         s.dev = float(d["dev"])
         s.count = int(d["count"])
         return s
+
+
+class OutcomeBaseline:
+    """Per-tenant expectation of episode outcomes: what a late outcome reveals.
+
+    ``surprise(x)`` = (x - mean) / mean absolute deviation, both EWMAs (alpha
+    0.05: outcomes are rarer than steps; exact means first). An outcome that is
+    what this tenant usually gets reveals nothing in hindsight, however large
+    it is: ScienceWorld reports a final score of 100 after the steps already
+    paid +1..+50 for it. ``None`` while fewer than two outcomes are known (no
+    baseline yet: the caller judges the outcome against its own scale).
+    """
+
+    def __init__(self, alpha: float = 0.05) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.mean = 0.0
+        self.dev = 0.0
+        self.count = 0
+
+    def surprise(self, x: float) -> float | None:
+        if self.count < 2:
+            return None
+        diff = float(x) - self.mean
+        if self.dev <= 0.0:
+            return 0.0 if abs(diff) <= 1e-12 else None
+        return diff / self.dev
+
+    def observe(self, x: float) -> None:
+        x = float(x)
+        if not math.isfinite(x):
+            raise ValueError(f"non-finite outcome: {x}")
+        self.count += 1
+        w = max(1.0 / self.count, self.alpha)
+        if self.count > 1:
+            self.dev += max(1.0 / (self.count - 1), self.alpha) * (abs(x - self.mean) - self.dev)
+        self.mean += w * (x - self.mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "mean": self.mean, "dev": self.dev, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutcomeBaseline:
+        b = cls(alpha=float(d["alpha"]))
+        b.mean, b.dev, b.count = float(d["mean"]), float(d["dev"]), int(d["count"])
+        return b

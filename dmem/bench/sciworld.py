@@ -57,6 +57,8 @@ from streams.local.stack import LocalStack
 
 TENANT = "sciworld"
 INVALID_PREFIXES = ("No known action matches", "Ambiguous request")
+#: fixed-lambda rankings of the same stored set, reported as diagnostics (``lambda_*``)
+DIAG_LAMBDAS = (("lambda_0.97", 0.97), ("lambda_0.9", 0.9), ("lambda_0.7", 0.7))
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: di
         rel_all = [event_key(steps[ids[j]]) in keys for j in cols]
         acc["hit_at_5_store_all"].append(hit_prob(sims, rel_all, 5))
         acc["mrr_at_10_store_all"].append(mrr(sims, rel_all, 10))
-        for name, lam in (("dmem", None), ("semantic_stored", 1.0)):
+        for name, lam in (("dmem", None), ("semantic_stored", 1.0), *DIAG_LAMBDAS):
             hits = await c.search(pr.query, 20, lambda_=lam, metadata_equals={"task": pr.task})
             sc = [h.score for h in hits]
             rel = [h.memory_id in rel_stored for h in hits]

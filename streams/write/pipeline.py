@@ -45,6 +45,7 @@ from operators import (
     Gate,
     GateDecision,
     GateState,
+    OutcomeBaseline,
     PassthroughEncoder,
     RewardSurprise,
     RpeNormalizer,
@@ -147,6 +148,7 @@ class TenantState:
         )
         self.normalizer = RpeNormalizer()
         self.reward_surprise = RewardSurprise()
+        self.outcomes = OutcomeBaseline()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
@@ -197,6 +199,7 @@ class TenantState:
             "format": STATE_FORMAT,
             "normalizer": self.normalizer.to_dict(),
             "reward_surprise": self.reward_surprise.to_dict(),
+            "outcomes": self.outcomes.to_dict(),
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
@@ -216,6 +219,8 @@ class TenantState:
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
         rs = header.get("reward_surprise")  # absent in checkpoints from before issue 13
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
+        ob = header.get("outcomes")
+        self.outcomes = OutcomeBaseline.from_dict(ob) if ob else OutcomeBaseline()
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
@@ -495,26 +500,29 @@ class WritePipeline:
             return self._rescore(tenant, episode_id, outcome, now_ms)
 
     def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
-        """Re-score an episode's eligibility window with its late outcome folded in.
+        """Re-score an episode's eligibility window with what its late outcome reveals.
 
-        Retrospective return of entry t (steps ascending, last step T):
-        G_t = sum_{j>=t} gamma^(j-t) r_j + gamma^(T+1-t) * outcome, in the value
-        model's reward units; retrospective delta = G_t - V(s_t) (V as estimated
-        when the transition was processed), normalised by the tenant's sigma.
-        Selective (issue 13; a successful episode must not copy its trajectory
-        into core): an entry qualifies only when its hindsight score |z| routes
-        to core under the gate's current plan (the same rule as a live score:
-        theta_high or the robust outlier rule), and the outcome changed its
-        surprise materially (|z| - |live z| >= the gate's floor, live z being
-        its TD error when processed over the tenant's sigma now). Of those, at
-        most ``write.hindsight_max`` (8) per outcome, the highest |z| first,
-        are written to core if they had been dropped (reason ``retrospective``)
-        or promoted from the buffer (`BatchResult.promote`). The gate's sketch
-        is not updated: a hindsight score is not a new observation. The stored hindsight z is
-        clipped to +-``RETRO_Z_MAX`` (the gate compares the unclipped score):
-        against a near-zero sigma (a tenant whose rewards were all 0 so far)
-        the raw z is astronomically large, and ranking's surprise term is
-        saturated long before 10 sigma anyway.
+        Selective (issue 13: a successful episode must not copy its trajectory
+        into core). What the outcome reveals is its surprise against the
+        tenant's usual outcome, s_out = `OutcomeBaseline.surprise` (until two
+        outcomes are known: outcome / reward scale / sigma, the outcome against
+        the tenant's RPE scale). It reaches entry t (steps ascending, n entries)
+        discounted like an eligibility trace: c_t = gamma^(n - t) * s_out. The
+        entry's hindsight z = its live TD z (delta / sigma now) + c_t. Rewards
+        inside the episode were already judged by the live gate and are not
+        counted again. An entry qualifies when the outcome changed it
+        materially (|c_t| >= the gate's floor) and its hindsight |z| routes to
+        core under the gate's current plan (the same rule as a live score:
+        theta_high or the robust outlier rule). Of those, at most
+        ``write.hindsight_max`` (8) per outcome, the largest |c_t| (the steps
+        nearest the outcome) first, are written to core if they had been
+        dropped (reason ``retrospective``) or promoted from the buffer
+        (`BatchResult.promote`). The gate's sketch is not updated: a hindsight
+        score is not a new observation. The stored hindsight z is clipped to
+        +-``RETRO_Z_MAX`` (the gate compares the unclipped score): against a
+        near-zero sigma (a tenant whose rewards were all 0 so far) the raw z is
+        astronomically large, and ranking's surprise term is saturated long
+        before 10 sigma anyway.
         """
         out = BatchResult()
         st = self.tenants.get(tenant)
@@ -528,21 +536,23 @@ class WritePipeline:
         plan = self.gate.plan(st.gate_state)
         theta_high = plan[1]
         sigma = st.normalizer.sigma
-        g = outcome / scale
-        retro: list[float] = [0.0] * len(entries)
-        for idx in range(len(entries) - 1, -1, -1):
-            g = entries[idx].reward / scale + gamma * g
-            retro[idx] = g
-        picked: list[tuple[float, EligibilityEntry]] = []
-        for e, g_t in zip(entries, retro, strict=True):
-            raw_z = (g_t - e.value) / sigma
-            if e.route == "core" or self.gate.route(plan, abs(raw_z))[0] != "core":
-                continue
-            if abs(raw_z) - abs(e.delta) / sigma < self.gate.floor:
+        s_out = st.outcomes.surprise(outcome)
+        st.outcomes.observe(outcome)
+        self.dirty.add(tenant)
+        if s_out is None:
+            s_out = outcome / scale / sigma
+        n = len(entries)
+        picked: list[tuple[float, float, EligibilityEntry]] = []
+        for idx, e in enumerate(entries):
+            c_t = gamma ** (n - idx) * s_out
+            if e.route == "core" or abs(c_t) < self.gate.floor:
                 continue  # the outcome did not change how surprising this step was
-            picked.append((raw_z, e))
-        picked.sort(key=lambda p: -abs(p[0]))
-        for raw_z, e in picked[: self.settings.write.hindsight_max]:
+            raw_z = e.delta / sigma + c_t
+            if self.gate.route(plan, abs(raw_z))[0] != "core":
+                continue
+            picked.append((abs(c_t), raw_z, e))
+        picked.sort(key=lambda p: -p[0])
+        for _, raw_z, e in picked[: self.settings.write.hindsight_max]:
             z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
             score = abs(z)
             val = valence(z)
