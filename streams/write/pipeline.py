@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -504,9 +505,13 @@ class WritePipeline:
 
         Selective (issue 13: a successful episode must not copy its trajectory
         into core). What the outcome reveals is its surprise against the
-        tenant's usual outcome, s_out = `OutcomeBaseline.surprise` (until two
-        outcomes are known: outcome / reward scale / sigma, the outcome against
-        the tenant's RPE scale). It reaches entry t (steps ascending, n entries)
+        tenant's usual outcome, s = `OutcomeBaseline.surprise` (in mean absolute
+        deviations), shrunk by the gate's ``outlier_k``: s_out = sign(s) *
+        max(0, |s| - k), so an outcome within the usual spread (a success of a
+        tenant that often succeeds) reveals nothing and a rare one only its
+        excess. Until two outcomes are known there is no spread: s_out =
+        outcome / reward scale / sigma, the outcome against the tenant's RPE
+        scale. It reaches entry t (steps ascending, n entries)
         discounted like an eligibility trace: c_t = gamma^(n - t) * s_out. The
         entry's hindsight z = its live TD z (delta / sigma now) + c_t. Rewards
         inside the episode were already judged by the live gate and are not
@@ -541,6 +546,8 @@ class WritePipeline:
         self.dirty.add(tenant)
         if s_out is None:
             s_out = outcome / scale / sigma
+        else:  # within the usual spread reveals nothing; beyond it, only the excess
+            s_out = math.copysign(max(0.0, abs(s_out) - self.gate.outlier_k), s_out)
         n = len(entries)
         picked: list[tuple[float, float, EligibilityEntry]] = []
         for idx, e in enumerate(entries):

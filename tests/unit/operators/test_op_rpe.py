@@ -138,3 +138,25 @@ def test_reward_surprise_step_costs_and_roundtrip() -> None:
     assert extrinsic_score(0.2, 1.5) == 1.5 and extrinsic_score(2.0, 0.0) == 2.0
     with pytest.raises(ValueError):
         RewardSurprise(alpha=0.0)
+
+
+def test_outcome_baseline_usual_outcomes_reveal_nothing() -> None:
+    from operators.rpe import OutcomeBaseline
+
+    b = OutcomeBaseline()
+    assert b.surprise(100.0) is None  # no baseline yet
+    for x in [100.0, 0.0, 100.0, 25.0, 100.0, 0.0] * 10:
+        b.observe(x)
+    usual = b.surprise(b.mean)
+    assert usual is not None and abs(usual) < 1e-9
+    hi, lo = b.surprise(100.0), b.surprise(0.0)
+    assert hi is not None and lo is not None and hi > 0 > lo
+    assert abs(hi) < 2.0 and abs(lo) < 2.0  # ordinary outcomes stay ordinary
+    big = b.surprise(1000.0)
+    assert big is not None and big > 10.0
+    same = OutcomeBaseline()
+    for _ in range(5):
+        same.observe(1.0)
+    assert same.surprise(1.0) == 0.0 and same.surprise(2.0) is None
+    back = OutcomeBaseline.from_dict(json.loads(json.dumps(b.to_dict())))
+    assert back.to_dict() == b.to_dict()
