@@ -56,6 +56,10 @@ from schemas import Transition
 from streams.local.stack import LocalStack
 
 TENANT = "sciworld"
+#: one agent plays every policy (an agent that explores, follows a guide, errs): its
+#: exact repeats (the gold and noisy episodes of a variation share their rewarded steps)
+#: are the write path's `repeat` drops, as for any agent that does the same thing twice
+AGENT = "explorer"
 INVALID_PREFIXES = ("No known action matches", "Ambiguous request")
 #: fixed-lambda rankings of the same stored set, reported as diagnostics (``lambda_*``)
 DIAG_LAMBDAS = (("lambda_0.97", 0.97), ("lambda_0.9", 0.9), ("lambda_0.7", 0.7))
@@ -99,7 +103,7 @@ def event_key(st: Step) -> tuple[str, int, str, str]:
 
 def to_transition(st: Step, i: int) -> Transition:
     return Transition(
-        transition_id=step_id(st), tenant=TENANT, agent_id=f"agent-{st.policy}",
+        transition_id=step_id(st), tenant=TENANT, agent_id=AGENT,
         episode_id=st.episode, step=st.step, observation=st.observation, action=st.action,
         reward=st.reward, next_observation=st.next_observation, done=st.done,
         ts=1_700_000_000_000 + i * 1000,
@@ -193,7 +197,7 @@ def health(stack: LocalStack) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def scan(stack: LocalStack) -> dict[str, str]:
+def scan(stack: LocalStack, dim: int) -> dict[str, str]:
     """memory id -> partition of every stored row of the tenant.
 
     The store is the Milvus 2.3.5 server (Milvus Lite is single-process: the bench
@@ -202,7 +206,7 @@ def scan(stack: LocalStack) -> dict[str, str]:
     from milvus import MemoryStore
 
     s = stack.settings
-    store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=s.encoder.dim)
+    store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=dim)
     store.connect()
     try:
         return {str(r["id"]): str(r["partition"])
@@ -238,16 +242,16 @@ async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600)
     raise TimeoutError(f"write path did not process {target} transitions in {timeout_s} s")
 
 
-async def settle(stack: LocalStack, min_s: float, quiet_s: float = 6.0,
+async def settle(stack: LocalStack, dim: int, min_s: float, quiet_s: float = 6.0,
                  timeout_s: float = 300.0) -> dict[str, str]:
     """Wait at least `min_s`, then until the tenant's rows stop changing for `quiet_s`."""
     await asyncio.sleep(min_s)
     deadline = time.monotonic() + timeout_s
-    last = await asyncio.to_thread(scan, stack)
+    last = await asyncio.to_thread(scan, stack, dim)
     stable_since = time.monotonic()
     while time.monotonic() < deadline:
         await asyncio.sleep(2.0)
-        now = await asyncio.to_thread(scan, stack)
+        now = await asyncio.to_thread(scan, stack, dim)
         if now != last:
             last, stable_since = now, time.monotonic()
         elif time.monotonic() - stable_since >= quiet_s:
@@ -449,21 +453,21 @@ async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str,
     s = stack.settings
     assert stack.bootstrap is not None
     transitions = [to_transition(st, i) for i, st in enumerate(steps.values())]
+    encoder = build_encoder(cfg.encoder, s.encoder.dim)
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         before = int(health(stack).get("write", {}).get("processed", 0))
         for ep in played.train:  # episode by episode, in play order
             await c.publish_many([t for t in transitions if t.episode_id == ep.episode])
         await wait_processed(stack, before + len(transitions))
-        gate_rows = await asyncio.to_thread(scan, stack)
+        gate_rows = await asyncio.to_thread(scan, stack, encoder.dim)
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")
         for ep in played.train:
             await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)))
-        final_rows = await settle(stack, cfg.settle_s)
+        final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")
-        encoder = build_encoder(cfg.encoder, s.encoder.dim)
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
         async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
