@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.common import Progress, emit_json, note
+from dmem.bench.common import Progress, cleanup_on_signals, emit_json, note
 from dmem.bench.sciworld_env import DEFAULT_TASKS, TASKS, Episode, SciWorld, Step, play, rng_for
 from dmem.client import DmemClient
 from schemas import Transition
@@ -101,12 +101,12 @@ def event_key(st: Step) -> tuple[str, int, str, str]:
     return (st.task, st.variation, st.observation, st.action)
 
 
-def to_transition(st: Step, i: int) -> Transition:
+def to_transition(st: Step, i: int, t0_ms: int) -> Transition:
     return Transition(
         transition_id=step_id(st), tenant=TENANT, agent_id=AGENT,
         episode_id=st.episode, step=st.step, observation=st.observation, action=st.action,
         reward=st.reward, next_observation=st.next_observation, done=st.done,
-        ts=1_700_000_000_000 + i * 1000,
+        ts=t0_ms + i * 10,  # a live agent's memories: minutes old, not from 2023
         metadata={"task": st.task, "variation": st.variation},
     )
 
@@ -412,6 +412,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
+    """Run the benchmark; SIGTERM/SIGHUP stop every process it started."""
+    with cleanup_on_signals():
+        return _main(cfg, as_json)
+
+
+def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
     from milvus import EmbeddedMilvusServer
 
     t0 = time.monotonic()
@@ -452,7 +458,8 @@ async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str,
 
     s = stack.settings
     assert stack.bootstrap is not None
-    transitions = [to_transition(st, i) for i, st in enumerate(steps.values())]
+    t0_ms = int(time.time() * 1000) - 10 * len(steps)
+    transitions = [to_transition(st, i, t0_ms) for i, st in enumerate(steps.values())]
     encoder = build_encoder(cfg.encoder, s.encoder.dim)
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:

@@ -12,7 +12,8 @@ Decisions (see README "Write path"):
 - ``rpe`` stored with a memory is the tenant-normalised delta z (scale free, so
   thresholds and ranking work across tenants with rewards of any scale);
   ``rpe_smoothed`` is the gate score s; ``valence`` is sign(delta).
-- Novelty: an exact repeat (same tenant, agent, observation, action, reward) of
+- Novelty: an exact repeat (same tenant, agent, observation, action, reward,
+  metadata) of
   a transition already routed to core, or to buffer when the new route is
   buffer, is dropped with reason ``repeat`` instead of writing a second
   identical row; the sketch still sees its score. Near-duplicates are the
@@ -234,7 +235,14 @@ class TenantState:
 
 
 def content_key(t: Transition) -> str:
-    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}".encode()
+    """Identity of a transition's content for the exact-repeat drop.
+
+    The metadata is part of it (issue 13): the same words in another context (the
+    same "The door is now open." in another task) are not a repeat, or a search
+    filtered by that context (``metadata_equals``) would find nothing.
+    """
+    meta = orjson.dumps(t.metadata, option=orjson.OPT_SORT_KEYS).decode() if t.metadata else ""
+    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}\x1f{meta}".encode()
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
