@@ -385,6 +385,42 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
         _fail(exc)
 
 
+@bench.command("sciworld")
+@click.option("--task", "tasks", multiple=True,
+              help="ScienceWorld task (repeatable; default: six tasks of the allowed list)")
+@click.option("--train-variations", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--test-variations", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--random-steps", type=click.IntRange(1), default=12, show_default=True)
+@click.option("--loop-max-steps", type=click.IntRange(1), default=30, show_default=True)
+@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
+              show_default=True)
+@click.option("--settle-s", type=click.FloatRange(0.0), default=25.0, show_default=True,
+              help="least wait for outcomes and maintenance before the final scan")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--play-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON file of played episodes to reuse (written when absent)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_sciworld(tasks: tuple[str, ...], train_variations: int, test_variations: int,
+                   random_steps: int, loop_max_steps: int, encoder: str, settle_s: float,
+                   seed: int, play_cache: Path | None, as_json: bool) -> None:
+    """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
+    from dmem.bench.sciworld import SciConfig
+    from dmem.bench.sciworld import main as run_sci
+    from dmem.bench.sciworld_env import DEFAULT_TASKS
+
+    try:
+        cfg = SciConfig(tasks=tuple(tasks) or DEFAULT_TASKS, train_variations=train_variations,
+                        test_variations=test_variations, random_steps=random_steps,
+                        loop_max_steps=loop_max_steps, encoder=encoder, settle_s=settle_s,
+                        seed=seed, play_cache=play_cache)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    try:
+        run_sci(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
 def _store(settings: Any) -> Any:
     """A connected MemoryStore for CLI tools (dim from the encoder settings)."""
     from milvus import MemoryStore

@@ -332,6 +332,7 @@ EXPLAIN = {
     "above_high": "smoothed |RPE| at or above the running high quantile",
     "outlier": "robust outlier (median + k*MAD), kept in core even when frequent",
     "between": "between the low and high quantiles: parked in the buffer",
+    "above_bulk": "clearly above the mundane bulk but under the floor: parked in the buffer",
     "below_low": "below the running low quantile: expected, not stored",
     "below_floor": "below the absolute floor: nothing new, not stored",
     "warmup": "decided by the fixed warm-up rule while the sketch fills",

@@ -23,7 +23,14 @@ if TYPE_CHECKING:
         build_encoder,
     )
     from operators.gate import Gate, GateDecision, GateState, Reason, Route
-    from operators.rpe import AgentSmoother, RpeNormalizer, valence
+    from operators.rpe import (
+        AgentSmoother,
+        OutcomeBaseline,
+        RewardSurprise,
+        RpeNormalizer,
+        extrinsic_score,
+        valence,
+    )
     from operators.sketch import DecayedQuantileSketch
     from operators.value import RunningStd, TDValueLearner
 
@@ -39,13 +46,16 @@ __all__ = [
     "GateState",
     "HashingEncoder",
     "MiniLMEncoder",
+    "OutcomeBaseline",
     "PassthroughEncoder",
     "Reason",
     "Route",
+    "RewardSurprise",
     "RpeNormalizer",
     "RunningStd",
     "TDValueLearner",
     "build_encoder",
+    "extrinsic_score",
     "valence",
 ]
 
@@ -64,7 +74,10 @@ _MODULE_OF = {
     "Reason": "gate",
     "Route": "gate",
     "AgentSmoother": "rpe",
+    "OutcomeBaseline": "rpe",
+    "RewardSurprise": "rpe",
     "RpeNormalizer": "rpe",
+    "extrinsic_score": "rpe",
     "valence": "rpe",
     "DecayedQuantileSketch": "sketch",
     "RunningStd": "value",

@@ -8,10 +8,24 @@ Design decisions:
 - Decide, then learn: a score is routed with the thresholds as they were
   before it arrived, and only then added to the sketch, so a decision never
   depends on itself and replaying the same stream gives the same routes.
-- Percentile thresholds: theta_low = max(Q(q_low), floor),
-  theta_high = max(Q(q_high), theta_low). The absolute floor stops a quiet
-  tenant (all scores tiny) from filling core with noise just because some
+- Percentile thresholds: theta_low = max(Q(q_low), floor'),
+  theta_high = max(Q(q_high), floor, theta_low). The absolute floor stops a
+  quiet tenant (all scores tiny) from filling core with noise just because some
   score is always in its top decile.
+- The floor cannot drop what the stream clearly separates from its mundane
+  bulk (issue 13): floor' = min(floor, bulk edge), bulk edge = median +
+  max(outlier_k * 1.4826 * MAD, min_separation). In a sparse-reward stream
+  (most steps mundane) Q(q_low) and Q(q_high) both sit inside the bulk, so
+  theta_low = theta_high = floor and the buffer band was empty (the three-way
+  route degenerated to keep/drop, measured on ScienceWorld and the Gymnasium
+  demos). Now scores past the bulk edge but below the floor go to the buffer
+  (reason ``above_bulk``): the middle tier, kept short-lived by maintenance's
+  buffer TTL and floor. Core is unchanged: theta_high and the outlier rule are
+  the same as before, so a score reaches core exactly when it did. In a
+  dense stream (bulk edge above the floor) nothing changes at all.
+  ``min_separation`` (0.1 of the tenant's RPE scale, scale free like every
+  threshold here) keeps a near-constant stream (MAD ~ 0) from calling tiny
+  wiggles "separated".
 - Robust outlier rule: s >= median + max(outlier_k * 1.4826 * MAD, floor) and
   s >= floor goes to core even below theta_high. Frequent real surprises (a
   cliff hit in 20-30 % of steps) pull q_high into their own mass, which would
@@ -41,7 +55,9 @@ from operators.sketch import DecayedQuantileSketch
 __all__ = ["Gate", "GateDecision", "GateState", "Reason", "Route", "sigmoid"]
 
 Route = Literal["core", "buffer", "drop"]
-Reason = Literal["above_high", "outlier", "between", "below_low", "below_floor", "warmup"]
+Reason = Literal[
+    "above_high", "outlier", "between", "above_bulk", "below_low", "below_floor", "warmup"
+]
 MAD_TO_SIGMA = 1.4826
 
 
@@ -100,6 +116,7 @@ class Gate:
     half_life: float = 5000.0
     warmup: int = 50
     warmup_core_factor: float = 3.0
+    min_separation: float = 0.1
     theta_low: float = 0.0
     theta_high: float = 0.0
 
@@ -126,6 +143,9 @@ class Gate:
             _check_finite("warmup_core_factor", self.warmup_core_factor)
             if self.warmup_core_factor < 1.0:
                 raise ValueError(f"warmup_core_factor must be >= 1, got {self.warmup_core_factor}")
+            _check_finite("min_separation", self.min_separation)
+            if self.min_separation < 0:
+                raise ValueError(f"min_separation must be >= 0, got {self.min_separation}")
         elif self.kind == "fixed":
             _check_finite("theta_low", self.theta_low)
             _check_finite("theta_high", self.theta_high)
@@ -152,6 +172,7 @@ class Gate:
         half_life: float = 5000.0,
         warmup: int = 50,
         warmup_core_factor: float = 3.0,
+        min_separation: float = 0.1,
     ) -> Gate:
         """Adaptive thresholds from the tenant's decayed score distribution."""
         return cls(
@@ -165,6 +186,7 @@ class Gate:
             half_life=float(half_life),
             warmup=int(warmup),
             warmup_core_factor=float(warmup_core_factor),
+            min_separation=float(min_separation),
         )
 
     @classmethod
@@ -195,40 +217,58 @@ class Gate:
 
     def thresholds(self, state: GateState) -> tuple[float, float]:
         """(theta_low, theta_high) that the next decision would use."""
+        return self.plan(state)[:2]
+
+    def plan(self, state: GateState) -> tuple[float, float, float]:
+        """(theta_low, theta_high, outlier threshold) from the current sketch.
+
+        The median/MAD (the costly part) is only computed when the quantiles
+        alone cannot settle theta_low (Q(q_low) below the floor) or when asked
+        for the outlier threshold; the outlier threshold is +inf for fixed
+        gates and during warm-up.
+        """
         if self.kind == "fixed":
-            return (self.theta_low, self.theta_high)
+            return (self.theta_low, self.theta_high, math.inf)
         if state.sketch.count < self.warmup or state.sketch.count == 0:
-            return (self.floor, self.warmup_core_factor * self.floor)
-        t_low = max(state.sketch.quantile(self.q_low), self.floor)
-        return (t_low, max(state.sketch.quantile(self.q_high), t_low))
+            return (self.floor, self.warmup_core_factor * self.floor, math.inf)
+        q_low = state.sketch.quantile(self.q_low)
+        med, mad = state.sketch.median_mad()
+        spread = self.outlier_k * MAD_TO_SIGMA * mad
+        floor = self.floor
+        if q_low < floor:
+            floor = min(floor, med + max(spread, self.min_separation))
+        t_low = max(q_low, floor)
+        t_high = max(state.sketch.quantile(self.q_high), self.floor, t_low)
+        return (t_low, t_high, med + max(spread, self.floor))
+
+    def route(self, plan: tuple[float, float, float], s: float) -> tuple[Route, Reason]:
+        """Route one score under a plan (``plan``); the same rule for batches and singles."""
+        t_low, t_high, out_thr = plan
+        if self.kind == "fixed":
+            if s >= t_high:
+                return ("core", "above_high")
+            if s >= t_low:
+                return ("buffer", "between")
+            return ("drop", "below_low")
+        if s >= t_high:
+            return ("core", "above_high")
+        if s >= self.floor and s >= out_thr:
+            return ("core", "outlier")
+        if s >= t_low:
+            return ("buffer", "between" if s >= self.floor else "above_bulk")
+        if s < self.floor:
+            return ("drop", "below_floor")
+        return ("drop", "below_low")
 
     def _route(self, state: GateState, s: float) -> tuple[Route, Reason, float, float]:
-        t_low, t_high = self.thresholds(state)
-        if self.kind == "fixed":
-            if s >= t_high:
-                return ("core", "above_high", t_low, t_high)
-            if s >= t_low:
-                return ("buffer", "between", t_low, t_high)
-            return ("drop", "below_low", t_low, t_high)
-        if state.sketch.count < self.warmup or state.sketch.count == 0:
-            if s >= t_high:
-                return ("core", "warmup", t_low, t_high)
-            if s >= t_low:
-                return ("buffer", "warmup", t_low, t_high)
-            return ("drop", "warmup", t_low, t_high)
-        if s >= t_high:
-            return ("core", "above_high", t_low, t_high)
-        if s >= self.floor:
-            # Only computed when it can change the outcome (it is the costly part).
-            med, mad = state.sketch.median_mad()
-            margin = max(self.outlier_k * MAD_TO_SIGMA * mad, self.floor)
-            if s >= med + margin:
-                return ("core", "outlier", t_low, t_high)
-        if s >= t_low:
-            return ("buffer", "between", t_low, t_high)
-        if s < self.floor:
-            return ("drop", "below_floor", t_low, t_high)
-        return ("drop", "below_low", t_low, t_high)
+        plan = self.plan(state)
+        if self.kind == "percentile" and (
+            state.sketch.count < self.warmup or state.sketch.count == 0
+        ):
+            route: Route = "core" if s >= plan[1] else "buffer" if s >= plan[0] else "drop"
+            return (route, "warmup", plan[0], plan[1])
+        route, reason = self.route(plan, s)
+        return (route, reason, plan[0], plan[1])
 
     def decide(self, state: GateState, score: float) -> GateDecision:
         """Route with the current thresholds, then add the score to ``state``."""

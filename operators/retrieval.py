@@ -5,10 +5,14 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - semantic: cosine similarity of query and memory, clipped to [0, 1] (vectors
   are unit; negative cosine means unrelated, not "anti-relevant").
 - salience: how much the memory mattered, in [0, 1]:
-  ``(1 - w_u) * (1 - exp(-|rpe| / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(u))``
+  ``(1 - w_u) * (1 - exp(-surprise / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(u))``
   with the optimistic utility ``u = utility + explore / (1 + uses)^2``.
-  |rpe| is the stored tenant-normalised RPE (a z-score), so ``rpe_scale`` = 2
-  puts a 2-sigma surprise at 0.63. Utility is the credit job's EMA of
+  surprise = max(|rpe|, rpe_smoothed): the stored tenant-normalised RPE (a
+  z-score) or the gate's score, which also carries the reward's surprise
+  against the tenant's usual reward (operators/rpe.py, issue 13: a rewarded
+  step whose TD error the value model half-expected still stands out from the
+  identical observation that earned nothing). ``rpe_scale`` = 2 puts a
+  2-sigma surprise at 0.63. Utility is the credit job's EMA of
   advantage per use; 0 sits at the neutral 0.5, so credit raises or lowers a
   memory relative to uncredited ones. w_u defaults to 0.5.
 - exploration (optimistic initial values, count-based): ``uses`` is how
@@ -150,7 +154,7 @@ def rank(
     for row in candidates:
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
         sal = policy.salience(
-            float(row.get("rpe", 0.0)),
+            max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
             float(row.get("utility", 0.0)),
             int(row.get("uses", 0) or 0),
         )

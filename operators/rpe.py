@@ -30,6 +30,23 @@ The smoothing choice, and why:
    The ratio form is O(1) state per agent and monotone in |z| for a given
    history, which keeps the gate's ordering intuitive.
 
+3. Reward surprise (issue 13). ``RewardSurprise`` scores how far a reward is
+   from the tenant's *usual* reward, in units of the mean absolute deviation
+   from it: s_r = |r - usual| / E|r - usual|. The TD error alone cannot carry
+   sparse, heavy-tailed rewards: on ScienceWorld (+1..+25 for progress, -100
+   for failing, 84 % of steps 0) an online value model over text embeddings
+   errs on mundane steps by about as much as a +8 reward, and the RMS scale is
+   set by the -100s, so a rewarded step's |z| sat inside the mundane bulk
+   (measured: median 0.04 vs 0.03). Against the usual reward a mundane step
+   scores exactly 0 and any reward stands out; the mean absolute deviation,
+   unlike an RMS, grows only linearly with a tail (one -100 among +5s does not
+   blind the +5s). The usual reward is the value holding at least half of the
+   decayed weight of recent rewards (0 in sparse tasks, -1 per step in Taxi
+   or CliffWalking). When no value does (dense, continuous rewards) the score
+   is 0 and the gate runs on the TD error alone, as before.
+   ``extrinsic_score`` = max(smoothed |z|, s_r) is the write path's one
+   extrinsic gate score (a reward-free intrinsic surprise combines with it).
+
 Valence keeps the sign of delta: +1 a pleasant surprise, -1 a painful lesson.
 """
 
@@ -40,7 +57,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AgentSmoother", "RpeNormalizer", "valence"]
+__all__ = [
+    "AgentSmoother",
+    "OutcomeBaseline",
+    "RewardSurprise",
+    "RpeNormalizer",
+    "extrinsic_score",
+    "valence",
+]
 
 
 def valence(delta: float, eps: float = 1e-9) -> int:
@@ -159,3 +183,129 @@ class AgentSmoother:
         s.ema = float(d["ema"])
         s.count = int(d["count"])
         return s
+
+
+def extrinsic_score(td_score: float, reward_score: float) -> float:
+    """The write path's extrinsic gate score: the larger of the two surprises."""
+    return max(float(td_score), float(reward_score))
+
+
+class RewardSurprise:
+    """Per-tenant surprise of a reward against the usual reward (module docstring, 3)."""
+
+    def __init__(self, alpha: float = 0.01, majority: float = 0.5, max_values: int = 32) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if not 0.0 < majority <= 1.0:
+            raise ValueError(f"majority must be in (0, 1], got {majority}")
+        if max_values < 1:
+            raise ValueError(f"max_values must be >= 1, got {max_values}")
+        self.alpha = float(alpha)
+        self.majority = float(majority)
+        self.max_values = int(max_values)
+        self.weights: dict[float, float] = {}  # reward value -> decayed share
+        self.dev = 0.0  # EWMA of |r - usual|
+        self.count = 0
+
+    def usual(self) -> float | None:
+        """The reward value holding >= ``majority`` of the decayed weight, if any."""
+        if not self.weights:
+            return None
+        value, w = max(self.weights.items(), key=lambda kv: kv[1])
+        return value if w >= self.majority else None
+
+    def score(self, reward: float) -> float:
+        """s_r with the state as it is (0 while no usual reward or deviation is known)."""
+        u = self.usual()
+        if u is None or self.dev <= 0.0:
+            return 0.0
+        return abs(float(reward) - u) / self.dev
+
+    def observe(self, reward: float) -> None:
+        r = round(float(reward), 6)
+        if not math.isfinite(r):
+            raise ValueError(f"non-finite reward: {reward}")
+        self.count += 1
+        w = max(1.0 / self.count, self.alpha)  # exact mean first, then EWMA
+        for k in list(self.weights):
+            self.weights[k] *= 1.0 - w
+        self.weights[r] = self.weights.get(r, 0.0) + w
+        if len(self.weights) > self.max_values:
+            del self.weights[min(self.weights, key=self.weights.__getitem__)]
+        u = self.usual()
+        if u is not None:
+            self.dev += w * (abs(r - u) - self.dev)
+
+    def score_many(self, rewards: np.ndarray) -> np.ndarray:
+        """Score a batch against the state before it, then fold it in (as ``normalize``)."""
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        out = np.array([self.score(x) for x in r.tolist()])
+        for x in r.tolist():
+            self.observe(x)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "majority": self.majority,
+            "max_values": self.max_values,
+            "weights": [[k, v] for k, v in self.weights.items()],
+            "dev": self.dev,
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardSurprise:
+        s = cls(alpha=float(d["alpha"]), majority=float(d["majority"]),
+                max_values=int(d["max_values"]))
+        s.weights = {float(k): float(v) for k, v in d["weights"]}
+        s.dev = float(d["dev"])
+        s.count = int(d["count"])
+        return s
+
+
+class OutcomeBaseline:
+    """Per-tenant expectation of episode outcomes: what a late outcome reveals.
+
+    ``surprise(x)`` = (x - mean) / mean absolute deviation, both EWMAs (alpha
+    0.05: outcomes are rarer than steps; exact means first). An outcome that is
+    what this tenant usually gets reveals nothing in hindsight, however large
+    it is: ScienceWorld reports a final score of 100 after the steps already
+    paid +1..+50 for it. ``None`` while fewer than two outcomes are known (no
+    baseline yet: the caller judges the outcome against its own scale).
+    """
+
+    def __init__(self, alpha: float = 0.05) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.mean = 0.0
+        self.dev = 0.0
+        self.count = 0
+
+    def surprise(self, x: float) -> float | None:
+        if self.count < 2:
+            return None
+        diff = float(x) - self.mean
+        if self.dev <= 0.0:
+            return 0.0 if abs(diff) <= 1e-12 else None
+        return diff / self.dev
+
+    def observe(self, x: float) -> None:
+        x = float(x)
+        if not math.isfinite(x):
+            raise ValueError(f"non-finite outcome: {x}")
+        self.count += 1
+        w = max(1.0 / self.count, self.alpha)
+        if self.count > 1:
+            self.dev += max(1.0 / (self.count - 1), self.alpha) * (abs(x - self.mean) - self.dev)
+        self.mean += w * (x - self.mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "mean": self.mean, "dev": self.dev, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutcomeBaseline:
+        b = cls(alpha=float(d["alpha"]))
+        b.mean, b.dev, b.count = float(d["mean"]), float(d["dev"]), int(d["count"])
+        return b

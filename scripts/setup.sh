@@ -21,6 +21,11 @@ fi
 if [ ! -d .cache/milvus-server/milvus ]; then
   $PIP install --no-deps --target .cache/milvus-server milvus==2.3.5
 fi
+# Java 17 for ScienceWorld (`dmem bench sciworld`; Debian's headless JRE, only when
+# `java` is missing and only as root, as in CI).
+if ! command -v java >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
+fi
 # Headless Chromium for the HTML report test (Debian's package; only when missing
 # and only as root, as in CI; elsewhere the test skips with a hint).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -184,6 +184,8 @@ class WriteSettings(BaseModel):
     eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)
     retro_cache: int = Field(default=10_000, ge=0, description="dropped transitions kept for "
                              "retrospective writes")
+    hindsight_max: int = Field(default=8, ge=0, description="most transitions one outcome may "
+                               "write or promote (the most surprising in hindsight)")
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
 

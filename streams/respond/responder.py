@@ -34,7 +34,7 @@ from streams.metrics import MILVUS_LATENCY
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "utility", "uses", "valence", "created_ts", "metadata",
+    "rpe_smoothed", "utility", "uses", "valence", "created_ts", "metadata",
 ]
 
 

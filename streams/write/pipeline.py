@@ -12,7 +12,8 @@ Decisions (see README "Write path"):
 - ``rpe`` stored with a memory is the tenant-normalised delta z (scale free, so
   thresholds and ranking work across tenants with rewards of any scale);
   ``rpe_smoothed`` is the gate score s; ``valence`` is sign(delta).
-- Novelty: an exact repeat (same tenant, agent, observation, action, reward) of
+- Novelty: an exact repeat (same tenant, agent, observation, action, reward,
+  metadata) of
   a transition already routed to core, or to buffer when the new route is
   buffer, is dropped with reason ``repeat`` instead of writing a second
   identical row; the sketch still sees its score. Near-duplicates are the
@@ -46,12 +47,14 @@ from operators import (
     Gate,
     GateDecision,
     GateState,
+    OutcomeBaseline,
     PassthroughEncoder,
+    RewardSurprise,
     RpeNormalizer,
     TDValueLearner,
+    extrinsic_score,
     valence,
 )
-from operators.gate import MAD_TO_SIGMA, Reason, Route
 from schemas import DeadLetter, MemoryEvent, Partition, Transition
 from streams.settings import Settings
 
@@ -146,6 +149,8 @@ class TenantState:
             seed=seed,
         )
         self.normalizer = RpeNormalizer()
+        self.reward_surprise = RewardSurprise()
+        self.outcomes = OutcomeBaseline()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
@@ -195,6 +200,8 @@ class TenantState:
         header = {
             "format": STATE_FORMAT,
             "normalizer": self.normalizer.to_dict(),
+            "reward_surprise": self.reward_surprise.to_dict(),
+            "outcomes": self.outcomes.to_dict(),
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
@@ -212,6 +219,10 @@ class TenantState:
         self.settings = settings
         self.learner = learner
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
+        rs = header.get("reward_surprise")  # absent in checkpoints from before issue 13
+        self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
+        ob = header.get("outcomes")
+        self.outcomes = OutcomeBaseline.from_dict(ob) if ob else OutcomeBaseline()
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
@@ -224,7 +235,14 @@ class TenantState:
 
 
 def content_key(t: Transition) -> str:
-    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}".encode()
+    """Identity of a transition's content for the exact-repeat drop.
+
+    The metadata is part of it (issue 13): the same words in another context (the
+    same "The door is now open." in another task) are not a repeat, or a search
+    filtered by that context (``metadata_equals``) would find nothing.
+    """
+    meta = orjson.dumps(t.metadata, option=orjson.OPT_SORT_KEYS).decode() if t.metadata else ""
+    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}\x1f{meta}".encode()
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
@@ -264,27 +282,12 @@ def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[
         or (arr < 0).any()
     ):
         return [gate.decide(state, s) for s in scores]
-    t_low, t_high = gate.thresholds(state)
-    out_thr = math.inf
-    if ((arr >= gate.floor) & (arr < t_high)).any():
-        med, mad = sk.median_mad()
-        out_thr = med + max(gate.outlier_k * MAD_TO_SIGMA * mad, gate.floor)
-    floor = gate.floor
+    plan = gate.plan(state)
+    t_low, t_high, _ = plan
     gates = 1.0 / (1.0 + np.exp(-(gate.alpha * arr - gate.beta)))
     out: list[GateDecision] = []
     for s, g in zip(arr.tolist(), gates.tolist(), strict=True):
-        route: Route
-        reason: Reason
-        if s >= t_high:
-            route, reason = "core", "above_high"
-        elif s >= floor and s >= out_thr:
-            route, reason = "core", "outlier"
-        elif s >= t_low:
-            route, reason = "buffer", "between"
-        elif s < floor:
-            route, reason = "drop", "below_floor"
-        else:
-            route, reason = "drop", "below_low"
+        route, reason = gate.route(plan, s)
         out.append(GateDecision(route, s, g, t_low, t_high, reason))
     sk.add_many(arr)
     return out
@@ -408,7 +411,11 @@ class WritePipeline:
         st.last_loss = st.learner.update(s, r, s2, done)
         z = st.normalizer.normalize(deltas)
         novelty = self.settings.rpe.novelty
-        scores = [st.smoother(t.agent_id).smooth(float(z[i])) for i, t in enumerate(ts)]
+        reward_scores = st.reward_surprise.score_many(r)
+        scores = [
+            extrinsic_score(st.smoother(t.agent_id).smooth(float(z[i])), float(reward_scores[i]))
+            for i, t in enumerate(ts)
+        ]
         decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
@@ -502,20 +509,33 @@ class WritePipeline:
             return self._rescore(tenant, episode_id, outcome, now_ms)
 
     def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
-        """Re-score an episode's eligibility window with its late outcome folded in.
+        """Re-score an episode's eligibility window with what its late outcome reveals.
 
-        Retrospective return of entry t (steps ascending, last step T):
-        G_t = sum_{j>=t} gamma^(j-t) r_j + gamma^(T+1-t) * outcome, in the value
-        model's reward units; retrospective delta = G_t - V(s_t) (V as estimated
-        when the transition was processed), normalised by the tenant's sigma.
-        Entries whose |z| reaches the current theta_high are written to core if
-        they had been dropped (reason ``retrospective``) or promoted from the
-        buffer (`BatchResult.promote`). The gate's sketch is not updated:
-        a hindsight score is not a new observation. The stored hindsight z is
-        clipped to +-``RETRO_Z_MAX`` (the gate compares the unclipped score):
-        against a near-zero sigma (a tenant whose rewards were all 0 so far)
-        the raw z is astronomically large, and ranking's surprise term is
-        saturated long before 10 sigma anyway.
+        Selective (issue 13: a successful episode must not copy its trajectory
+        into core). What the outcome reveals is its surprise against the
+        tenant's usual outcome, s = `OutcomeBaseline.surprise` (in mean absolute
+        deviations), shrunk by the gate's ``outlier_k``: s_out = sign(s) *
+        max(0, |s| - k), so an outcome within the usual spread (a success of a
+        tenant that often succeeds) reveals nothing and a rare one only its
+        excess. Until two outcomes are known there is no spread: s_out =
+        outcome / reward scale / sigma, the outcome against the tenant's RPE
+        scale. It reaches entry t (steps ascending, n entries)
+        discounted like an eligibility trace: c_t = gamma^(n - t) * s_out. The
+        entry's hindsight z = its live TD z (delta / sigma now) + c_t. Rewards
+        inside the episode were already judged by the live gate and are not
+        counted again. An entry qualifies when the outcome changed it
+        materially (|c_t| >= the gate's floor) and its hindsight |z| routes to
+        core under the gate's current plan (the same rule as a live score:
+        theta_high or the robust outlier rule). Of those, at most
+        ``write.hindsight_max`` (8) per outcome, the largest |c_t| (the steps
+        nearest the outcome) first, are written to core if they had been
+        dropped (reason ``retrospective``) or promoted from the buffer
+        (`BatchResult.promote`). The gate's sketch is not updated: a hindsight
+        score is not a new observation. The stored hindsight z is clipped to
+        +-``RETRO_Z_MAX`` (the gate compares the unclipped score): against a
+        near-zero sigma (a tenant whose rewards were all 0 so far) the raw z is
+        astronomically large, and ranking's surprise term is saturated long
+        before 10 sigma anyway.
         """
         out = BatchResult()
         st = self.tenants.get(tenant)
@@ -526,17 +546,28 @@ class WritePipeline:
             return out
         gamma = st.learner.gamma
         scale = st.learner.reward_scale
-        _, theta_high = self.gate.thresholds(st.gate_state)
+        plan = self.gate.plan(st.gate_state)
+        theta_high = plan[1]
         sigma = st.normalizer.sigma
-        g = outcome / scale
-        retro: list[float] = [0.0] * len(entries)
-        for idx in range(len(entries) - 1, -1, -1):
-            g = entries[idx].reward / scale + gamma * g
-            retro[idx] = g
-        for e, g_t in zip(entries, retro, strict=True):
-            raw_z = (g_t - e.value) / sigma
-            if abs(raw_z) < theta_high or e.route == "core":
+        s_out = st.outcomes.surprise(outcome)
+        st.outcomes.observe(outcome)
+        self.dirty.add(tenant)
+        if s_out is None:
+            s_out = outcome / scale / sigma
+        else:  # within the usual spread reveals nothing; beyond it, only the excess
+            s_out = math.copysign(max(0.0, abs(s_out) - self.gate.outlier_k), s_out)
+        n = len(entries)
+        picked: list[tuple[float, float, EligibilityEntry]] = []
+        for idx, e in enumerate(entries):
+            c_t = gamma ** (n - idx) * s_out
+            if e.route == "core" or abs(c_t) < self.gate.floor:
+                continue  # the outcome did not change how surprising this step was
+            raw_z = e.delta / sigma + c_t
+            if self.gate.route(plan, abs(raw_z))[0] != "core":
                 continue
+            picked.append((abs(c_t), raw_z, e))
+        picked.sort(key=lambda p: -p[0])
+        for _, raw_z, e in picked[: self.settings.write.hindsight_max]:
             z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
             score = abs(z)
             val = valence(z)

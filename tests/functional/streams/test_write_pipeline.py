@@ -226,6 +226,60 @@ def test_late_outcome_after_a_later_episode_writes_the_whole_quiet_episode() -> 
     assert p.rescore("t", "e1", -1.0, now_ms=40).upserts["core"] == []  # duplicate outcome
 
 
+def test_hindsight_is_bounded_and_selective() -> None:
+    """A long successful episode with a large outcome: at most `hindsight_max` rows,
+    the steps nearest the outcome (least discounted), each routed to core by the gate."""
+    s = Settings()
+    s.write.hindsight_max = 3
+    p = WritePipeline(s, HashingEncoder(dim=64))
+    warm = [
+        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
+                   observation=f"hall {k}", action="go",
+                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
+        for e in range(30) for k in range(10)
+    ]
+    run(p, raws_of(warm))
+    long_ep = [
+        Transition(tenant="t", agent_id="a", episode_id="long", step=k,
+                   observation=f"corridor {k}", action="walk", reward=0.0)
+        for k in range(40)
+    ]
+    p.process(raws_of(long_ep, start=10_000), now_ms=50)
+    res = p.rescore("t", "long", 500.0, now_ms=60)
+    moved = [e for e in res.events if e.kind in ("written", "promoted")]
+    assert 0 < len(moved) <= 3
+    steps = sorted(e.step for e in moved)
+    assert steps[-1] == 39  # the least discounted step first
+    plan = p.gate.plan(p.tenants["t"].gate_state)
+    assert all(p.gate.route(plan, e.rpe_smoothed)[0] == "core" for e in moved)
+
+
+def test_hindsight_usual_outcome_writes_nothing() -> None:
+    """Once a tenant's outcomes are known, an outcome like the usual ones reveals nothing;
+    a far better one does (the ScienceWorld failure mode: every success copied)."""
+    p = pipeline()
+    warm = [
+        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
+                   observation=f"hall {k}", action="go",
+                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
+        for e in range(30) for k in range(10)
+    ]
+    run(p, raws_of(warm))
+    written = []
+    for e in range(12):
+        ep = [Transition(tenant="t", agent_id="a", episode_id=f"ep{e}", step=k,
+                         observation=f"corridor {e} {k}", action="walk", reward=0.0)
+              for k in range(10)]
+        p.process(raws_of(ep, start=10_000 + 100 * e), now_ms=50 + e)
+        res = p.rescore("t", f"ep{e}", 100.0 if e % 2 else 0.0, now_ms=60 + e)
+        written.append(len(res.events))
+    assert sum(written[4:]) == 0  # 0/100 alternating: nothing new once that is known
+    ep = [Transition(tenant="t", agent_id="a", episode_id="rare", step=k,
+                     observation=f"vault {k}", action="walk", reward=0.0) for k in range(10)]
+    p.process(raws_of(ep, start=20_000), now_ms=100)
+    assert p.rescore("t", "rare", 5000.0, now_ms=110).events
+
+
 def test_forget_clears_repeat_keys_and_windows() -> None:
     from streams.write.pipeline import content_key
 

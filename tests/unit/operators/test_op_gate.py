@@ -65,7 +65,9 @@ def test_floor_lifts_thresholds_for_quiet_tenant() -> None:
     gate = Gate.percentile(floor=0.5, half_life=math.inf, warmup=10)
     state = _primed(gate, np.random.default_rng(1).uniform(0.0, 0.2, 1000))
     t_low, t_high = gate.thresholds(state)
-    assert t_low == 0.5 and t_high == 0.5
+    # the bulk edge (median + 3 * 1.4826 * MAD ~ 0.32) lies past every score of the
+    # stream: nothing of a quiet tenant's bulk is kept, and core still needs the floor
+    assert 0.2 < t_low < 0.5 and t_high == 0.5
     assert gate.decide(state, 0.19).route == "drop"
     assert gate.decide(state, 0.19).reason == "below_floor"
     assert gate.decide(state, 0.5).route == "core"
@@ -184,3 +186,54 @@ def test_gate_state_roundtrip_gives_same_decisions() -> None:
 def test_sigmoid_stable() -> None:
     assert sigmoid(-1000.0) == pytest.approx(0.0) and sigmoid(1000.0) == pytest.approx(1.0)
     assert sigmoid(0.3) + sigmoid(-0.3) == pytest.approx(1.0)
+
+
+def _sparse_stream(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Mundane bulk near 0.05 with a heavy tail: 10 % moderate (0.2-0.4), 1 % huge (5)."""
+    s = np.abs(rng.normal(0.05, 0.01, n))
+    u = rng.random(n)
+    s[u < 0.10] = rng.uniform(0.2, 0.4, int((u < 0.10).sum()))
+    s[u < 0.01] = 5.0
+    return s
+
+
+def test_floor_keeps_what_the_stream_separates_from_its_bulk() -> None:
+    """Sparse rewards: scores far past the bulk but under the absolute floor are kept
+    (in the buffer), the bulk is dropped, and the rare huge ones still reach core."""
+    gate = Gate.percentile(floor=0.5, half_life=math.inf, warmup=10)
+    rng = np.random.default_rng(5)
+    state = _primed(gate, _sparse_stream(rng, 2000))
+    t_low, t_high = gate.thresholds(state)
+    assert t_low < 0.2 and t_high == 0.5  # a band exists between the bulk and the floor
+    probe = _sparse_stream(rng, 2000)
+    plan = gate.plan(state)
+    routes = [gate.route(plan, float(s))[0] for s in probe]
+    mid = (probe >= 0.2) & (probe <= 0.4)
+    bulk = probe < 0.1
+    assert all(r == "buffer" for r, m in zip(routes, mid, strict=True) if m)
+    assert all(r == "drop" for r, b in zip(routes, bulk, strict=True) if b)
+    assert all(r == "core" for r, p in zip(routes, probe, strict=True) if p >= 5.0)
+    assert gate.decide(state, 0.3).reason == "above_bulk"
+
+
+def test_near_constant_stream_needs_min_separation() -> None:
+    gate = Gate.percentile(floor=0.5, half_life=math.inf, warmup=10, min_separation=0.1)
+    state = _primed(gate, np.full(500, 0.05))  # MAD = 0
+    assert gate.decide(state, 0.1).route == "drop"  # a wiggle, not a separation
+    assert gate.decide(state, 0.2).route == "buffer"
+    with pytest.raises(ValueError):
+        Gate.percentile(min_separation=-1.0)
+
+
+def test_batch_and_single_routes_agree() -> None:
+    """`decide_batch` (thresholds once per batch) routes like `route` under one plan."""
+    from streams.write.pipeline import decide_batch
+
+    gate = Gate.percentile(floor=0.5, half_life=math.inf, warmup=10)
+    rng = np.random.default_rng(6)
+    state = _primed(gate, _sparse_stream(rng, 1000))
+    batch = _sparse_stream(rng, 300)
+    plan = gate.plan(state)
+    expect = [gate.route(plan, float(s)) for s in batch]
+    got = decide_batch(gate, state, batch.tolist())
+    assert [(d.route, d.reason) for d in got] == expect

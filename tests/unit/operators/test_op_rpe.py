@@ -92,3 +92,71 @@ def test_smoother_roundtrip_and_validation() -> None:
         AgentSmoother(kappa=1.5)
     with pytest.raises(ValueError):
         a.smooth(math.inf)
+
+
+def test_reward_surprise_sparse_heavy_tailed() -> None:
+    """+1..+25 gains and a rare -100 among zeros: every reward stands out, zeros score 0,
+    and the -100 does not push the small gains back into the bulk (issue 13)."""
+    from operators.rpe import RewardSurprise
+
+    rng = np.random.default_rng(7)
+    rs = RewardSurprise()
+    r = np.zeros(3000)
+    gains = rng.random(3000) < 0.12
+    r[gains] = rng.integers(1, 26, int(gains.sum()))
+    r[rng.random(3000) < 0.005] = -100.0
+    s = np.concatenate([rs.score_many(r[i : i + 64]) for i in range(0, 3000, 64)])
+    late = slice(500, None)
+    assert rs.usual() == 0.0
+    assert float(s[late][r[late] == 0].max()) == 0.0
+    small = s[late][(r[late] >= 1) & (r[late] <= 3)]
+    assert small.size and float(small.min()) > 0.1  # past any mundane bulk edge
+    assert float(s[late][r[late] == -100].min()) > 10 * float(small.max())
+
+
+def test_reward_surprise_dense_rewards_defer_to_td() -> None:
+    from operators.rpe import RewardSurprise
+
+    rs = RewardSurprise()
+    s = rs.score_many(np.random.default_rng(8).normal(0.0, 1.0, 500))
+    assert rs.usual() is None and float(np.abs(s).max()) == 0.0
+
+
+def test_reward_surprise_step_costs_and_roundtrip() -> None:
+    from operators.rpe import RewardSurprise, extrinsic_score
+
+    rs = RewardSurprise()
+    r = np.full(400, -1.0)
+    r[::20] = -10.0
+    r[7] = 20.0
+    for i in range(0, 400, 50):
+        rs.score_many(r[i : i + 50])
+    assert rs.usual() == -1.0
+    assert rs.score(-1.0) == 0.0 and rs.score(20.0) > rs.score(-10.0) > 1.0
+    back = RewardSurprise.from_dict(json.loads(json.dumps(rs.to_dict())))
+    assert back.to_dict() == rs.to_dict()
+    assert extrinsic_score(0.2, 1.5) == 1.5 and extrinsic_score(2.0, 0.0) == 2.0
+    with pytest.raises(ValueError):
+        RewardSurprise(alpha=0.0)
+
+
+def test_outcome_baseline_usual_outcomes_reveal_nothing() -> None:
+    from operators.rpe import OutcomeBaseline
+
+    b = OutcomeBaseline()
+    assert b.surprise(100.0) is None  # no baseline yet
+    for x in [100.0, 0.0, 100.0, 25.0, 100.0, 0.0] * 10:
+        b.observe(x)
+    usual = b.surprise(b.mean)
+    assert usual is not None and abs(usual) < 1e-9
+    hi, lo = b.surprise(100.0), b.surprise(0.0)
+    assert hi is not None and lo is not None and hi > 0 > lo
+    assert abs(hi) < 2.0 and abs(lo) < 2.0  # ordinary outcomes stay ordinary
+    big = b.surprise(1000.0)
+    assert big is not None and big > 10.0
+    same = OutcomeBaseline()
+    for _ in range(5):
+        same.observe(1.0)
+    assert same.surprise(1.0) == 0.0 and same.surprise(2.0) is None
+    back = OutcomeBaseline.from_dict(json.loads(json.dumps(b.to_dict())))
+    assert back.to_dict() == b.to_dict()

@@ -1,0 +1,507 @@
+"""`dmem bench sciworld`: dmem on a real text environment (ScienceWorld), end to end.
+
+What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
+
+1. Plays the chosen tasks in one JVM: on each *train* variation a gold, a noisy and
+   a random episode (the stored stream); on each *test* variation a gold episode
+   (the probes). Deterministic for a ``--seed``.
+2. Starts the embedded stack (broker + one ``all`` worker + Milvus Lite) and
+   publishes the train stream with the SDK, one transition per step: observation
+   = the step's observation text, action, reward = score delta, metadata
+   ``{"task", "variation"}`` (the structured task context). It waits until the
+   write path has processed everything and scans the store: the ``*_gate``
+   numbers (before any outcome).
+3. Sends each train episode's outcome (its final score) on the feedback topic and
+   waits until the store settles (hindsight writes, dedup, decay): ``*_final``.
+4. Probes over HTTP: the observation just before each rewarded gold step of a test
+   variation, filtered to its task (``metadata_equals``). Relevant: the stored
+   rewarded steps of the same task that completed the same rubric subgoal. dmem
+   (default ranking), semantic over the same stored set (lambda = 1), and
+   store-all (cosine over every published step, same encoder and text, in
+   process). Tie-aware hit@5 and MRR@10 (expected values over a random order
+   of equal scores; the server lists are asked for 20 hits so ties at the cut
+   are visible).
+5. Closed loop (no LLM) on each test variation, same seed per condition: before
+   each step ask dmem for k = 5 memories of the same task with the observation
+   as query, take the action of the best-ranked hit that is valid now, else a
+   random valid action; report which memory was used and the outcome. No
+   memory / semantic (lambda = 1) / hybrid (default). Hybrid runs before
+   semantic, so the credit its own episodes earn cannot help the semantic
+   condition (semantic ranking ignores utility anyway). A failed task scores
+   0 (ScienceWorld reports -100 internally); success = score 100.
+
+Coverage counts distinct critical events: a critical step is covered when it, or
+a step with the same (task, variation, observation, action), is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dmem.bench.common import Progress, cleanup_on_signals, emit_json, note
+from dmem.bench.sciworld_env import DEFAULT_TASKS, TASKS, Episode, SciWorld, Step, play, rng_for
+from dmem.client import DmemClient
+from schemas import Transition
+from streams.local.stack import LocalStack
+
+TENANT = "sciworld"
+#: one agent plays every policy (an agent that explores, follows a guide, errs): its
+#: exact repeats (the gold and noisy episodes of a variation share their rewarded steps)
+#: are the write path's `repeat` drops, as for any agent that does the same thing twice
+AGENT = "explorer"
+INVALID_PREFIXES = ("No known action matches", "Ambiguous request")
+#: fixed-lambda rankings of the same stored set, reported as diagnostics (``lambda_*``)
+DIAG_LAMBDAS = (("lambda_0.97", 0.97), ("lambda_0.9", 0.9), ("lambda_0.7", 0.7))
+
+
+@dataclass(frozen=True)
+class SciConfig:
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    train_variations: int = 4
+    test_variations: int = 2
+    random_steps: int = 12
+    loop_max_steps: int = 30
+    seed: int = 0
+    encoder: str = "minilm"
+    settle_s: float = 25.0
+    out_dir: Path = Path(".dmem-bench")
+    #: reuse the played train/test episodes of an earlier run with the same settings
+    #: (JSON written there on first use); the closed loop is always played afresh
+    play_cache: Path | None = None
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ValueError(f"tasks not allowed in this benchmark: {bad}")
+
+
+@dataclass
+class Played:
+    train: list[Episode] = field(default_factory=list)
+    test: list[Episode] = field(default_factory=list)
+    test_variations: dict[str, list[int]] = field(default_factory=dict)
+
+
+def step_id(st: Step) -> str:
+    return f"{st.episode}:{st.step}"
+
+
+def event_key(st: Step) -> tuple[str, int, str, str]:
+    return (st.task, st.variation, st.observation, st.action)
+
+
+def to_transition(st: Step, i: int, t0_ms: int) -> Transition:
+    return Transition(
+        transition_id=step_id(st), tenant=TENANT, agent_id=AGENT,
+        episode_id=st.episode, step=st.step, observation=st.observation, action=st.action,
+        reward=st.reward, next_observation=st.next_observation, done=st.done,
+        ts=t0_ms + i * 10,  # a live agent's memories: minutes old, not from 2023
+        metadata={"task": st.task, "variation": st.variation},
+    )
+
+
+def play_all(sw: SciWorld, cfg: SciConfig, progress: Progress | None) -> Played:
+    out = Played()
+    for n, task in enumerate(cfg.tasks):
+        train, test = sw.variations(task)
+        for v in train[: cfg.train_variations]:
+            for pol in ("gold", "noisy", "random"):
+                out.train.append(play(sw, task, v, pol, cfg.seed, f"{task}-{v}-{pol}",
+                                      random_steps=cfg.random_steps))
+        out.test_variations[task] = test[: cfg.test_variations]
+        for v in out.test_variations[task]:
+            out.test.append(play(sw, task, v, "gold", cfg.seed, f"{task}-{v}-test"))
+        if progress:
+            progress.update(n + 1, task)
+    return out
+
+
+def _key(cfg: SciConfig) -> dict[str, Any]:
+    return {"tasks": list(cfg.tasks), "train": cfg.train_variations, "test": cfg.test_variations,
+            "random_steps": cfg.random_steps, "seed": cfg.seed}
+
+
+def cached_play(sw: SciWorld, cfg: SciConfig) -> Played:
+    import dataclasses
+
+    path = cfg.play_cache
+    if path is not None and path.is_file():
+        d = json.loads(path.read_text())
+        if d["key"] == _key(cfg):
+            def eps(items: list[dict[str, Any]]) -> list[Episode]:
+                return [Episode(e["task"], e["variation"], e["policy"], e["episode"],
+                                [Step(**st) for st in e["steps"]]) for e in items]
+            return Played(eps(d["train"]), eps(d["test"]),
+                          {k: list(v) for k, v in d["test_variations"].items()})
+    played = play_all(sw, cfg, Progress("sciworld play", len(cfg.tasks)))
+    if path is not None:
+        path.write_text(json.dumps({"key": _key(cfg), **dataclasses.asdict(played)}))
+    return played
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def hit_prob(scores: Sequence[float], rel: Sequence[bool], k: int) -> float:
+    """P(at least one relevant in the top k) over random orders of equal scores."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    if len(order) <= k:
+        return float(any(rel))
+    cut = scores[order[k - 1]]
+    above = [i for i in order if scores[i] > cut]
+    if any(rel[i] for i in above):
+        return 1.0
+    tied = [i for i in order if scores[i] == cut]
+    g, slots = len(tied), k - len(above)
+    r = sum(rel[i] for i in tied)
+    if r == 0:
+        return 0.0
+    return 1.0 - math.comb(g - r, slots) / math.comb(g, slots)
+
+
+def mrr(scores: Sequence[float], rel: Sequence[bool], k: int) -> float:
+    """Expected reciprocal rank of the first relevant item within the top k (ties random)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    pos = 0
+    while pos < len(order) and pos < k:
+        s = scores[order[pos]]
+        group = [i for i in order[pos:] if scores[i] == s]
+        r = sum(rel[i] for i in group)
+        g = len(group)
+        if r:
+            total = 0.0
+            for off in range(g - r + 1):  # P(first relevant at offset off)
+                if pos + off >= k:
+                    break
+                p = math.comb(g - 1 - off, r - 1) / math.comb(g, r)
+                total += p / (pos + off + 1)
+            return total
+        pos += g
+    return 0.0
+
+
+def health(stack: LocalStack) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health",
+                                timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def scan(stack: LocalStack, dim: int) -> dict[str, str]:
+    """memory id -> partition of every stored row of the tenant.
+
+    The store is the Milvus 2.3.5 server (Milvus Lite is single-process: the bench
+    could not read it while the worker holds it), read with Strong consistency.
+    """
+    from milvus import MemoryStore
+
+    s = stack.settings
+    store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=dim)
+    store.connect()
+    try:
+        return {str(r["id"]): str(r["partition"])
+                for r in store.scan(tenant=TENANT, output_fields=["id"])}
+    finally:
+        store.close()
+
+
+def store_stats(rows: dict[str, str], steps: dict[str, Step]) -> dict[str, Any]:
+    """Coverage of distinct critical events and the core's precision, from a scan."""
+    stored_keys = {event_key(steps[i]) for i in rows if i in steps}
+    crit = {event_key(s) for s in steps.values() if s.critical}
+    up = {event_key(s) for s in steps.values() if s.reward > 0}
+    core = [i for i, p in rows.items() if p == "core" and i in steps]
+    merged_away = {event_key(steps[i]) for i in core}  # a core row stands for its key
+    return {
+        "stored": len(rows),
+        "core": len(core),
+        "buffer": sum(p == "buffer" for p in rows.values()),
+        "critical_coverage": len(crit & stored_keys) / max(len(crit), 1),
+        "reward_up_coverage": len(up & stored_keys) / max(len(up), 1),
+        "precision_core": sum(steps[i].critical for i in core) / max(len(core), 1),
+        "core_keys": len(merged_away),
+    }
+
+
+async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if int(health(stack).get("write", {}).get("processed", 0)) >= target:
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"write path did not process {target} transitions in {timeout_s} s")
+
+
+async def settle(stack: LocalStack, dim: int, min_s: float, quiet_s: float = 6.0,
+                 timeout_s: float = 300.0) -> dict[str, str]:
+    """Wait at least `min_s`, then until the tenant's rows stop changing for `quiet_s`."""
+    await asyncio.sleep(min_s)
+    deadline = time.monotonic() + timeout_s
+    last = await asyncio.to_thread(scan, stack, dim)
+    stable_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(2.0)
+        now = await asyncio.to_thread(scan, stack, dim)
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        elif time.monotonic() - stable_since >= quiet_s:
+            break
+    return last
+
+
+# ---------------------------------------------------------------- probes
+
+
+@dataclass
+class Probe:
+    task: str
+    query: str
+    subgoal: str
+
+
+def probes_of(test: list[Episode]) -> list[Probe]:
+    out = []
+    for ep in test:
+        for st in ep.steps:
+            if st.reward > 0 and st.subgoal:
+                out.append(Probe(st.task, st.observation, st.subgoal))
+    return out
+
+
+def relevant_ids(steps: dict[str, Step], stored: set[str], pr: Probe) -> set[str]:
+    return {i for i in stored if (s := steps[i]).task == pr.task and s.reward > 0
+            and s.subgoal == pr.subgoal}
+
+
+def relevant_keys(steps: dict[str, Step], pr: Probe) -> set[tuple[str, int, str, str]]:
+    return {event_key(s) for s in steps.values()
+            if s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal}
+
+
+async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: dict[str, Step],
+                     stored: set[str]) -> dict[str, float]:
+    ids = list(steps)
+    vecs = encoder.encode([steps[i].observation for i in ids])
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for j, i in enumerate(ids):
+        by_task[steps[i].task].append(j)
+    acc: dict[str, list[float]] = defaultdict(list)
+    for pr in probes:
+        rel_stored = relevant_ids(steps, stored, pr)
+        keys = relevant_keys(steps, pr)
+        # store-all: every published step of the task, cosine, in process
+        q = encoder.encode([pr.query])[0]
+        cols = by_task[pr.task]
+        sims = (vecs[cols] @ q).astype(float).tolist()
+        rel_all = [event_key(steps[ids[j]]) in keys for j in cols]
+        acc["hit_at_5_store_all"].append(hit_prob(sims, rel_all, 5))
+        acc["mrr_at_10_store_all"].append(mrr(sims, rel_all, 10))
+        for name, lam in (("dmem", None), ("semantic_stored", 1.0), *DIAG_LAMBDAS):
+            hits = await c.search(pr.query, 20, lambda_=lam, metadata_equals={"task": pr.task})
+            sc = [h.score for h in hits]
+            rel = [h.memory_id in rel_stored for h in hits]
+            acc[f"hit_at_5_{name}"].append(hit_prob(sc, rel, 5))
+            acc[f"mrr_at_10_{name}"].append(mrr(sc, rel, 10))
+        acc["relevant_stored"].append(float(len(rel_stored) > 0))
+    return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}
+
+
+# ---------------------------------------------------------------- closed loop
+
+
+async def loop_episode(sw: SciWorld, c: DmemClient | None, task: str, variation: int,
+                       lam: float | None, cfg: SciConfig, tag: str) -> tuple[int, bool]:
+    """One closed-loop episode; returns (final score with failure as 0, success)."""
+    sw.load(task, variation)
+    rng = rng_for(cfg.seed, "loop", task, variation)
+    obs = sw.reset()
+    score, ep = 0, f"{task}-{variation}-loop-{tag}"
+    tried: set[tuple[str, str]] = set()
+    for step in range(cfg.loop_max_steps):
+        action, used, rid = None, None, f"{ep}-{step}"
+        hits = []
+        if c is not None:
+            hits = await c.search(obs, 5, lambda_=lam, episode_id=ep, step=step, request_id=rid,
+                                  metadata_equals={"task": task})
+        result = None
+        for h in hits:
+            # a memory's action if the simulator accepts it here (an input it cannot
+            # parse costs no move and changes nothing) and it was not already tried from
+            # this very observation in this episode (no loops on a useless action)
+            if (obs, h.action) in tried:
+                continue
+            attempt = sw.act(h.action)
+            if not attempt[0].startswith(INVALID_PREFIXES[0]):
+                action, used, result = h.action, h.memory_id, attempt
+                break
+        if result is None:
+            action = rng.choice(sw.valid())
+            result = sw.act(action)
+        tried.add((obs, str(action)))
+        if c is not None and hits:
+            await c.report_usage(ep, rid, {h.memory_id: float(h.memory_id == used)
+                                           for h in hits}, step=step)
+        obs, _, score, done, failed = result
+        if obs.startswith(INVALID_PREFIXES[1]):
+            obs, _, score, done, failed = sw.act("0")
+        if done:
+            break
+    final = max(score, 0)
+    if c is not None:
+        await c.report_outcome(ep, reward=float(final))
+    return final, final >= 100
+
+
+async def closed_loop(sw: SciWorld, stack: LocalStack, played: Played,
+                      cfg: SciConfig) -> dict[str, Any]:
+    s = stack.settings
+    res: dict[str, Any] = {}
+    per: dict[str, list[int]] = {}
+    assert stack.bootstrap is not None
+    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+                          timeout_s=20) as c:
+        for name, lam, client in (("no_memory", None, None), ("hybrid", None, c),
+                                  ("semantic", 1.0, c)):
+            scores, wins = [], 0
+            for task, vs in played.test_variations.items():
+                for v in vs:
+                    sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name)
+                    scores.append(sc)
+                    wins += ok
+            per[name] = scores
+            res[f"success_{name}"] = round(wins / max(len(scores), 1), 4)
+            res[f"score_{name}"] = round(sum(scores) / max(len(scores), 1), 2)
+            note(f"closed loop {name}: success {res[f'success_{name}']}, "
+                 f"mean score {res[f'score_{name}']}")
+    res["loop_scores"] = per
+    return res
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = ["no_memory", "semantic", "hybrid"]
+    axes[0].bar(names, [result[f"score_{n}"] for n in names], color=["#999", "#69c", "#c63"])
+    axes[0].set_ylabel("mean final score (0-100)")
+    axes[0].set_title("closed loop on test variations")
+    keys = [("store_all", "store-all cosine"), ("semantic_stored", "cosine over stored"),
+            ("dmem", "dmem default")]
+    axes[1].bar([lbl for _, lbl in keys], [result[f"hit_at_5_{k}"] for k, _ in keys],
+                color=["#999", "#69c", "#c63"])
+    axes[1].set_ylabel("tie-aware hit@5")
+    axes[1].set_ylim(0, 1)
+    axes[1].set_title(f"{result['probes']} probes from unseen variations")
+    fig.suptitle("dmem bench sciworld")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
+    """Run the benchmark; SIGTERM/SIGHUP stop every process it started."""
+    with cleanup_on_signals():
+        return _main(cfg, as_json)
+
+
+def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
+    from milvus import EmbeddedMilvusServer
+
+    t0 = time.monotonic()
+    data = Path(tempfile.mkdtemp(prefix="dmem-bench-sciworld-"))
+    sw = SciWorld()
+    server = EmbeddedMilvusServer(data / "milvus", stop_grace_s=5)
+    stack: LocalStack | None = None
+    try:
+        note(f"bench sciworld: playing {len(cfg.tasks)} tasks ...")
+        played = cached_play(sw, cfg)
+        steps = {step_id(st): st for ep in played.train for st in ep.steps}
+        note(f"bench sciworld: {len(steps)} steps; starting Milvus, broker + worker ...")
+        uri = server.start(timeout_s=180)
+        env = {"DMEM_ENCODER__NAME": cfg.encoder, "DMEM_APP_ID": "dmem-bench-sciworld",
+               "DMEM_WRITE__BATCH_WITHIN_S": "0.1", "DMEM_MILVUS__URI": uri}
+        stack = LocalStack(data, roles=("all",), extra_env=env)
+        stack.start()
+        result = asyncio.run(_run(stack, sw, played, steps, cfg))
+    finally:
+        if stack is not None:
+            stack.stop()
+        server.stop()
+        sw.close()
+        shutil.rmtree(data, ignore_errors=True)
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    plot(result, cfg.out_dir / "sciworld.png")
+    loop = result.pop("loop_scores")
+    (cfg.out_dir / "sciworld.json").write_text(json.dumps({"result": result, "loop": loop}))
+    note(f"plot: {cfg.out_dir / 'sciworld.png'}")
+    emit_json(result) if as_json else note(json.dumps(result, indent=2))
+    return result
+
+
+async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str, Step],
+               cfg: SciConfig) -> dict[str, Any]:
+    from operators import build_encoder
+
+    s = stack.settings
+    assert stack.bootstrap is not None
+    t0_ms = int(time.time() * 1000) - 10 * len(steps)
+    transitions = [to_transition(st, i, t0_ms) for i, st in enumerate(steps.values())]
+    encoder = build_encoder(cfg.encoder, s.encoder.dim)
+    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+                          timeout_s=20) as c:
+        before = int(health(stack).get("write", {}).get("processed", 0))
+        for ep in played.train:  # episode by episode, in play order
+            await c.publish_many([t for t in transitions if t.episode_id == ep.episode])
+        await wait_processed(stack, before + len(transitions))
+        gate_rows = await asyncio.to_thread(scan, stack, encoder.dim)
+        gate = store_stats(gate_rows, steps)
+        note(f"gate: {gate}")
+        for ep in played.train:
+            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)))
+        final_rows = await settle(stack, encoder.dim, cfg.settle_s)
+        final = store_stats(final_rows, steps)
+        note(f"final: {final}")
+        probes = probes_of(played.test)
+        http = f"http://127.0.0.1:{stack.web_ports[0]}"
+        async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
+                              timeout_s=20) as h:
+            ranking = await run_probes(h, encoder, probes, steps, set(final_rows))
+    loop = await closed_loop(sw, stack, played, cfg)
+    n = len(steps)
+    return {
+        "tasks": len(cfg.tasks),
+        "episodes": len(played.train),
+        "published": n,
+        "critical_rate": round(sum(st.critical for st in steps.values()) / max(n, 1), 4),
+        "storage_ratio_gate": round(gate["stored"] / max(n, 1), 4),
+        "critical_coverage_gate": round(gate["critical_coverage"], 4),
+        "reward_up_coverage_gate": round(gate["reward_up_coverage"], 4),
+        "stored_core_gate": gate["core"],
+        "stored_buffer_gate": gate["buffer"],
+        "precision_core_gate": round(gate["precision_core"], 4),
+        "storage_ratio_final": round(final["stored"] / max(n, 1), 4),
+        "critical_coverage_final": round(final["critical_coverage"], 4),
+        "reward_up_coverage_final": round(final["reward_up_coverage"], 4),
+        "stored_core_final": final["core"],
+        "stored_buffer_final": final["buffer"],
+        "precision_core_final": round(final["precision_core"], 4),
+        "probes": len(probes),
+        **ranking,
+        **loop,
+        "encoder": cfg.encoder,
+        "seed": cfg.seed,
+    }

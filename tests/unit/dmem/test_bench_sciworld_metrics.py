@@ -1,0 +1,61 @@
+"""Tie-aware ranking metrics and rubric parsing of `dmem bench sciworld` (no simulator)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from dmem.bench.sciworld import hit_prob, mrr
+from dmem.bench.sciworld_env import TASKS, newly_done, rng_for, rubric
+
+
+def _brute(scores: list[float], rel: list[bool], k: int) -> tuple[float, float]:
+    """Average over every order of equal scores (the definition)."""
+    groups = sorted({*scores}, reverse=True)
+    blocks = [[i for i in range(len(scores)) if scores[i] == s] for s in groups]
+    hits, rr, n = 0.0, 0.0, 0
+    for perm in itertools.product(*(itertools.permutations(b) for b in blocks)):
+        order = [i for b in perm for i in b]
+        n += 1
+        hits += any(rel[i] for i in order[:k])
+        first = next((p for p, i in enumerate(order[:k]) if rel[i]), None)
+        rr += 0.0 if first is None else 1.0 / (first + 1)
+    return hits / n, rr / n
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tie_aware_metrics_match_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(3, 7)
+    scores = [rng.choice([0.9, 0.8, 0.8, 0.5]) for _ in range(n)]
+    rel = [rng.random() < 0.3 for _ in range(n)]
+    k = rng.randint(1, 4)
+    h, r = _brute(scores, rel, k)
+    assert hit_prob(scores, rel, k) == pytest.approx(h)
+    assert mrr(scores, rel, k) == pytest.approx(r)
+
+
+def test_identical_strings_share_the_credit() -> None:
+    # 10 memories with the same text (same score), one of them relevant: hit@5 = 0.5
+    assert hit_prob([1.0] * 10, [True] + [False] * 9, 5) == pytest.approx(0.5)
+    assert mrr([1.0] * 10, [True] + [False] * 9, 10) == pytest.approx(
+        sum(1 / (i + 1) for i in range(10)) / 10)
+    assert hit_prob([], [], 5) == 0.0 and math.isfinite(mrr([0.3], [False], 10))
+
+
+def test_rubric_subgoals() -> None:
+    before = rubric("Sequential Subgoals:\n0\tfalse\t   GoalFocus\tfocus on a plant\n"
+                    "Unordered and Optional Subgoals:\n0\tfalse\t  GoalMove\tmove somewhere\n")
+    after = rubric("Sequential Subgoals:\n0\ttrue\t   GoalFocus\tfocus on a plant\n"
+                   "Unordered and Optional Subgoals:\n0\ttrue\t  GoalMove\tmove somewhere\n")
+    assert newly_done(before, after) == ["seq0:focus on a plant", "opt0:move somewhere"]
+    assert newly_done(after, after) == []
+
+
+def test_seeded_draws_and_allowed_tasks() -> None:
+    assert rng_for(1, "a", 2).random() == rng_for(1, "a", 2).random()
+    assert rng_for(1, "a", 2).random() != rng_for(2, "a", 2).random()
+    assert len(TASKS) == 20 and "boil" not in TASKS and "use-thermometer" not in TASKS
