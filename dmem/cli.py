@@ -375,13 +375,13 @@ def _store(settings: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
     """Counts, age/priority distributions, top memories, recent merges/evictions."""
-    from streams.jobs.maintenance import inspect_tenant, now_ms, policy_from, recent_events
+    from streams.jobs.maintenance import inspect_tenant, policy_from, recent_events
 
     settings = _settings()
     try:
         store = _store(settings)
         try:
-            report = inspect_tenant(store, tenant, policy_from(settings), now_ms(), top=top)
+            report = inspect_tenant(store, tenant, policy_from(settings), top=top)
         finally:
             store.close()
         report["recent"] = None

@@ -1,7 +1,21 @@
 """Maintenance operators: dedup/merge planning, merge arithmetic, priority, decay plans.
 
-Pure logic, no Kafka and no Milvus; time is always an argument (``now_ms``).
-`streams.jobs.maintenance` feeds these from the ``memories`` topic and Milvus.
+Pure logic, no Kafka and no Milvus; no clock is read here. `streams.jobs.maintenance`
+feeds these from the ``memories`` topic and Milvus.
+
+Time (one clock, from one source): every age below is measured in **stream time**,
+never as wall clock minus event time. A memory's times (``created_ts``,
+``last_seen``, ``last_access_ts``) are event times on its agent's clock, and
+"now" for it is the **watermark** of its clock: the highest event time seen
+from that agent of that tenant (``TenantIndex.advance``, fed with the event time
+of every ``written``/``dropped`` event and of every row read). So a replayed
+log, an import, a backfill or an agent whose clock is off by a constant keeps
+exactly what the live stream keeps, and one agent's skewed clock never ages
+another agent's memories. With ``clock="tenant"`` every agent of a tenant shares
+one watermark (the highest event time of the tenant): a silent agent's memories
+then age with the tenant's stream, at the price that a clock running ahead ages
+everyone's memories. Once input stops the watermarks stop, so decay reaches a
+fixed point instead of fading everything with the wall clock.
 
 Priority (higher = more worth keeping)::
 
@@ -10,11 +24,13 @@ Priority (higher = more worth keeping)::
                                                          memories that misled lose priority)
       + w_a * log2(1 + hits) * 2^(-since_access / h_a)   recent, frequent retrieval
 
-``age`` is measured from ``last_seen`` (the latest time the situation recurred:
-a merge refreshes it), not from the first sighting, so a situation the agent
-keeps meeting does not fade. ``hits`` is the number of retrievals that served
+``age`` is the stream time (the watermark of the memory's clock, see above)
+minus ``last_seen`` (the latest time the situation recurred: a merge refreshes
+it), not from the first sighting, so a situation the agent keeps meeting does
+not fade. ``hits`` is the number of retrievals that served
 the memory (access tracking, ``metadata.access.n``); ``since_access`` the time
-since ``last_access_ts``. The "earned" part (utility + access terms, without
+since ``last_access_ts`` (stamped by the responder on the same clock, see
+`streams.respond.responder`). The "earned" part (utility + access terms, without
 the |rpe| term) decides promotion.
 
 Decay rules per tenant (`plan_decay`):
@@ -96,8 +112,11 @@ class MaintenancePolicy:
     core_capacity: int = 10_000
     buffer_capacity: int = 50_000
     max_actions: int = 5_000
+    clock: str = "agent"  # "agent": one watermark per (tenant, agent); "tenant": one per tenant
 
     def __post_init__(self) -> None:
+        if self.clock not in ("agent", "tenant"):
+            raise ValueError(f"clock must be 'agent' or 'tenant', got {self.clock!r}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.half_life_ms <= 0 or self.access_half_life_ms <= 0:
@@ -143,6 +162,7 @@ class Entry:
     utility: float = 0.0
     hits: int = 0
     last_access_ts: int = 0
+    agent: str = ""  # whose clock the times are on (`TenantIndex` maps it to a watermark)
 
 
 def entry_from_row(row: Mapping[str, Any]) -> Entry:
@@ -159,6 +179,7 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
         utility=float(row.get("utility", 0.0)),
         hits=int(access.get("n", 0)),
         last_access_ts=int(row.get("last_access_ts", created)),
+        agent=str(row.get("agent_id") or ""),
     )
 
 
@@ -171,15 +192,25 @@ _COLS: tuple[tuple[str, Any], ...] = (
     ("hits", np.int64),
     ("last_access_ts", np.int64),
 )
+_UNSEEN = np.iinfo(np.int64).min
 
 
 class TenantIndex:
-    """Columnar arrays of one tenant's entries; O(1) upsert/remove (swap with last)."""
+    """Columnar arrays of one tenant's entries; O(1) upsert/remove (swap with last).
 
-    def __init__(self, capacity: int = 1024) -> None:
+    Also the tenant's stream clocks: one watermark (highest event time seen) per
+    agent, or one for the whole tenant (``per_agent_clock=False``). Watermarks
+    only move forward; removing an entry does not move them back.
+    """
+
+    def __init__(self, capacity: int = 1024, per_agent_clock: bool = True) -> None:
         self.ids: list[str] = []
         self.slot: dict[str, int] = {}
         self.cols: dict[str, np.ndarray] = {n: np.zeros(capacity, dtype=t) for n, t in _COLS}
+        self.clock_col = np.zeros(capacity, dtype=np.int32)  # entry -> its clock
+        self.per_agent_clock = per_agent_clock
+        self.clocks: dict[str, int] = {}  # clock key (agent id, or "") -> code
+        self.watermark = np.full(4, _UNSEEN, dtype=np.int64)  # code -> stream time
         self.cursor = 0  # round-robin refresh position
 
     def __len__(self) -> int:
@@ -189,10 +220,46 @@ class TenantIndex:
         return mid in self.slot
 
     def _grow(self) -> None:
-        for name, arr in self.cols.items():
+        for name, arr in [*self.cols.items(), ("", self.clock_col)]:
             bigger = np.zeros(max(1024, 2 * arr.shape[0]), dtype=arr.dtype)
             bigger[: arr.shape[0]] = arr
-            self.cols[name] = bigger
+            if name:
+                self.cols[name] = bigger
+            else:
+                self.clock_col = bigger
+
+    # -- stream time ----------------------------------------------------------------
+    def _clock(self, agent: str | None) -> int:
+        key = (agent or "") if self.per_agent_clock else ""
+        code = self.clocks.get(key)
+        if code is None:
+            code = self.clocks[key] = len(self.clocks)
+            if code >= self.watermark.shape[0]:
+                bigger = np.full(2 * self.watermark.shape[0], _UNSEEN, dtype=np.int64)
+                bigger[: self.watermark.shape[0]] = self.watermark
+                self.watermark = bigger
+        return code
+
+    def advance(self, agent: str | None, event_ts: int) -> None:
+        """An event time seen from `agent`: its clock's watermark moves up to it."""
+        code = self._clock(agent)
+        if event_ts > self.watermark[code]:
+            self.watermark[code] = event_ts
+
+    def stream_time(self, agent: str | None = None) -> int | None:
+        """The watermark of `agent`'s clock (None: the highest of the tenant's clocks)."""
+        if agent is None:
+            seen = self.watermark[: len(self.clocks)]
+            seen = seen[seen != _UNSEEN]
+            return int(seen.max()) if seen.size else None
+        code = self.clocks.get((agent or "") if self.per_agent_clock else "")
+        if code is None or self.watermark[code] == _UNSEEN:
+            return None
+        return int(self.watermark[code])
+
+    def stream_now(self) -> np.ndarray:
+        """Per entry: the stream time of its clock (what its ages are measured against)."""
+        return self.watermark[self.clock_col[: len(self.ids)]]
 
     def upsert(self, mid: str, e: Entry) -> None:
         i = self.slot.get(mid)
@@ -204,6 +271,9 @@ class TenantIndex:
             self.slot[mid] = i
         for name, _ in _COLS:
             self.cols[name][i] = getattr(e, name)
+        code = self._clock(e.agent)
+        self.clock_col[i] = code
+        self.advance(e.agent, max(e.created_ts, e.last_seen_ts))
 
     def set_partition(self, mid: str, partition: int) -> None:
         i = self.slot.get(mid)
@@ -219,7 +289,7 @@ class TenantIndex:
             moved = self.ids[last]
             self.ids[i] = moved
             self.slot[moved] = i
-            for arr in self.cols.values():
+            for arr in [*self.cols.values(), self.clock_col]:
                 arr[i] = arr[last]
         self.ids.pop()
         return True
@@ -228,7 +298,9 @@ class TenantIndex:
         i = self.slot.get(mid)
         if i is None:
             return None
-        return Entry(**{n: self.cols[n][i].item() for n, _ in _COLS})
+        keys = {code: key for key, code in self.clocks.items()}
+        return Entry(**{n: self.cols[n][i].item() for n, _ in _COLS},
+                     agent=keys[int(self.clock_col[i])])  # fmt: skip
 
     def view(self) -> dict[str, np.ndarray]:
         n = len(self.ids)
@@ -256,15 +328,16 @@ class TenantIndex:
 
 
 class PriorityIndex:
-    """Per-tenant `TenantIndex`es."""
+    """Per-tenant `TenantIndex`es (each with its stream clocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_agent_clock: bool = True) -> None:
         self.tenants: dict[str, TenantIndex] = {}
+        self.per_agent_clock = per_agent_clock
 
     def tenant(self, tenant: str) -> TenantIndex:
         t = self.tenants.get(tenant)
         if t is None:
-            t = self.tenants[tenant] = TenantIndex()
+            t = self.tenants[tenant] = TenantIndex(per_agent_clock=self.per_agent_clock)
         return t
 
     def upsert(self, tenant: str, mid: str, e: Entry) -> None:
@@ -305,34 +378,51 @@ class DecayPlan:
         return [a for a in self.actions if a.kind == kind]
 
 
+StreamTime = int | np.ndarray | None
+
+
+def _stream_now(t: TenantIndex, stream_ms: StreamTime) -> np.ndarray:
+    if stream_ms is None:
+        return t.stream_now()
+    return np.broadcast_to(np.asarray(stream_ms, dtype=np.int64), (len(t),))
+
+
 def tenant_priorities(
-    t: TenantIndex, now_ms: int, policy: MaintenancePolicy
+    t: TenantIndex, policy: MaintenancePolicy, stream_ms: StreamTime = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """(priority, earned) per entry, ages against `stream_ms` (None: each entry's
+    clock's watermark, the jobs' case; a number: one stream time for all)."""
     v = t.view()
+    now = _stream_now(t, stream_ms)
     return priority(
         v["abs_rpe"],
-        now_ms - v["last_seen_ts"],
+        now - v["last_seen_ts"],
         v["utility"],
         v["hits"],
-        now_ms - v["last_access_ts"],
+        now - v["last_access_ts"],
         policy,
     )
 
 
-def plan_decay(t: TenantIndex, now_ms: int, policy: MaintenancePolicy) -> DecayPlan:
-    """One pass's actions for one tenant: O(n) vectorised, then sorting the few chosen."""
+def plan_decay(t: TenantIndex, policy: MaintenancePolicy,
+               stream_ms: StreamTime = None) -> DecayPlan:  # fmt: skip
+    """One pass's actions for one tenant: O(n) vectorised, then sorting the few chosen.
+
+    Ages are stream time (see the module doc; `stream_ms` as in `tenant_priorities`).
+    """
     n = len(t)
     plan = DecayPlan()
     if n == 0:
         return plan
     v = t.view()
     ids = t.ids
-    p, earned = tenant_priorities(t, now_ms, policy)
+    now = _stream_now(t, stream_ms)
+    p, earned = tenant_priorities(t, policy, now)
     plan.priorities = p
     core = v["partition"] == CORE
     buf = ~core
-    stale = ((now_ms - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
-        (now_ms - v["last_access_ts"]) > policy.buffer_ttl_ms
+    stale = ((now - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
+        (now - v["last_access_ts"]) > policy.buffer_ttl_ms
     )
     ttl = buf & stale
     floor = buf & ~ttl & (p < policy.buffer_floor)

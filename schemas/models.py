@@ -301,7 +301,11 @@ class MemoryEvent(Model):
     theta_low: FiniteFloat | None = None
     theta_high: FiniteFloat | None = None
     reason: str = ""
-    event_ts: int | None = Field(default=None, description="event time of the source record")
+    event_ts: int | None = Field(
+        default=None,
+        description="event time of the source transition (its ts, or the write worker's clock "
+        "when it had none): the stream time the jobs' watermarks advance by",
+    )
     ts: int = Field(ge=0, description="processing time, ms")
 
 

@@ -107,6 +107,10 @@ class MaintenanceSettings(BaseModel):
     core_capacity: int = Field(default=10_000, ge=0, description="per tenant")
     buffer_capacity: int = Field(default=50_000, ge=0, description="per tenant")
     max_actions_per_pass: int = Field(default=5000, ge=1)
+    # ages (decay, TTL, capacity priorities) are stream time: the watermark of the
+    # memory's clock, one per (tenant, agent) or one per tenant (operators.maintenance)
+    stream_clock: Literal["agent", "tenant"] = Field(
+        default="agent", description="whose highest event time a memory's age is measured to")
     refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")
     # Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete +
     # insert, then compaction and index builds on the server); at 2 s this showed up as

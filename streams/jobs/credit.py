@@ -19,6 +19,14 @@ Usage records come from the responder (``source="served"``) and, optionally,
 from agents reporting what they actually used (``source="agent"``, see
 `DmemClient.report_usage`); the assigner prefers the agent's record.
 
+Time: the join window is **ingestion time**, the one clock of this job (when a
+usage or an outcome *arrived*), never compared with an event time: the window
+waits for late arrivals, and lateness is a property of arrival. Event times on
+the records (`EpisodeOutcome.ts`, a replayed log's year-old timestamps, an
+agent's skewed clock) therefore neither expire an episode nor keep it open, so a
+replay or an import joins exactly what the live stream joined. On restart the
+job re-reads ``ttl`` of arrivals back (by the records' broker timestamps).
+
 Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
 ``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
 memory id become a direct update of +1 / -1 credit.

@@ -29,6 +29,10 @@ partition of ``dmem.memories`` through the consumer group
 - Decay: every ``decay_interval_s``, per tenant: refresh a slice, plan
   (`plan_decay`, O(n) numpy over the index), re-read the chosen rows, act
   (move / delete, at most ``max_actions_per_pass``), one event per action.
+  Ages are stream time: the index keeps the watermark of every clock (per
+  tenant and agent, or per tenant), advanced by the bootstrap scan and by the
+  ``event_ts`` of every ``written``/``dropped`` event (`operators.maintenance`);
+  the wall clock only decides when a pass runs and stamps the events.
 
 Cost of a decay pass for a tenant with n memories: O(n) vectorised arithmetic
 in memory (about a millisecond per 100k), plus Milvus I/O bounded by
@@ -91,7 +95,8 @@ log = logging.getLogger("dmem.maintenance")
 
 #: one writer at a time for the read-modify-writes of this module, per process
 WRITE_LOCK = threading.Lock()
-SCAN_FIELDS = ["id", "tenant", "created_ts", "last_access_ts", "rpe", "utility", "metadata"]
+SCAN_FIELDS = ["id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "utility",
+               "metadata"]
 REMOVED = ("merged", "evicted", "forgotten")
 MOVED = ("moved", "promoted", "demoted")
 
@@ -111,6 +116,7 @@ def policy_from(settings: Settings) -> MaintenancePolicy:
         core_capacity=m.core_capacity,
         buffer_capacity=m.buffer_capacity,
         max_actions=m.max_actions_per_pass,
+        clock=m.stream_clock,
     )
 
 
@@ -183,7 +189,7 @@ class MaintenanceEngine:
         self.policy = policy
         self.dedup_k = dedup_k
         self.refresh_per_pass = refresh_per_pass
-        self.index = PriorityIndex()
+        self.index = PriorityIndex(per_agent_clock=policy.clock == "agent")
         self.counters: dict[str, int] = {}
         self.pass_samples: deque[tuple[float, int]] = deque(maxlen=512)  # (ms, memories)
 
@@ -200,13 +206,20 @@ class MaintenanceEngine:
         return n
 
     def observe(self, ev: MemoryEvent) -> None:
-        """Keep the index current from one ``memories`` event."""
+        """Keep the index and the stream clocks current from one ``memories`` event.
+
+        The clocks (watermarks) advance with the event time of every ``written``
+        and ``dropped`` event: a dropped transition is stream time seen too.
+        """
+        if ev.kind in ("written", "dropped") and ev.event_ts is not None:
+            self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None:
             t = self.index.tenant(ev.tenant)
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
-                ts = ev.event_ts or ev.ts
+                ts = ev.event_ts if ev.event_ts is not None else ev.ts
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
-                                             abs(ev.rpe or 0.0), 0.0, 0, ts))  # fmt: skip
+                                             abs(ev.rpe or 0.0), 0.0, 0, ts,
+                                             ev.agent_id or ""))  # fmt: skip
         elif ev.kind in REMOVED:
             self.index.remove(ev.tenant, ev.memory_id)
         elif ev.kind in MOVED and ev.partition is not None:
@@ -330,11 +343,15 @@ class MaintenanceEngine:
 
     # -- decay -----------------------------------------------------------------------
     def decay(self, tenant: str, now: int) -> list[MemoryEvent]:
-        """One decay pass for one tenant; bounded Milvus I/O (see module doc)."""
+        """One decay pass for one tenant; bounded Milvus I/O (see module doc).
+
+        Ages are the tenant's stream time (the index's watermarks); `now` only
+        stamps the events (processing time).
+        """
         t0 = time.perf_counter()
         t = self.index.tenant(tenant)
         self.refresh(tenant, t.next_refresh(self.refresh_per_pass))
-        plan = plan_decay(t, now, self.policy)
+        plan = plan_decay(t, self.policy)
         events: list[MemoryEvent] = []
         if plan.actions:
             chosen = [a.memory_id for a in plan.actions]
@@ -349,7 +366,7 @@ class MaintenanceEngine:
                 else:
                     t.upsert(mid, entry_from_row(r))
                     fresh.add(mid)
-            plan = plan_decay(t, now, self.policy)  # with the fresh values
+            plan = plan_decay(t, self.policy)  # with the fresh values
             actions = [a for a in plan.actions if a.memory_id in fresh]
             events = self._execute(t, actions, rows, now)
         ms = (time.perf_counter() - t0) * 1e3
@@ -724,23 +741,27 @@ def _quantiles(xs: np.ndarray) -> dict[str, float | None]:
                                                    strict=True)}  # fmt: skip
 
 
-def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, now: int,
+def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy,
                    top: int = 10) -> dict[str, Any]:  # fmt: skip
     """Counts, age/priority distributions, top memories, and what the next pass would do.
 
-    Scans the tenant once (an operator tool, O(n)).
+    Scans the tenant once (an operator tool, O(n)). Ages are stream time as the
+    jobs measure them, with the clocks derived from the stored rows (the newest
+    stored event time per clock; the running job has also seen dropped ones).
     """
-    fields = [*SCAN_FIELDS, "agent_id", "text", "action", "merged_count", "uses", "valence"]
+    fields = [*SCAN_FIELDS, "text", "action", "merged_count", "uses", "valence"]
     rows = list(_unique(store.scan(tenant=tenant, output_fields=fields)).values())
-    t = TenantIndex()
+    t = TenantIndex(per_agent_clock=policy.clock == "agent")
     for r in rows:
         t.upsert(str(r["id"]), entry_from_row(r))
     by_id = {str(r["id"]): r for r in rows}
-    p, _ = tenant_priorities(t, now, policy)
+    p, _ = tenant_priorities(t, policy)
     v = t.view()
-    age_s = (now - v["created_ts"]) / 1000.0
+    age_s = (t.stream_now() - v["created_ts"]) / 1000.0
     out: dict[str, Any] = {
         "tenant": tenant,
+        "stream_time_ms": t.stream_time(),
+        "clock": policy.clock,
         "counts": {"core": store.count("core", tenant), "buffer": store.count("buffer", tenant)},
         "age_s": {"all": _quantiles(age_s)},
         "priority": {"all": _quantiles(p)},
@@ -767,7 +788,7 @@ def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, n
         }
         for i in order
     ]
-    plan = plan_decay(t, now, policy)
+    plan = plan_decay(t, policy)
     next_pass: dict[str, int] = {}
     for a in plan.actions:
         next_pass[f"{a.kind}:{a.reason}"] = next_pass.get(f"{a.kind}:{a.reason}", 0) + 1

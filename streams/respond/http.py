@@ -122,6 +122,7 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 store.store, encoder, policy_from(settings),
                 count_ttl_s=settings.respond.count_ttl_s,
                 consistency_level=settings.milvus.search_consistency,
+                per_agent_clock=settings.maintenance.stream_clock == "agent",
             )
         r: Responder = state["responder"]
         return r

@@ -133,7 +133,7 @@ def test_decay_ttl_floor_fade_promote() -> None:
         "useful-buf": e(BUFFER, 3, 0.2, utility=0.9),  # earned tanh(.9)=0.72 >= 0.5
         "used-buf": e(BUFFER, 3, 0.2, hits=15, access_age_days=0.01),
     })
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     got = {(a.memory_id, a.kind, a.reason) for a in plan.actions}
     assert got == {
         ("old-buf", "evicted", "ttl"),
@@ -144,7 +144,7 @@ def test_decay_ttl_floor_fade_promote() -> None:
     }
     # a recently accessed old buffer entry is not past the TTL
     t2 = index_of({"old-but-used": e(BUFFER, 20, 5.0, access_age_days=1, hits=1)})
-    assert all(a.reason != "ttl" for a in plan_decay(t2, NOW, pol).actions)
+    assert all(a.reason != "ttl" for a in plan_decay(t2, pol, NOW).actions)
 
 
 def test_capacities_pick_lowest_priority() -> None:
@@ -153,21 +153,21 @@ def test_capacities_pick_lowest_priority() -> None:
         "c-hi": e(CORE, 0, 5.0), "c-mid": e(CORE, 0, 3.0), "c-lo": e(CORE, 0, 1.0),
         "b1": e(BUFFER, 0, 0.9), "b2": e(BUFFER, 0, 0.8), "b3": e(BUFFER, 0, 0.7),
     })
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert [(a.memory_id, a.kind, a.reason) for a in plan.actions] == [
         ("b3", "evicted", "buffer_capacity"),
         ("c-lo", "demoted", "core_capacity"),
     ]
     # a promotion that would not make the core's top is not made
     t.upsert("b-earned", e(BUFFER, 0, 0.0, utility=0.6))
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert "b-earned" not in {a.memory_id for a in plan.by_kind("promoted")}
 
 
 def test_max_actions_defers() -> None:
     pol = MaintenancePolicy(buffer_capacity=0, max_actions=3)
     t = index_of({f"b{i}": e(BUFFER, 0, 1.0 + i) for i in range(5)})
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert [a.memory_id for a in plan.actions] == ["b0", "b1", "b2"] and plan.deferred == 2
 
 
@@ -193,3 +193,54 @@ def test_access_tracker_batches() -> None:
     tr.record("t", ["a"], 30)
     tr.restore(hits)
     assert tr.drain()[("t", "a")] == (3, 30)
+
+
+def test_ages_are_stream_time_per_agent_clock() -> None:
+    """Ages are measured to the watermark of the memory's own clock: shifting one
+    agent's timestamps by any constant changes no decision, for it or for others."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    entry = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([CORE, BUFFER]),
+                      st.integers(0, 40 * DAY_MS), st.floats(0, 6), st.floats(-1, 1),
+                      st.integers(0, 20), st.integers(0, 40 * DAY_MS))  # fmt: skip
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(entry, min_size=1, max_size=40),
+           st.dictionaries(st.sampled_from(["a", "b", "c"]),
+                           st.integers(-3 * 365 * DAY_MS, 3 * 365 * DAY_MS)))
+    def check(entries: list[tuple], shift: dict[str, int]) -> None:
+        pol = MaintenancePolicy(core_capacity=8, buffer_capacity=12)
+        base = 10 * 365 * DAY_MS
+
+        def index(by: dict[str, int]) -> TenantIndex:
+            t = TenantIndex()
+            for i, (agent, part, seen, rpe, util, hits, acc) in enumerate(entries):
+                ts = base + seen + by.get(agent, 0)
+                t.upsert(f"m{i}", Entry(part, ts, ts, rpe, util, hits,
+                                        base + min(acc, seen) + by.get(agent, 0), agent))
+            return t
+
+        def plan(t: TenantIndex) -> list[tuple[str, str, str]]:
+            return [(a.memory_id, a.kind, a.reason) for a in plan_decay(t, pol).actions]
+
+        assert plan(index(shift)) == plan(index({}))
+
+    check()
+
+
+def test_stream_clocks_are_watermarks() -> None:
+    t = TenantIndex()
+    t.upsert("x", e(BUFFER, 3, 1.0))
+    assert t.stream_time("agent") is None and t.stream_time("") == int(NOW - 3 * DAY_MS)
+    t.advance("", NOW)
+    t.advance("", NOW - DAY_MS)  # never backwards
+    assert t.stream_time() == NOW and t.stream_now().tolist() == [NOW]
+    t.remove("x")
+    assert t.stream_time() == NOW  # removing memories does not move the clock back
+    shared = TenantIndex(per_agent_clock=False)
+    shared.upsert("p", Entry(BUFFER, 10, 10, 1.0, agent="a"))
+    shared.advance("b", 99)
+    assert shared.stream_time("a") == shared.stream_time("b") == 99
+    with pytest.raises(ValueError):
+        MaintenancePolicy(clock="wall")
