@@ -47,19 +47,42 @@ Decay rules per tenant (`plan_decay`):
   evicted, ``buffer_capacity``). Ties keep index order (stable sorts), so a
   plan is a deterministic function of the index.
 
-Dedup (`plan_merges`): within one scope (tenant, agent, action, valence) the
-items are visited oldest first (``created_ts``, then id); each joins the first
-earlier survivor within cosine ``tau``, else becomes a survivor. The survivor is
-therefore always the oldest member, whatever order the events arrived in, which
-makes merges deterministic under replay.
+Dedup: what may merge (`merge_scope`, `rewards_agree`, `plan_merges`). Dedup is
+for true repeats (the same observation, action and reward met again, such as two
+runs of one task variation), never for folding a salient memory into a bland one.
+Two memories may merge only if all of these hold:
 
-Merge arithmetic (`merge_rows`): merged_count adds up; reward is the
-count-weighted mean; rpe is the member value with the largest |rpe| (sign
-kept), rpe_smoothed and gate the max; utility the uses-weighted mean (uses add
-up); created_ts the earliest (first seen), ``metadata.merge.last_seen_ts`` the
-latest; last_access_ts the latest; the partition is core if any member was in
-core; the survivor's vector, text and user metadata are kept. The ids folded in
-are remembered (last `MERGE_IDS_KEPT` in ``metadata.merge.ids``): folding an id
+- same scope (`merge_scope`): tenant, agent, action, valence (the RPE's sign),
+  partition (the route: a core memory never merges with a buffer one), terminal
+  flag (``metadata.done``) and the reward's sign (-, 0, +). Critical status
+  (`is_critical`: reward != 0, or a terminal step such as a failure) is a
+  function of the last two, so a critical memory never merges with a
+  non-critical one;
+- rewards agree (`rewards_agree`): every reward in the merged group lies within
+  ``reward_tol`` (default 1 %) of every other, relative to the larger magnitude
+  (complete linkage over ``metadata.merge.reward_min/max``, so a chain of small
+  steps cannot drift: the group's rewards span at most the tolerance). Rewards of
+  0 only merge with exactly 0;
+- cosine >= ``tau``. Encoder dependent (``DMEM_MAINTENANCE__DEDUP_TAU``, default
+  per encoder, `DEDUP_TAU_BY_ENCODER`: 0.98 for MiniLM, which rates different short
+  sentences close, 0.95 for the hashing encoder; measured in BENCHMARKS.md).
+
+Within one scope the items are visited oldest first (``created_ts``, then id);
+each joins the first earlier survivor within ``tau`` whose rewards agree, else
+becomes a survivor. The survivor is therefore always the oldest member, whatever
+order the events arrived in, which makes merges deterministic under replay.
+
+Merge arithmetic (`merge_rows`): the survivor keeps the strongest signal.
+merged_count adds up; reward is the count-weighted mean (within the tolerance of
+every member's, see above; ``metadata.merge.reward_min/max`` keep the span); rpe
+is the member value with the largest |rpe| (sign kept), rpe_smoothed and gate the
+max; the outcome evidence adds up: utility the uses-weighted mean (uses add up),
+retrieval counts add up, applied credit ids are kept; created_ts the earliest
+(first seen), ``metadata.merge.last_seen_ts`` the latest; last_access_ts the
+latest; the survivor's vector, text and user metadata are kept. The ids of the
+transitions folded in are kept in ``metadata.merge.ids`` (the last
+`MERGE_IDS_KEPT`; merged_count still counts all): a search hit reports them
+(`Hit.merged_ids`), a lookup of a folded id finds its survivor, and folding an id
 twice (a replay after a crash between "write survivor" and "delete members")
 changes nothing.
 """
@@ -76,6 +99,7 @@ import numpy as np
 __all__ = [
     "CORE",
     "BUFFER",
+    "DEDUP_TAU_BY_ENCODER",
     "DecayAction",
     "DecayPlan",
     "MaintenancePolicy",
@@ -83,17 +107,24 @@ __all__ = [
     "PriorityIndex",
     "TenantIndex",
     "entry_from_row",
+    "is_critical",
     "merge_rows",
+    "merge_scope",
     "plan_decay",
     "plan_merges",
     "priority",
+    "rewards_agree",
 ]
 
 CORE, BUFFER = 0, 1
 PART_CODE = {"core": CORE, "buffer": BUFFER}
 PART_NAME = ("core", "buffer")
-MERGE_IDS_KEPT = 256
+# ~36 bytes each in the row's JSON: 1000 ids stay far below Milvus' 64 KiB JSON limit
+MERGE_IDS_KEPT = 1000
+CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 DAY_MS = 24 * 3600 * 1000
+#: default dedup tau per encoder (BENCHMARKS.md "Dedup tau": false merges on real text)
+DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 
 @dataclass(frozen=True)
@@ -101,6 +132,7 @@ class MaintenancePolicy:
     """Every knob of dedup and decay (defaults documented in the module doc)."""
 
     tau: float = 0.95
+    reward_tol: float = 0.01  # rewards merge within 1 % of the larger magnitude (same sign)
     half_life_ms: float = 7 * DAY_MS
     utility_weight: float = 1.0
     access_weight: float = 0.25
@@ -119,6 +151,8 @@ class MaintenancePolicy:
             raise ValueError(f"clock must be 'agent' or 'tenant', got {self.clock!r}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if not 0.0 <= self.reward_tol < 1.0:
+            raise ValueError(f"reward_tol must be in [0, 1), got {self.reward_tol}")
         if self.half_life_ms <= 0 or self.access_half_life_ms <= 0:
             raise ValueError("half lives must be positive")
         if self.promote_above <= self.demote_below:
@@ -480,32 +514,88 @@ class MergeGroup:
     similarity: tuple[float, ...]  # cosine of each member to the survivor
 
 
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _meta(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = row.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def is_critical(row: Mapping[str, Any]) -> bool:
+    """A rewarded step (reward != 0) or a terminal one (``metadata.done``: a goal, a failure)."""
+    return float(row.get("reward", 0.0) or 0.0) != 0.0 or bool(_meta(row).get("done"))
+
+
+def merge_scope(row: Mapping[str, Any]) -> tuple[str, str, int, str, bool, int]:
+    """Only memories with equal scopes may merge (module doc): agent, action,
+    valence, partition (route), terminal flag, reward sign (the tenant is implied)."""
+    return (str(row.get("agent_id", "")), str(row.get("action", "")),
+            int(row.get("valence", 0) or 0), str(row.get("partition", "")),
+            bool(_meta(row).get("done")), _sign(float(row.get("reward", 0.0) or 0.0)))  # fmt: skip
+
+
+def reward_span(row: Mapping[str, Any]) -> tuple[float, float]:
+    """(lowest, highest) reward among the transitions a row stands for."""
+    r = float(row.get("reward", 0.0) or 0.0)
+    merge = _meta(row).get("merge")
+    if isinstance(merge, Mapping) and "reward_min" in merge and "reward_max" in merge:
+        return min(r, float(merge["reward_min"])), max(r, float(merge["reward_max"]))
+    return r, r
+
+
+def rewards_agree(lo: float, hi: float, tol: float) -> bool:
+    """True when the rewards in [lo, hi] are one reward up to `tol`: same sign, and
+    the span within `tol` of the larger magnitude (0 merges only with 0)."""
+    if _sign(lo) != _sign(hi):
+        return False
+    return hi - lo <= tol * max(abs(lo), abs(hi))
+
+
 def plan_merges(
     ids: Sequence[str],
     created_ts: Sequence[int],
     vectors: np.ndarray,
     tau: float,
+    rewards: Sequence[tuple[float, float]] | None = None,
+    reward_tol: float = 0.0,
 ) -> list[MergeGroup]:
     """Greedy oldest-first clustering of one scope's items (see module doc).
 
-    ``vectors`` are unit rows aligned with ``ids``. Returns only groups with members.
+    ``vectors`` are unit rows aligned with ``ids``; ``rewards`` their reward spans
+    (`reward_span`): an item joins a survivor only if the group's rewards then still
+    agree (`rewards_agree` with `reward_tol`). Returns only groups with members.
     """
     n = len(ids)
     if n < 2:
         return []
     order = sorted(range(n), key=lambda i: (int(created_ts[i]), ids[i]))
     vecs = np.asarray(vectors, dtype=np.float32)[order]
+    spans = [tuple(rewards[i]) for i in order] if rewards is not None else None
     survivors: list[int] = []  # positions in `order`
+    group_span: dict[int, tuple[float, float]] = {}
     members: dict[int, list[tuple[int, float]]] = {}
     for pos in range(n):
         if survivors:
             sims = vecs[survivors] @ vecs[pos]
-            hit = np.flatnonzero(sims >= tau - 1e-6)
-            if hit.size:
-                s = survivors[int(hit[0])]
-                members.setdefault(s, []).append((pos, float(sims[hit[0]])))
+            joined = False
+            for h in np.flatnonzero(sims >= tau - 1e-6).tolist():
+                s = survivors[h]
+                if spans is not None:
+                    lo = min(group_span[s][0], spans[pos][0])
+                    hi = max(group_span[s][1], spans[pos][1])
+                    if not rewards_agree(lo, hi, reward_tol):
+                        continue
+                    group_span[s] = (lo, hi)
+                members.setdefault(s, []).append((pos, float(sims[h])))
+                joined = True
+                break
+            if joined:
                 continue
         survivors.append(pos)
+        if spans is not None:
+            group_span[pos] = (float(spans[pos][0]), float(spans[pos][1]))
     return [
         MergeGroup(
             survivor=ids[order[s]],
@@ -523,10 +613,12 @@ def _count(row: Mapping[str, Any]) -> int:
 def merge_rows(
     survivor: Mapping[str, Any], members: Iterable[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Fold `members` into a copy of `survivor`; returns (new row, ids folded now).
+    """Fold `members` into a copy of `survivor`; returns (new row, ids folded now:
+    the members' and those they stood for themselves).
 
     Members already folded in before (their id is in ``metadata.merge.ids``) are
-    skipped, so a replayed merge is a no-op on the numbers.
+    skipped, so a replayed merge is a no-op on the numbers. Pure arithmetic: which
+    rows may merge is `plan_merges`' decision.
     """
     out = dict(survivor)
     meta = dict(out.get("metadata") or {})
@@ -544,6 +636,8 @@ def merge_rows(
     util_sum = float(out.get("utility", 0.0)) * uses
     last_access = int(out.get("last_access_ts", created))
     partition = out.get("partition", "buffer")
+    r_lo, r_hi = reward_span(out)
+    credit_ids: list[str] = list(meta.get("credit_ids", []))
     folded: list[str] = []
     for m in members:
         mid = str(m["id"])
@@ -558,6 +652,11 @@ def merge_rows(
         last = max(last, int(m_merge.get("last_seen_ts", m_created)), m_created)
         count += c
         reward_sum += float(m.get("reward", 0.0)) * c
+        m_lo, m_hi = reward_span(m)
+        r_lo, r_hi = min(r_lo, m_lo), max(r_hi, m_hi)
+        m_credit = m_meta.get("credit_ids", []) if isinstance(m_meta, Mapping) else []
+        credit_ids += [c_id for c_id in m_credit if c_id not in credit_ids]
+        folded += [f for f in m_merge.get("ids", []) if f not in seen_ids and f not in folded]
         if abs(float(m.get("rpe", 0.0))) > abs(rpe):
             rpe = float(m.get("rpe", 0.0))
         rpe_s = max(rpe_s, float(m.get("rpe_smoothed", 0.0)))
@@ -590,8 +689,12 @@ def merge_rows(
         ids=(seen_ids + folded)[-MERGE_IDS_KEPT:],
         first_seen_ts=min(created, first),
         last_seen_ts=max(last, created),
+        reward_min=r_lo,
+        reward_max=r_hi,
     )
     meta["merge"] = merge
+    if credit_ids:
+        meta["credit_ids"] = credit_ids[-CREDIT_IDS_KEPT:]
     out["metadata"] = meta
     for k in ("reward", "rpe", "rpe_smoothed", "gate", "utility"):
         if not math.isfinite(float(out[k])):  # pragma: no cover - inputs are finite

@@ -240,6 +240,12 @@ class Hit(BaseModel):
     created_ts: int
     score: float
     breakdown: ScoreBreakdown
+    merged_count: int = Field(default=1, description="transitions this memory stands for")
+    merged_ids: list[str] = Field(
+        default_factory=list,
+        description="ids of the transitions dedup folded into this memory (besides its own; "
+        "the most recent ones when there are very many: merged_count counts all)",
+    )
 
 
 class RetrievalResponse(Model):

@@ -13,7 +13,9 @@ Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
 ``dmem.credit``; batches updates per memory, reads the rows, folds the updates
 with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
 upserts them back into their partition; offsets are committed only after
-Milvus acknowledged. Updates for memories that no longer exist are dropped.
+Milvus acknowledged. An update for a memory dedup folded into another goes to
+that survivor (it stands for the folded transition, ``metadata.merge.ids``);
+updates for memories that no longer exist at all are dropped.
 
 Usage records come from the responder (``source="served"``) and, optionally,
 from agents reporting what they actually used (``source="agent"``, see
@@ -226,16 +228,29 @@ class UtilityApplier(Service):
         store = self.store_service.store
         ids = sorted({u.memory_id for u in updates})
         rows = {r["id"]: r for r in store.get(ids, with_vector=True)}
+        # a memory dedup folded into a survivor: its credit goes to the survivor
+        into: dict[tuple[str, str], str] = {}
+        by_tenant: dict[str, set[str]] = {}
+        for u in updates:
+            if u.memory_id not in rows:
+                by_tenant.setdefault(u.tenant, set()).add(u.memory_id)
+        for tenant, missing in by_tenant.items():
+            for mid, srow in store.survivors_of(tenant, sorted(missing)).items():
+                into[(tenant, mid)] = str(srow["id"])
+        if into:
+            for r in store.get(sorted(set(into.values()) - set(rows)), with_vector=True):
+                rows[r["id"]] = r
         touched: dict[str, dict[str, Any]] = {}
         for u in updates:
-            row = rows.get(u.memory_id)
+            target = u.memory_id if u.memory_id in rows else into.get((u.tenant, u.memory_id))
+            row = rows.get(target) if target is not None else None
             if row is None or row.get("tenant") != u.tenant:
                 self.skipped += 1
                 continue
             if apply_utility(
                 row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
             ):
-                touched[u.memory_id] = row
+                touched[str(row["id"])] = row
                 self.applied += 1
                 CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:

@@ -19,11 +19,13 @@ partition of ``dmem.memories`` through the consumer group
   action is taken on it.
 - Dedup: tumbling processing-time windows (``dedup_window_s``) of ``written``
   events, per tenant. At window close the window's rows are read (with
-  vectors), grouped by scope (agent, action, valence), and each scope's rows
-  are searched against Milvus (one batched ANN query per scope, top
-  ``dedup_k`` excluding the window's own ids); rows within cosine ``tau``
-  are merged oldest-first (`plan_merges`, `merge_rows`): the survivor is
-  rewritten, the others deleted, one ``merged`` event each. Offsets are
+  vectors), grouped by merge scope (`operators.maintenance.merge_scope`: agent,
+  action, valence, partition, terminal flag, reward sign), and each scope's
+  rows are searched against Milvus (one batched ANN query per scope, in the
+  scope's partition and reward sign, top ``dedup_k`` excluding the window's
+  own ids); rows within cosine ``tau`` whose rewards agree are merged
+  oldest-first (`plan_merges`, `merge_rows`): the survivor is rewritten, the
+  others deleted, one ``merged`` event each. Offsets are
   committed only after a window's merges were acknowledged by Milvus; a replay
   folds nothing twice (merged ids are remembered in the survivor).
 - Decay: every ``decay_interval_s``, per tenant: refresh a slice, plan
@@ -74,6 +76,7 @@ from milvus import expr as E
 from milvus.schema import VECTOR_FIELD, search_params
 from operators.maintenance import (
     CORE,
+    DEDUP_TAU_BY_ENCODER,
     PART_NAME,
     Entry,
     MaintenancePolicy,
@@ -82,8 +85,10 @@ from operators.maintenance import (
     TenantIndex,
     entry_from_row,
     merge_rows,
+    merge_scope,
     plan_decay,
     plan_merges,
+    reward_span,
     tenant_priorities,
 )
 from schemas import MemoryEvent, encode
@@ -98,13 +103,15 @@ WRITE_LOCK = threading.Lock()
 SCAN_FIELDS = ["id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "utility",
                "metadata"]
 REMOVED = ("merged", "evicted", "forgotten")
+Scope = tuple[str, str, int, str, bool, int]  # `operators.maintenance.merge_scope`
 MOVED = ("moved", "promoted", "demoted")
 
 
 def policy_from(settings: Settings) -> MaintenancePolicy:
     m = settings.maintenance
     return MaintenancePolicy(
-        tau=m.dedup_tau,
+        tau=dedup_tau(settings),
+        reward_tol=m.dedup_reward_tol,
         half_life_ms=m.half_life_s * 1000.0,
         utility_weight=m.utility_weight,
         access_weight=m.access_weight,
@@ -118,6 +125,12 @@ def policy_from(settings: Settings) -> MaintenancePolicy:
         max_actions=m.max_actions_per_pass,
         clock=m.stream_clock,
     )
+
+
+def dedup_tau(settings: Settings) -> float:
+    """``DMEM_MAINTENANCE__DEDUP_TAU``, or the encoder's default (`DEDUP_TAU_BY_ENCODER`)."""
+    tau = settings.maintenance.dedup_tau
+    return tau if tau is not None else DEDUP_TAU_BY_ENCODER.get(settings.encoder.name, 0.95)
 
 
 def _unique(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -242,49 +255,47 @@ class MaintenanceEngine:
         return found
 
     # -- dedup -----------------------------------------------------------------------
-    def _neighbors(
-        self, tenant: str, scope: tuple[str, str, int], vectors: np.ndarray, exclude: list[str]
-    ) -> set[str]:
-        """Ids of stored rows of `scope` within tau of any of `vectors` (batched ANN)."""
-        agent, action, valence = scope
-        flt = E.build_filter(
-            tenant=tenant, agent_id=agent, extra_filter={"action": action, "valence": valence}
-        )
+    def _neighbors(self, tenant: str, scope: Scope, vectors: np.ndarray,
+                   exclude: list[str]) -> set[str]:  # fmt: skip
+        """Ids of stored rows in `scope`'s partition and reward sign within tau of any
+        of `vectors` (batched ANN; the rest of the scope is checked on the rows)."""
+        agent, action, valence, part, _done, sign = scope
+        reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
+        flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
+            "action": action, "valence": valence, "reward": reward})  # fmt: skip
         if exclude:
             flt = E.and_all([flt, f"not ({E.ids_in(exclude)})"])
         client = self.store.client
         params = search_params(self.store.is_lite, self.dedup_k)
         found: set[str] = set()
-        for part in ("core", "buffer"):
-            for i in range(0, len(vectors), 256):
-                chunk = [v.tolist() for v in vectors[i : i + 256]]
-                with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
-                    res = client.search(
-                        self.store.collection,
-                        data=chunk,
-                        filter=flt,
-                        limit=self.dedup_k,
-                        output_fields=["id"],
-                        search_params=params,
-                        partition_names=[part],
-                        anns_field=VECTOR_FIELD,
-                        timeout=self.store.timeout_s,
-                        consistency_level="Strong",
-                    )
-                for hits in res or []:
-                    for h in hits:
-                        if float(h["distance"]) >= self.policy.tau - 1e-6:
-                            found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
+        for i in range(0, len(vectors), 256):
+            chunk = [v.tolist() for v in vectors[i : i + 256]]
+            with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
+                res = client.search(
+                    self.store.collection,
+                    data=chunk,
+                    filter=flt,
+                    limit=self.dedup_k,
+                    output_fields=["id"],
+                    search_params=params,
+                    partition_names=[part],
+                    anns_field=VECTOR_FIELD,
+                    timeout=self.store.timeout_s,
+                    consistency_level="Strong",
+                )
+            for hits in res or []:
+                for h in hits:
+                    if float(h["distance"]) >= self.policy.tau - 1e-6:
+                        found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
         return found
 
     def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
         """Merge one tenant's window of new memories into existing ones (and each other)."""
         rows = {k: r for k, r in _unique(self.store.get(list(ids), with_vector=True)).items()
                 if r.get("tenant") == tenant}  # fmt: skip
-        scopes: dict[tuple[str, str, int], list[str]] = {}
+        scopes: dict[Scope, list[str]] = {}
         for mid, r in rows.items():
-            scopes.setdefault((str(r["agent_id"]), str(r["action"]), int(r["valence"])),
-                              []).append(mid)  # fmt: skip
+            scopes.setdefault(merge_scope(r), []).append(mid)
         t = self.index.tenant(tenant)
         events: list[MemoryEvent] = []
         for scope, sids in scopes.items():
@@ -293,8 +304,7 @@ class MaintenanceEngine:
             group_rows = {m: rows[m] for m in sids}
             if near:
                 for mid, r in _unique(self.store.get(sorted(near), with_vector=True)).items():
-                    same = (str(r["agent_id"]), str(r["action"]), int(r["valence"])) == scope
-                    if r.get("tenant") == tenant and same:
+                    if r.get("tenant") == tenant and merge_scope(r) == scope:
                         group_rows[mid] = r
             order = sorted(group_rows)
             groups = plan_merges(
@@ -303,6 +313,8 @@ class MaintenanceEngine:
                 np.stack([np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32)
                           for m in order]),  # fmt: skip
                 self.policy.tau,
+                [reward_span(group_rows[m]) for m in order],
+                self.policy.reward_tol,
             )
             merged: set[str] = set()
             for g in groups:

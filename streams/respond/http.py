@@ -8,7 +8,9 @@
   a usable request_id, so a client never waits for a timeout on a typo.
 - HTTP: ``POST /v1/search`` (JSON `RetrievalRequest`; request_id optional),
   ``GET /v1/memories/{id}?tenant=T``. Validation errors are 422 with a JSON
-  body; an id of another tenant is 404, exactly like a missing one.
+  body; an id of another tenant is 404, exactly like a missing one. The id of a
+  transition dedup folded into another memory answers with that survivor (its
+  row, plus ``folded_id``: the id asked for).
 - Both paths emit `MemoryUsage` for requests with an episode_id.
 - The request consumer is a plain aiokafka consumer group inside a faust
   Service (`RequestConsumer`), not a faust agent: faust's consumer thread hands
@@ -224,8 +226,11 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 return json_response(self, {"error": "store not ready"}, 503)
             rows = await asyncio.to_thread(store.store.get, [memory_id])
             rows = [r for r in rows if r.get("tenant") == tenant]
-            if not rows:
-                return json_response(self, {"error": "not found"}, 404)
+            if not rows:  # folded into a survivor by dedup: the survivor stands for it
+                into = await asyncio.to_thread(store.store.survivors_of, tenant, [memory_id])
+                if memory_id not in into:
+                    return json_response(self, {"error": "not found"}, 404)
+                rows = [{**into[memory_id], "folded_id": memory_id}]
             row = rows[0]
             row.pop("vector", None)
             return json_response(self, row)

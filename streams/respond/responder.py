@@ -42,7 +42,7 @@ from streams.metrics import MILVUS_LATENCY
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "utility", "uses", "valence", "created_ts",
+    "utility", "uses", "valence", "created_ts", "merged_count",
 ]
 
 
@@ -119,6 +119,18 @@ class Responder:
         assert req.query is not None
         return self.encoder.encode([req.query])[0]
 
+    def merged_ids(self, rows: list[Any]) -> dict[str, list[str]]:
+        """The folded transition ids of the served survivors (one read, only when a
+        served memory stands for more than itself)."""
+        ids = [str(r["id"]) for r in rows if int(r.get("merged_count", 1) or 1) > 1]
+        if not ids:
+            return {}
+        out = {}
+        for row in self.store.get(ids, output_fields=["id", "metadata"]):
+            merge = (row.get("metadata") or {}).get("merge") or {}
+            out[str(row["id"])] = [str(i) for i in merge.get("ids", [])]
+        return out
+
     def answer(
         self, req: RetrievalRequest, now_ms: int
     ) -> tuple[RetrievalResponse, MemoryUsage | None]:
@@ -150,6 +162,7 @@ class Responder:
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
         stream_now = self.clock.observe(req.tenant, cands)
         ranked = rank(cands, self.policy, lam, stream_now, req.k, vectors)
+        folded = self.merged_ids([r.row for r in ranked])
         hits = [
             Hit(
                 memory_id=str(r.row["id"]),
@@ -164,6 +177,8 @@ class Responder:
                 agent_id=str(r.row.get("agent_id", "")),
                 step=int(r.row.get("step", 0)),
                 created_ts=int(r.row.get("created_ts", 0)),
+                merged_count=int(r.row.get("merged_count", 1) or 1),
+                merged_ids=folded.get(str(r.row["id"]), []),
                 score=r.score,
                 breakdown=ScoreBreakdown.model_validate(
                     {"semantic": r.semantic, "salience": r.salience, "recency": r.recency,

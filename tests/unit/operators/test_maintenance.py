@@ -15,10 +15,13 @@ from operators.maintenance import (
     MaintenancePolicy,
     TenantIndex,
     entry_from_row,
+    is_critical,
     merge_rows,
+    merge_scope,
     plan_decay,
     plan_merges,
     priority,
+    rewards_agree,
 )
 from streams.jobs.maintenance import AccessTracker
 
@@ -73,6 +76,34 @@ def test_plan_merges_does_not_chain_beyond_tau() -> None:
     assert [(g.survivor, g.members) for g in groups] == [("x", ("y",))]
 
 
+def test_plan_merges_never_merges_across_rewards() -> None:
+    v = unit([1, 0, 0])
+    vecs = np.stack([v] * 6)
+    ids = ["zero", "r25", "zero2", "r25b", "r25-drift", "r-neg"]
+    spans = [(0.0, 0.0), (25.0, 25.0), (0.0, 0.0), (25.1, 25.1), (25.3, 25.3), (-25.0, -25.0)]
+    groups = plan_merges(ids, [1, 2, 3, 4, 5, 6], vecs, 0.95, spans, reward_tol=0.01)
+    # within 1 % of every reward in the group: 25.3 would stretch {25, 25.1} to 1.2 %
+    assert [(g.survivor, g.members) for g in groups] == [("zero", ("zero2",)),
+                                                          ("r25", ("r25b",))]
+    # an existing survivor's span counts (complete linkage across windows)
+    groups = plan_merges(["old", "new"], [1, 2], vecs[:2], 0.95,
+                         [(24.8, 25.0), (25.2, 25.2)], reward_tol=0.01)
+    assert groups == []
+    assert rewards_agree(0.0, 0.0, 0.01) and not rewards_agree(-1e-9, 1e-9, 0.5)
+    assert not rewards_agree(0.0, 1e-12, 0.01)
+
+
+def test_merge_scope_separates_route_terminal_and_reward_sign() -> None:
+    base = {"agent_id": "a", "action": "go", "valence": 1, "partition": "core", "reward": 2.0,
+            "metadata": {"done": False}}
+    assert merge_scope(base) == merge_scope({**base, "reward": 3.0})
+    for other in ({"partition": "buffer"}, {"metadata": {"done": True}}, {"reward": 0.0},
+                  {"reward": -2.0}, {"valence": -1}, {"action": "stay"}):
+        assert merge_scope(base) != merge_scope({**base, **other})
+    assert is_critical({"reward": 0.0, "metadata": {"done": True}})
+    assert is_critical({"reward": -0.5}) and not is_critical({"reward": 0.0, "metadata": {}})
+
+
 def row(mid: str, **kw: object) -> dict[str, object]:
     base: dict[str, object] = {"id": mid, "tenant": "t", "reward": 0.0, "rpe": 0.0,
                                "rpe_smoothed": 0.0, "gate": 0.0, "utility": 0.0, "uses": 0,
@@ -107,6 +138,14 @@ def test_merge_arithmetic_and_idempotency() -> None:
     third, _ = merge_rows(new, [row("m3", reward=0.0, created_ts=400)])
     assert third["merged_count"] == 5 and third["reward"] == pytest.approx(4.0 / 5)
     assert entry_from_row(third).last_seen_ts == 400
+    merge = third["metadata"]["merge"]
+    assert (merge["reward_min"], merge["reward_max"]) == (-2.0, 4.0)
+    # a survivor folded into another brings the ids it stood for, and its credit ids
+    top, folded = merge_rows(row("top", metadata={"credit_ids": ["c0"]}),
+                             [{**third, "metadata": {**third["metadata"], "credit_ids": ["c1"]}}])
+    assert folded == ["s", "m1", "m2", "m3"]
+    assert top["metadata"]["merge"]["ids"] == folded and top["merged_count"] == 6
+    assert top["metadata"]["credit_ids"] == ["c0", "c1"]
 
 
 def index_of(entries: dict[str, Entry]) -> TenantIndex:
