@@ -274,11 +274,14 @@ class TenantIndex:
                 self.watermark = bigger
         return code
 
-    def advance(self, agent: str | None, event_ts: int) -> None:
-        """An event time seen from `agent`: its clock's watermark moves up to it."""
+    def advance(self, agent: str | None, event_ts: int) -> bool:
+        """An event time seen from `agent`: its clock's watermark moves up to it.
+        True when it moved (ages changed)."""
         code = self._clock(agent)
         if event_ts > self.watermark[code]:
             self.watermark[code] = event_ts
+            return True
+        return False
 
     def stream_time(self, agent: str | None = None) -> int | None:
         """The watermark of `agent`'s clock (None: the highest of the tenant's clocks)."""
@@ -309,10 +312,12 @@ class TenantIndex:
         self.clock_col[i] = code
         self.advance(e.agent, max(e.created_ts, e.last_seen_ts))
 
-    def set_partition(self, mid: str, partition: int) -> None:
+    def set_partition(self, mid: str, partition: int) -> bool:
         i = self.slot.get(mid)
-        if i is not None:
-            self.cols["partition"][i] = partition
+        if i is None or self.cols["partition"][i] == partition:
+            return False
+        self.cols["partition"][i] = partition
+        return True
 
     def remove(self, mid: str) -> bool:
         i = self.slot.pop(mid, None)
@@ -381,10 +386,11 @@ class PriorityIndex:
         t = self.tenants.get(tenant)
         return t.remove(mid) if t is not None else False
 
-    def set_partition(self, tenant: str, mid: str, partition: str) -> None:
+    def set_partition(self, tenant: str, mid: str, partition: str) -> bool:
         t = self.tenants.get(tenant)
         if t is not None and partition in PART_CODE:
-            t.set_partition(mid, PART_CODE[partition])
+            return t.set_partition(mid, PART_CODE[partition])
+        return False
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tenants.values())

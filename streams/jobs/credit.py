@@ -50,6 +50,7 @@ from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
+from streams.settle import backlog, settle_states, touch_hook
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
@@ -73,6 +74,7 @@ class CreditJob(Service):
         self.emitted = 0
         self.dead = 0
         self.rebuilt = 0
+        self.handling = 0  # records fetched and not yet handled
 
     async def on_start(self) -> None:
         kw = kafka_client_kwargs(self.settings.kafka)
@@ -110,9 +112,11 @@ class CreditJob(Service):
         assert self.consumer is not None
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=1000)
+            self.handling = sum(len(msgs) for msgs in batch.values())
             for msgs in batch.values():
                 for m in msgs:
                     await self._handle(m)
+                    self.handling -= 1
 
     async def _expire(self) -> None:
         while not self.should_stop:
@@ -192,6 +196,8 @@ class UtilityApplier(Service):
         self.consumer: AIOKafkaConsumer | None = None
         self.applied = 0
         self.skipped = 0
+        self.applying = 0  # updates fetched and not yet applied
+        self.on_applied: Any = None  # called with the (tenant, id)s whose rows changed
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
@@ -216,12 +222,14 @@ class UtilityApplier(Service):
                         log.warning(
                             "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
                         )
+            self.applying = len(updates)
             if updates:
                 await self.store_service.maybe_start()
                 await self.store_service.connected.wait()
                 await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
             if batch:
                 await self.consumer.commit()
+            self.applying = 0
 
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
@@ -261,14 +269,29 @@ class UtilityApplier(Service):
             by_part.setdefault(part, []).append(row)
         for part, part_rows in by_part.items():
             store.upsert(part_rows, part)
+        if touched and self.on_applied is not None:
+            self.on_applied([(str(r["tenant"]), mid) for mid, r in touched.items()])
         return len(touched)
 
 
 def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
     job = CreditJob(settings, loop=app.loop, beacon=app.beacon)
     applier = UtilityApplier(settings, store, loop=app.loop, beacon=app.beacon)
+    applier.on_applied = touch_hook(app)  # the maintenance job re-reads those rows
     app.add_dependency(job)
     app.add_dependency(applier)
+
+    async def settle_state() -> dict[str, Any]:
+        unread = await backlog(job.consumer)
+        unapplied = await backlog(applier.consumer)
+        pending = {"unread_usage_feedback": unread, "handling": job.handling,
+                   "unapplied_credit": unapplied, "applying": applier.applying,
+                   "open_episodes": len(job.assigner.episodes)}  # fmt: skip
+        # open episodes wait for outcomes that may never come: not work that runs by itself
+        settled = unread == 0 and unapplied == 0 and not job.handling and not applier.applying
+        return {"settled": settled, "pending": pending}
+
+    settle_states(app)["credit"] = settle_state
     return lambda: {
         "credit_emitted": job.emitted,
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,

@@ -95,6 +95,7 @@ from schemas import MemoryEvent, encode
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.settings import Settings
+from streams.settle import backlog, settle_states, touch_hook
 
 log = logging.getLogger("dmem.maintenance")
 
@@ -103,6 +104,7 @@ WRITE_LOCK = threading.Lock()
 SCAN_FIELDS = ["id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "utility",
                "metadata"]
 REMOVED = ("merged", "evicted", "forgotten")
+SETTLE_PASS_S = 1.0  # while settling, decay passes at most this often (not every 200 ms)
 Scope = tuple[str, str, int, str, bool, int]  # `operators.maintenance.merge_scope`
 MOVED = ("moved", "promoted", "demoted")
 
@@ -204,6 +206,8 @@ class MaintenanceEngine:
         self.refresh_per_pass = refresh_per_pass
         self.index = PriorityIndex(per_agent_clock=policy.clock == "agent")
         self.counters: dict[str, int] = {}
+        self.touched: dict[str, set[str]] = {}  # tenant -> ids to re-read next pass
+        self.last_deferred = 0  # actions the last pass left for the next one
         self.pass_samples: deque[tuple[float, int]] = deque(maxlen=512)  # (ms, memories)
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -218,14 +222,16 @@ class MaintenanceEngine:
             n += 1
         return n
 
-    def observe(self, ev: MemoryEvent) -> None:
-        """Keep the index and the stream clocks current from one ``memories`` event.
+    def observe(self, ev: MemoryEvent) -> bool:
+        """Keep the index and the stream clocks current from one ``memories`` event;
+        True when something a decay plan depends on changed.
 
         The clocks (watermarks) advance with the event time of every ``written``
         and ``dropped`` event: a dropped transition is stream time seen too.
         """
+        changed = False
         if ev.kind in ("written", "dropped") and ev.event_ts is not None:
-            self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
+            changed = self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None:
             t = self.index.tenant(ev.tenant)
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
@@ -233,10 +239,18 @@ class MaintenanceEngine:
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
                                              abs(ev.rpe or 0.0), 0.0, 0, ts,
                                              ev.agent_id or ""))  # fmt: skip
+                changed = True
         elif ev.kind in REMOVED:
-            self.index.remove(ev.tenant, ev.memory_id)
+            changed = self.index.remove(ev.tenant, ev.memory_id) or changed
         elif ev.kind in MOVED and ev.partition is not None:
-            self.index.set_partition(ev.tenant, ev.memory_id, ev.partition)
+            changed = self.index.set_partition(ev.tenant, ev.memory_id, ev.partition) or changed
+        return changed
+
+    def touch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """(tenant, id)s whose row another writer of this process changed (utility,
+        access counts): re-read by the next pass instead of waiting for the round robin."""
+        for tenant, mid in keys:
+            self.touched.setdefault(tenant, set()).add(mid)
 
     def refresh(self, tenant: str, ids: Sequence[str]) -> set[str]:
         """Re-read `ids` into the index; ids gone from Milvus leave it. Returns those found."""
@@ -362,7 +376,8 @@ class MaintenanceEngine:
         """
         t0 = time.perf_counter()
         t = self.index.tenant(tenant)
-        self.refresh(tenant, t.next_refresh(self.refresh_per_pass))
+        touched = sorted(self.touched.pop(tenant, set()))
+        self.refresh(tenant, touched + t.next_refresh(self.refresh_per_pass))
         plan = plan_decay(t, self.policy)
         events: list[MemoryEvent] = []
         if plan.actions:
@@ -381,6 +396,7 @@ class MaintenanceEngine:
             plan = plan_decay(t, self.policy)  # with the fresh values
             actions = [a for a in plan.actions if a.memory_id in fresh]
             events = self._execute(t, actions, rows, now)
+        self.last_deferred = plan.deferred
         ms = (time.perf_counter() - t0) * 1e3
         self.pass_samples.append((ms, len(t)))
         self._count("decay_passes")
@@ -439,6 +455,12 @@ class MaintenanceJob(Service):
         self.emitted = 0
         self.bad = 0
         self.ready = False
+        # settling (see `settle_state`): something a decay plan depends on changed
+        # since the last pass that found nothing to do; a window or a pass in progress
+        self.dirty = True
+        self.busy = False
+        self.deferred = 0
+        self.last_pass = 0.0
 
     async def on_start(self) -> None:
         k = self.settings.kafka
@@ -483,7 +505,12 @@ class MaintenanceJob(Service):
                 await self._close_windows()
             elif batch and not self.windows:
                 await self.consumer.commit()
-            if time.monotonic() >= next_decay:
+            # the timer, or (settling) input is quiet and a pass has something to look at:
+            # passes follow each other until one finds nothing to do, then the job waits
+            idle = not batch and not self.windows and self.dirty
+            if time.monotonic() >= next_decay or (
+                idle and time.monotonic() - self.last_pass >= SETTLE_PASS_S
+            ):
                 await self._decay()
                 next_decay = time.monotonic() + m.decay_interval_s
 
@@ -495,7 +522,8 @@ class MaintenanceJob(Service):
             self.bad += 1
             log.warning("skipping bad memory event at %s/%s: %s", msg.partition, msg.offset, exc)
             return
-        self.engine.observe(ev)
+        if self.engine.observe(ev):
+            self.dirty = True
         if ev.kind == "written" and ev.partition is not None:
             if not self.windows:
                 self.window_started = time.monotonic()
@@ -513,23 +541,59 @@ class MaintenanceJob(Service):
     async def _close_windows(self) -> None:
         assert self.engine is not None and self.consumer is not None
         windows, self.windows, self.window_started = self.windows, {}, None
-        for tenant, ids in windows.items():
-            if ids:
-                events = await self.store_service._retry(  # noqa: SLF001
-                    "dedup", self.engine.dedup, tenant, list(ids), now_ms()
-                )
-                await self._emit(events)
-        assert self.producer is not None
-        await self.producer.flush()
-        await self.consumer.commit()
+        self.busy = True
+        try:
+            for tenant, ids in windows.items():
+                if ids:
+                    events = await self.store_service._retry(  # noqa: SLF001
+                        "dedup", self.engine.dedup, tenant, list(ids), now_ms()
+                    )
+                    self.dirty = True  # the window's rows are read: the index is exact now
+                    await self._emit(events)
+            assert self.producer is not None
+            await self.producer.flush()
+            await self.consumer.commit()
+        finally:
+            self.busy = False
 
     async def _decay(self) -> None:
         assert self.engine is not None
-        for tenant in sorted(self.engine.index.tenants):
-            events = await self.store_service._retry(  # noqa: SLF001
-                "decay", self.engine.decay, tenant, now_ms()
-            )
-            await self._emit(events)
+        self.busy = True
+        acted = deferred = 0
+        try:
+            for tenant in sorted(self.engine.index.tenants):
+                events = await self.store_service._retry(  # noqa: SLF001
+                    "decay", self.engine.decay, tenant, now_ms()
+                )
+                acted += len(events)
+                deferred += self.engine.last_deferred
+                await self._emit(events)
+            if self.producer is not None:
+                await self.producer.flush()
+        finally:
+            self.busy = False
+        self.last_pass = time.monotonic()
+        self.deferred = deferred
+        # a pass that acted changed the index: the next one looks again (settling)
+        self.dirty = bool(acted or deferred or self.engine.touched)
+
+    def touch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Rows another writer in this process changed (credit, access counts)."""
+        if self.engine is not None:
+            self.engine.touch(keys)
+            self.dirty = True
+
+    async def settle_state(self) -> dict[str, Any]:
+        """Pending work, and whether there is none: no unread ``memories`` events, no
+        open dedup window, no window or pass running, and a decay pass since the last
+        change that found nothing to do (so, with no new input, nothing will change)."""
+        unread = await backlog(self.consumer) if self.ready else None
+        pending = {"unread_events": unread, "open_window": self.pending,
+                   "running": self.busy, "decay_pass_due": self.dirty,
+                   "deferred_actions": self.deferred}  # fmt: skip
+        settled = (self.ready and unread == 0 and not self.pending and not self.busy
+                   and not self.dirty and not self.deferred)  # fmt: skip
+        return {"settled": settled, "pending": pending}
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ready": self.ready, "pending": self.pending,
@@ -556,6 +620,10 @@ class AccessTracker:
                 n, _ = self._hits.get((tenant, mid), (0, 0))
                 self._hits[(tenant, mid)] = (n + 1, now)
             self.recorded += len(ids)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._hits)
 
     def drain(self) -> dict[tuple[str, str], tuple[int, int]]:
         with self._lock:
@@ -608,6 +676,7 @@ class AccessFlusher(Service):
         self.store_service = store
         self.tracker = tracker
         self.flushed = 0
+        self.on_flushed: Any = None  # called with the (tenant, id)s written
 
     async def on_start(self) -> None:
         self.add_future(self._run())
@@ -625,6 +694,9 @@ class AccessFlusher(Service):
         except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
             log.warning("access flush failed (%s); will retry", exc)
             self.tracker.restore(hits)
+            return
+        if self.on_flushed is not None:
+            self.on_flushed(list(hits))
 
     async def _run(self) -> None:
         while not self.should_stop:
@@ -635,10 +707,17 @@ class AccessFlusher(Service):
 # -- wiring ----------------------------------------------------------------------------------
 
 
+async def _disabled() -> dict[str, Any]:
+    return {"settled": True, "pending": {"disabled": True}}
+
+
 def wire_maintenance(app: Any, settings: Settings, store: Any) -> Any:
     job = MaintenanceJob(settings, store, loop=app.loop, beacon=app.beacon)
     if settings.maintenance.enabled:
         app.add_dependency(job)
+        app.dmem_touch = job.touch  # writers of this process report the rows they changed
+    settle_states(app)["maintenance"] = job.settle_state if settings.maintenance.enabled \
+        else _disabled
     return job.status
 
 
@@ -648,7 +727,14 @@ def wire_access(app: Any, settings: Settings, store: Any) -> Any:
     tracker = AccessTracker()
     respond.ACCESS_HOOK = tracker.record
     flusher = AccessFlusher(settings, store, tracker, loop=app.loop, beacon=app.beacon)
+    flusher.on_flushed = touch_hook(app)
     app.add_dependency(flusher)
+
+    async def settle_state() -> dict[str, Any]:
+        n = tracker.pending()
+        return {"settled": n == 0, "pending": {"unflushed_accesses": n}}
+
+    settle_states(app)["access"] = settle_state
     return lambda: {"recorded": tracker.recorded, "flushed": flusher.flushed}
 
 
@@ -810,6 +896,7 @@ def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy,
 
 
 __all__ = [
+    "SETTLE_PASS_S",
     "AccessFlusher",
     "AccessTracker",
     "MaintenanceEngine",
