@@ -435,6 +435,30 @@ def _store(settings: Any) -> Any:
                        timeout_s=m.timeout_s).connect()
 
 
+@main.command("wait")
+@click.option("--settled", is_flag=True, required=True,
+              help="wait until every job has reached its fixed point (no pending work)")
+@click.option("--http", "http_urls", multiple=True,
+              help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT]")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option("--quiet", "quiet_s", type=float, default=1.0, show_default=True,
+              help="settled on every poll for this long")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def wait_cmd(settled: bool, http_urls: tuple[str, ...], timeout_s: float, quiet_s: float,
+             as_json: bool) -> None:
+    """Wait until a running deployment has settled (exit 2 on timeout)."""
+    from dmem.wait import wait_settled
+
+    _ = settled
+    settings = _settings()
+    urls = list(http_urls) or [f"http://{settings.web_host}:{settings.web_port}"]
+    try:
+        out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s)
+    except DmemError as exc:
+        _fail(exc)
+    click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")
+
+
 @main.command("inspect")
 @click.option("--tenant", required=True, help="tenant to inspect")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
@@ -443,13 +467,13 @@ def _store(settings: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
     """Counts, age/priority distributions, top memories, recent merges/evictions."""
-    from streams.jobs.maintenance import inspect_tenant, now_ms, policy_from, recent_events
+    from streams.jobs.maintenance import inspect_tenant, policy_from, recent_events
 
     settings = _settings()
     try:
         store = _store(settings)
         try:
-            report = inspect_tenant(store, tenant, policy_from(settings), now_ms(), top=top)
+            report = inspect_tenant(store, tenant, policy_from(settings), top=top)
         finally:
             store.close()
         report["recent"] = None

@@ -33,7 +33,7 @@ from pymilvus import DataType
 from milvus.schema import field_specs
 from schemas.errors import InvalidRecord
 
-__all__ = ["and_all", "build_filter", "eq", "ids_in", "literal"]
+__all__ = ["and_all", "build_filter", "eq", "ids_in", "json_contains_any", "literal"]
 
 _OPS = frozenset({"==", "!=", ">", ">=", "<", "<="})
 _FIELDS = {s.name: s for s in field_specs()}
@@ -107,6 +107,18 @@ def ids_in(ids: Iterable[str], field: str = "id") -> str:
     if not items:
         raise InvalidRecord("empty id list")
     return f"{field} in [{', '.join(items)}]"
+
+
+def json_contains_any(key: str, values: Iterable[Scalar]) -> str:
+    """``json_contains_any(metadata["a"]["b"], [...])``: a JSON array at `key` (a
+    ``metadata.`` path) holding any of `values` (escaped literals)."""
+    ref, dtype = _target(key)
+    if dtype is not None:
+        raise InvalidRecord(f"json_contains_any needs a metadata path, not {key!r}")
+    items = [literal(v) for v in values]
+    if not items or len(items) > MAX_IN_LIST:
+        raise InvalidRecord(f"json_contains_any needs 1..{MAX_IN_LIST} values")
+    return f"json_contains_any({ref}, [{', '.join(items)}])"
 
 
 def _as_id(value: Any) -> str:

@@ -699,6 +699,34 @@ class MemoryStore:
             fields=output_fields,
         )  # fmt: skip
 
+    def survivors_of(
+        self, tenant: str, ids: Iterable[str], *, output_fields: Sequence[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """``{id: survivor row}`` for those of `ids` that dedup folded into another
+        memory of `tenant` (found by ``metadata.merge.ids``); ids not folded are absent."""
+        want = list(dict.fromkeys(ids))
+        if not want:
+            return {}
+        fields = self._out_fields(output_fields, False)
+        if "metadata" not in fields:
+            fields = [*fields, "metadata"]
+        out: dict[str, dict[str, Any]] = {}
+        c = self.client
+        with self._errors("query"):
+            for part in PARTITIONS:
+                for chunk in _chunks(want, self.batch_size):
+                    flt = E.and_all([E.build_filter(tenant=tenant),
+                                     E.json_contains_any("metadata.merge.ids", list(chunk))])
+                    res = c.query(self.collection, filter=flt, output_fields=fields,
+                                  partition_names=[part], timeout=self.timeout_s,
+                                  consistency_level=self.consistency_level)  # fmt: skip
+                    for r in res:
+                        row = self._fix(r, part)
+                        folded = ((row.get("metadata") or {}).get("merge") or {}).get("ids", [])
+                        for mid in set(chunk) & set(folded):
+                            out.setdefault(mid, row)
+        return out
+
     def count(self, partition: str | None = None, tenant: str | None = None) -> int:
         """Exact row count (Strong consistency), optionally per partition and/or tenant."""
         parts = _check_partitions(partition)

@@ -1,7 +1,21 @@
 """Maintenance operators: dedup/merge planning, merge arithmetic, priority, decay plans.
 
-Pure logic, no Kafka and no Milvus; time is always an argument (``now_ms``).
-`streams.jobs.maintenance` feeds these from the ``memories`` topic and Milvus.
+Pure logic, no Kafka and no Milvus; no clock is read here. `streams.jobs.maintenance`
+feeds these from the ``memories`` topic and Milvus.
+
+Time (one clock, from one source): every age below is measured in **stream time**,
+never as wall clock minus event time. A memory's times (``created_ts``,
+``last_seen``, ``last_access_ts``) are event times on its agent's clock, and
+"now" for it is the **watermark** of its clock: the highest event time seen
+from that agent of that tenant (``TenantIndex.advance``, fed with the event time
+of every ``written``/``dropped`` event and of every row read). So a replayed
+log, an import, a backfill or an agent whose clock is off by a constant keeps
+exactly what the live stream keeps, and one agent's skewed clock never ages
+another agent's memories. With ``clock="tenant"`` every agent of a tenant shares
+one watermark (the highest event time of the tenant): a silent agent's memories
+then age with the tenant's stream, at the price that a clock running ahead ages
+everyone's memories. Once input stops the watermarks stop, so decay reaches a
+fixed point instead of fading everything with the wall clock.
 
 Priority (higher = more worth keeping)::
 
@@ -10,11 +24,13 @@ Priority (higher = more worth keeping)::
                                                          memories that misled lose priority)
       + w_a * log2(1 + hits) * 2^(-since_access / h_a)   recent, frequent retrieval
 
-``age`` is measured from ``last_seen`` (the latest time the situation recurred:
-a merge refreshes it), not from the first sighting, so a situation the agent
-keeps meeting does not fade. ``hits`` is the number of retrievals that served
+``age`` is the stream time (the watermark of the memory's clock, see above)
+minus ``last_seen`` (the latest time the situation recurred: a merge refreshes
+it), not from the first sighting, so a situation the agent keeps meeting does
+not fade. ``hits`` is the number of retrievals that served
 the memory (access tracking, ``metadata.access.n``); ``since_access`` the time
-since ``last_access_ts``. The "earned" part (utility + access terms, without
+since ``last_access_ts`` (stamped by the responder on the same clock, see
+`streams.respond.responder`). The "earned" part (utility + access terms, without
 the |rpe| term) decides promotion.
 
 Decay rules per tenant (`plan_decay`):
@@ -31,19 +47,42 @@ Decay rules per tenant (`plan_decay`):
   evicted, ``buffer_capacity``). Ties keep index order (stable sorts), so a
   plan is a deterministic function of the index.
 
-Dedup (`plan_merges`): within one scope (tenant, agent, action, valence) the
-items are visited oldest first (``created_ts``, then id); each joins the first
-earlier survivor within cosine ``tau``, else becomes a survivor. The survivor is
-therefore always the oldest member, whatever order the events arrived in, which
-makes merges deterministic under replay.
+Dedup: what may merge (`merge_scope`, `rewards_agree`, `plan_merges`). Dedup is
+for true repeats (the same observation, action and reward met again, such as two
+runs of one task variation), never for folding a salient memory into a bland one.
+Two memories may merge only if all of these hold:
 
-Merge arithmetic (`merge_rows`): merged_count adds up; reward is the
-count-weighted mean; rpe is the member value with the largest |rpe| (sign
-kept), rpe_smoothed and gate the max; utility the uses-weighted mean (uses add
-up); created_ts the earliest (first seen), ``metadata.merge.last_seen_ts`` the
-latest; last_access_ts the latest; the partition is core if any member was in
-core; the survivor's vector, text and user metadata are kept. The ids folded in
-are remembered (last `MERGE_IDS_KEPT` in ``metadata.merge.ids``): folding an id
+- same scope (`merge_scope`): tenant, agent, action, valence (the RPE's sign),
+  partition (the route: a core memory never merges with a buffer one), terminal
+  flag (``metadata.done``) and the reward's sign (-, 0, +). Critical status
+  (`is_critical`: reward != 0, or a terminal step such as a failure) is a
+  function of the last two, so a critical memory never merges with a
+  non-critical one;
+- rewards agree (`rewards_agree`): every reward in the merged group lies within
+  ``reward_tol`` (default 1 %) of every other, relative to the larger magnitude
+  (complete linkage over ``metadata.merge.reward_min/max``, so a chain of small
+  steps cannot drift: the group's rewards span at most the tolerance). Rewards of
+  0 only merge with exactly 0;
+- cosine >= ``tau``. Encoder dependent (``DMEM_MAINTENANCE__DEDUP_TAU``, default
+  per encoder, `DEDUP_TAU_BY_ENCODER`: 0.98 for MiniLM, which rates different short
+  sentences close, 0.95 for the hashing encoder; measured in BENCHMARKS.md).
+
+Within one scope the items are visited oldest first (``created_ts``, then id);
+each joins the first earlier survivor within ``tau`` whose rewards agree, else
+becomes a survivor. The survivor is therefore always the oldest member, whatever
+order the events arrived in, which makes merges deterministic under replay.
+
+Merge arithmetic (`merge_rows`): the survivor keeps the strongest signal.
+merged_count adds up; reward is the count-weighted mean (within the tolerance of
+every member's, see above; ``metadata.merge.reward_min/max`` keep the span); rpe
+is the member value with the largest |rpe| (sign kept), rpe_smoothed and gate the
+max; the outcome evidence adds up: utility the uses-weighted mean (uses add up),
+retrieval counts add up, applied credit ids are kept; created_ts the earliest
+(first seen), ``metadata.merge.last_seen_ts`` the latest; last_access_ts the
+latest; the survivor's vector, text and user metadata are kept. The ids of the
+transitions folded in are kept in ``metadata.merge.ids`` (the last
+`MERGE_IDS_KEPT`; merged_count still counts all): a search hit reports them
+(`Hit.merged_ids`), a lookup of a folded id finds its survivor, and folding an id
 twice (a replay after a crash between "write survivor" and "delete members")
 changes nothing.
 """
@@ -60,6 +99,7 @@ import numpy as np
 __all__ = [
     "CORE",
     "BUFFER",
+    "DEDUP_TAU_BY_ENCODER",
     "DecayAction",
     "DecayPlan",
     "MaintenancePolicy",
@@ -67,17 +107,24 @@ __all__ = [
     "PriorityIndex",
     "TenantIndex",
     "entry_from_row",
+    "is_critical",
     "merge_rows",
+    "merge_scope",
     "plan_decay",
     "plan_merges",
     "priority",
+    "rewards_agree",
 ]
 
 CORE, BUFFER = 0, 1
 PART_CODE = {"core": CORE, "buffer": BUFFER}
 PART_NAME = ("core", "buffer")
-MERGE_IDS_KEPT = 256
+# ~36 bytes each in the row's JSON: 1000 ids stay far below Milvus' 64 KiB JSON limit
+MERGE_IDS_KEPT = 1000
+CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 DAY_MS = 24 * 3600 * 1000
+#: default dedup tau per encoder (BENCHMARKS.md "Dedup tau": false merges on real text)
+DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 
 @dataclass(frozen=True)
@@ -85,6 +132,7 @@ class MaintenancePolicy:
     """Every knob of dedup and decay (defaults documented in the module doc)."""
 
     tau: float = 0.95
+    reward_tol: float = 0.01  # rewards merge within 1 % of the larger magnitude (same sign)
     half_life_ms: float = 7 * DAY_MS
     utility_weight: float = 1.0
     access_weight: float = 0.25
@@ -96,10 +144,15 @@ class MaintenancePolicy:
     core_capacity: int = 10_000
     buffer_capacity: int = 50_000
     max_actions: int = 5_000
+    clock: str = "agent"  # "agent": one watermark per (tenant, agent); "tenant": one per tenant
 
     def __post_init__(self) -> None:
+        if self.clock not in ("agent", "tenant"):
+            raise ValueError(f"clock must be 'agent' or 'tenant', got {self.clock!r}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if not 0.0 <= self.reward_tol < 1.0:
+            raise ValueError(f"reward_tol must be in [0, 1), got {self.reward_tol}")
         if self.half_life_ms <= 0 or self.access_half_life_ms <= 0:
             raise ValueError("half lives must be positive")
         if self.promote_above <= self.demote_below:
@@ -143,6 +196,7 @@ class Entry:
     utility: float = 0.0
     hits: int = 0
     last_access_ts: int = 0
+    agent: str = ""  # whose clock the times are on (`TenantIndex` maps it to a watermark)
 
 
 def entry_from_row(row: Mapping[str, Any]) -> Entry:
@@ -159,6 +213,7 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
         utility=float(row.get("utility", 0.0)),
         hits=int(access.get("n", 0)),
         last_access_ts=int(row.get("last_access_ts", created)),
+        agent=str(row.get("agent_id") or ""),
     )
 
 
@@ -171,15 +226,25 @@ _COLS: tuple[tuple[str, Any], ...] = (
     ("hits", np.int64),
     ("last_access_ts", np.int64),
 )
+_UNSEEN = np.iinfo(np.int64).min
 
 
 class TenantIndex:
-    """Columnar arrays of one tenant's entries; O(1) upsert/remove (swap with last)."""
+    """Columnar arrays of one tenant's entries; O(1) upsert/remove (swap with last).
 
-    def __init__(self, capacity: int = 1024) -> None:
+    Also the tenant's stream clocks: one watermark (highest event time seen) per
+    agent, or one for the whole tenant (``per_agent_clock=False``). Watermarks
+    only move forward; removing an entry does not move them back.
+    """
+
+    def __init__(self, capacity: int = 1024, per_agent_clock: bool = True) -> None:
         self.ids: list[str] = []
         self.slot: dict[str, int] = {}
         self.cols: dict[str, np.ndarray] = {n: np.zeros(capacity, dtype=t) for n, t in _COLS}
+        self.clock_col = np.zeros(capacity, dtype=np.int32)  # entry -> its clock
+        self.per_agent_clock = per_agent_clock
+        self.clocks: dict[str, int] = {}  # clock key (agent id, or "") -> code
+        self.watermark = np.full(4, _UNSEEN, dtype=np.int64)  # code -> stream time
         self.cursor = 0  # round-robin refresh position
 
     def __len__(self) -> int:
@@ -189,10 +254,49 @@ class TenantIndex:
         return mid in self.slot
 
     def _grow(self) -> None:
-        for name, arr in self.cols.items():
+        for name, arr in [*self.cols.items(), ("", self.clock_col)]:
             bigger = np.zeros(max(1024, 2 * arr.shape[0]), dtype=arr.dtype)
             bigger[: arr.shape[0]] = arr
-            self.cols[name] = bigger
+            if name:
+                self.cols[name] = bigger
+            else:
+                self.clock_col = bigger
+
+    # -- stream time ----------------------------------------------------------------
+    def _clock(self, agent: str | None) -> int:
+        key = (agent or "") if self.per_agent_clock else ""
+        code = self.clocks.get(key)
+        if code is None:
+            code = self.clocks[key] = len(self.clocks)
+            if code >= self.watermark.shape[0]:
+                bigger = np.full(2 * self.watermark.shape[0], _UNSEEN, dtype=np.int64)
+                bigger[: self.watermark.shape[0]] = self.watermark
+                self.watermark = bigger
+        return code
+
+    def advance(self, agent: str | None, event_ts: int) -> bool:
+        """An event time seen from `agent`: its clock's watermark moves up to it.
+        True when it moved (ages changed)."""
+        code = self._clock(agent)
+        if event_ts > self.watermark[code]:
+            self.watermark[code] = event_ts
+            return True
+        return False
+
+    def stream_time(self, agent: str | None = None) -> int | None:
+        """The watermark of `agent`'s clock (None: the highest of the tenant's clocks)."""
+        if agent is None:
+            seen = self.watermark[: len(self.clocks)]
+            seen = seen[seen != _UNSEEN]
+            return int(seen.max()) if seen.size else None
+        code = self.clocks.get((agent or "") if self.per_agent_clock else "")
+        if code is None or self.watermark[code] == _UNSEEN:
+            return None
+        return int(self.watermark[code])
+
+    def stream_now(self) -> np.ndarray:
+        """Per entry: the stream time of its clock (what its ages are measured against)."""
+        return self.watermark[self.clock_col[: len(self.ids)]]
 
     def upsert(self, mid: str, e: Entry) -> None:
         i = self.slot.get(mid)
@@ -204,11 +308,16 @@ class TenantIndex:
             self.slot[mid] = i
         for name, _ in _COLS:
             self.cols[name][i] = getattr(e, name)
+        code = self._clock(e.agent)
+        self.clock_col[i] = code
+        self.advance(e.agent, max(e.created_ts, e.last_seen_ts))
 
-    def set_partition(self, mid: str, partition: int) -> None:
+    def set_partition(self, mid: str, partition: int) -> bool:
         i = self.slot.get(mid)
-        if i is not None:
-            self.cols["partition"][i] = partition
+        if i is None or self.cols["partition"][i] == partition:
+            return False
+        self.cols["partition"][i] = partition
+        return True
 
     def remove(self, mid: str) -> bool:
         i = self.slot.pop(mid, None)
@@ -219,7 +328,7 @@ class TenantIndex:
             moved = self.ids[last]
             self.ids[i] = moved
             self.slot[moved] = i
-            for arr in self.cols.values():
+            for arr in [*self.cols.values(), self.clock_col]:
                 arr[i] = arr[last]
         self.ids.pop()
         return True
@@ -228,7 +337,9 @@ class TenantIndex:
         i = self.slot.get(mid)
         if i is None:
             return None
-        return Entry(**{n: self.cols[n][i].item() for n, _ in _COLS})
+        keys = {code: key for key, code in self.clocks.items()}
+        return Entry(**{n: self.cols[n][i].item() for n, _ in _COLS},
+                     agent=keys[int(self.clock_col[i])])  # fmt: skip
 
     def view(self) -> dict[str, np.ndarray]:
         n = len(self.ids)
@@ -256,15 +367,16 @@ class TenantIndex:
 
 
 class PriorityIndex:
-    """Per-tenant `TenantIndex`es."""
+    """Per-tenant `TenantIndex`es (each with its stream clocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_agent_clock: bool = True) -> None:
         self.tenants: dict[str, TenantIndex] = {}
+        self.per_agent_clock = per_agent_clock
 
     def tenant(self, tenant: str) -> TenantIndex:
         t = self.tenants.get(tenant)
         if t is None:
-            t = self.tenants[tenant] = TenantIndex()
+            t = self.tenants[tenant] = TenantIndex(per_agent_clock=self.per_agent_clock)
         return t
 
     def upsert(self, tenant: str, mid: str, e: Entry) -> None:
@@ -274,10 +386,11 @@ class PriorityIndex:
         t = self.tenants.get(tenant)
         return t.remove(mid) if t is not None else False
 
-    def set_partition(self, tenant: str, mid: str, partition: str) -> None:
+    def set_partition(self, tenant: str, mid: str, partition: str) -> bool:
         t = self.tenants.get(tenant)
         if t is not None and partition in PART_CODE:
-            t.set_partition(mid, PART_CODE[partition])
+            return t.set_partition(mid, PART_CODE[partition])
+        return False
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tenants.values())
@@ -305,34 +418,51 @@ class DecayPlan:
         return [a for a in self.actions if a.kind == kind]
 
 
+StreamTime = int | np.ndarray | None
+
+
+def _stream_now(t: TenantIndex, stream_ms: StreamTime) -> np.ndarray:
+    if stream_ms is None:
+        return t.stream_now()
+    return np.broadcast_to(np.asarray(stream_ms, dtype=np.int64), (len(t),))
+
+
 def tenant_priorities(
-    t: TenantIndex, now_ms: int, policy: MaintenancePolicy
+    t: TenantIndex, policy: MaintenancePolicy, stream_ms: StreamTime = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """(priority, earned) per entry, ages against `stream_ms` (None: each entry's
+    clock's watermark, the jobs' case; a number: one stream time for all)."""
     v = t.view()
+    now = _stream_now(t, stream_ms)
     return priority(
         v["abs_rpe"],
-        now_ms - v["last_seen_ts"],
+        now - v["last_seen_ts"],
         v["utility"],
         v["hits"],
-        now_ms - v["last_access_ts"],
+        now - v["last_access_ts"],
         policy,
     )
 
 
-def plan_decay(t: TenantIndex, now_ms: int, policy: MaintenancePolicy) -> DecayPlan:
-    """One pass's actions for one tenant: O(n) vectorised, then sorting the few chosen."""
+def plan_decay(t: TenantIndex, policy: MaintenancePolicy,
+               stream_ms: StreamTime = None) -> DecayPlan:  # fmt: skip
+    """One pass's actions for one tenant: O(n) vectorised, then sorting the few chosen.
+
+    Ages are stream time (see the module doc; `stream_ms` as in `tenant_priorities`).
+    """
     n = len(t)
     plan = DecayPlan()
     if n == 0:
         return plan
     v = t.view()
     ids = t.ids
-    p, earned = tenant_priorities(t, now_ms, policy)
+    now = _stream_now(t, stream_ms)
+    p, earned = tenant_priorities(t, policy, now)
     plan.priorities = p
     core = v["partition"] == CORE
     buf = ~core
-    stale = ((now_ms - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
-        (now_ms - v["last_access_ts"]) > policy.buffer_ttl_ms
+    stale = ((now - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
+        (now - v["last_access_ts"]) > policy.buffer_ttl_ms
     )
     ttl = buf & stale
     floor = buf & ~ttl & (p < policy.buffer_floor)
@@ -390,32 +520,88 @@ class MergeGroup:
     similarity: tuple[float, ...]  # cosine of each member to the survivor
 
 
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _meta(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = row.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def is_critical(row: Mapping[str, Any]) -> bool:
+    """A rewarded step (reward != 0) or a terminal one (``metadata.done``: a goal, a failure)."""
+    return float(row.get("reward", 0.0) or 0.0) != 0.0 or bool(_meta(row).get("done"))
+
+
+def merge_scope(row: Mapping[str, Any]) -> tuple[str, str, int, str, bool, int]:
+    """Only memories with equal scopes may merge (module doc): agent, action,
+    valence, partition (route), terminal flag, reward sign (the tenant is implied)."""
+    return (str(row.get("agent_id", "")), str(row.get("action", "")),
+            int(row.get("valence", 0) or 0), str(row.get("partition", "")),
+            bool(_meta(row).get("done")), _sign(float(row.get("reward", 0.0) or 0.0)))  # fmt: skip
+
+
+def reward_span(row: Mapping[str, Any]) -> tuple[float, float]:
+    """(lowest, highest) reward among the transitions a row stands for."""
+    r = float(row.get("reward", 0.0) or 0.0)
+    merge = _meta(row).get("merge")
+    if isinstance(merge, Mapping) and "reward_min" in merge and "reward_max" in merge:
+        return min(r, float(merge["reward_min"])), max(r, float(merge["reward_max"]))
+    return r, r
+
+
+def rewards_agree(lo: float, hi: float, tol: float) -> bool:
+    """True when the rewards in [lo, hi] are one reward up to `tol`: same sign, and
+    the span within `tol` of the larger magnitude (0 merges only with 0)."""
+    if _sign(lo) != _sign(hi):
+        return False
+    return hi - lo <= tol * max(abs(lo), abs(hi))
+
+
 def plan_merges(
     ids: Sequence[str],
     created_ts: Sequence[int],
     vectors: np.ndarray,
     tau: float,
+    rewards: Sequence[tuple[float, float]] | None = None,
+    reward_tol: float = 0.0,
 ) -> list[MergeGroup]:
     """Greedy oldest-first clustering of one scope's items (see module doc).
 
-    ``vectors`` are unit rows aligned with ``ids``. Returns only groups with members.
+    ``vectors`` are unit rows aligned with ``ids``; ``rewards`` their reward spans
+    (`reward_span`): an item joins a survivor only if the group's rewards then still
+    agree (`rewards_agree` with `reward_tol`). Returns only groups with members.
     """
     n = len(ids)
     if n < 2:
         return []
     order = sorted(range(n), key=lambda i: (int(created_ts[i]), ids[i]))
     vecs = np.asarray(vectors, dtype=np.float32)[order]
+    spans = [tuple(rewards[i]) for i in order] if rewards is not None else None
     survivors: list[int] = []  # positions in `order`
+    group_span: dict[int, tuple[float, float]] = {}
     members: dict[int, list[tuple[int, float]]] = {}
     for pos in range(n):
         if survivors:
             sims = vecs[survivors] @ vecs[pos]
-            hit = np.flatnonzero(sims >= tau - 1e-6)
-            if hit.size:
-                s = survivors[int(hit[0])]
-                members.setdefault(s, []).append((pos, float(sims[hit[0]])))
+            joined = False
+            for h in np.flatnonzero(sims >= tau - 1e-6).tolist():
+                s = survivors[h]
+                if spans is not None:
+                    lo = min(group_span[s][0], spans[pos][0])
+                    hi = max(group_span[s][1], spans[pos][1])
+                    if not rewards_agree(lo, hi, reward_tol):
+                        continue
+                    group_span[s] = (lo, hi)
+                members.setdefault(s, []).append((pos, float(sims[h])))
+                joined = True
+                break
+            if joined:
                 continue
         survivors.append(pos)
+        if spans is not None:
+            group_span[pos] = (float(spans[pos][0]), float(spans[pos][1]))
     return [
         MergeGroup(
             survivor=ids[order[s]],
@@ -433,10 +619,12 @@ def _count(row: Mapping[str, Any]) -> int:
 def merge_rows(
     survivor: Mapping[str, Any], members: Iterable[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Fold `members` into a copy of `survivor`; returns (new row, ids folded now).
+    """Fold `members` into a copy of `survivor`; returns (new row, ids folded now:
+    the members' and those they stood for themselves).
 
     Members already folded in before (their id is in ``metadata.merge.ids``) are
-    skipped, so a replayed merge is a no-op on the numbers.
+    skipped, so a replayed merge is a no-op on the numbers. Pure arithmetic: which
+    rows may merge is `plan_merges`' decision.
     """
     out = dict(survivor)
     meta = dict(out.get("metadata") or {})
@@ -454,6 +642,8 @@ def merge_rows(
     util_sum = float(out.get("utility", 0.0)) * uses
     last_access = int(out.get("last_access_ts", created))
     partition = out.get("partition", "buffer")
+    r_lo, r_hi = reward_span(out)
+    credit_ids: list[str] = list(meta.get("credit_ids", []))
     folded: list[str] = []
     for m in members:
         mid = str(m["id"])
@@ -468,6 +658,11 @@ def merge_rows(
         last = max(last, int(m_merge.get("last_seen_ts", m_created)), m_created)
         count += c
         reward_sum += float(m.get("reward", 0.0)) * c
+        m_lo, m_hi = reward_span(m)
+        r_lo, r_hi = min(r_lo, m_lo), max(r_hi, m_hi)
+        m_credit = m_meta.get("credit_ids", []) if isinstance(m_meta, Mapping) else []
+        credit_ids += [c_id for c_id in m_credit if c_id not in credit_ids]
+        folded += [f for f in m_merge.get("ids", []) if f not in seen_ids and f not in folded]
         if abs(float(m.get("rpe", 0.0))) > abs(rpe):
             rpe = float(m.get("rpe", 0.0))
         rpe_s = max(rpe_s, float(m.get("rpe_smoothed", 0.0)))
@@ -500,8 +695,12 @@ def merge_rows(
         ids=(seen_ids + folded)[-MERGE_IDS_KEPT:],
         first_seen_ts=min(created, first),
         last_seen_ts=max(last, created),
+        reward_min=r_lo,
+        reward_max=r_hi,
     )
     meta["merge"] = merge
+    if credit_ids:
+        meta["credit_ids"] = credit_ids[-CREDIT_IDS_KEPT:]
     out["metadata"] = meta
     for k in ("reward", "rpe", "rpe_smoothed", "gate", "utility"):
         if not math.isfinite(float(out[k])):  # pragma: no cover - inputs are finite

@@ -39,7 +39,12 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   low lambda only re-orders memories that are about the query. A request
   that sets lambda explicitly (e.g. 1.0 for pure semantic search) is never
   adapted.
-- recency: 2^(-age / half_life), age from the memory's event time.
+- recency: 2^(-age / half_life), age = stream time - the memory's event time
+  (``created_ts``), on the memory's own clock, never the wall clock: the
+  responder passes, per agent, the highest event time it has read from that
+  agent's memories (`StreamClock`). A replayed or shifted stream therefore ranks
+  as it did live, and one agent's skewed clock does not make another agent's
+  memories look old.
 - lambda schedule: young memory stores are ranked mostly by meaning (a handful
   of memories carry little salience signal yet); as the tenant's store grows,
   salience weighs more. lambda(n) interpolates log-linearly from ``hi`` at
@@ -52,13 +57,14 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Ranked", "RankPolicy", "rank", "usage_weights"]
+__all__ = ["Ranked", "RankPolicy", "StreamClock", "rank", "usage_weights"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,44 @@ class RankPolicy:
         return float(2.0 ** (-age / self.half_life_ms))
 
 
+class StreamClock:
+    """Stream time as a reader learns it: per (tenant, agent), or per tenant
+    (``per_agent=False``), the highest event time (``created_ts``) among the rows it
+    has read. A lower bound of the writers' watermark (it only knows what it read),
+    monotone, and on the memories' own clock. At most ``max_keys`` clocks are kept
+    (least recently advanced dropped first; a dropped one is relearned from the next
+    rows, which can only make memories look fresher, never older).
+    """
+
+    def __init__(self, per_agent: bool = True, max_keys: int = 100_000) -> None:
+        self.per_agent = per_agent
+        self.max_keys = max_keys
+        self._wm: OrderedDict[tuple[str, str], int] = OrderedDict()
+
+    def _key(self, tenant: str, agent: Any) -> tuple[str, str]:
+        return (tenant, str(agent or "") if self.per_agent else "")
+
+    def observe(self, tenant: str, rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+        """Advance with `rows`; returns ``{agent_id: stream time}`` for their agents
+        (every agent maps to the tenant's clock when not ``per_agent``)."""
+        out: dict[str, int] = {}
+        for r in rows:
+            if r.get("created_ts") is None:
+                continue
+            key = self._key(tenant, r.get("agent_id"))
+            ts = int(r["created_ts"])
+            if ts > self._wm.get(key, -1):
+                self._wm[key] = ts
+                self._wm.move_to_end(key)
+        for r in rows:
+            key = self._key(tenant, r.get("agent_id"))
+            if key in self._wm:
+                out[str(r.get("agent_id") or "")] = self._wm[key]
+        while len(self._wm) > self.max_keys:
+            self._wm.popitem(last=False)
+        return out
+
+
 @dataclass(frozen=True)
 class Ranked:
     row: Mapping[str, Any]
@@ -142,12 +186,15 @@ def rank(
     candidates: Sequence[Mapping[str, Any]],
     policy: RankPolicy,
     lam: float,
-    now_ms: float,
+    now_ms: float | Mapping[str, float],
     k: int,
     vectors: Mapping[str, np.ndarray] | None = None,
 ) -> list[Ranked]:
     """Re-rank ANN candidates (each with ``similarity``, ``rpe``, ``utility``,
-    ``uses``, ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given."""
+    ``uses``, ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given.
+
+    `now_ms` is the stream time recency is measured against: one number, or per
+    ``agent_id`` (`StreamClock.observe`; an agent missing from it: no decay)."""
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")
     scored = []
@@ -158,7 +205,11 @@ def rank(
             float(row.get("utility", 0.0)),
             int(row.get("uses", 0) or 0),
         )
-        rec = policy.recency(float(row.get("created_ts", now_ms)), now_ms)
+        if isinstance(now_ms, Mapping):
+            ref = float(now_ms.get(str(row.get("agent_id") or ""), row.get("created_ts", 0)))
+        else:
+            ref = float(now_ms)
+        rec = policy.recency(float(row.get("created_ts", ref)), ref)
         score = lam * sem + (1.0 - lam) * sal * rec
         scored.append(Ranked(row, sem, sal, rec, lam, score))
     scored.sort(key=lambda r: (-r.score, str(r.row.get("id", ""))))

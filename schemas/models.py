@@ -260,6 +260,12 @@ class Hit(BaseModel):
     breakdown: ScoreBreakdown
     #: the transition's own metadata as the agent sent it (integrations keep keys here)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    merged_count: int = Field(default=1, description="transitions this memory stands for")
+    merged_ids: list[str] = Field(
+        default_factory=list,
+        description="ids of the transitions dedup folded into this memory (besides its own; "
+        "the most recent ones when there are very many: merged_count counts all)",
+    )
 
 
 class RetrievalResponse(Model):
@@ -321,7 +327,11 @@ class MemoryEvent(Model):
     theta_low: FiniteFloat | None = None
     theta_high: FiniteFloat | None = None
     reason: str = ""
-    event_ts: int | None = Field(default=None, description="event time of the source record")
+    event_ts: int | None = Field(
+        default=None,
+        description="event time of the source transition (its ts, or the write worker's clock "
+        "when it had none): the stream time the jobs' watermarks advance by",
+    )
     ts: int = Field(ge=0, description="processing time, ms")
 
 

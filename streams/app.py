@@ -47,6 +47,7 @@ from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.metrics import install_metrics
 from streams.settings import Settings
+from streams.settle import backlog, settle_states
 from streams.write.pipeline import WritePipeline
 
 log = logging.getLogger("dmem")
@@ -242,10 +243,15 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
         ok = await store.probe()
-        body = {"ok": ok, "role": role, "store_failures": store.failures}
+        body: dict[str, Any] = {"ok": ok, "role": role, "store_failures": store.failures}
         for name in ("write", "respond", "jobs", "maintenance", "access"):
             if name in status:
                 body[name] = status[name]()
+        # each component's pending work; "settled": none anywhere in this process
+        # (`dmem wait --settled` polls this; README "Guarantees")
+        settle = {name: await fn() for name, fn in getattr(app, "dmem_settle", {}).items()}
+        body["settle"] = settle
+        body["settled"] = bool(ok and all(st["settled"] for st in settle.values()))
         return web.json(body, status=200 if ok else 503)
 
     _ = health
@@ -299,5 +305,16 @@ def wire_write_path(
                 if ev.memory_id not in rejected:
                     await memories.send(key=ev.memory_id.encode(), value=encode(ev))
 
+    async def settle_state() -> dict[str, Any]:
+        # uncommitted = read but not yet stored and acknowledged; the hindsight agent's
+        # outcomes count until faust committed them (after the rescore was written)
+        unwritten = await backlog(writer.consumer, writer.committed) if writer.ready else None
+        faust_consumer = getattr(app, "_consumer", None)
+        outcomes = await backlog(faust_consumer, getattr(faust_consumer, "_committed_offset",
+                                                         {}))  # fmt: skip
+        pending = {"unwritten_transitions": unwritten, "unprocessed_outcomes": outcomes}
+        return {"settled": unwritten == 0 and outcomes == 0, "pending": pending}
+
+    settle_states(app)["write"] = settle_state
     _ = retro_agent
     return writer.health

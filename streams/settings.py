@@ -85,13 +85,20 @@ class JobsSettings(BaseModel):
 class MaintenanceSettings(BaseModel):
     """Dedup/merge, decay and capacities (see `streams.jobs.maintenance`, `operators.maintenance`).
 
-    ``dedup_tau`` is encoder dependent: 0.95 keeps distinct grid cells of the demo
-    apart with the hash encoder (max cross-cell cosine 0.92); MiniLM rates short
-    templated sentences closer, so raise it (e.g. 0.98) there.
+    ``dedup_tau`` is encoder dependent; unset, it is the encoder's default
+    (`operators.maintenance.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
+    distinct grid cells of the demo apart: max cross-cell cosine 0.92), 0.98 for
+    MiniLM, which rates different short sentences closer (false merges measured on
+    real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
+    only if their rewards have one sign and differ by at most this share of the
+    larger magnitude (README "Guarantees", merge rules).
     """
 
     enabled: bool = True
-    dedup_tau: float = Field(default=0.95, gt=0.0, le=1.0, description="merge at cosine >= tau")
+    dedup_tau: float | None = Field(default=None, gt=0.0, le=1.0,
+                                    description="merge at cosine >= tau; unset: per encoder")
+    dedup_reward_tol: float = Field(default=0.01, ge=0.0, lt=1.0,
+                                    description="relative reward tolerance of a merge")
     dedup_window_s: float = Field(default=2.0, gt=0.0, description="tumbling window length")
     dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
     dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
@@ -107,6 +114,10 @@ class MaintenanceSettings(BaseModel):
     core_capacity: int = Field(default=10_000, ge=0, description="per tenant")
     buffer_capacity: int = Field(default=50_000, ge=0, description="per tenant")
     max_actions_per_pass: int = Field(default=5000, ge=1)
+    # ages (decay, TTL, capacity priorities) are stream time: the watermark of the
+    # memory's clock, one per (tenant, agent) or one per tenant (operators.maintenance)
+    stream_clock: Literal["agent", "tenant"] = Field(
+        default="agent", description="whose highest event time a memory's age is measured to")
     refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")
     # Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete +
     # insert, then compaction and index builds on the server); at 2 s this showed up as

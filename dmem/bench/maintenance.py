@@ -14,8 +14,8 @@ the store directly:
 - ``stored_before_jobs``: distinct memories the write path stored (``written``
   events), i.e. what would be stored without dedup/decay;
 - ``stored_after_jobs``: rows in Milvus at the end;
-- ``duplicate_pairs_remaining``: pairs with cosine >= tau in the same scope
-  (tenant, agent, action, valence), by brute force over all stored vectors;
+- ``duplicate_pairs_remaining``: pairs the merge rules would merge (same merge
+  scope, rewards that agree, cosine >= tau), by brute force over all stored vectors;
 - ``critical_coverage``: as in the demo (distinct (state, action) pairs that got
   the rare reward, with a memory of that pair in core);
 - ``core_over_capacity``: max(0, core rows - core capacity).
@@ -26,7 +26,8 @@ server is installed) is filled with synthetic memories of one tenant (ages
 spread over 10 days, 20% core, capacities at 21% / 81% of the size: the steady
 state, where each pass finds the few memories that crossed a threshold since the
 last one), the `MaintenanceEngine` bootstraps its index (one scan, timed) and
-`passes` decay passes are timed with the clock advancing one hour per pass.
+`passes` decay passes are timed with the stream time (every agent's watermark)
+advancing one hour per pass.
 Top-level ``decay_pass_ms_p50/p99`` and ``memories`` are the largest size;
 ``scale`` lists every size (and the in-memory planning part alone), and
 ``live`` the passes of part 1.
@@ -52,6 +53,7 @@ from dmem.bench.common import Progress, emit_json, machine_info, note, percentil
 from schemas import encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
+from streams.jobs.maintenance import dedup_tau
 from streams.local.stack import LocalStack, tail
 from streams.settings import Settings
 
@@ -121,19 +123,24 @@ async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
             "kinds": dict(kinds)}  # fmt: skip
 
 
-def _duplicate_pairs(rows: list[dict[str, Any]], tau: float) -> int:
-    scopes: dict[tuple[str, str, str, int], list[np.ndarray]] = {}
+def _duplicate_pairs(rows: list[dict[str, Any]], tau: float, reward_tol: float) -> int:
+    """Pairs the dedup job should have merged: same merge scope, rewards that agree,
+    cosine >= tau (the merge rules of `operators.maintenance`), by brute force."""
+    from operators.maintenance import merge_scope, reward_span, rewards_agree
+
+    scopes: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        key = (r["tenant"], r["agent_id"], r["action"], int(r["valence"]))
-        scopes.setdefault(key, []).append(np.asarray(r["vector"], dtype=np.float32))
+        scopes.setdefault((r["tenant"], *merge_scope(r)), []).append(r)
     pairs = 0
-    for vecs in scopes.values():
-        if len(vecs) < 2:
+    for members in scopes.values():
+        if len(members) < 2:
             continue
-        m = np.stack(vecs)
+        m = np.stack([np.asarray(r["vector"], dtype=np.float32) for r in members])
         m /= np.linalg.norm(m, axis=1, keepdims=True)
-        sims = m @ m.T
-        pairs += int(np.count_nonzero(np.triu(sims >= tau - 1e-6, k=1)))
+        spans = [reward_span(r) for r in members]
+        for i, j in zip(*np.nonzero(np.triu(m @ m.T >= tau - 1e-6, k=1)), strict=True):
+            lo, hi = min(spans[i][0], spans[j][0]), max(spans[i][1], spans[j][1])
+            pairs += rewards_agree(lo, hi, reward_tol)
     return pairs
 
 
@@ -182,7 +189,8 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
             core = store.count("core", TENANT)
             buffer = store.count("buffer", TENANT)
             rows = list(store.scan(tenant=TENANT, with_vector=True, output_fields=[
-                "id", "tenant", "agent_id", "action", "valence", "metadata", "merged_count"]))
+                "id", "tenant", "agent_id", "action", "valence", "reward", "metadata",
+                "merged_count"]))
         finally:
             store.close()
     except Exception:
@@ -203,7 +211,8 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
         "stored_after_jobs": core + buffer,
         "stored_core": core,
         "stored_buffer": buffer,
-        "duplicate_pairs_remaining": _duplicate_pairs(rows, settings.maintenance.dedup_tau),
+        "duplicate_pairs_remaining": _duplicate_pairs(rows, dedup_tau(settings),
+                                                      settings.maintenance.dedup_reward_tol),
         "critical_seen": len(critical),
         "critical_in_core": len(critical & core_pairs),
         "critical_coverage": round(len(critical & core_pairs) / len(critical), 4)
@@ -220,7 +229,7 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
             "memories": int(samples[-1][1]) if samples else None,
             "passes": len(ms),
         },
-        "tau": settings.maintenance.dedup_tau,
+        "tau": dedup_tau(settings),
         "elapsed_s": round(elapsed, 2),
     }
 
@@ -295,8 +304,10 @@ def scale_run(sizes: list[int], passes: int, milvus_uri: str | None) -> dict[str
                 for k in range(passes):
                     t = now + k * hour
                     tix = engine.index.tenant("scale")
+                    for agent in list(tix.clocks):  # the stream moves on by an hour
+                        tix.advance(agent, t)
                     p0 = time.perf_counter()
-                    plan_decay(tix, t, policy)
+                    plan_decay(tix, policy)
                     plan_times.append((time.perf_counter() - p0) * 1e3)
                     p0 = time.perf_counter()
                     events = engine.decay("scale", t)

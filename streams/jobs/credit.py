@@ -13,11 +13,21 @@ Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
 ``dmem.credit``; batches updates per memory, reads the rows, folds the updates
 with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
 upserts them back into their partition; offsets are committed only after
-Milvus acknowledged. Updates for memories that no longer exist are dropped.
+Milvus acknowledged. An update for a memory dedup folded into another goes to
+that survivor (it stands for the folded transition, ``metadata.merge.ids``);
+updates for memories that no longer exist at all are dropped.
 
 Usage records come from the responder (``source="served"``) and, optionally,
 from agents reporting what they actually used (``source="agent"``, see
 `DmemClient.report_usage`); the assigner prefers the agent's record.
+
+Time: the join window is **ingestion time**, the one clock of this job (when a
+usage or an outcome *arrived*), never compared with an event time: the window
+waits for late arrivals, and lateness is a property of arrival. Event times on
+the records (`EpisodeOutcome.ts`, a replayed log's year-old timestamps, an
+agent's skewed clock) therefore neither expire an episode nor keep it open, so a
+replay or an import joins exactly what the live stream joined. On restart the
+job re-reads ``ttl`` of arrivals back (by the records' broker timestamps).
 
 Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
 ``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
@@ -40,6 +50,7 @@ from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
+from streams.settle import backlog, settle_states, touch_hook
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
@@ -63,6 +74,7 @@ class CreditJob(Service):
         self.emitted = 0
         self.dead = 0
         self.rebuilt = 0
+        self.handling = 0  # records fetched and not yet handled
 
     async def on_start(self) -> None:
         kw = kafka_client_kwargs(self.settings.kafka)
@@ -100,9 +112,11 @@ class CreditJob(Service):
         assert self.consumer is not None
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=1000)
+            self.handling = sum(len(msgs) for msgs in batch.values())
             for msgs in batch.values():
                 for m in msgs:
                     await self._handle(m)
+                    self.handling -= 1
 
     async def _expire(self) -> None:
         while not self.should_stop:
@@ -182,6 +196,8 @@ class UtilityApplier(Service):
         self.consumer: AIOKafkaConsumer | None = None
         self.applied = 0
         self.skipped = 0
+        self.applying = 0  # updates fetched and not yet applied
+        self.on_applied: Any = None  # called with the (tenant, id)s whose rows changed
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
@@ -206,28 +222,43 @@ class UtilityApplier(Service):
                         log.warning(
                             "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
                         )
+            self.applying = len(updates)
             if updates:
                 await self.store_service.maybe_start()
                 await self.store_service.connected.wait()
                 await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
             if batch:
                 await self.consumer.commit()
+            self.applying = 0
 
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
         store = self.store_service.store
         ids = sorted({u.memory_id for u in updates})
         rows = {r["id"]: r for r in store.get(ids, with_vector=True)}
+        # a memory dedup folded into a survivor: its credit goes to the survivor
+        into: dict[tuple[str, str], str] = {}
+        by_tenant: dict[str, set[str]] = {}
+        for u in updates:
+            if u.memory_id not in rows:
+                by_tenant.setdefault(u.tenant, set()).add(u.memory_id)
+        for tenant, missing in by_tenant.items():
+            for mid, srow in store.survivors_of(tenant, sorted(missing)).items():
+                into[(tenant, mid)] = str(srow["id"])
+        if into:
+            for r in store.get(sorted(set(into.values()) - set(rows)), with_vector=True):
+                rows[r["id"]] = r
         touched: dict[str, dict[str, Any]] = {}
         for u in updates:
-            row = rows.get(u.memory_id)
+            target = u.memory_id if u.memory_id in rows else into.get((u.tenant, u.memory_id))
+            row = rows.get(target) if target is not None else None
             if row is None or row.get("tenant") != u.tenant:
                 self.skipped += 1
                 continue
             if apply_utility(
                 row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
             ):
-                touched[u.memory_id] = row
+                touched[str(row["id"])] = row
                 self.applied += 1
                 CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:
@@ -238,14 +269,29 @@ class UtilityApplier(Service):
             by_part.setdefault(part, []).append(row)
         for part, part_rows in by_part.items():
             store.upsert(part_rows, part)
+        if touched and self.on_applied is not None:
+            self.on_applied([(str(r["tenant"]), mid) for mid, r in touched.items()])
         return len(touched)
 
 
 def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
     job = CreditJob(settings, loop=app.loop, beacon=app.beacon)
     applier = UtilityApplier(settings, store, loop=app.loop, beacon=app.beacon)
+    applier.on_applied = touch_hook(app)  # the maintenance job re-reads those rows
     app.add_dependency(job)
     app.add_dependency(applier)
+
+    async def settle_state() -> dict[str, Any]:
+        unread = await backlog(job.consumer)
+        unapplied = await backlog(applier.consumer)
+        pending = {"unread_usage_feedback": unread, "handling": job.handling,
+                   "unapplied_credit": unapplied, "applying": applier.applying,
+                   "open_episodes": len(job.assigner.episodes)}  # fmt: skip
+        # open episodes wait for outcomes that may never come: not work that runs by itself
+        settled = unread == 0 and unapplied == 0 and not job.handling and not applier.applying
+        return {"settled": settled, "pending": pending}
+
+    settle_states(app)["credit"] = settle_state
     return lambda: {
         "credit_emitted": job.emitted,
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,

@@ -19,16 +19,22 @@ partition of ``dmem.memories`` through the consumer group
   action is taken on it.
 - Dedup: tumbling processing-time windows (``dedup_window_s``) of ``written``
   events, per tenant. At window close the window's rows are read (with
-  vectors), grouped by scope (agent, action, valence), and each scope's rows
-  are searched against Milvus (one batched ANN query per scope, top
-  ``dedup_k`` excluding the window's own ids); rows within cosine ``tau``
-  are merged oldest-first (`plan_merges`, `merge_rows`): the survivor is
-  rewritten, the others deleted, one ``merged`` event each. Offsets are
+  vectors), grouped by merge scope (`operators.maintenance.merge_scope`: agent,
+  action, valence, partition, terminal flag, reward sign), and each scope's
+  rows are searched against Milvus (one batched ANN query per scope, in the
+  scope's partition and reward sign, top ``dedup_k`` excluding the window's
+  own ids); rows within cosine ``tau`` whose rewards agree are merged
+  oldest-first (`plan_merges`, `merge_rows`): the survivor is rewritten, the
+  others deleted, one ``merged`` event each. Offsets are
   committed only after a window's merges were acknowledged by Milvus; a replay
   folds nothing twice (merged ids are remembered in the survivor).
 - Decay: every ``decay_interval_s``, per tenant: refresh a slice, plan
   (`plan_decay`, O(n) numpy over the index), re-read the chosen rows, act
   (move / delete, at most ``max_actions_per_pass``), one event per action.
+  Ages are stream time: the index keeps the watermark of every clock (per
+  tenant and agent, or per tenant), advanced by the bootstrap scan and by the
+  ``event_ts`` of every ``written``/``dropped`` event (`operators.maintenance`);
+  the wall clock only decides when a pass runs and stamps the events.
 
 Cost of a decay pass for a tenant with n memories: O(n) vectorised arithmetic
 in memory (about a millisecond per 100k), plus Milvus I/O bounded by
@@ -70,6 +76,7 @@ from milvus import expr as E
 from milvus.schema import VECTOR_FIELD, search_params
 from operators.maintenance import (
     CORE,
+    DEDUP_TAU_BY_ENCODER,
     PART_NAME,
     Entry,
     MaintenancePolicy,
@@ -78,28 +85,35 @@ from operators.maintenance import (
     TenantIndex,
     entry_from_row,
     merge_rows,
+    merge_scope,
     plan_decay,
     plan_merges,
+    reward_span,
     tenant_priorities,
 )
 from schemas import MemoryEvent, encode
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.settings import Settings
+from streams.settle import backlog, settle_states, touch_hook
 
 log = logging.getLogger("dmem.maintenance")
 
 #: one writer at a time for the read-modify-writes of this module, per process
 WRITE_LOCK = threading.Lock()
-SCAN_FIELDS = ["id", "tenant", "created_ts", "last_access_ts", "rpe", "utility", "metadata"]
+SCAN_FIELDS = ["id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "utility",
+               "metadata"]
 REMOVED = ("merged", "evicted", "forgotten")
+SETTLE_PASS_S = 1.0  # while settling, decay passes at most this often (not every 200 ms)
+Scope = tuple[str, str, int, str, bool, int]  # `operators.maintenance.merge_scope`
 MOVED = ("moved", "promoted", "demoted")
 
 
 def policy_from(settings: Settings) -> MaintenancePolicy:
     m = settings.maintenance
     return MaintenancePolicy(
-        tau=m.dedup_tau,
+        tau=dedup_tau(settings),
+        reward_tol=m.dedup_reward_tol,
         half_life_ms=m.half_life_s * 1000.0,
         utility_weight=m.utility_weight,
         access_weight=m.access_weight,
@@ -111,7 +125,14 @@ def policy_from(settings: Settings) -> MaintenancePolicy:
         core_capacity=m.core_capacity,
         buffer_capacity=m.buffer_capacity,
         max_actions=m.max_actions_per_pass,
+        clock=m.stream_clock,
     )
+
+
+def dedup_tau(settings: Settings) -> float:
+    """``DMEM_MAINTENANCE__DEDUP_TAU``, or the encoder's default (`DEDUP_TAU_BY_ENCODER`)."""
+    tau = settings.maintenance.dedup_tau
+    return tau if tau is not None else DEDUP_TAU_BY_ENCODER.get(settings.encoder.name, 0.95)
 
 
 def _unique(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -183,8 +204,10 @@ class MaintenanceEngine:
         self.policy = policy
         self.dedup_k = dedup_k
         self.refresh_per_pass = refresh_per_pass
-        self.index = PriorityIndex()
+        self.index = PriorityIndex(per_agent_clock=policy.clock == "agent")
         self.counters: dict[str, int] = {}
+        self.touched: dict[str, set[str]] = {}  # tenant -> ids to re-read next pass
+        self.last_deferred = 0  # actions the last pass left for the next one
         self.pass_samples: deque[tuple[float, int]] = deque(maxlen=512)  # (ms, memories)
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -199,18 +222,35 @@ class MaintenanceEngine:
             n += 1
         return n
 
-    def observe(self, ev: MemoryEvent) -> None:
-        """Keep the index current from one ``memories`` event."""
+    def observe(self, ev: MemoryEvent) -> bool:
+        """Keep the index and the stream clocks current from one ``memories`` event;
+        True when something a decay plan depends on changed.
+
+        The clocks (watermarks) advance with the event time of every ``written``
+        and ``dropped`` event: a dropped transition is stream time seen too.
+        """
+        changed = False
+        if ev.kind in ("written", "dropped") and ev.event_ts is not None:
+            changed = self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None:
             t = self.index.tenant(ev.tenant)
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
-                ts = ev.event_ts or ev.ts
+                ts = ev.event_ts if ev.event_ts is not None else ev.ts
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
-                                             abs(ev.rpe or 0.0), 0.0, 0, ts))  # fmt: skip
+                                             abs(ev.rpe or 0.0), 0.0, 0, ts,
+                                             ev.agent_id or ""))  # fmt: skip
+                changed = True
         elif ev.kind in REMOVED:
-            self.index.remove(ev.tenant, ev.memory_id)
+            changed = self.index.remove(ev.tenant, ev.memory_id) or changed
         elif ev.kind in MOVED and ev.partition is not None:
-            self.index.set_partition(ev.tenant, ev.memory_id, ev.partition)
+            changed = self.index.set_partition(ev.tenant, ev.memory_id, ev.partition) or changed
+        return changed
+
+    def touch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """(tenant, id)s whose row another writer of this process changed (utility,
+        access counts): re-read by the next pass instead of waiting for the round robin."""
+        for tenant, mid in keys:
+            self.touched.setdefault(tenant, set()).add(mid)
 
     def refresh(self, tenant: str, ids: Sequence[str]) -> set[str]:
         """Re-read `ids` into the index; ids gone from Milvus leave it. Returns those found."""
@@ -229,49 +269,47 @@ class MaintenanceEngine:
         return found
 
     # -- dedup -----------------------------------------------------------------------
-    def _neighbors(
-        self, tenant: str, scope: tuple[str, str, int], vectors: np.ndarray, exclude: list[str]
-    ) -> set[str]:
-        """Ids of stored rows of `scope` within tau of any of `vectors` (batched ANN)."""
-        agent, action, valence = scope
-        flt = E.build_filter(
-            tenant=tenant, agent_id=agent, extra_filter={"action": action, "valence": valence}
-        )
+    def _neighbors(self, tenant: str, scope: Scope, vectors: np.ndarray,
+                   exclude: list[str]) -> set[str]:  # fmt: skip
+        """Ids of stored rows in `scope`'s partition and reward sign within tau of any
+        of `vectors` (batched ANN; the rest of the scope is checked on the rows)."""
+        agent, action, valence, part, _done, sign = scope
+        reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
+        flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
+            "action": action, "valence": valence, "reward": reward})  # fmt: skip
         if exclude:
             flt = E.and_all([flt, f"not ({E.ids_in(exclude)})"])
         client = self.store.client
         params = search_params(self.store.is_lite, self.dedup_k)
         found: set[str] = set()
-        for part in ("core", "buffer"):
-            for i in range(0, len(vectors), 256):
-                chunk = [v.tolist() for v in vectors[i : i + 256]]
-                with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
-                    res = client.search(
-                        self.store.collection,
-                        data=chunk,
-                        filter=flt,
-                        limit=self.dedup_k,
-                        output_fields=["id"],
-                        search_params=params,
-                        partition_names=[part],
-                        anns_field=VECTOR_FIELD,
-                        timeout=self.store.timeout_s,
-                        consistency_level="Strong",
-                    )
-                for hits in res or []:
-                    for h in hits:
-                        if float(h["distance"]) >= self.policy.tau - 1e-6:
-                            found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
+        for i in range(0, len(vectors), 256):
+            chunk = [v.tolist() for v in vectors[i : i + 256]]
+            with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
+                res = client.search(
+                    self.store.collection,
+                    data=chunk,
+                    filter=flt,
+                    limit=self.dedup_k,
+                    output_fields=["id"],
+                    search_params=params,
+                    partition_names=[part],
+                    anns_field=VECTOR_FIELD,
+                    timeout=self.store.timeout_s,
+                    consistency_level="Strong",
+                )
+            for hits in res or []:
+                for h in hits:
+                    if float(h["distance"]) >= self.policy.tau - 1e-6:
+                        found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
         return found
 
     def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
         """Merge one tenant's window of new memories into existing ones (and each other)."""
         rows = {k: r for k, r in _unique(self.store.get(list(ids), with_vector=True)).items()
                 if r.get("tenant") == tenant}  # fmt: skip
-        scopes: dict[tuple[str, str, int], list[str]] = {}
+        scopes: dict[Scope, list[str]] = {}
         for mid, r in rows.items():
-            scopes.setdefault((str(r["agent_id"]), str(r["action"]), int(r["valence"])),
-                              []).append(mid)  # fmt: skip
+            scopes.setdefault(merge_scope(r), []).append(mid)
         t = self.index.tenant(tenant)
         events: list[MemoryEvent] = []
         for scope, sids in scopes.items():
@@ -280,8 +318,7 @@ class MaintenanceEngine:
             group_rows = {m: rows[m] for m in sids}
             if near:
                 for mid, r in _unique(self.store.get(sorted(near), with_vector=True)).items():
-                    same = (str(r["agent_id"]), str(r["action"]), int(r["valence"])) == scope
-                    if r.get("tenant") == tenant and same:
+                    if r.get("tenant") == tenant and merge_scope(r) == scope:
                         group_rows[mid] = r
             order = sorted(group_rows)
             groups = plan_merges(
@@ -290,6 +327,8 @@ class MaintenanceEngine:
                 np.stack([np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32)
                           for m in order]),  # fmt: skip
                 self.policy.tau,
+                [reward_span(group_rows[m]) for m in order],
+                self.policy.reward_tol,
             )
             merged: set[str] = set()
             for g in groups:
@@ -330,11 +369,16 @@ class MaintenanceEngine:
 
     # -- decay -----------------------------------------------------------------------
     def decay(self, tenant: str, now: int) -> list[MemoryEvent]:
-        """One decay pass for one tenant; bounded Milvus I/O (see module doc)."""
+        """One decay pass for one tenant; bounded Milvus I/O (see module doc).
+
+        Ages are the tenant's stream time (the index's watermarks); `now` only
+        stamps the events (processing time).
+        """
         t0 = time.perf_counter()
         t = self.index.tenant(tenant)
-        self.refresh(tenant, t.next_refresh(self.refresh_per_pass))
-        plan = plan_decay(t, now, self.policy)
+        touched = sorted(self.touched.pop(tenant, set()))
+        self.refresh(tenant, touched + t.next_refresh(self.refresh_per_pass))
+        plan = plan_decay(t, self.policy)
         events: list[MemoryEvent] = []
         if plan.actions:
             chosen = [a.memory_id for a in plan.actions]
@@ -349,9 +393,10 @@ class MaintenanceEngine:
                 else:
                     t.upsert(mid, entry_from_row(r))
                     fresh.add(mid)
-            plan = plan_decay(t, now, self.policy)  # with the fresh values
+            plan = plan_decay(t, self.policy)  # with the fresh values
             actions = [a for a in plan.actions if a.memory_id in fresh]
             events = self._execute(t, actions, rows, now)
+        self.last_deferred = plan.deferred
         ms = (time.perf_counter() - t0) * 1e3
         self.pass_samples.append((ms, len(t)))
         self._count("decay_passes")
@@ -410,6 +455,12 @@ class MaintenanceJob(Service):
         self.emitted = 0
         self.bad = 0
         self.ready = False
+        # settling (see `settle_state`): something a decay plan depends on changed
+        # since the last pass that found nothing to do; a window or a pass in progress
+        self.dirty = True
+        self.busy = False
+        self.deferred = 0
+        self.last_pass = 0.0
 
     async def on_start(self) -> None:
         k = self.settings.kafka
@@ -454,7 +505,12 @@ class MaintenanceJob(Service):
                 await self._close_windows()
             elif batch and not self.windows:
                 await self.consumer.commit()
-            if time.monotonic() >= next_decay:
+            # the timer, or (settling) input is quiet and a pass has something to look at:
+            # passes follow each other until one finds nothing to do, then the job waits
+            idle = not batch and not self.windows and self.dirty
+            if time.monotonic() >= next_decay or (
+                idle and time.monotonic() - self.last_pass >= SETTLE_PASS_S
+            ):
                 await self._decay()
                 next_decay = time.monotonic() + m.decay_interval_s
 
@@ -466,7 +522,8 @@ class MaintenanceJob(Service):
             self.bad += 1
             log.warning("skipping bad memory event at %s/%s: %s", msg.partition, msg.offset, exc)
             return
-        self.engine.observe(ev)
+        if self.engine.observe(ev):
+            self.dirty = True
         if ev.kind == "written" and ev.partition is not None:
             if not self.windows:
                 self.window_started = time.monotonic()
@@ -484,23 +541,59 @@ class MaintenanceJob(Service):
     async def _close_windows(self) -> None:
         assert self.engine is not None and self.consumer is not None
         windows, self.windows, self.window_started = self.windows, {}, None
-        for tenant, ids in windows.items():
-            if ids:
-                events = await self.store_service._retry(  # noqa: SLF001
-                    "dedup", self.engine.dedup, tenant, list(ids), now_ms()
-                )
-                await self._emit(events)
-        assert self.producer is not None
-        await self.producer.flush()
-        await self.consumer.commit()
+        self.busy = True
+        try:
+            for tenant, ids in windows.items():
+                if ids:
+                    events = await self.store_service._retry(  # noqa: SLF001
+                        "dedup", self.engine.dedup, tenant, list(ids), now_ms()
+                    )
+                    self.dirty = True  # the window's rows are read: the index is exact now
+                    await self._emit(events)
+            assert self.producer is not None
+            await self.producer.flush()
+            await self.consumer.commit()
+        finally:
+            self.busy = False
 
     async def _decay(self) -> None:
         assert self.engine is not None
-        for tenant in sorted(self.engine.index.tenants):
-            events = await self.store_service._retry(  # noqa: SLF001
-                "decay", self.engine.decay, tenant, now_ms()
-            )
-            await self._emit(events)
+        self.busy = True
+        acted = deferred = 0
+        try:
+            for tenant in sorted(self.engine.index.tenants):
+                events = await self.store_service._retry(  # noqa: SLF001
+                    "decay", self.engine.decay, tenant, now_ms()
+                )
+                acted += len(events)
+                deferred += self.engine.last_deferred
+                await self._emit(events)
+            if self.producer is not None:
+                await self.producer.flush()
+        finally:
+            self.busy = False
+        self.last_pass = time.monotonic()
+        self.deferred = deferred
+        # a pass that acted changed the index: the next one looks again (settling)
+        self.dirty = bool(acted or deferred or self.engine.touched)
+
+    def touch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Rows another writer in this process changed (credit, access counts)."""
+        if self.engine is not None:
+            self.engine.touch(keys)
+            self.dirty = True
+
+    async def settle_state(self) -> dict[str, Any]:
+        """Pending work, and whether there is none: no unread ``memories`` events, no
+        open dedup window, no window or pass running, and a decay pass since the last
+        change that found nothing to do (so, with no new input, nothing will change)."""
+        unread = await backlog(self.consumer) if self.ready else None
+        pending = {"unread_events": unread, "open_window": self.pending,
+                   "running": self.busy, "decay_pass_due": self.dirty,
+                   "deferred_actions": self.deferred}  # fmt: skip
+        settled = (self.ready and unread == 0 and not self.pending and not self.busy
+                   and not self.dirty and not self.deferred)  # fmt: skip
+        return {"settled": settled, "pending": pending}
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ready": self.ready, "pending": self.pending,
@@ -527,6 +620,10 @@ class AccessTracker:
                 n, _ = self._hits.get((tenant, mid), (0, 0))
                 self._hits[(tenant, mid)] = (n + 1, now)
             self.recorded += len(ids)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._hits)
 
     def drain(self) -> dict[tuple[str, str], tuple[int, int]]:
         with self._lock:
@@ -579,6 +676,7 @@ class AccessFlusher(Service):
         self.store_service = store
         self.tracker = tracker
         self.flushed = 0
+        self.on_flushed: Any = None  # called with the (tenant, id)s written
 
     async def on_start(self) -> None:
         self.add_future(self._run())
@@ -596,6 +694,9 @@ class AccessFlusher(Service):
         except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
             log.warning("access flush failed (%s); will retry", exc)
             self.tracker.restore(hits)
+            return
+        if self.on_flushed is not None:
+            self.on_flushed(list(hits))
 
     async def _run(self) -> None:
         while not self.should_stop:
@@ -606,10 +707,17 @@ class AccessFlusher(Service):
 # -- wiring ----------------------------------------------------------------------------------
 
 
+async def _disabled() -> dict[str, Any]:
+    return {"settled": True, "pending": {"disabled": True}}
+
+
 def wire_maintenance(app: Any, settings: Settings, store: Any) -> Any:
     job = MaintenanceJob(settings, store, loop=app.loop, beacon=app.beacon)
     if settings.maintenance.enabled:
         app.add_dependency(job)
+        app.dmem_touch = job.touch  # writers of this process report the rows they changed
+    settle_states(app)["maintenance"] = job.settle_state if settings.maintenance.enabled \
+        else _disabled
     return job.status
 
 
@@ -619,7 +727,14 @@ def wire_access(app: Any, settings: Settings, store: Any) -> Any:
     tracker = AccessTracker()
     respond.ACCESS_HOOK = tracker.record
     flusher = AccessFlusher(settings, store, tracker, loop=app.loop, beacon=app.beacon)
+    flusher.on_flushed = touch_hook(app)
     app.add_dependency(flusher)
+
+    async def settle_state() -> dict[str, Any]:
+        n = tracker.pending()
+        return {"settled": n == 0, "pending": {"unflushed_accesses": n}}
+
+    settle_states(app)["access"] = settle_state
     return lambda: {"recorded": tracker.recorded, "flushed": flusher.flushed}
 
 
@@ -724,23 +839,27 @@ def _quantiles(xs: np.ndarray) -> dict[str, float | None]:
                                                    strict=True)}  # fmt: skip
 
 
-def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, now: int,
+def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy,
                    top: int = 10) -> dict[str, Any]:  # fmt: skip
     """Counts, age/priority distributions, top memories, and what the next pass would do.
 
-    Scans the tenant once (an operator tool, O(n)).
+    Scans the tenant once (an operator tool, O(n)). Ages are stream time as the
+    jobs measure them, with the clocks derived from the stored rows (the newest
+    stored event time per clock; the running job has also seen dropped ones).
     """
-    fields = [*SCAN_FIELDS, "agent_id", "text", "action", "merged_count", "uses", "valence"]
+    fields = [*SCAN_FIELDS, "text", "action", "merged_count", "uses", "valence"]
     rows = list(_unique(store.scan(tenant=tenant, output_fields=fields)).values())
-    t = TenantIndex()
+    t = TenantIndex(per_agent_clock=policy.clock == "agent")
     for r in rows:
         t.upsert(str(r["id"]), entry_from_row(r))
     by_id = {str(r["id"]): r for r in rows}
-    p, _ = tenant_priorities(t, now, policy)
+    p, _ = tenant_priorities(t, policy)
     v = t.view()
-    age_s = (now - v["created_ts"]) / 1000.0
+    age_s = (t.stream_now() - v["created_ts"]) / 1000.0
     out: dict[str, Any] = {
         "tenant": tenant,
+        "stream_time_ms": t.stream_time(),
+        "clock": policy.clock,
         "counts": {"core": store.count("core", tenant), "buffer": store.count("buffer", tenant)},
         "age_s": {"all": _quantiles(age_s)},
         "priority": {"all": _quantiles(p)},
@@ -767,7 +886,7 @@ def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, n
         }
         for i in order
     ]
-    plan = plan_decay(t, now, policy)
+    plan = plan_decay(t, policy)
     next_pass: dict[str, int] = {}
     for a in plan.actions:
         next_pass[f"{a.kind}:{a.reason}"] = next_pass.get(f"{a.kind}:{a.reason}", 0) + 1
@@ -777,6 +896,7 @@ def inspect_tenant(store: MemoryStore, tenant: str, policy: MaintenancePolicy, n
 
 
 __all__ = [
+    "SETTLE_PASS_S",
     "AccessFlusher",
     "AccessTracker",
     "MaintenanceEngine",

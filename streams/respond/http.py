@@ -11,7 +11,9 @@
   ``POST /v1/forget`` (JSON `ForgetRequest`: one memory or one agent's memories;
   audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``),
   ``GET /v1/stats?tenant=T`` (row counts by partition). Validation errors are 422
-  with a JSON body; an id of another tenant is 404, exactly like a missing one.
+  with a JSON body; an id of another tenant is 404, exactly like a missing one. The
+  id of a transition dedup folded into another memory answers with that survivor
+  (its row, plus ``folded_id``: the id asked for).
 - Both paths emit `MemoryUsage` for requests with an episode_id.
 - The request consumer is a plain aiokafka consumer group inside a faust
   Service (`RequestConsumer`), not a faust agent: faust's consumer thread hands
@@ -125,6 +127,7 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 store.store, encoder, policy_from(settings),
                 count_ttl_s=settings.respond.count_ttl_s,
                 consistency_level=settings.milvus.search_consistency,
+                per_agent_clock=settings.maintenance.stream_clock == "agent",
             )
         r: Responder = state["responder"]
         return r
@@ -226,8 +229,11 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 return json_response(self, {"error": "store not ready"}, 503)
             rows = await asyncio.to_thread(store.store.get, [memory_id])
             rows = [r for r in rows if r.get("tenant") == tenant]
-            if not rows:
-                return json_response(self, {"error": "not found"}, 404)
+            if not rows:  # folded into a survivor by dedup: the survivor stands for it
+                into = await asyncio.to_thread(store.store.survivors_of, tenant, [memory_id])
+                if memory_id not in into:
+                    return json_response(self, {"error": "not found"}, 404)
+                rows = [{**into[memory_id], "folded_id": memory_id}]
             row = rows[0]
             row.pop("vector", None)
             return json_response(self, row)

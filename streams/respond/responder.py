@@ -14,6 +14,14 @@ in a worker thread. Decisions:
   never when the request sets lambda).
 - Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
   served ids and their normalised score weights.
+- Time: recency and the access stamps are stream time on the memories' own
+  clock, never the wall clock: per (tenant, agent) (or per tenant, with
+  ``DMEM_MAINTENANCE__STREAM_CLOCK=tenant``) the highest event time this
+  responder has read from that clock's memories (`operators.retrieval.StreamClock`).
+  A retrieval is stamped (``last_access_ts``) with the served memory's clock, so
+  the jobs measure "time since access" on the same clock as every other age.
+  ``now_ms`` (the wall clock) only stamps the `MemoryUsage` (credit windows are
+  ingestion time, see `streams.jobs.credit`).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from operators import Encoder, PassthroughEncoder
-from operators.retrieval import RankPolicy, rank, usage_weights
+from operators.retrieval import RankPolicy, StreamClock, rank, usage_weights
 from schemas import Hit, MemoryUsage, RetrievalRequest, RetrievalResponse, ScoreBreakdown
 from schemas.errors import InvalidRecord
 from streams.metrics import MILVUS_LATENCY
@@ -34,7 +42,7 @@ from streams.metrics import MILVUS_LATENCY
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "rpe_smoothed", "utility", "uses", "valence", "created_ts", "metadata",
+    "rpe_smoothed", "utility", "uses", "valence", "created_ts", "merged_count", "metadata",
 ]
 
 
@@ -60,7 +68,8 @@ def store_filter(req: RetrievalRequest) -> dict[str, Any]:
     return out
 
 
-#: access tracking hook: called as (tenant, served memory ids, now_ms) after each answer;
+#: access tracking hook: called as (tenant, served memory ids, stream time of their clock)
+#: after each answer (once per clock among the served memories);
 #: `streams.jobs.maintenance.wire_access` installs a batching tracker (never one write per hit)
 ACCESS_HOOK: Callable[[str, list[str], int], None] | None = None
 
@@ -73,8 +82,10 @@ class Responder:
         policy: RankPolicy | None = None,
         count_ttl_s: float = 30.0,
         consistency_level: str | None = None,
+        per_agent_clock: bool = True,
     ) -> None:
         self.store = store
+        self.clock = StreamClock(per_agent=per_agent_clock)
         self.encoder = encoder
         self.policy = policy or RankPolicy.hybrid()
         self.count_ttl_s = count_ttl_s
@@ -108,6 +119,18 @@ class Responder:
         assert req.query is not None
         return self.encoder.encode([req.query])[0]
 
+    def merged_ids(self, rows: list[Any]) -> dict[str, list[str]]:
+        """The folded transition ids of the served survivors (one read, only when a
+        served memory stands for more than itself)."""
+        ids = [str(r["id"]) for r in rows if int(r.get("merged_count", 1) or 1) > 1]
+        if not ids:
+            return {}
+        out = {}
+        for row in self.store.get(ids, output_fields=["id", "metadata"]):
+            merge = (row.get("metadata") or {}).get("merge") or {}
+            out[str(row["id"])] = [str(i) for i in merge.get("ids", [])]
+        return out
+
     def answer(
         self, req: RetrievalRequest, now_ms: int
     ) -> tuple[RetrievalResponse, MemoryUsage | None]:
@@ -137,7 +160,9 @@ class Responder:
             rows = self.store.get([c["id"] for c in cands], with_vector=True,
                                   output_fields=["id", "vector"])
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
-        ranked = rank(cands, self.policy, lam, now_ms, req.k, vectors)
+        stream_now = self.clock.observe(req.tenant, cands)
+        ranked = rank(cands, self.policy, lam, stream_now, req.k, vectors)
+        folded = self.merged_ids([r.row for r in ranked])
         hits = [
             Hit(
                 memory_id=str(r.row["id"]),
@@ -153,6 +178,8 @@ class Responder:
                 step=int(r.row.get("step", 0)),
                 created_ts=int(r.row.get("created_ts", 0)),
                 metadata=dict((r.row.get("metadata") or {}).get("user") or {}),
+                merged_count=int(r.row.get("merged_count", 1) or 1),
+                merged_ids=folded.get(str(r.row["id"]), []),
                 score=r.score,
                 breakdown=ScoreBreakdown.model_validate(
                     {"semantic": r.semantic, "salience": r.salience, "recency": r.recency,
@@ -175,6 +202,11 @@ class Responder:
             )
         hook = ACCESS_HOOK
         if hook is not None and hits:
-            hook(req.tenant, [h.memory_id for h in hits], now_ms)
+            by_clock: dict[int, list[str]] = {}
+            for h in hits:
+                by_clock.setdefault(stream_now.get(h.agent_id, h.created_ts),
+                                    []).append(h.memory_id)  # fmt: skip
+            for stamp, ids in by_clock.items():
+                hook(req.tenant, ids, stamp)
         self.answered += 1
         return resp, usage

@@ -377,19 +377,17 @@ class WritePipeline:
     def _process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
         result = BatchResult()
         good: dict[str, Transition] = {}
-        event_ts: dict[str, int] = {}
         for raw in raws:
             item = self.decode(raw, now_ms)
             if isinstance(item, DeadLetter):
                 result.dead.append((raw.key, item))
             else:
                 good[item.memory_id] = item  # replay inside one batch: last wins
-                event_ts[item.memory_id] = raw.timestamp_ms or now_ms
         by_tenant: dict[str, list[Transition]] = {}
         for t in good.values():
             by_tenant.setdefault(t.tenant, []).append(t)
         for tenant, ts in by_tenant.items():
-            self._process_tenant(tenant, ts, now_ms, event_ts, result)
+            self._process_tenant(tenant, ts, now_ms, result)
         self.processed += len(raws)
         return result
 
@@ -398,7 +396,6 @@ class WritePipeline:
         tenant: str,
         ts: list[Transition],
         now_ms: int,
-        event_ts: dict[str, int],
         out: BatchResult,
     ) -> None:
         st = self.tenant(tenant)
@@ -463,7 +460,7 @@ class WritePipeline:
                 theta_low=float(d.theta_low),
                 theta_high=float(d.theta_high),
                 reason=reason,
-                event_ts=event_ts.get(t.memory_id),
+                event_ts=created,  # the stream time the jobs' clocks advance by
                 ts=now_ms,
             )
             out.events.append(ev)

@@ -39,51 +39,128 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     old = make_record("old", vector=base, reward=1.0, rpe=0.5, created_ts=1000,
                       last_access_ts=1000, utility=0.4, uses=2)
     news = [make_record(f"new{i}", vector=unit_vector(8, 10 + i, base=base, noise=0.01),
-                        reward=4.0, rpe=-2.0 - i, created_ts=2000 + i, last_access_ts=2000 + i)
+                        reward=1.0, rpe=-2.0 - i, created_ts=2000 + i, last_access_ts=2000 + i)
             for i in range(2)]
     other_action = make_record("act", vector=base, action="jump", created_ts=3000)
     far = make_record("far", vector=unit_vector(8, 99), created_ts=3000)
-    store.upsert([old], "buffer")
-    store.upsert([*news, other_action, far], "core")
+    # never merged with `old`: another route, another reward, a terminal step
+    in_buffer = make_record("buf", vector=base, reward=1.0, created_ts=3000)
+    rewarded = make_record("rewarded", vector=base, reward=25.0, created_ts=3001)
+    terminal = make_record("terminal", vector=base, reward=1.0, created_ts=3002,
+                           metadata={"done": True})
+    store.upsert([in_buffer], "buffer")
+    store.upsert([old, *news, other_action, far, rewarded, terminal], "core")
     eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
-    assert eng.bootstrap() == 5
-    events = eng.dedup("acme", ["new0", "new1", "act", "far"], NOW)
+    assert eng.bootstrap() == 8
+    window = ["new0", "new1", "act", "far", "buf", "rewarded", "terminal"]
+    events = eng.dedup("acme", window, NOW)
     kinds = sorted((e.kind, e.memory_id) for e in events)
-    assert kinds == [("merged", "new0"), ("merged", "new1"), ("promoted", "old")]
+    assert kinds == [("merged", "new0"), ("merged", "new1")]
     (row,) = store.get(["old"])
-    assert row["partition"] == "core"  # a core duplicate joined
+    assert row["partition"] == "core"
     assert row["merged_count"] == 3
-    assert row["reward"] == pytest.approx((1.0 + 4.0 + 4.0) / 3)
-    assert row["rpe"] == pytest.approx(-3.0)
+    assert row["reward"] == pytest.approx(1.0)
+    assert row["rpe"] == pytest.approx(-3.0)  # the strongest signal is kept
     assert row["utility"] == pytest.approx(0.4) and row["uses"] == 2
     assert row["created_ts"] == 1000 and row["metadata"]["merge"]["last_seen_ts"] == 2001
-    assert ids_of(store) == {"old", "act", "far"}
-    hits = store.search(news[0]["vector"], tenant="acme", k=5)
-    hit_ids = [h["id"] for h in hits]
-    assert hit_ids[0] in ("old", "act") and "old" in hit_ids[:2]
-    assert not {"new0", "new1"} & set(hit_ids)
-    assert "new0" not in eng.index.tenant("acme") and len(eng.index) == 3
+    assert row["metadata"]["merge"]["ids"] == ["new0", "new1"]
+    assert ids_of(store) == {"old", "act", "far", "buf", "rewarded", "terminal"}
+    hits = store.search(news[0]["vector"], tenant="acme", k=8)
+    assert not {"new0", "new1"} & {h["id"] for h in hits}
+    # a lookup of a folded transition finds the memory that stands for it
+    into = store.survivors_of("acme", ["new1", "far", "nope"])
+    assert set(into) == {"new1"} and into["new1"]["id"] == "old"
+    assert store.survivors_of("zeta", ["new1"]) == {}  # never across tenants
+    assert "new0" not in eng.index.tenant("acme") and len(eng.index) == 6
     # the write path replays new0 (crash before its commit): merging again changes nothing
     store.upsert([news[0]], "core")
     events = eng.dedup("acme", ["new0"], NOW)
     assert [(e.kind, e.memory_id) for e in events] == [("merged", "new0")]
     (again,) = store.get(["old"])
     assert again["merged_count"] == 3 and again["reward"] == pytest.approx(row["reward"])
-    assert ids_of(store) == {"old", "act", "far"}
+    assert ids_of(store) == {"old", "act", "far", "buf", "rewarded", "terminal"}
+
+
+def test_a_rewarded_step_identical_in_text_survives_dedup(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """The issue's lost step: reward 25 after an earlier reward-0 step with the same
+    observation, action, valence and route (the old scope merged it into the older,
+    unrewarded one). It survives, as does a failing terminal step of reward 0; the
+    true repeats (same observation, action, reward) still merge."""
+    store = store_factory(dim=8)
+    vec = unit_vector(8, 3)
+    obs = {"text": "You are in the kitchen. A fridge is here.", "action": "open fridge",
+           "vector": vec, "valence": 1, "rpe": 1.0}
+
+    def step(mid: str, ts: int, reward: float, done: bool = False) -> dict[str, Any]:
+        return make_record(mid, created_ts=ts, last_access_ts=ts, reward=reward,
+                           metadata={"done": done, "next": "The fridge is open."}, **obs)
+
+    rows = [step("plain-1", 100, 0.0), step("scored", 200, 25.0), step("plain-2", 300, 0.0),
+            step("failed", 400, 0.0, done=True), step("plain-3", 500, 0.0),
+            step("scored-again", 600, 25.0)]
+    store.upsert(rows, "core")
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    eng.bootstrap()
+    events = eng.dedup("acme", [r["id"] for r in rows], NOW)
+    merged = {e.memory_id: e.reason.split()[1] for e in events if e.kind == "merged"}
+    assert merged == {"plain-2": "plain-1", "plain-3": "plain-1", "scored-again": "scored"}
+    got = {r["id"]: r for r in store.scan(tenant="acme", output_fields=[
+        "id", "reward", "merged_count", "metadata"])}  # fmt: skip
+    assert set(got) == {"plain-1", "scored", "failed"}
+    assert got["scored"]["reward"] == 25.0 and got["scored"]["merged_count"] == 2
+    assert got["failed"]["metadata"]["done"] is True
+    assert got["plain-1"]["merged_count"] == 3 and got["plain-1"]["reward"] == 0.0
+
+
+def test_a_survivor_stands_for_what_it_folded(store_factory: Callable[..., MemoryStore]) -> None:
+    """Search hits say which transitions they stand for; credit for a folded
+    transition reaches its survivor."""
+    from types import SimpleNamespace
+
+    from operators import PassthroughEncoder
+    from schemas import RetrievalRequest, UtilityUpdate
+    from streams.jobs.credit import UtilityApplier
+    from streams.respond.responder import Responder
+    from streams.settings import Settings
+
+    store = store_factory(dim=8)
+    base = unit_vector(8, 7)
+    rows = [make_record(f"r{i}", vector=base, reward=1.0, created_ts=100 + i) for i in range(3)]
+    store.upsert(rows, "core")
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    eng.bootstrap()
+    assert len(eng.dedup("acme", ["r0", "r1", "r2"], NOW)) == 2
+    resp, _ = Responder(store, PassthroughEncoder(dim=8)).answer(
+        RetrievalRequest(request_id="q", tenant="acme", vector=base.tolist(), k=3), NOW)
+    (hit,) = resp.hits
+    assert (hit.memory_id, hit.merged_count, hit.merged_ids) == ("r0", 3, ["r1", "r2"])
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    ups = [UtilityUpdate(update_id="u1", memory_id="r2", tenant="acme", credit=1.0, ts=NOW),
+           UtilityUpdate(update_id="u2", memory_id="r2", tenant="zeta", credit=1.0, ts=NOW),
+           UtilityUpdate(update_id="u3", memory_id="gone", tenant="acme", credit=1.0, ts=NOW)]
+    assert applier.apply(ups) == 1 and applier.skipped == 2
+    (row,) = store.get(["r0"])
+    assert row["uses"] == 1 and row["utility"] == pytest.approx(0.2)
 
 
 def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryStore]) -> None:
     store = store_factory(dim=8)
     base = unit_vector(8, 5)
-    rows = [make_record(f"w{i}", vector=base, created_ts=100 + i, reward=float(i))
-            for i in range(12)]
+    rewards = [1.0] * 6 + [1.005] * 3 + [2.0] * 3  # 1.005 agrees with 1.0 (1 %), 2.0 does not
+    rows = [make_record(f"w{i:02d}", vector=base, created_ts=100 + i, reward=r)
+            for i, r in enumerate(rewards)]
     store.upsert(rows, "buffer")
     eng = MaintenanceEngine(store, MaintenancePolicy(), dedup_k=4)
     events = eng.dedup("acme", [r["id"] for r in rows], NOW)
-    assert len(events) == 11
-    (row,) = store.get(["w0"])
-    assert row["merged_count"] == 12 and row["reward"] == pytest.approx(5.5)
-    assert ids_of(store) == {"w0"}
+    assert len(events) == 10
+    one, two = store.get(["w00", "w09"])
+    assert one["merged_count"] == 9 and one["reward"] == pytest.approx((6 + 3 * 1.005) / 9)
+    assert one["metadata"]["merge"]["reward_min"] == 1.0
+    assert one["metadata"]["merge"]["reward_max"] == 1.005
+    assert two["merged_count"] == 3 and two["reward"] == 2.0
+    assert ids_of(store) == {"w00", "w09"}
 
 
 def test_ttl_and_capacity_evict_lowest_priority(store_factory: Callable[..., MemoryStore]) -> None:
@@ -182,7 +259,7 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
     try:
         trs = [Transition(tenant="acme", agent_id="a" if i % 2 else "b", episode_id=f"e{i // 10}",
                           step=i % 10, observation=f"the door number {i % 5} is locked",
-                          action="open", reward=(-1.0 if i % 5 == 0 else 1.0) + 0.01 * i)
+                          action="open", reward=-1.0 if i % 5 == 0 else 1.0)
                 for i in range(40)]
         trs += [Transition(tenant="zeta", agent_id="a", episode_id="z", step=i,
                            observation="the door number 1 is locked", action="open", reward=1.0)
@@ -205,9 +282,10 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
                 break
             time.sleep(0.5)
         report = _cli(["inspect", "--tenant", "acme"], env | {"DMEM_KAFKA__BROKER": broker})
-        # one memory per (agent, door, valence) survives; the rest were merged into it
+        # one memory per (agent, door, valence, route) survives; the rest merged into it
         acme = [e for e in written.values() if e["tenant"] == "acme"]
-        scopes = {(e["agent_id"], text[e["memory_id"]], e["valence"]) for e in acme}
+        scopes = {(e["agent_id"], text[e["memory_id"]], e["valence"], e["partition"])
+                  for e in acme}
         assert report["counts"]["core"] + report["counts"]["buffer"] == len(scopes)
         assert report["merged_total"] == len(acme) - len(scopes)
         assert report["recent"] and {e["kind"] for e in report["recent"]} >= {"merged"}

@@ -15,10 +15,13 @@ from operators.maintenance import (
     MaintenancePolicy,
     TenantIndex,
     entry_from_row,
+    is_critical,
     merge_rows,
+    merge_scope,
     plan_decay,
     plan_merges,
     priority,
+    rewards_agree,
 )
 from streams.jobs.maintenance import AccessTracker
 
@@ -73,6 +76,34 @@ def test_plan_merges_does_not_chain_beyond_tau() -> None:
     assert [(g.survivor, g.members) for g in groups] == [("x", ("y",))]
 
 
+def test_plan_merges_never_merges_across_rewards() -> None:
+    v = unit([1, 0, 0])
+    vecs = np.stack([v] * 6)
+    ids = ["zero", "r25", "zero2", "r25b", "r25-drift", "r-neg"]
+    spans = [(0.0, 0.0), (25.0, 25.0), (0.0, 0.0), (25.1, 25.1), (25.3, 25.3), (-25.0, -25.0)]
+    groups = plan_merges(ids, [1, 2, 3, 4, 5, 6], vecs, 0.95, spans, reward_tol=0.01)
+    # within 1 % of every reward in the group: 25.3 would stretch {25, 25.1} to 1.2 %
+    assert [(g.survivor, g.members) for g in groups] == [("zero", ("zero2",)),
+                                                          ("r25", ("r25b",))]
+    # an existing survivor's span counts (complete linkage across windows)
+    groups = plan_merges(["old", "new"], [1, 2], vecs[:2], 0.95,
+                         [(24.8, 25.0), (25.2, 25.2)], reward_tol=0.01)
+    assert groups == []
+    assert rewards_agree(0.0, 0.0, 0.01) and not rewards_agree(-1e-9, 1e-9, 0.5)
+    assert not rewards_agree(0.0, 1e-12, 0.01)
+
+
+def test_merge_scope_separates_route_terminal_and_reward_sign() -> None:
+    base = {"agent_id": "a", "action": "go", "valence": 1, "partition": "core", "reward": 2.0,
+            "metadata": {"done": False}}
+    assert merge_scope(base) == merge_scope({**base, "reward": 3.0})
+    for other in ({"partition": "buffer"}, {"metadata": {"done": True}}, {"reward": 0.0},
+                  {"reward": -2.0}, {"valence": -1}, {"action": "stay"}):
+        assert merge_scope(base) != merge_scope({**base, **other})
+    assert is_critical({"reward": 0.0, "metadata": {"done": True}})
+    assert is_critical({"reward": -0.5}) and not is_critical({"reward": 0.0, "metadata": {}})
+
+
 def row(mid: str, **kw: object) -> dict[str, object]:
     base: dict[str, object] = {"id": mid, "tenant": "t", "reward": 0.0, "rpe": 0.0,
                                "rpe_smoothed": 0.0, "gate": 0.0, "utility": 0.0, "uses": 0,
@@ -107,6 +138,14 @@ def test_merge_arithmetic_and_idempotency() -> None:
     third, _ = merge_rows(new, [row("m3", reward=0.0, created_ts=400)])
     assert third["merged_count"] == 5 and third["reward"] == pytest.approx(4.0 / 5)
     assert entry_from_row(third).last_seen_ts == 400
+    merge = third["metadata"]["merge"]
+    assert (merge["reward_min"], merge["reward_max"]) == (-2.0, 4.0)
+    # a survivor folded into another brings the ids it stood for, and its credit ids
+    top, folded = merge_rows(row("top", metadata={"credit_ids": ["c0"]}),
+                             [{**third, "metadata": {**third["metadata"], "credit_ids": ["c1"]}}])
+    assert folded == ["s", "m1", "m2", "m3"]
+    assert top["metadata"]["merge"]["ids"] == folded and top["merged_count"] == 6
+    assert top["metadata"]["credit_ids"] == ["c0", "c1"]
 
 
 def index_of(entries: dict[str, Entry]) -> TenantIndex:
@@ -133,7 +172,7 @@ def test_decay_ttl_floor_fade_promote() -> None:
         "useful-buf": e(BUFFER, 3, 0.2, utility=0.9),  # earned tanh(.9)=0.72 >= 0.5
         "used-buf": e(BUFFER, 3, 0.2, hits=15, access_age_days=0.01),
     })
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     got = {(a.memory_id, a.kind, a.reason) for a in plan.actions}
     assert got == {
         ("old-buf", "evicted", "ttl"),
@@ -144,7 +183,7 @@ def test_decay_ttl_floor_fade_promote() -> None:
     }
     # a recently accessed old buffer entry is not past the TTL
     t2 = index_of({"old-but-used": e(BUFFER, 20, 5.0, access_age_days=1, hits=1)})
-    assert all(a.reason != "ttl" for a in plan_decay(t2, NOW, pol).actions)
+    assert all(a.reason != "ttl" for a in plan_decay(t2, pol, NOW).actions)
 
 
 def test_capacities_pick_lowest_priority() -> None:
@@ -153,21 +192,21 @@ def test_capacities_pick_lowest_priority() -> None:
         "c-hi": e(CORE, 0, 5.0), "c-mid": e(CORE, 0, 3.0), "c-lo": e(CORE, 0, 1.0),
         "b1": e(BUFFER, 0, 0.9), "b2": e(BUFFER, 0, 0.8), "b3": e(BUFFER, 0, 0.7),
     })
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert [(a.memory_id, a.kind, a.reason) for a in plan.actions] == [
         ("b3", "evicted", "buffer_capacity"),
         ("c-lo", "demoted", "core_capacity"),
     ]
     # a promotion that would not make the core's top is not made
     t.upsert("b-earned", e(BUFFER, 0, 0.0, utility=0.6))
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert "b-earned" not in {a.memory_id for a in plan.by_kind("promoted")}
 
 
 def test_max_actions_defers() -> None:
     pol = MaintenancePolicy(buffer_capacity=0, max_actions=3)
     t = index_of({f"b{i}": e(BUFFER, 0, 1.0 + i) for i in range(5)})
-    plan = plan_decay(t, NOW, pol)
+    plan = plan_decay(t, pol, NOW)
     assert [a.memory_id for a in plan.actions] == ["b0", "b1", "b2"] and plan.deferred == 2
 
 
@@ -193,3 +232,54 @@ def test_access_tracker_batches() -> None:
     tr.record("t", ["a"], 30)
     tr.restore(hits)
     assert tr.drain()[("t", "a")] == (3, 30)
+
+
+def test_ages_are_stream_time_per_agent_clock() -> None:
+    """Ages are measured to the watermark of the memory's own clock: shifting one
+    agent's timestamps by any constant changes no decision, for it or for others."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    entry = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([CORE, BUFFER]),
+                      st.integers(0, 40 * DAY_MS), st.floats(0, 6), st.floats(-1, 1),
+                      st.integers(0, 20), st.integers(0, 40 * DAY_MS))  # fmt: skip
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(entry, min_size=1, max_size=40),
+           st.dictionaries(st.sampled_from(["a", "b", "c"]),
+                           st.integers(-3 * 365 * DAY_MS, 3 * 365 * DAY_MS)))
+    def check(entries: list[tuple], shift: dict[str, int]) -> None:
+        pol = MaintenancePolicy(core_capacity=8, buffer_capacity=12)
+        base = 10 * 365 * DAY_MS
+
+        def index(by: dict[str, int]) -> TenantIndex:
+            t = TenantIndex()
+            for i, (agent, part, seen, rpe, util, hits, acc) in enumerate(entries):
+                ts = base + seen + by.get(agent, 0)
+                t.upsert(f"m{i}", Entry(part, ts, ts, rpe, util, hits,
+                                        base + min(acc, seen) + by.get(agent, 0), agent))
+            return t
+
+        def plan(t: TenantIndex) -> list[tuple[str, str, str]]:
+            return [(a.memory_id, a.kind, a.reason) for a in plan_decay(t, pol).actions]
+
+        assert plan(index(shift)) == plan(index({}))
+
+    check()
+
+
+def test_stream_clocks_are_watermarks() -> None:
+    t = TenantIndex()
+    t.upsert("x", e(BUFFER, 3, 1.0))
+    assert t.stream_time("agent") is None and t.stream_time("") == int(NOW - 3 * DAY_MS)
+    t.advance("", NOW)
+    t.advance("", NOW - DAY_MS)  # never backwards
+    assert t.stream_time() == NOW and t.stream_now().tolist() == [NOW]
+    t.remove("x")
+    assert t.stream_time() == NOW  # removing memories does not move the clock back
+    shared = TenantIndex(per_agent_clock=False)
+    shared.upsert("p", Entry(BUFFER, 10, 10, 1.0, agent="a"))
+    shared.advance("b", 99)
+    assert shared.stream_time("a") == shared.stream_time("b") == 99
+    with pytest.raises(ValueError):
+        MaintenancePolicy(clock="wall")

@@ -55,3 +55,30 @@ def test_policy_validation() -> None:
         RankPolicy.hybrid(explore=-1.0)
     with pytest.raises(ValueError):
         RankPolicy.hybrid(lambda_evidence=1.5)
+
+
+def test_recency_is_stream_time_on_each_agents_clock() -> None:
+    from operators.retrieval import StreamClock
+
+    p = RankPolicy.hybrid()
+    day = 24 * 3600 * 1000
+
+    def ranked(shift_b: int) -> list[tuple[str, float]]:
+        clock = StreamClock()
+        rows = [{"id": "a-new", "agent_id": "a", "similarity": 0.5, "rpe": 1.0,
+                 "created_ts": 100 * day},
+                {"id": "a-old", "agent_id": "a", "similarity": 0.6, "rpe": 1.0,
+                 "created_ts": 40 * day},
+                {"id": "b-new", "agent_id": "b", "similarity": 0.4, "rpe": 1.0,
+                 "created_ts": 70 * day + shift_b}]  # fmt: skip
+        now = clock.observe("t", rows)
+        return [(r.row["id"], round(r.recency, 9)) for r in rank(rows, p, 0.3, now, 3)]
+
+    got = ranked(0)
+    assert dict(got)["a-new"] == 1.0 and dict(got)["b-new"] == 1.0
+    assert dict(got)["a-old"] == pytest.approx(2 ** (-60 / 30))
+    assert ranked(400 * day) == got == ranked(-400 * day)  # b's clock is b's business
+    # a clock only moves forward: an old memory read later is measured to it
+    clock = StreamClock(per_agent=False)
+    clock.observe("t", [{"agent_id": "a", "created_ts": 50}])
+    assert clock.observe("t", [{"agent_id": "b", "created_ts": 10}]) == {"b": 50}

@@ -1,0 +1,60 @@
+"""`dmem wait --settled`: wait until a deployment's jobs reached their fixed point.
+
+Polls ``GET /health`` of every given worker (README "Guarantees": each worker
+reports its components' pending work and ``settled``) until all of them say
+``settled`` on every poll for ``quiet_s`` in a row (a record between two workers,
+produced by one and not yet fetched by the other, can hide from a single poll).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from schemas.errors import ServiceUnavailable
+
+__all__ = ["health", "wait_settled"]
+
+
+def health(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """One worker's /health body (also when it answers 503)."""
+    req = urllib.request.Request(url.rstrip("/") + "/health")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as exc:  # 503: not ok, body still says why
+        return dict(json.loads(exc.read() or b"{}"))
+
+
+def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float = 1.0,
+                 poll_s: float = 0.25) -> dict[str, Any]:  # fmt: skip
+    """Block until every worker is settled for `quiet_s`; returns the waited seconds and
+    each worker's last settle report. ServiceUnavailable after `timeout_s`."""
+    t0 = time.monotonic()
+    since: float | None = None
+    last: dict[str, Any] = {}
+    while True:
+        now = time.monotonic()
+        try:
+            last = {u: health(u) for u in urls}
+            ok = all(h.get("settled") for h in last.values())
+        except (OSError, ValueError) as exc:  # not up yet / restarting
+            last, ok = {"error": str(exc)}, False
+        if ok:
+            since = now if since is None else since
+            if now - since >= quiet_s:
+                return {"settled": True, "waited_s": round(now - t0, 3),
+                        "workers": {u: h.get("settle") for u, h in last.items()}}  # fmt: skip
+        else:
+            since = None
+        if now - t0 > timeout_s:
+            pending = {u: {k: v.get("pending") for k, v in (h.get("settle") or {}).items()
+                           if not v.get("settled")} if isinstance(h, dict) else h
+                       for u, h in last.items()}  # fmt: skip
+            raise ServiceUnavailable(f"not settled after {timeout_s:g} s; pending: "
+                                     f"{json.dumps(pending, default=str)}")
+        time.sleep(poll_s)

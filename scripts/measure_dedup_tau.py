@@ -1,0 +1,49 @@
+"""False merges of a dedup tau on real text (BENCHMARKS.md "Dedup tau").
+
+Encodes every distinct dialogue turn of LoCoMo (default ``../shared/data/locomo10``)
+with each encoder and reports, per tau, how many distinct texts have another
+distinct text at cosine >= tau: each such text would be folded into a memory that
+says something else. Usage: ``.venv/bin/python scripts/measure_dedup_tau.py [DIR]``
+(prints one JSON object; MiniLM on CPU takes minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from operators import build_encoder
+
+TAUS = (0.90, 0.95, 0.97, 0.98, 0.99)
+
+
+def turns(data: Path) -> list[str]:
+    out = []
+    for f in sorted(data.glob("*.json")):
+        conv = json.loads(f.read_text())
+        for key, value in conv.items():
+            if key.startswith("session_") and isinstance(value, list):
+                out += [str(t["text"]) for t in value if t.get("text")]
+    return out
+
+
+def main(data: Path) -> dict[str, object]:
+    texts = sorted(set(turns(data)))
+    result: dict[str, object] = {"texts": len(texts)}
+    for name in ("minilm", "hash"):
+        vecs = build_encoder(name, dim=256, cache_size=0).encode(texts)
+        sims = vecs @ vecs.T
+        np.fill_diagonal(sims, -1.0)
+        nearest = sims.max(axis=1)
+        result[name] = {str(t): {"texts_with_a_false_merge": int((nearest >= t - 1e-6).sum()),
+                                 "rate": round(float((nearest >= t - 1e-6).mean()), 5)}
+                        for t in TAUS}  # fmt: skip
+    return result
+
+
+if __name__ == "__main__":
+    default = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo10"
+    print(json.dumps(main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)))
