@@ -15,6 +15,8 @@ Lite, with the encoder the benchmark names (MiniLM by default).
    spoken by the other speaker of this conversation (so only its content, not a
    stranger's name in the speaker field, gives it away). ``--noise 0.5`` = one
    noise turn per two real ones on average.
+   The worker runs with default settings except `worker_env` (no decay passes;
+   MiniLM's dedup threshold).
 3. Settle: every published turn has a ``written``/``dropped`` MemoryEvent and
    the memories topic has been quiet for `SETTLE_QUIET_S` (dedup windows closed).
    ``merged`` events map a removed memory to its survivor, which then stands for it.
@@ -292,6 +294,23 @@ async def ask(bootstrap: str, url: str, convs: Sequence[Conversation], cfg: Loco
     return out
 
 
+def worker_env(cfg: LocomoConfig) -> dict[str, str]:
+    """The worker's settings: defaults, except the two this data set needs.
+
+    - Decay is not run (``DECAY_INTERVAL_S`` = 1e9): LoCoMo spans months of event
+      time, and the default decay (7-day half-life, 14-day buffer TTL, both in
+      stream time) would age most of a conversation out, which measures the
+      decay policy, not the gate. Chats that should remember for months need
+      longer horizons (`DMEM_MAINTENANCE__HALF_LIFE_S`, `__BUFFER_TTL_S`).
+    - Dedup threshold 0.98 with MiniLM (README "Maintenance": 0.95 is tuned for
+      the hash encoder; MiniLM rates short sentences closer).
+    """
+    env = {"DMEM_ENCODER__NAME": cfg.encoder, "DMEM_MAINTENANCE__DECAY_INTERVAL_S": "1e9"}
+    if cfg.encoder == "minilm":
+        env["DMEM_MAINTENANCE__DEDUP_TAU"] = "0.98"
+    return env
+
+
 def run(cfg: LocomoConfig) -> dict[str, Any]:
     from operators.encoders import build_encoder
     from streams.local.stack import LocalStack
@@ -304,7 +323,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
     note(f"locomo: {len(convs)} conversations, {len(all_items)} turns "
          f"({sum(it.noise for it in all_items)} noise), encoder {cfg.encoder}")
     tmp = Path(tempfile.mkdtemp(prefix="dmem-locomo-"))
-    stack = LocalStack(tmp, roles=("all",), extra_env={"DMEM_ENCODER__NAME": cfg.encoder})
+    stack = LocalStack(tmp, roles=("all",), extra_env=worker_env(cfg))
     failed = True
     try:
         stack.start()
@@ -406,6 +425,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         "store_all_noisy_recall_at_10": (mean(all_scores["store_all_noisy_at_10"])
                                          if cfg.noise > 0 else None),
         "merged": len(merged),
+        "worker_env": worker_env(cfg),
         "per_category": per_cat,
         "routes": dict(sorted(reasons.items())),
         "write_s": write_s,

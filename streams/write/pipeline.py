@@ -23,7 +23,10 @@ Decisions (see README "Write path"):
   streams, which then route exactly as before and skip the intrinsic work; 1 for
   a chat). A reward-free transition dropped for being off-context gets reason
   ``off_context``; stored rows carry ``metadata.surprise`` (w, intrinsic, info,
-  novelty, fit).
+  novelty, fit). Where the intrinsic term routed a transition (w * s_int > s_ext)
+  the stored ``rpe`` is that score (positive; ``valence`` stays sign(delta), 0 for
+  a chat), so decay priorities and ranking salience, which read |rpe|, see the
+  surprise that kept it instead of an extrinsic 0.
 - State (value model, normaliser, gate sketch, smoothers, recent-content keys,
   eligibility windows) is kept per tenant and snapshotted to bytes for the
   compacted ``models`` topic; `restore` accepts those bytes on start.
@@ -454,8 +457,13 @@ class WritePipeline:
         scores = [st.smoother(t.agent_id).smooth(float(z[i])) for i, t in enumerate(ts)]
         # reward-free surprise: one gate score, max(extrinsic, w * intrinsic)
         w_int, intr = intrinsic_scores(st, self.settings, ts, s, s2, r)
+        stored_rpe = [float(x) for x in z]
         if intr is not None:
-            scores = [gate_score(e, x.score, w_int) for e, x in zip(scores, intr, strict=True)]
+            ext = scores
+            scores = [gate_score(e, x.score, w_int) for e, x in zip(ext, intr, strict=True)]
+            # where reward-free surprise routed it, that is the memory's surprise (> 0)
+            stored_rpe = [g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe,
+                                                                 strict=True)]
         decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
@@ -500,7 +508,7 @@ class WritePipeline:
                 partition=None if route == "drop" else cast(Partition, route),
                 route=cast(Any, route),
                 reward=t.reward,
-                rpe=float(z[i]),
+                rpe=stored_rpe[i],
                 rpe_smoothed=float(score),
                 gate=float(d.gate),
                 valence=val,
@@ -517,7 +525,7 @@ class WritePipeline:
                 t,
                 tenant,
                 s[i],
-                float(z[i]),
+                stored_rpe[i],
                 float(score),
                 float(d.gate),
                 val,
