@@ -43,11 +43,11 @@ floor (0.5) means "half of what a typical turn says".
 State (`IntrinsicState`): the token counts, the RND predictor, the running means
 and the mix's reward rate are checkpointed with the write path's state
 (`to_dict`/`from_dict`: float16 counts, 44 KB in base64, plus 71 KB for a
-trained RND predictor; the value model's checkpoint is the large part). The stored-embedding bank and
-the per-agent context (previous embedding, EMA) are not: they are rebuilt by
-live traffic, so for the first turns after a restart novelty is measured against
-what was stored since, and the context guard waits for context (it never vetoes
-without one).
+trained RND predictor; the value model's checkpoint is the large part). The
+stored-embedding bank and the per-agent context (previous embedding, EMA) are
+not: they are rebuilt by live traffic, so for the first turns after a restart
+novelty is measured against what was stored since, and the context guard waits
+for context (it never vetoes without one).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_reward_mix_switches_intrinsic_off_for_rewarded_streams() -> None:
     chat = RewardMix()
     assert chat.observe(np.zeros(1000)) == 1.0
     sparse = RewardMix(rate_full=0.01)
-    w = sparse.observe(np.r_[np.zeros(995), np.ones(5)] )  # 0.5 % rewarded
+    w = sparse.observe(np.r_[np.zeros(995), np.ones(5)])  # 0.5 % rewarded
     assert 0.0 < w < 1.0
     again = RewardMix.from_dict(orjson.loads(orjson.dumps(sparse.to_dict())))
     assert again.weight == sparse.weight
@@ -47,7 +47,8 @@ def test_token_surprisal_frequent_tokens_say_little() -> None:
     news = tm.surprisal(tm.ids("my sister moved to lisbon to study architecture"))
     assert news > 2 * greeting
     back = TokenSurprisal.from_dict(orjson.loads(orjson.dumps(tm.to_dict())))
-    assert back.surprisal(back.ids("hey lisbon")) == pytest.approx(tm.surprisal(tm.ids("hey lisbon")))
+    probe = tm.ids("hey lisbon")
+    assert back.surprisal(probe) == pytest.approx(tm.surprisal(probe))
 
 
 def test_token_counts_are_halved_before_float16_overflows() -> None:
