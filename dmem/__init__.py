@@ -18,7 +18,7 @@ is a `DmemError` with a ``retriable`` flag.
 """
 
 from dmem.adapter import DmemMemory, MemoryClient
-from dmem.client import DmemClient, SearchError, SyncDmemClient
+from dmem.client import ChatTurn, DmemClient, SearchError, SyncDmemClient, chat_transitions
 from schemas import (
     BrokerUnavailable,
     ConfigError,
@@ -48,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BrokerUnavailable",
+    "ChatTurn",
     "Client",
     "ConfigError",
     "DmemClient",
@@ -70,4 +71,5 @@ __all__ = [
     "SyncClient",
     "SyncDmemClient",
     "Transition",
+    "chat_transitions",
 ]

@@ -339,6 +339,37 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
         be.emit_json(out)
 
 
+@bench.command("locomo")
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              default=None, help="LoCoMo conversations (*.json) [default: ../shared/data/locomo10]")
+@click.option("--noise", type=click.FloatRange(0.0, 4.0), default=0.0, show_default=True,
+              help="noise turns from other conversations per real turn (0.5 = one per two)")
+@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
+              show_default=True)
+@click.option("--conversations", type=click.IntRange(0), default=0, help="first N (0 = all)")
+@click.option("--turns", type=click.IntRange(0), default=0,
+              help="first N turns per conversation (0 = all)")
+@click.option("--questions", type=click.IntRange(0), default=0,
+              help="first N scored questions per conversation (0 = all)")
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path(".dmem-bench/locomo.png"), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: int, turns: int,
+                 questions: int, seed: int, plot: Path, as_json: bool) -> None:
+    """Reward-free conversational memory on LoCoMo: evidence recall vs store-all cosine."""
+    from dmem.bench.locomo import DEFAULT_DATA, LocomoConfig
+    from dmem.bench.locomo import main as run_locomo
+
+    try:
+        cfg = LocomoConfig(data=data or DEFAULT_DATA, noise=noise, encoder=encoder,
+                           conversations=conversations, turns=turns, questions=questions,
+                           seed=seed, plot=plot)
+        run_locomo(cfg, as_json)
+    except (DmemError, FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+
+
 @bench.command("chaos")
 @click.option("--transitions", type=click.IntRange(1), default=20_000, show_default=True)
 @click.option("--tenants", type=click.IntRange(2), default=3, show_default=True)

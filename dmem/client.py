@@ -26,7 +26,8 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -175,6 +176,13 @@ class DmemClient:
         await self._producer.flush()
         return n
 
+    async def publish_chat(self, conversation: str, session: str | int,
+                           turns: Sequence[ChatTurn], start_step: int = 0) -> int:
+        """Publish one session of a conversation (mapping: `chat_transitions`)."""
+        return await self.publish_many(chat_transitions(
+            turns, tenant=self.tenant, conversation=conversation, session=session,
+            start_step=start_step))
+
     async def report_outcome(self, episode_id: str, reward: float, *,
                              agent_id: str | None = None, success: bool | None = None) -> None:
         assert self._producer is not None, "call start() first"
@@ -244,6 +252,20 @@ class DmemClient:
         if 400 <= r.status < 500:
             raise SearchError(f"HTTP {r.status}: {data}")
         raise ServiceUnavailable(f"HTTP {r.status}: {data}")
+
+    async def report_feedback(self, *, memory_id: str | None = None,
+                              episode_id: str | None = None,
+                              kind: str = "thumbs_up", value: float = 0.0,
+                              agent_id: str | None = None) -> None:
+        """A user's thumbs on a memory (or a reward on an episode): becomes credit.
+
+        ``thumbs_up`` / ``thumbs_down`` on a memory credit it +1 / -1 (its utility,
+        hence its ranking and whether decay keeps it); ``kind="reward"`` with an
+        episode is a late outcome for the credit job and hindsight writes. The same
+        record as `feedback`, with the value defaulting to 0 (the kind carries it).
+        """
+        await self.feedback(memory_id=memory_id, episode_id=episode_id, kind=kind,
+                            value=value, agent_id=agent_id)
 
     async def report_usage(self, episode_id: str, request_id: str,
                            weights: Mapping[str, float], *, step: int = 0,
@@ -404,3 +426,73 @@ class SyncDmemClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------
+# conversations
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One message of a conversation, as a chat product has it."""
+
+    speaker: str
+    text: str
+    turn_id: str | None = None  # the product's message id (kept in metadata)
+    ts: int | None = None  # event time, ms since epoch
+    metadata: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+
+def render_turn(turn: ChatTurn) -> str:
+    """What gets embedded and stored: ``"speaker: text"`` (names are what people ask about)."""
+    return f"{turn.speaker}: {turn.text}"
+
+
+def chat_transitions(
+    turns: Sequence[ChatTurn],
+    *,
+    tenant: str,
+    conversation: str,
+    session: str | int,
+    start_step: int = 0,
+) -> list[Transition]:
+    """Map one session of a conversation to Transitions (README "Conversations").
+
+    - ``agent_id`` = the conversation (the memory's owner and the search scope),
+      ``episode_id`` = ``<conversation>:<session>`` (a session is an episode),
+      ``step`` = the turn's index in the session (from ``start_step``);
+    - ``observation`` = `render_turn`, ``action`` = ``"say"``, ``reward`` = 0: a
+      chat has no reward; thumbs and corrections go to `report_feedback` and
+      become credit;
+    - ``next_observation`` = the next turn of the same session (how the
+      conversation went on: the write path's context-fit guard uses it);
+      the session's last turn has none and ``done`` = true;
+    - ``ts`` = the turn's event time; ``metadata`` = speaker, session, turn id
+      and the turn's own metadata.
+    Ids are stable (tenant, agent, episode, step), so publishing a session
+    again upserts the same memories.
+    """
+    out: list[Transition] = []
+    last = len(turns) - 1
+    for j, turn in enumerate(turns):
+        meta: dict[str, Any] = {"speaker": turn.speaker, "session": str(session)}
+        if turn.turn_id is not None:
+            meta["turn"] = turn.turn_id
+        meta.update(turn.metadata)
+        out.append(
+            Transition(
+                tenant=tenant,
+                agent_id=conversation,
+                episode_id=f"{conversation}:{session}",
+                step=start_step + j,
+                observation=render_turn(turn),
+                action="say",
+                reward=0.0,
+                next_observation=render_turn(turns[j + 1]) if j < last else None,
+                done=j == last,
+                ts=turn.ts,
+                metadata=meta,
+            )
+        )
+    return out

@@ -156,6 +156,18 @@ class RpeSettings(BaseModel):
     novelty: bool = Field(default=True, description="drop exact repeats already in core")
 
 
+class IntrinsicSettings(BaseModel):
+    """Reward-free surprise mixed into the gate score (`operators.novelty`)."""
+
+    enabled: bool = True
+    fit_k: float = Field(default=1.0, description="off-context below unrelated mean + k std")
+    repeat_cos: float = Field(default=0.9, gt=0.0, lt=1.0,
+                              description="turns closer than this to a memory are discounted")
+    reward_rate_full: float = Field(default=0.01, gt=0.0, le=1.0,
+                                    description="share of rewarded transitions that turns "
+                                    "intrinsic surprise fully off")
+
+
 class GateSettings(BaseModel):
     q_low: float = Field(default=0.5, gt=0.0, lt=1.0)
     q_high: float = Field(default=0.9, gt=0.0, lt=1.0)
@@ -215,6 +227,7 @@ class Settings(BaseSettings):
     value: ValueSettings = Field(default_factory=ValueSettings)
     rpe: RpeSettings = Field(default_factory=RpeSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    intrinsic: IntrinsicSettings = Field(default_factory=IntrinsicSettings)
     write: WriteSettings = Field(default_factory=WriteSettings)
     respond: RespondSettings = Field(default_factory=RespondSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)

@@ -18,6 +18,16 @@ Decisions (see README "Write path"):
   buffer, is dropped with reason ``repeat`` instead of writing a second
   identical row; the sketch still sees its score. Near-duplicates are the
   dedup job's business.
+- Reward-free surprise (`operators.novelty`): the gate score is
+  ``gate_score(s_extrinsic, s_intrinsic, w)`` = max(s_ext, w * s_int), with w from
+  the tenant's share of rewarded transitions (0 for Gymnasium/ScienceWorld-like
+  streams, which then route exactly as before and skip the intrinsic work; 1 for
+  a chat). A reward-free transition dropped for being off-context gets reason
+  ``off_context``; stored rows carry ``metadata.surprise`` (w, intrinsic, info,
+  novelty, fit). Where the intrinsic term routed a transition (w * s_int > s_ext)
+  the stored ``rpe`` is that score (positive; ``valence`` stays sign(delta), 0 for
+  a chat), so decay priorities and ranking salience, which read |rpe|, see the
+  surprise that kept it instead of an extrinsic 0.
 - State (value model, normaliser, gate sketch, smoothers, recent-content keys,
   eligibility windows) is kept per tenant and snapshotted to bytes for the
   compacted ``models`` topic; `restore` accepts those bytes on start.
@@ -55,6 +65,7 @@ from operators import (
     extrinsic_score,
     valence,
 )
+from operators.novelty import IntrinsicConfig, IntrinsicScore, IntrinsicState, gate_score
 from schemas import DeadLetter, MemoryEvent, Partition, Transition
 from streams.settings import Settings
 
@@ -159,6 +170,7 @@ class TenantState:
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
+        self.intrinsic = IntrinsicState(dim, intrinsic_config(settings), seed=seed)
         self.settings = settings
 
     def smoother(self, agent_id: str) -> AgentSmoother:
@@ -206,6 +218,7 @@ class TenantState:
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
+            "intrinsic": self.intrinsic.to_dict(),
         }
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -231,7 +244,40 @@ class TenantState:
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
+        # checkpoints from before the intrinsic score start it fresh
+        intr = header.get("intrinsic")
+        self.intrinsic = (IntrinsicState.from_dict(intr) if intr is not None
+                          else IntrinsicState(learner.dim, intrinsic_config(settings)))
         return self
+
+
+def intrinsic_config(settings: Settings) -> IntrinsicConfig:
+    i = settings.intrinsic
+    return IntrinsicConfig(fit_k=i.fit_k, repeat_cos=i.repeat_cos,
+                           reward_rate_full=i.reward_rate_full)
+
+
+def intrinsic_scores(
+    st: TenantState, settings: Settings, ts: Sequence[Transition], s: np.ndarray,
+    s2: np.ndarray, r: np.ndarray,
+) -> tuple[float, list[IntrinsicScore] | None]:
+    """(w_intrinsic, per-transition intrinsic scores) for a tenant's batch.
+
+    The reward rate is folded in first; with w = 0 (a rewarded stream) nothing
+    else is computed, so reward-driven tenants pay nothing and route as before.
+    """
+    if not settings.intrinsic.enabled:
+        return 0.0, None
+    w = st.intrinsic.mix.observe(r)
+    if w <= 0.0:
+        return 0.0, None
+    return w, st.intrinsic.score_batch(
+        [t.agent_id for t in ts],
+        [t.observation for t in ts],
+        s,
+        s2,
+        [t.next_observation is not None or t.next_state is not None for t in ts],
+    )
 
 
 def content_key(t: Transition) -> str:
@@ -413,6 +459,15 @@ class WritePipeline:
             extrinsic_score(st.smoother(t.agent_id).smooth(float(z[i])), float(reward_scores[i]))
             for i, t in enumerate(ts)
         ]
+        # reward-free surprise: one gate score, max(extrinsic, w * intrinsic)
+        w_int, intr = intrinsic_scores(st, self.settings, ts, s, s2, r)
+        stored_rpe = [float(x) for x in z]
+        if intr is not None:
+            ext = scores
+            scores = [gate_score(e, x.score, w_int) for e, x in zip(ext, intr, strict=True)]
+            # where reward-free surprise routed it, that is the memory's surprise (> 0)
+            stored_rpe = [g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe,
+                                                                 strict=True)]
         decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
@@ -425,6 +480,10 @@ class WritePipeline:
                     route, reason = "drop", "repeat"
             if route != "drop":
                 st.remember(key, route, t.memory_id)
+                if intr is not None:
+                    st.intrinsic.stored(t.agent_id, s[i])
+            elif intr is not None and intr[i].off_context and scores[i] == 0.0:
+                reason = "off_context"
             out.decisions.append(d)
             val = valence(float(deltas[i]))
             created = t.ts if t.ts is not None else now_ms
@@ -453,7 +512,7 @@ class WritePipeline:
                 partition=None if route == "drop" else cast(Partition, route),
                 route=cast(Any, route),
                 reward=t.reward,
-                rpe=float(z[i]),
+                rpe=stored_rpe[i],
                 rpe_smoothed=float(score),
                 gate=float(d.gate),
                 valence=val,
@@ -466,22 +525,28 @@ class WritePipeline:
             out.events.append(ev)
             if route == "drop":
                 continue
-            out.upserts[cast(Partition, route)].append(
-                memory_row(
-                    t,
-                    tenant,
-                    s[i],
-                    float(z[i]),
-                    float(score),
-                    float(d.gate),
-                    val,
-                    created,
-                    route,
-                    reason,
-                    float(d.theta_low),
-                    float(d.theta_high),
-                )
+            row = memory_row(
+                t,
+                tenant,
+                s[i],
+                stored_rpe[i],
+                float(score),
+                float(d.gate),
+                val,
+                created,
+                route,
+                reason,
+                float(d.theta_low),
+                float(d.theta_high),
             )
+            if intr is not None:
+                x = intr[i]
+                row["metadata"]["surprise"] = {
+                    "w": round(w_int, 4), "intrinsic": round(x.score, 4),
+                    "info": round(x.info, 3), "novelty": round(x.novelty, 4),
+                    "fit": round(x.fit, 4),
+                }
+            out.upserts[cast(Partition, route)].append(row)
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
         with self.lock:

@@ -1,0 +1,167 @@
+"""Reward-free surprise: token surprisal, RND, novelty vs stored, context fit, the mix."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from operators.encoders import HashingEncoder
+from operators.novelty import (
+    IntrinsicConfig,
+    IntrinsicState,
+    RewardMix,
+    RndNovelty,
+    TokenSurprisal,
+    gate_score,
+)
+
+
+def test_gate_score_is_extrinsic_when_weight_is_zero() -> None:
+    assert gate_score(0.7, 5.0, 0.0) == 0.7
+    assert gate_score(0.0, 2.0, 1.0) == 2.0
+    assert gate_score(3.0, 2.0, 1.0) == 3.0
+    assert gate_score(0.2, 2.0, 0.5) == 1.0
+
+
+def test_reward_mix_switches_intrinsic_off_for_rewarded_streams() -> None:
+    rl = RewardMix()
+    assert rl.observe(np.full(1, -1.0)) == 0.0  # first batch of a step-cost stream
+    assert rl.observe(np.full(500, -1.0)) == 0.0
+    chat = RewardMix()
+    assert chat.observe(np.zeros(1000)) == 1.0
+    sparse = RewardMix(rate_full=0.01)
+    w = sparse.observe(np.r_[np.zeros(995), np.ones(5)])  # 0.5 % rewarded
+    assert 0.0 < w < 1.0
+    again = RewardMix.from_dict(orjson.loads(orjson.dumps(sparse.to_dict())))
+    assert again.weight == sparse.weight
+    with pytest.raises(ValueError):
+        RewardMix(rate_full=0.0)
+
+
+def test_token_surprisal_frequent_tokens_say_little() -> None:
+    tm = TokenSurprisal(buckets=1 << 12)
+    for _ in range(20):
+        tm.learn(tm.ids("hey how are you good to see you"))
+    greeting = tm.surprisal(tm.ids("hey good to see you"))
+    news = tm.surprisal(tm.ids("my sister moved to lisbon to study architecture"))
+    assert news > 2 * greeting
+    back = TokenSurprisal.from_dict(orjson.loads(orjson.dumps(tm.to_dict())))
+    probe = tm.ids("hey lisbon")
+    assert back.surprisal(probe) == pytest.approx(tm.surprisal(probe))
+
+
+def test_token_counts_are_halved_before_float16_overflows() -> None:
+    tm = TokenSurprisal(buckets=64)
+    ids = tm.ids("the")
+    for _ in range(31):
+        tm.learn(np.repeat(ids, 1000))
+    assert float(tm.counts.max()) <= 30_000
+    p_the = tm.surprisal(ids)
+    back = TokenSurprisal.from_dict(tm.to_dict())
+    assert back.surprisal(ids) == pytest.approx(p_the, abs=1e-3)  # p(the) kept
+
+
+def test_rnd_error_falls_where_it_has_trained() -> None:
+    rng = np.random.default_rng(0)
+    seen = rng.normal(size=(64, 16)).astype(np.float32)
+    seen /= np.linalg.norm(seen, axis=1, keepdims=True)
+    unseen = -seen  # the opposite region of the sphere
+    rnd = RndNovelty(dim=16, lr=0.05, seed=1)
+    before = rnd.errors(seen).mean()
+    for _ in range(300):
+        rnd.learn(seen)
+    assert rnd.errors(seen).mean() < 0.5 * before
+    assert rnd.errors(unseen).mean() > rnd.errors(seen).mean()
+    back = RndNovelty.from_dict(orjson.loads(orjson.dumps(rnd.to_dict())))
+    np.testing.assert_allclose(back.errors(seen), rnd.errors(seen), rtol=0.05, atol=1e-3)
+    fresh = RndNovelty.from_dict(RndNovelty(dim=16, seed=1).to_dict())  # untrained: from seed
+    np.testing.assert_allclose(fresh.errors(seen), RndNovelty(dim=16, seed=1).errors(seen))
+
+
+ENC = HashingEncoder(dim=128)
+
+
+def score_stream(st: IntrinsicState, texts: list[str], agent: str = "a", store: bool = True,
+                 next_texts: list[str | None] | None = None) -> list:
+    vecs = ENC.encode(texts)
+    nxt = next_texts or [texts[i + 1] if i + 1 < len(texts) else None for i in range(len(texts))]
+    nvec = ENC.encode([n or t for n, t in zip(nxt, texts, strict=True)])
+    out = []
+    for i in range(len(texts)):  # batches of one: each sees what was stored before it
+        sc = st.score_batch([agent], [texts[i]], vecs[i : i + 1], nvec[i : i + 1],
+                            [nxt[i] is not None])
+        if store:
+            st.stored(agent, vecs[i])
+        out += sc
+    return out
+
+
+def test_repeats_score_low_and_informative_turns_high() -> None:
+    st = IntrinsicState(128)
+    filler = ["hey how are you", "good thanks and you", "that's great", "wow that's great"]
+    facts = ["my dog rex is a three year old beagle who loves swimming in the lake",
+             "i start a new job as a nurse at the city hospital on monday",
+             "my sister anna moved to lisbon last spring to study architecture"]
+    texts = (filler + facts[:1] + filler + facts[1:2] + filler + facts[2:]) * 2
+    scores = score_stream(st, texts)
+    first = len(texts) // 2
+    fact_scores = [scores[texts.index(f)].score for f in facts]
+    later_filler = [s.score for t, s in zip(texts[4:first], scores[4:first], strict=True)
+                    if t in filler]
+    assert max(later_filler) < 1.0 < min(fact_scores)
+    # the second time round the facts are repeats of stored memories
+    repeat_scores = [scores[first + texts[first:].index(f)] for f in facts]
+    assert all(r.novelty < 0.05 for r in repeat_scores)
+    assert all(r.score < 0.2 * f for r, f in zip(repeat_scores, fact_scores, strict=True))
+
+
+def test_off_context_turn_is_vetoed_only_against_an_established_context() -> None:
+    cfg = IntrinsicConfig(warmup=5, fit_k=1.0)
+    st = IntrinsicState(128, cfg)
+    rng = np.random.default_rng(5)
+    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+             "sunflowers watering can harvest mulch beds pots").split()
+    talk = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
+    score_stream(st, talk)
+    intruder = "quarterly earnings of the semiconductor company beat analyst forecasts"
+    reply = " ".join(talk[-1].split()[:4]) + " basil compost"
+    [x] = score_stream(st, [intruder], store=False, next_texts=[reply])
+    assert x.off_context and x.score == 0.0
+    [y] = score_stream(st, [" ".join(talk[-1].split()[2:]) + " fence"],
+                       store=False, next_texts=[reply])
+    assert not y.off_context and y.score > 0.0
+    # a fresh state has no context: nothing is vetoed
+    [z] = score_stream(IntrinsicState(128, cfg), [intruder], next_texts=[reply])
+    assert not z.off_context
+
+
+def test_state_roundtrip_keeps_scores() -> None:
+    st = IntrinsicState(128)
+    texts = [f"turn number {i} about topic {i % 5} with detail {i * 7}" for i in range(40)]
+    score_stream(st, texts)
+    back = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())))
+    probe = ENC.encode(["a completely new sentence about lisbon"])
+    a = st.score_batch(["b"], ["a completely new sentence about lisbon"], probe, probe, [False])
+    b = back.score_batch(["b"], ["a completely new sentence about lisbon"], probe, probe, [False])
+    assert a[0].score == pytest.approx(b[0].score, rel=1e-3)
+    assert len(orjson.dumps(st.to_dict())) < 64_000
+
+
+def test_vector_transitions_use_rnd() -> None:
+    st = IntrinsicState(16)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sc = st.score_batch(["a"] * 8, [None] * 8, x, x, [False] * 8)
+    assert all(s.info > 0 for s in sc)
+    assert st.rnd.updates == 1
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        IntrinsicConfig(repeat_cos=1.0)
+    with pytest.raises(ValueError):
+        IntrinsicConfig(ctx_alpha=0.0)
+    with pytest.raises(ValueError):
+        IntrinsicConfig(bank_per_agent=0)
