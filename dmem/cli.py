@@ -367,6 +367,32 @@ def _store(settings: Any) -> Any:
                        timeout_s=m.timeout_s).connect()
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def migrate(as_json: bool) -> None:
+    """Rewrite a collection created before tenant-scoped storage keys (stop the workers first).
+
+    Rows keep every field; the primary key becomes ``tenant|id`` (issue 21).
+    Safe to run again after a crash, and a no-op on a current collection.
+    """
+    from milvus import MemoryStore
+
+    settings = _settings()
+    m = settings.milvus
+    dim = 384 if settings.encoder.name == "minilm" else settings.encoder.dim
+    try:
+        out = MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,
+                          timeout_s=m.timeout_s).migrate_storage_keys()
+    except DmemError as exc:
+        _fail(exc)
+    out["collection"] = m.collection
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"collection {m.collection}: {out['status']}"
+                   + (f" ({out['rows']} rows)" if out["rows"] else ""))
+
+
 @main.command("inspect")
 @click.option("--tenant", required=True, help="tenant to inspect")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)

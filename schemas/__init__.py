@@ -36,6 +36,7 @@ from schemas.models import (
     Transition,
     UtilityUpdate,
     stable_transition_id,
+    storage_key,
 )
 from schemas.topics import TOPICS, TopicSpec, topic_name
 
@@ -74,5 +75,6 @@ __all__ = [
     "json_schemas",
     "loads",
     "stable_transition_id",
+    "storage_key",
     "topic_name",
 ]

@@ -14,6 +14,9 @@ Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
 with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
 upserts them back into their partition; offsets are committed only after
 Milvus acknowledged. Updates for memories that no longer exist are dropped.
+Rows are read by storage key (tenant, memory id), so an update names a memory
+of its own tenant only: a thumbs or usage report on another tenant's id finds
+no row and is skipped (issue 21).
 
 Usage records come from the responder (``source="served"``) and, optionally,
 from agents reporting what they actually used (``source="agent"``, see
@@ -35,7 +38,15 @@ from mode import Service
 from pydantic import ValidationError
 
 from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
-from schemas import DeadLetter, EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate, encode
+from schemas import (
+    DeadLetter,
+    EpisodeOutcome,
+    Feedback,
+    MemoryUsage,
+    UtilityUpdate,
+    encode,
+    storage_key,
+)
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.metrics import CREDIT_UPDATES
@@ -216,18 +227,19 @@ class UtilityApplier(Service):
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
         store = self.store_service.store
-        ids = sorted({u.memory_id for u in updates})
-        rows = {r["id"]: r for r in store.get(ids, with_vector=True)}
-        touched: dict[str, dict[str, Any]] = {}
+        keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
+        # by (tenant, id): an update only ever reaches its own tenant's row
+        rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
+        touched: dict[tuple[str, str], dict[str, Any]] = {}
         for u in updates:
-            row = rows.get(u.memory_id)
-            if row is None or row.get("tenant") != u.tenant:
+            row = rows.get((u.tenant, u.memory_id))
+            if row is None:
                 self.skipped += 1
                 continue
             if apply_utility(
                 row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
             ):
-                touched[u.memory_id] = row
+                touched[(u.tenant, u.memory_id)] = row
                 self.applied += 1
                 CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:

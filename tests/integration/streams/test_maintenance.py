@@ -50,7 +50,7 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     events = eng.dedup("acme", ["new0", "new1", "act", "far"], NOW)
     kinds = sorted((e.kind, e.memory_id) for e in events)
     assert kinds == [("merged", "new0"), ("merged", "new1"), ("promoted", "old")]
-    (row,) = store.get(["old"])
+    (row,) = store.get(["old"], tenant="acme")
     assert row["partition"] == "core"  # a core duplicate joined
     assert row["merged_count"] == 3
     assert row["reward"] == pytest.approx((1.0 + 4.0 + 4.0) / 3)
@@ -67,7 +67,7 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     store.upsert([news[0]], "core")
     events = eng.dedup("acme", ["new0"], NOW)
     assert [(e.kind, e.memory_id) for e in events] == [("merged", "new0")]
-    (again,) = store.get(["old"])
+    (again,) = store.get(["old"], tenant="acme")
     assert again["merged_count"] == 3 and again["reward"] == pytest.approx(row["reward"])
     assert ids_of(store) == {"old", "act", "far"}
 
@@ -81,7 +81,7 @@ def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryS
     eng = MaintenanceEngine(store, MaintenancePolicy(), dedup_k=4)
     events = eng.dedup("acme", [r["id"] for r in rows], NOW)
     assert len(events) == 11
-    (row,) = store.get(["w0"])
+    (row,) = store.get(["w0"], tenant="acme")
     assert row["merged_count"] == 12 and row["reward"] == pytest.approx(5.5)
     assert ids_of(store) == {"w0"}
 
@@ -145,7 +145,7 @@ def test_access_flush_is_batched(store_factory: Callable[..., MemoryStore]) -> N
     n = flush_access(store, {("acme", "m1"): (3, NOW), ("acme", "m2"): (1, NOW - 5),
                              ("zeta", "m2"): (1, NOW)})
     assert n == 2
-    rows = {r["id"]: r for r in store.get(["m1", "m2"])}
+    rows = {r["id"]: r for r in store.get(["m1", "m2"], tenant="acme")}
     assert rows["m1"]["metadata"]["access"] == {"n": 3} and rows["m1"]["last_access_ts"] == NOW
     assert rows["m1"]["uses"] == 1 and rows["m1"]["utility"] == pytest.approx(0.3)
     assert rows["m1"]["metadata"]["task"] == "demo" and rows["m1"]["partition"] == "core"
