@@ -288,9 +288,9 @@ def test_one_call_search_labels_partitions_after_every_kind_of_write(
     assert {h["id"]: h["partition"] for h in hits} == want
     # the stamp never leaks into what callers read
     assert all(h["metadata"] == {"k": h["id"]} for h in hits)
-    assert all("_partition" not in r["metadata"] for r in store.get(list(want)))
+    assert all("_partition" not in r["metadata"] for r in store.get(list(want), tenant="acme"))
     assert all("_partition" not in r["metadata"] for r in store.scan(tenant="acme"))
-    assert {r["id"]: r["partition"] for r in store.get(list(want))} == want
+    assert {r["id"]: r["partition"] for r in store.get(list(want), tenant="acme")} == want
     assert "metadata" not in store.search(q, tenant="acme", k=2, output_fields=["id"])[0]
 
 
