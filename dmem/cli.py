@@ -322,17 +322,29 @@ def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batc
               help="records published per second")
 @click.option("--bad-every", type=click.IntRange(0), default=20, show_default=True,
               help="one fuzzed bad record after every N valid ones (0: none)")
+@click.option("--hostile-every", type=click.IntRange(0), default=10, show_default=True,
+              help="one hostile transition reusing another tenant's id per N valid ones")
+@click.option("--hostile-feedback", type=click.IntRange(0), default=200, show_default=True,
+              help="hostile thumbs on other tenants' memory ids, after the stream")
+@click.option("--hostile-episodes", type=click.IntRange(0), default=20, show_default=True,
+              help="hostile usage reports (10 foreign ids each) + outcomes")
+@click.option("--hostile-forgets", type=click.IntRange(0), default=50, show_default=True,
+              help="hostile forget requests for other tenants' memory ids")
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
-                broker_pause_s: float, rate: float, bad_every: int, seed: int,
+                broker_pause_s: float, rate: float, bad_every: int, hostile_every: int,
+                hostile_feedback: int, hostile_episodes: int, hostile_forgets: int, seed: int,
                 as_json: bool) -> None:
     """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
     from dmem.bench.chaos import ChaosConfig
     from dmem.bench.chaos import main as run_chaos
 
     cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
-                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every, seed=seed)
+                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every,
+                      hostile_every=hostile_every, hostile_feedback=hostile_feedback,
+                      hostile_episodes=hostile_episodes, hostile_forgets=hostile_forgets,
+                      seed=seed)
     try:
         run_chaos(cfg, as_json)
     except DmemError as exc:
