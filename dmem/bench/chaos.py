@@ -67,8 +67,11 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   hostile traffic: victims' ids the hostile transitions reused whose victim
   row is missing or no longer holds the victim's own transition, plus victim
   rows that differ in any byte (or are gone) after the hostile feedback,
-  usage, outcomes and forgets; ``hostile_rows_credited``: the hostile tenant's
-  own rows whose utility moved (the credit path ran: the check is not vacuous);
+  usage, outcomes and forgets; ``hostile_rows_credited`` /
+  ``hostile_rows_forgotten``: the hostile tenant's own rows (every one holding a
+  victim's id) whose utility moved / that its forgets deleted (the credit and
+  forget paths ran on those very ids: the check is not vacuous);
+  ``credit_drained``: the applier committed the whole credit topic;
 - ``max_rss_mb``: the worker's peak resident set (sampled every 0.25 s);
   ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` show
   backpressure: while Milvus is down the lag grows, the process does not.
@@ -717,10 +720,15 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     records: list[tuple[bytes | None, bytes | None, str | None]] = []
     bad_kinds: Counter[str] = Counter()
     hrng = random.Random(cfg.seed + 1)
+    surprising: list[str] = []
     for i, t in enumerate(victims):
         records.append((t.agent_id.encode(), orjson.dumps(t.model_dump(mode="json")), None))
+        if abs(t.reward) >= 10.0:
+            surprising.append(t.memory_id)  # likely stored by its tenant: worth attacking
         if cfg.hostile_every and i % cfg.hostile_every == cfg.hostile_every - 1:
-            h = hostile_transition(hrng, len(hostile), victims[hrng.randrange(i + 1)].memory_id)
+            pool = surprising if surprising and hrng.random() < 0.5 else None
+            target = hrng.choice(pool) if pool else victims[hrng.randrange(i + 1)].memory_id
+            h = hostile_transition(hrng, len(hostile), target)
             hostile.append(h)
             records.append((h.agent_id.encode(), orjson.dumps(h.model_dump(mode="json")), None))
         if cfg.bad_every and i % cfg.bad_every == cfg.bad_every - 1:
@@ -811,20 +819,24 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         if mine is None:
             continue
         if r is None or (r["text"], r["agent_id"], r["episode_id"], r["step"],
-                         r["metadata"].get("secret")) != (
+                         (r["metadata"].get("user") or {}).get("secret")) != (
                 mine.observation, mine.agent_id, mine.episode_id, mine.step, mine.tenant):
             cross += 1
     # hostile feedback, usage, outcomes and forgets on victims' ids: victims' rows
     # must be byte-for-byte what they were
     victim_rows = {k: r for k, r in row_of.items() if k[0] != HOSTILE}
-    victim_ids = sorted({k[1] for k in victim_rows}) or [victims[0].memory_id]
-    sent = await hostile_requests(settings, uri, collection, cfg, hrng, victim_ids)
+    # targets: ids the victims stored, and the hostile tenant's own stored ids (each
+    # one a victim's id too), so feedback and forgets also hit rows of its own
+    hostile_own = sorted(k[1] for k in row_of if k[0] == HOSTILE)
+    targets = sorted({k[1] for k in victim_rows}) + hostile_own or [victims[0].memory_id]
+    sent = await hostile_requests(settings, uri, collection, cfg, hrng, targets)
     applied = await wait_credit_applied(settings, 120.0, cfg.hostile_feedback)
     after = await asyncio.to_thread(count_store, uri, collection)
     after_of = {(r["tenant"], r["id"]): r for r in after}
     cross += sum(1 for k, r in victim_rows.items() if after_of.get(k) != r)
     credited = sum(1 for k, r in after_of.items() if k[0] == HOSTILE
                    and r["utility"] != row_of.get(k, {}).get("utility", r["utility"]))
+    forgotten = sum(1 for k in row_of if k[0] == HOSTILE and k not in after_of)
     hostile_probe = await asyncio.to_thread(
         hostile_searches, uri, collection, settings, sorted({t.tenant for t in good}))
     out: dict[str, Any] = {
@@ -854,6 +866,7 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         "hostile_writes": len(hostile) + sent,
         "cross_tenant_writes": cross,
         "hostile_rows_credited": credited,
+        "hostile_rows_forgotten": forgotten,
         "credit_drained": applied,
         "max_rss_mb": round(chaos.max_rss, 1),
         "rss_before_outage_mb": round(chaos.rss_before_outage, 1),

@@ -373,20 +373,23 @@ class WritePipeline:
 
     def _process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
         result = BatchResult()
-        good: dict[str, Transition] = {}
-        event_ts: dict[str, int] = {}
+        # by (tenant, id): memory ids are unique per tenant only (issue 21), so another
+        # tenant's record with the same id in this batch is not a replay of this one
+        good: dict[tuple[str, str], Transition] = {}
+        event_ts: dict[tuple[str, str], int] = {}
         for raw in raws:
             item = self.decode(raw, now_ms)
             if isinstance(item, DeadLetter):
                 result.dead.append((raw.key, item))
             else:
-                good[item.memory_id] = item  # replay inside one batch: last wins
-                event_ts[item.memory_id] = raw.timestamp_ms or now_ms
+                good[(item.tenant, item.memory_id)] = item  # replay inside one batch: last wins
+                event_ts[(item.tenant, item.memory_id)] = raw.timestamp_ms or now_ms
         by_tenant: dict[str, list[Transition]] = {}
         for t in good.values():
             by_tenant.setdefault(t.tenant, []).append(t)
         for tenant, ts in by_tenant.items():
-            self._process_tenant(tenant, ts, now_ms, event_ts, result)
+            mine = {mid: v for (tn, mid), v in event_ts.items() if tn == tenant}
+            self._process_tenant(tenant, ts, now_ms, mine, result)
         self.processed += len(raws)
         return result
 

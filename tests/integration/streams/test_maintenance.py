@@ -152,6 +152,43 @@ def test_access_flush_is_batched(store_factory: Callable[..., MemoryStore]) -> N
     assert rows["m2"]["metadata"]["access"] == {"n": 1}
 
 
+def test_maintenance_never_touches_another_tenants_same_ids(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """Merge, access flush, decay eviction and forget of one tenant's ids leave another
+    tenant's rows with the same ids byte-for-byte as they were (issue 21)."""
+    store = store_factory(dim=8)
+    base = unit_vector(8, 7)
+    old = int(NOW - 20 * DAY_MS)
+    store.upsert([make_record(m, vector=base, created_ts=old, last_access_ts=old)
+                  for m in ("dup-a", "dup-b")], "buffer")  # fmt: skip
+    store.upsert([make_record("dup-c", vector=unit_vector(8, 70), created_ts=NOW,
+                              last_access_ts=NOW)], "core")  # fmt: skip
+    store.upsert([make_record(m, tenant="zeta", vector=base, created_ts=NOW, last_access_ts=NOW,
+                              text=f"zeta {m}") for m in ("dup-a", "dup-b", "dup-c")],
+                 "buffer")  # fmt: skip
+
+    def zeta() -> list[Any]:
+        rows = store.get(["dup-a", "dup-b", "dup-c"], tenant="zeta", with_vector=True)
+        return [{**r, "vector": r["vector"].tobytes()} for r in rows]
+
+    before = zeta()
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    eng.bootstrap()
+    merged = eng.dedup("acme", ["dup-b"], NOW)
+    assert [(e.kind, e.memory_id, e.tenant) for e in merged] == [("merged", "dup-b", "acme")]
+    evicted = eng.decay("acme", NOW)
+    # a move and an eviction, both of ids zeta holds too
+    assert sorted((e.kind, e.memory_id, e.tenant) for e in evicted) == [
+        ("demoted", "dup-c", "acme"), ("evicted", "dup-a", "acme")]
+    assert flush_access(store, {("acme", "dup-c"): (2, NOW), ("acme", "dup-a"): (1, NOW)}) == 1
+    assert store.get(["dup-c"], tenant="acme")[0]["metadata"]["access"] == {"n": 2}
+    forgot = forget_scope(store, "acme", memory_id="dup-c", now=NOW)
+    assert [(e.memory_id, e.tenant) for e in forgot] == [("dup-c", "acme")]
+    assert ids_of(store) == set()
+    assert zeta() == before
+
+
 def _health(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
         return dict(json.loads(r.read()))
