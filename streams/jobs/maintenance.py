@@ -35,6 +35,11 @@ in memory (about a millisecond per 100k), plus Milvus I/O bounded by
 ``refresh_per_pass + 2 * max_actions_per_pass`` rows, independent of n. The
 full scan happens once per process start (bootstrap), not per tick.
 
+Tenants (issue 21): memory ids are unique per tenant only, so every store call
+here names the tenant (`MemoryStore.get`/`move`/`delete` take ``tenant=``; the
+access flush reads by storage key): a merge, a decay action, an access count or
+a forget of one tenant never reaches another tenant's row with the same id.
+
 Concurrency: Milvus has no partial updates, so a merge, a move or an access
 flush is a read-modify-write of the row. Writers in this module share one
 process-wide lock; the credit applier (`streams.jobs.credit`) does not take it, so a
