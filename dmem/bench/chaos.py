@@ -165,13 +165,17 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
     return out[: cfg.transitions]
 
 
-def hostile_transition(rng: random.Random, n: int, victim_id: str) -> Transition:
-    """A hostile transition that reuses a victim's memory id (rare, large rewards: stored)."""
+def hostile_transition(rng: random.Random, n: int, victim_id: str,
+                       surprise: bool) -> Transition:  # fmt: skip
+    """A hostile transition that reuses a victim's memory id. ``surprise``: a +-10
+    reward among noise, so the hostile tenant's own gate stores it (an overwrite
+    attempt that reaches Milvus, not one its gate drops)."""
     return Transition(
         transition_id=victim_id, tenant=HOSTILE, agent_id="intruder-agent",
         episode_id=f"x-ep{n // EPISODE_LEN}", step=n % EPISODE_LEN,
         observation=f"{HOSTILE} overwrite attempt {n}", action="left",
-        reward=rng.choice([25.0, -25.0]), metadata={"secret": HOSTILE, "k": n},
+        reward=rng.choice([10.0, -10.0]) if surprise else rng.gauss(-0.1, 1.0),
+        metadata={"secret": HOSTILE, "k": n},
     )
 
 
@@ -726,9 +730,10 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         if abs(t.reward) >= 10.0:
             surprising.append(t.memory_id)  # likely stored by its tenant: worth attacking
         if cfg.hostile_every and i % cfg.hostile_every == cfg.hostile_every - 1:
-            pool = surprising if surprising and hrng.random() < 0.5 else None
-            target = hrng.choice(pool) if pool else victims[hrng.randrange(i + 1)].memory_id
-            h = hostile_transition(hrng, len(hostile), target)
+            # a third: surprising ids (stored by their tenant) with a surprise of its own
+            hit = bool(surprising) and hrng.random() < 0.33
+            target = hrng.choice(surprising) if hit else victims[hrng.randrange(i + 1)].memory_id
+            h = hostile_transition(hrng, len(hostile), target, hit)
             hostile.append(h)
             records.append((h.agent_id.encode(), orjson.dumps(h.model_dump(mode="json")), None))
         if cfg.bad_every and i % cfg.bad_every == cfg.bad_every - 1:
