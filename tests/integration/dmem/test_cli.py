@@ -134,6 +134,9 @@ def test_migrate_rewrites_a_collection_keyed_by_memory_id(tmp_path: Path) -> Non
     rows = [make_record(f"m{i}", tenant="alpha", seed=i, utility=0.0, uses=0, merged_count=1)
             | {"partition": "core"} for i in range(3)]  # fmt: skip
     _legacy_collection(db, "mem", rows)
+    from milvus_lite.server_manager import server_manager_instance
+
+    server_manager_instance.release_server(db)  # the file lock: the CLI opens it next
     env = {"DMEM_MILVUS__URI": db, "DMEM_MILVUS__COLLECTION": "mem", "DMEM_ENCODER__NAME": "hash",
            "DMEM_ENCODER__DIM": "8"}
     refused = run(["inspect", "--tenant", "alpha", "--no-events", "--json"], env)
