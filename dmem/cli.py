@@ -383,17 +383,29 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
               help="records published per second")
 @click.option("--bad-every", type=click.IntRange(0), default=20, show_default=True,
               help="one fuzzed bad record after every N valid ones (0: none)")
+@click.option("--hostile-every", type=click.IntRange(0), default=10, show_default=True,
+              help="one hostile transition reusing another tenant's id per N valid ones")
+@click.option("--hostile-feedback", type=click.IntRange(0), default=200, show_default=True,
+              help="hostile thumbs on other tenants' memory ids, after the stream")
+@click.option("--hostile-episodes", type=click.IntRange(0), default=20, show_default=True,
+              help="hostile usage reports (10 foreign ids each) + outcomes")
+@click.option("--hostile-forgets", type=click.IntRange(0), default=50, show_default=True,
+              help="hostile forget requests for other tenants' memory ids")
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
-                broker_pause_s: float, rate: float, bad_every: int, seed: int,
+                broker_pause_s: float, rate: float, bad_every: int, hostile_every: int,
+                hostile_feedback: int, hostile_episodes: int, hostile_forgets: int, seed: int,
                 as_json: bool) -> None:
     """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
     from dmem.bench.chaos import ChaosConfig
     from dmem.bench.chaos import main as run_chaos
 
     cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
-                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every, seed=seed)
+                      broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every,
+                      hostile_every=hostile_every, hostile_feedback=hostile_feedback,
+                      hostile_episodes=hostile_episodes, hostile_forgets=hostile_forgets,
+                      seed=seed)
     try:
         run_chaos(cfg, as_json)
     except DmemError as exc:
@@ -488,6 +500,34 @@ def wait_cmd(settled: bool, http_urls: tuple[str, ...], timeout_s: float, quiet_
     except DmemError as exc:
         _fail(exc)
     click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def migrate(as_json: bool) -> None:
+    """Rewrite a collection created before tenant-scoped storage keys (stop the workers first).
+
+    Rows keep every field; the primary key becomes ``tenant|id`` (issue 21).
+    Safe to run again after a crash, and a no-op on a current collection.
+    """
+    from milvus import MemoryStore
+
+    settings = _settings()
+    m = settings.milvus
+    from operators.encoders import encoder_dim
+
+    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
+    try:
+        out = MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,
+                          timeout_s=m.timeout_s).migrate_storage_keys()
+    except DmemError as exc:
+        _fail(exc)
+    out["collection"] = m.collection
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"collection {m.collection}: {out['status']}"
+                   + (f" ({out['rows']} rows)" if out["rows"] else ""))
 
 
 @main.command("inspect")

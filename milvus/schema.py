@@ -5,6 +5,7 @@ Mapping (one place, so a new field in ``MemoryRecord`` reaches Milvus by itself)
 =====================  ==========================================================
 ``str``                VARCHAR, ``max_length`` from ``json_schema_extra["milvus"]``
                        (default 512); ``{"primary": True}`` marks the primary key
+                       (``key`` = ``storage_key(tenant, id)``, see below)
 ``int``                INT64
 ``float``              DOUBLE (rewards/RPEs are small numbers, precision is cheap)
 ``bool``               BOOL
@@ -17,6 +18,12 @@ stays correct if a caller forgets to normalise). Milvus Lite gets ``AUTOINDEX``
 (Lite picks FAISS HNSW when faiss-cpu is installed, brute force otherwise); a
 server gets HNSW (M=16, efConstruction=200). ``tenant`` gets a scalar index:
 INVERTED (Lite, Milvus >= 2.4), falling back to Trie (Milvus 2.3).
+
+Primary key (issue 21): ``key`` = ``tenant|id``, not the memory id. Memory ids
+are client-chosen and unique only within a tenant; with the id as the primary
+key, tenant B's upsert of A's id overwrote A's row (Lite: pk unique per
+collection) and every delete/move by id reached all tenants. ``id`` stays an
+ordinary VARCHAR field holding the client-facing memory id.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from schemas.models import MemoryRecord
 __all__ = [
     "FieldSpec",
     "HNSW_PARAMS",
+    "ID_FIELD",
     "METRIC",
     "PARTITIONS",
     "PRIMARY_FIELD",
@@ -129,11 +137,13 @@ def field_specs() -> tuple[FieldSpec, ...]:
 _SPECS = field_specs()
 PRIMARY_FIELD: str = next(s.name for s in _SPECS if s.primary)
 VECTOR_FIELD: str = next(s.name for s in _SPECS if s.vector)
+#: the client-facing memory id (unique within a tenant; the primary key folds in the tenant)
+ID_FIELD = "id"
 
 
 def scalar_fields() -> list[str]:
-    """All field names except the vector (the default ``output_fields``)."""
-    return [s.name for s in _SPECS if not s.vector]
+    """All field names except the vector and the storage key (the default ``output_fields``)."""
+    return [s.name for s in _SPECS if not s.vector and not s.primary]
 
 
 def build_schema(dim: int, description: str = "dmem memories") -> CollectionSchema:

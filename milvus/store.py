@@ -5,7 +5,18 @@ One collection (default ``dmem_memories``), partitions ``core`` and ``buffer``;
 the schema comes from ``schemas.models.MemoryRecord`` (see ``milvus.schema``).
 A file URI (``*.db``) means Milvus Lite, ``http(s)://host:port`` a Milvus server.
 
-Invariant: a memory id lives in exactly ONE partition.
+Invariant: a memory (tenant, id) lives in exactly ONE partition.
+
+Tenant isolation of writes (issue 21): memory ids are client-chosen and unique
+only within a tenant, so the primary key is the storage key ``tenant|id``
+(``schemas.storage_key``, field ``key``), computed here on every write (a
+caller's ``key`` is ignored) and never returned by a read. Every operation on
+rows by id takes the tenant (``get``, ``move``, ``delete``, ``update_fields``)
+and addresses keys only, so no call can read, overwrite, move or delete another
+tenant's row whatever ids it names. ``upsert`` takes the tenant from each
+record. A collection created before this layout (primary key ``id``) is refused
+at connect with a one-line error naming ``dmem migrate``
+(`MemoryStore.migrate_storage_keys`).
 
 Partition semantics differ between the backends, and the code relies on neither
 more than it must:
@@ -64,6 +75,7 @@ from pymilvus.exceptions import MilvusException
 
 from milvus import expr as E
 from milvus.schema import (
+    ID_FIELD,
     METRIC,
     PARTITIONS,
     PRIMARY_FIELD,
@@ -82,6 +94,7 @@ from schemas.errors import (
     StoreError,
     StoreUnavailable,
 )
+from schemas.models import storage_key
 
 __all__ = ["MemoryStore", "Partition"]
 
@@ -178,6 +191,21 @@ def _check_partitions(partitions: Iterable[str] | str | None) -> list[str]:
     return out
 
 
+def _key(tenant: Any, memory_id: Any) -> str:
+    """The storage key of (tenant, id); `InvalidRecord` for a bad tenant or id."""
+    if not isinstance(tenant, str) or not isinstance(memory_id, str):
+        raise InvalidRecord(f"tenant and memory id must be strings (got {tenant!r}, {memory_id!r})")
+    try:
+        return storage_key(tenant, memory_id)
+    except ValueError as exc:
+        raise InvalidRecord(str(exc), key=memory_id or None) from exc
+
+
+def _tenant_keys(tenant: str, ids: Iterable[str]) -> list[str]:
+    """Distinct storage keys of ``ids`` in ``tenant``, in first-seen order."""
+    return list(dict.fromkeys(_key(tenant, E._as_id(i)) for i in ids))  # noqa: SLF001
+
+
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i : i + n]
@@ -187,6 +215,16 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 #: checked before sending, so a too-large metadata object is refused row by row
 #: (`InvalidRecord`) instead of failing a whole batch on the server
 MAX_JSON_BYTES = 65_536
+
+
+def legacy_layout_message(collection: str, uri: str) -> str:
+    """The one-line refusal for a collection keyed by memory id alone (pre issue 21)."""
+    return (
+        f"collection {collection!r} at {uri} is keyed by memory id alone (created before "
+        "tenant-scoped storage keys): run `dmem migrate` (DMEM_MILVUS__URI and "
+        "DMEM_MILVUS__COLLECTION as for the workers) to rewrite it, or use a new collection name"
+    )
+
 
 class MemoryStore:
     """Sync access to the dmem memory collection (Milvus Lite or server)."""
@@ -330,12 +368,96 @@ class MemoryStore:
                 f"but the encoder produces dim {self.dim}; use another collection name "
                 "or re-embed into a new collection"
             )
+        pk = next((n for n, f in fields.items() if f.get("is_primary")), None)
+        if pk != PRIMARY_FIELD:
+            raise ConfigError(legacy_layout_message(self.collection, self.uri))
         missing = [n for n in _SPECS if n not in fields]
         if missing:
             raise ConfigError(
                 f"collection {self.collection!r} lacks fields {missing}: it was created by "
                 "an older schema; migrate it or use a new collection name"
             )
+
+    def migrate_storage_keys(self, *, page: int = 1000) -> dict[str, Any]:
+        """Rewrite a collection keyed by memory id alone into the tenant-keyed layout.
+
+        Run with no worker attached (``dmem migrate``). Steps, each safe to repeat
+        after a crash: copy every row, partition by partition, into
+        ``<collection>__tenant_keys`` (dropped first if a previous run left one),
+        check the copy's counts per partition, drop the old collection, rename
+        the copy. Returns ``{"status": "migrated" | "current" | "absent",
+        "rows": {partition: n}}``. The store is left closed.
+        """
+        if self._client is not None:
+            raise ConfigError("migrate before connecting (the store is already open)")
+        uri = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
+        tmp = f"{self.collection}__tenant_keys"
+        t = self.timeout_s
+        with self._errors("migrate"):
+            c = MilvusClient(uri=uri, token=self.token or "", timeout=t)
+        try:
+            with self._errors("migrate"):
+                if not c.has_collection(self.collection, timeout=t):
+                    if not c.has_collection(tmp, timeout=t):
+                        return {"status": "absent", "rows": {}}
+                    c.rename_collection(tmp, self.collection, timeout=t)  # crashed before
+                    return {"status": "migrated", "rows": {}}
+                desc = c.describe_collection(self.collection, timeout=t)
+                fields = [f["name"] for f in desc.get("fields", [])]
+                pk = next((f["name"] for f in desc["fields"] if f.get("is_primary")), None)
+                if pk == PRIMARY_FIELD:
+                    return {"status": "current", "rows": {}}
+                vec = next(f for f in desc["fields"] if f["name"] == VECTOR_FIELD)
+                self.dim = int(vec.get("params", {}).get("dim", self.dim))
+                if c.has_collection(tmp, timeout=t):
+                    c.drop_collection(tmp, timeout=t)
+                c.load_collection(self.collection, timeout=max(t, 60.0))
+                old, self.collection = self.collection, tmp
+                self._client = c
+                try:
+                    self._ensure_collection(c)
+                    rows: dict[str, int] = {}
+                    keys: set[str] = set()
+                    for part in PARTITIONS:
+                        it = c.query_iterator(old, batch_size=page, filter='id != ""',
+                                              output_fields=fields, partition_names=[part],
+                                              timeout=t, consistency_level="Strong")
+                        n = 0
+                        try:
+                            while batch := it.next():
+                                new = [self._legacy_row(r) for r in batch]
+                                n += self.upsert(new, cast(Partition, part))
+                                keys.update(_key(r["tenant"], r[ID_FIELD]) for r in new)
+                        finally:
+                            it.close()
+                        rows[part] = n
+                    # one row per (tenant, id): a server copy left in both partitions by
+                    # an interrupted move ends up once, in the partition copied last
+                    if self.count() != len(keys):
+                        raise StoreError(f"migration copy of {old!r} has {self.count()} rows, "
+                                         f"expected {len(keys)}")
+                finally:
+                    self.collection, self._client = old, None
+                c.release_collection(tmp, timeout=t)
+                c.drop_collection(old, timeout=t)
+                c.rename_collection(tmp, old, timeout=t)
+                log.info("migrated %s to tenant-scoped storage keys: %s", old, rows)
+                return {"status": "migrated", "rows": rows}
+        finally:
+            c.close()
+            if self.is_lite:
+                try:
+                    from milvus_lite.server_manager import server_manager_instance
+
+                    server_manager_instance.release_server(self.uri)
+                except Exception as exc:  # noqa: BLE001 - closing must not raise
+                    log.debug("releasing Milvus Lite server: %s", exc)
+
+    @staticmethod
+    def _legacy_row(row: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in row.items() if k in _SPECS and k != PRIMARY_FIELD}
+        _unstamp(out)
+        return out
 
     def wait_indexed(self, timeout_s: float = 600.0, *, compact: bool = True,
                      poll_s: float = 1.0) -> dict[str, float]:
@@ -446,13 +568,15 @@ class MemoryStore:
     def _row(self, record: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(record, Mapping):
             raise InvalidRecord(f"record must be a mapping, got {type(record).__name__}")
-        rid = record.get(PRIMARY_FIELD)
+        rid = record.get(ID_FIELD)
         key = rid if isinstance(rid, str) else None
         unknown = [k for k in record if k not in _SPECS and k != "partition"]
         if unknown:
             raise InvalidRecord(f"unknown fields {unknown}", key=key)
         row: dict[str, Any] = {}
         for name, spec in _SPECS.items():
+            if spec.primary:  # derived below, never taken from the caller
+                continue
             if name in record and record[name] is not None:
                 value = record[name]
             elif not spec.required:
@@ -460,6 +584,8 @@ class MemoryStore:
             else:
                 raise InvalidRecord(f"missing field {name!r}", key=key)
             row[name] = self._coerce(spec, value, key)
+        row[PRIMARY_FIELD] = self._coerce(_SPECS[PRIMARY_FIELD],
+                                          _key(row["tenant"], row[ID_FIELD]), key)
         return row
 
     def _coerce(self, spec: FieldSpec, value: Any, key: str | None) -> Any:
@@ -469,7 +595,7 @@ class MemoryStore:
             if spec.dtype == DataType.VARCHAR:
                 if not isinstance(value, str):
                     raise TypeError("expected str")
-                if spec.primary and not value:
+                if (spec.primary or spec.name == ID_FIELD) and not value:
                     raise ValueError("empty id")
                 if spec.max_length and len(value.encode("utf-8")) > spec.max_length:
                     raise ValueError(f"longer than {spec.max_length} bytes")
@@ -530,7 +656,7 @@ class MemoryStore:
 
     @staticmethod
     def _dedupe(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Last write wins for repeated ids inside one call (Milvus rejects duplicates)."""
+        """Last write wins for repeated keys inside one call (Milvus rejects duplicates)."""
         by_id: dict[str, dict[str, Any]] = {}
         for r in rows:
             by_id.pop(r[PRIMARY_FIELD], None)
@@ -541,9 +667,11 @@ class MemoryStore:
     def upsert(self, records: Sequence[Mapping[str, Any]], partition: Partition) -> int:
         """Write (insert or overwrite by id) ``records`` into ``partition``.
 
-        Idempotent: replaying the same records leaves the same single copy. An id
-        that currently lives in the other partition ends up only in ``partition``.
-        Returns the number of distinct ids written.
+        Idempotent: replaying the same records leaves the same single copy. A
+        memory that currently lives in the other partition ends up only in
+        ``partition``. Rows are keyed by (record tenant, id): a record can only
+        ever replace its own tenant's row. Returns the number of distinct
+        (tenant, id) written.
         """
         part = _check_partition(partition)
         rows = self._dedupe(self._row(r) for r in records)
@@ -553,13 +681,13 @@ class MemoryStore:
         with self._errors("upsert"):
             for batch in self._batches(rows):
                 if not self.is_lite:  # server: pk unique per partition (see module doc)
-                    self._delete_ids([r[PRIMARY_FIELD] for r in batch], _other(part))
+                    self._delete_keys([r[PRIMARY_FIELD] for r in batch], _other(part))
                 c.upsert(self.collection, _stamped(batch, part), partition_name=part,
                          timeout=self.timeout_s)
         return len(rows)
 
-    def _delete_ids(self, ids: Sequence[str], partition: str | None) -> None:
-        for chunk in _chunks(ids, self.batch_size):
+    def _delete_keys(self, keys: Sequence[str], partition: str | None) -> None:
+        for chunk in _chunks(keys, self.batch_size):
             self.client.delete(
                 self.collection,
                 filter=E.ids_in(chunk, PRIMARY_FIELD),
@@ -567,39 +695,41 @@ class MemoryStore:
                 timeout=self.timeout_s,
             )
 
-    def move(self, ids: Iterable[str], to: Partition) -> int:
-        """Move memories into partition ``to``; returns how many actually moved.
+    def move(self, ids: Iterable[str], to: Partition, *, tenant: str) -> int:
+        """Move ``tenant``'s memories into partition ``to``; returns how many moved.
 
-        Ids already in ``to`` or absent are skipped.
+        Ids already in ``to`` or absent (in this tenant) are skipped.
         """
         target = _check_partition(to)
         src = _other(target)
-        rows = self._fetch(list(dict.fromkeys(ids)), [src], with_vector=True)
+        rows = self._fetch(_tenant_keys(tenant, ids), [src], with_vector=True)
         if not rows:
             return 0
         c = self.client
         with self._errors("move"):
             for batch in self._batches(rows):
-                clean = [{k: v for k, v in r.items() if k != "partition"} for r in batch]
+                clean = [{**{k: v for k, v in r.items() if k != "partition"},
+                          PRIMARY_FIELD: _key(r["tenant"], r[ID_FIELD])} for r in batch]
                 c.upsert(self.collection, _stamped(clean, target), partition_name=target,
                          timeout=self.timeout_s)
                 if not self.is_lite:
-                    self._delete_ids([r[PRIMARY_FIELD] for r in batch], src)
+                    self._delete_keys([_key(r["tenant"], r[ID_FIELD]) for r in batch], src)
         return len(rows)
 
-    def delete(self, ids: Iterable[str]) -> int:
-        """Delete memories from both partitions; returns how many existed."""
-        wanted = list(dict.fromkeys(ids))
+    def delete(self, ids: Iterable[str], *, tenant: str) -> int:
+        """Delete ``tenant``'s memories from both partitions; returns how many existed."""
+        wanted = _tenant_keys(tenant, ids)
         if not wanted:
             return 0
-        found = {r[PRIMARY_FIELD] for r in self._fetch(wanted, list(PARTITIONS), fields=[])}
+        found = {_key(r["tenant"], r[ID_FIELD])
+                 for r in self._fetch(wanted, list(PARTITIONS), fields=["tenant"])}
         if found:
             with self._errors("delete"):
-                self._delete_ids(sorted(found), None)
+                self._delete_keys(sorted(found), None)
         return len(found)
 
-    def update_fields(self, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Partial update: each row has ``id`` plus the fields to change.
+    def update_fields(self, rows: Sequence[Mapping[str, Any]], *, tenant: str) -> int:
+        """Partial update of ``tenant``'s rows: each row has ``id`` plus the fields to change.
 
         The stored row is read (with its vector), merged and written back into the
         partition it is in. Not atomic against concurrent writers of the same id:
@@ -608,20 +738,20 @@ class MemoryStore:
         """
         changes: dict[str, dict[str, Any]] = {}
         for r in rows:
-            rid = r.get(PRIMARY_FIELD)
+            rid = r.get(ID_FIELD)
             if not isinstance(rid, str) or not rid:
                 raise InvalidRecord("update row without an id")
-            bad = [k for k in r if k not in _SPECS]
+            bad = [k for k in r if k not in _SPECS or k in (PRIMARY_FIELD, "tenant")]
             if bad:
-                raise InvalidRecord(f"unknown fields {bad}", key=rid)
-            changes.setdefault(rid, {}).update({k: v for k, v in r.items() if k != PRIMARY_FIELD})
+                raise InvalidRecord(f"fields {bad} cannot be updated", key=rid)
+            changes.setdefault(rid, {}).update({k: v for k, v in r.items() if k != ID_FIELD})
         if not changes:
             return 0
-        current = self._fetch(list(changes), list(PARTITIONS), with_vector=True)
+        current = self._fetch(_tenant_keys(tenant, changes), list(PARTITIONS), with_vector=True)
         by_part: dict[str, list[dict[str, Any]]] = {p: [] for p in PARTITIONS}
         for row in current:
             part = row.pop("partition")
-            merged = {**row, **changes[row[PRIMARY_FIELD]]}
+            merged = {**row, **changes[row[ID_FIELD]]}
             by_part[part].append(self._row(merged))
         c = self.client
         with self._errors("update"):
@@ -636,18 +766,19 @@ class MemoryStore:
         if output_fields is None:
             fields = scalar_fields()
         else:
-            fields = [f for f in output_fields if f != "partition"]
+            fields = [f for f in output_fields if f not in ("partition", PRIMARY_FIELD)]
             unknown = [f for f in fields if f not in _SPECS]
             if unknown:
                 raise InvalidRecord(f"unknown output fields {unknown}")
         if with_vector and VECTOR_FIELD not in fields:
             fields = [*fields, VECTOR_FIELD]
-        if PRIMARY_FIELD not in fields:
-            fields = [PRIMARY_FIELD, *fields]
+        if ID_FIELD not in fields:
+            fields = [ID_FIELD, *fields]
         return fields
 
     def _fix(self, row: dict[str, Any], partition: str) -> dict[str, Any]:
         out = dict(row)
+        out.pop(PRIMARY_FIELD, None)  # the storage key stays inside the store
         if VECTOR_FIELD in out and out[VECTOR_FIELD] is not None:
             out[VECTOR_FIELD] = np.asarray(out[VECTOR_FIELD], dtype=np.float32)
         _unstamp(out)
@@ -656,48 +787,73 @@ class MemoryStore:
 
     def _fetch(
         self,
-        ids: Sequence[str],
+        keys: Sequence[str],
         partitions: Sequence[str],
         *,
         with_vector: bool = False,
         fields: Sequence[str] | None = None,
+        consistency_level: str | None = None,
     ) -> list[dict[str, Any]]:
-        if not ids:
+        """Rows by storage key (the only way rows are read by id)."""
+        if not keys:
             return []
         out_fields = self._out_fields(fields, with_vector)
+        if "tenant" not in out_fields:
+            out_fields = [*out_fields, "tenant"]
         rows: list[dict[str, Any]] = []
         c = self.client
         with self._errors("query"):
             for part in partitions:
-                for chunk in _chunks(list(ids), self.batch_size):
+                for chunk in _chunks(list(keys), self.batch_size):
                     res = c.query(
                         self.collection,
                         filter=E.ids_in(chunk, PRIMARY_FIELD),
                         output_fields=out_fields,
                         partition_names=[part],
                         timeout=self.timeout_s,
-                        consistency_level=self.consistency_level,
+                        consistency_level=consistency_level or self.consistency_level,
                     )
                     rows.extend(self._fix(r, part) for r in res)
-        order = {rid: i for i, rid in enumerate(ids)}
-        rows.sort(key=lambda r: order.get(r[PRIMARY_FIELD], len(order)))
+        order = {k: i for i, k in enumerate(keys)}
+        rows.sort(key=lambda r: order.get(_key(r["tenant"], r[ID_FIELD]), len(order)))
         return rows
 
     def get(
         self,
         ids: Iterable[str],
         *,
+        tenant: str,
         with_vector: bool = False,
         output_fields: Sequence[str] | None = None,
+        consistency_level: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Rows for ``ids`` (in request order, missing ids skipped), each with ``partition``.
+        """``tenant``'s rows for ``ids`` (request order, missing skipped), each with ``partition``.
 
         Normally one row per id; two only if a move on a server was interrupted.
+        Another tenant's row with the same id is never returned. Every row
+        carries ``tenant``. ``consistency_level`` overrides the store default.
         """
-        return self._fetch(
-            list(dict.fromkeys(ids)), list(PARTITIONS), with_vector=with_vector,
-            fields=output_fields,
-        )  # fmt: skip
+        return self.get_keys(_tenant_keys(tenant, ids), with_vector=with_vector,
+                             output_fields=output_fields,
+                             consistency_level=consistency_level)  # fmt: skip
+
+    def get_keys(
+        self,
+        keys: Sequence[str],
+        *,
+        with_vector: bool = False,
+        output_fields: Sequence[str] | None = None,
+        consistency_level: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows by storage key (``schemas.storage_key``): one read for many tenants."""
+        return self._fetch(list(dict.fromkeys(keys)), list(PARTITIONS), with_vector=with_vector,
+                           fields=output_fields,
+                           consistency_level=consistency_level)  # fmt: skip
+
+    @staticmethod
+    def key_filter(tenant: str, ids: Iterable[str]) -> str:
+        """A filter expression matching exactly ``tenant``'s rows with ``ids``."""
+        return E.ids_in(_tenant_keys(tenant, ids), PRIMARY_FIELD)
 
     def survivors_of(
         self, tenant: str, ids: Iterable[str], *, output_fields: Sequence[str] | None = None
@@ -849,7 +1005,7 @@ class MemoryStore:
             hits = []
             for hit in res[0] if res else []:
                 entity = dict(hit.get("entity") or {})
-                entity[PRIMARY_FIELD] = hit.get("id", entity.get(PRIMARY_FIELD))
+                entity.pop(PRIMARY_FIELD, None)
                 entity["distance"] = entity["similarity"] = float(hit["distance"])
                 stamp = _unstamp(entity)
                 if not want_meta:
@@ -878,8 +1034,8 @@ class MemoryStore:
                     results = [one(parts[0]), other.result()]
         for hits in results:
             for h in hits:
-                prev = best.get(h[PRIMARY_FIELD])
+                prev = best.get(h[ID_FIELD])
                 if prev is None or h["distance"] > prev["distance"]:
-                    best[h[PRIMARY_FIELD]] = h
+                    best[h[ID_FIELD]] = h
         hits = sorted(best.values(), key=lambda h: h["distance"], reverse=True)
         return hits[:k]

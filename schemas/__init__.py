@@ -37,6 +37,7 @@ from schemas.models import (
     Transition,
     UtilityUpdate,
     stable_transition_id,
+    storage_key,
 )
 from schemas.topics import TOPICS, TopicSpec, topic_name
 
@@ -76,5 +77,6 @@ __all__ = [
     "json_schemas",
     "loads",
     "stable_transition_id",
+    "storage_key",
     "topic_name",
 ]

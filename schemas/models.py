@@ -10,6 +10,10 @@ Decisions:
   value model.
 - ``transition_id`` defaults to a stable hash of (tenant, agent_id, episode_id,
   step) so replays are idempotent; the memory id is the transition id.
+- Memory ids are chosen by clients and are only unique *within a tenant*: two
+  tenants may both use ``episode-1:3``. Storage is therefore keyed by
+  `storage_key` (tenant, memory id), and the client-facing memory id stays the
+  plain id in every payload, response and event (issue 21).
 - ``action`` is text: integer actions are accepted and rendered as strings so
   RL and LLM agents share one field.
 """
@@ -80,6 +84,25 @@ def stable_transition_id(tenant: str, agent_id: str, episode_id: str, step: int)
     """Deterministic id: the same transition replayed maps to the same memory."""
     raw = f"{tenant}\x1f{agent_id}\x1f{episode_id}\x1f{step}".encode()
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+#: separates tenant and memory id in a storage key; never part of a tenant (``Ident``
+#: has no ``|``; the store refuses such tenants), so the key is injective
+KEY_SEP = "|"
+
+
+def storage_key(tenant: str, memory_id: str) -> str:
+    """The Milvus primary key of (tenant, memory id): ``tenant|memory_id``.
+
+    Why readable and not a hash: it is injective by construction (a tenant holds
+    no ``|``), so no two tenants' rows can share a key whatever ids they pick,
+    and an operator can read it.
+    """
+    if not tenant or KEY_SEP in tenant:
+        raise ValueError(f"tenant must be non-empty and hold no {KEY_SEP!r} (got {tenant!r})")
+    if not memory_id:
+        raise ValueError("empty memory id")
+    return f"{tenant}{KEY_SEP}{memory_id}"
 
 
 class Transition(Model):
@@ -365,9 +388,14 @@ class MemoryRecord(BaseModel):
 
     `milvus/` derives its collection schema from these fields (the
     ``json_schema_extra["milvus"]`` hints give max lengths and the vector field).
+    ``key`` is the primary key, ``storage_key(tenant, id)``: set by the store on
+    every write (a caller's value is ignored) and never returned by reads; ``id``
+    is the client-facing memory id, unique only within its tenant.
     """
 
-    id: str = Field(json_schema_extra={"milvus": {"primary": True, "max_length": 128}})
+    key: str = Field(default="", json_schema_extra={"milvus": {"primary": True,
+                                                                "max_length": 257}})
+    id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
     tenant: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
     agent_id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
     episode_id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})

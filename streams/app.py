@@ -26,6 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -40,7 +41,7 @@ from pydantic import ValidationError
 
 from milvus import MemoryStore
 from operators import Encoder, build_encoder
-from schemas import EpisodeOutcome, encode
+from schemas import EpisodeOutcome, encode, storage_key
 from schemas.errors import ConfigError, InvalidRecord
 from streams.backoff import Backoff
 from streams.clock import now_ms
@@ -147,7 +148,8 @@ class StoreService(Service):
     async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
         """Upsert every partition's rows, retried until acknowledged.
 
-        Returns ``{memory id: reason}`` for rows the store refuses by itself
+        Returns ``{storage key: reason}`` (``schemas.storage_key(tenant, id)``:
+        ids are unique only per tenant) for rows the store refuses by itself
         (`InvalidRecord`, e.g. a metadata object over Milvus' JSON limit): those
         are left out and the rest is written, so one bad row cannot stall its
         partition forever; the caller dead-letters them. Everything else
@@ -163,8 +165,9 @@ class StoreService(Service):
                                   raise_invalid=True)
             except InvalidRecord:
                 store = self.store
-                bad = {r["id"]: why for r in rows if (why := store.check_row(r)) is not None}
-                good = [r for r in rows if r["id"] not in bad]
+                bad = {storage_key(r["tenant"], r["id"]): why for r in rows
+                       if (why := store.check_row(r)) is not None}  # fmt: skip
+                good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
                 if good:
                     await self._retry(f"upsert {partition}", store.upsert, good, partition)
                 rejected.update(bad)
@@ -300,9 +303,10 @@ def wire_write_path(
                 log.warning("hindsight rows refused by the store: %s", rejected)
             if result.promote:
                 assert store.store is not None
-                await store._retry("promote", store.store.move, result.promote, "core")
+                move = functools.partial(store.store.move, tenant=out.tenant)  # own rows only
+                await store._retry("promote", move, result.promote, "core")
             for ev in result.events:
-                if ev.memory_id not in rejected:
+                if storage_key(ev.tenant, ev.memory_id) not in rejected:
                     await memories.send(key=ev.memory_id.encode(), value=encode(ev))
 
     async def settle_state() -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """`dmem bench chaos`: crash, outage and bad-input fault injection against the real stack.
 
 What runs (all real, nothing mocked): the embedded Tansu broker (`LocalStack`),
-a Milvus 2.3.5 standalone server (`EmbeddedMilvusServer`) and one
-``dmem worker --role write`` subprocess. The worker is a black box: this driver
-only talks to it through topics, its process, its ``/health`` and ``/metrics``
-pages, and Milvus.
+a Milvus 2.3.5 standalone server (`EmbeddedMilvusServer`), one
+``dmem worker --role write`` subprocess (the one that gets killed) and, after
+the stream, one ``dmem worker --role jobs`` (credit job and utility applier;
+maintenance off) for the hostile tenant's feedback.
+The workers are black boxes: this driver only talks to them through topics,
+their processes, the write worker's ``/health`` and ``/metrics`` pages, and Milvus.
 
 Scenario, on a fixed seed (``--seed``):
 - ``transitions`` valid transitions of ``tenants`` tenants (4 agents each,
@@ -26,6 +28,18 @@ Scenario, on a fixed seed (``--seed``):
   ``broker_pause_s`` seconds and resumed (a broker hiccup: connections hang).
 - An unexpected worker exit (not one of our kills) is counted in
   ``worker_deaths`` and the worker is restarted so the run can finish.
+- A hostile tenant (``HOSTILE``, issue 21) reuses the other tenants' memory ids:
+  one transition per ``hostile_every`` valid ones, with ``transition_id`` set to
+  an id another tenant already published (surprising rewards, so most are
+  stored), through the same kills and outage. After the drain the victims'
+  rows are snapshotted (every field, the vector's bytes included) and the
+  hostile tenant sends, over Kafka, ``hostile_feedback`` thumbs-down
+  `Feedback` on victims' ids, ``hostile_episodes`` `MemoryUsage` reports naming
+  10 victims' ids each plus their `EpisodeOutcome`, and ``hostile_forgets``
+  forget requests (`forget_scope` + the ``forgotten`` notices on ``control``,
+  exactly what ``dmem forget --tenant T --memory ID`` does) for victims' ids.
+  Once the credit topic is drained by the applier the victims' rows are read
+  again.
 
 Then the driver waits until the worker group has committed every published
 offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
@@ -49,6 +63,16 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   paths) return rows of another tenant; ``searches_rejected`` counts hostile
   requests refused by validation, ``plain_hits`` that unfiltered searches do
   find rows (the check is not vacuous);
+- ``hostile_writes``: hostile records and requests sent (all of the above);
+  ``cross_tenant_writes``: rows of a victim tenant changed or removed by the
+  hostile traffic: victims' ids the hostile transitions reused whose victim
+  row is missing or no longer holds the victim's own transition, plus victim
+  rows that differ in any byte (or are gone) after the hostile feedback,
+  usage, outcomes and forgets; ``hostile_rows_credited`` /
+  ``hostile_rows_forgotten``: the hostile tenant's own rows (every one holding a
+  victim's id) whose utility moved / that its forgets deleted (the credit and
+  forget paths ran on those very ids: the check is not vacuous);
+  ``credit_drained``: the applier committed the whole credit topic;
 - ``max_rss_mb``: the worker's peak resident set (sampled every 0.25 s);
   ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` show
   backpressure: while Milvus is down the lag grows, the process does not.
@@ -91,6 +115,8 @@ from streams.settings import Settings
 AGENTS = 4
 EPISODE_LEN = 20
 DIM = 64
+#: the tenant that reuses other tenants' ids (issue 21)
+HOSTILE = "intruder"
 
 
 @dataclass
@@ -105,6 +131,10 @@ class ChaosConfig:
     seed: int = 7
     batch_size: int = 256
     drain_timeout_s: float = 300.0
+    hostile_every: int = 10
+    hostile_feedback: int = 200
+    hostile_episodes: int = 20
+    hostile_forgets: int = 50
 
 
 # --------------------------------------------------------------------------- workload
@@ -134,6 +164,20 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
         streams_.append(rows)
     out = [row for group in zip(*streams_, strict=False) for row in group]
     return out[: cfg.transitions]
+
+
+def hostile_transition(rng: random.Random, n: int, victim_id: str,
+                       surprise: bool) -> Transition:  # fmt: skip
+    """A hostile transition that reuses a victim's memory id. ``surprise``: a +-10
+    reward among noise, so the hostile tenant's own gate stores it (an overwrite
+    attempt that reaches Milvus, not one its gate drops)."""
+    return Transition(
+        transition_id=victim_id, tenant=HOSTILE, agent_id="intruder-agent",
+        episode_id=f"x-ep{n // EPISODE_LEN}", step=n % EPISODE_LEN,
+        observation=f"{HOSTILE} overwrite attempt {n}", action="left",
+        reward=rng.choice([10.0, -10.0]) if surprise else rng.gauss(-0.1, 1.0),
+        metadata={"secret": HOSTILE, "k": n},
+    )
 
 
 def _valid_dict(rng: random.Random) -> dict[str, Any]:
@@ -484,17 +528,111 @@ async def read_topic(settings: Settings, logical: str) -> list[Any]:
 
 
 def count_store(uri: str, collection: str) -> list[dict[str, Any]]:
+    """Every row, every field (the vector as bytes, so rows compare byte for byte)."""
     from milvus import MemoryStore
 
     store = MemoryStore(uri, collection=collection, dim=DIM).connect()
     try:
-        return list(store.scan(output_fields=["id", "tenant", "agent_id", "episode_id", "step"]))
+        rows = list(store.scan(with_vector=True))
+    finally:
+        store.close()
+    for r in rows:
+        r["vector"] = bytes(r["vector"].tobytes())
+    return rows
+
+
+async def hostile_requests(settings: Settings, uri: str, collection: str, cfg: ChaosConfig,
+                           rng: random.Random, victim_ids: list[str]) -> int:
+    """Feedback, usage + outcomes (Kafka) and forgets on victims' ids; returns how many."""
+    from schemas import EpisodeOutcome, Feedback, MemoryUsage
+    from streams.admin import kafka_client_kwargs
+    from streams.jobs.maintenance import emit_events
+
+    producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    await producer.start()
+    sent = 0
+    now = int(time.time() * 1000)
+    try:
+        fb_topic, usage_topic = settings.topic("feedback"), settings.topic("usage")
+        for i in range(cfg.hostile_feedback):
+            mid = rng.choice(victim_ids)
+            fb = Feedback(feedback_id=f"x-fb{i}", tenant=HOSTILE, memory_id=mid,
+                          kind=rng.choice(["thumbs_down", "thumbs_up"]), ts=now)
+            await producer.send(fb_topic, encode_model(fb), key=mid.encode())
+            sent += 1
+        for e in range(cfg.hostile_episodes):
+            ep = f"x-usage{e}"
+            ids = rng.sample(victim_ids, min(10, len(victim_ids)))
+            usage = MemoryUsage(tenant=HOSTILE, episode_id=ep, request_id=f"x-req{e}",
+                                memory_ids=ids, weights=[1.0 / len(ids)] * len(ids), ts=now,
+                                source="agent")
+            out = EpisodeOutcome(outcome_id=f"x-out{e}", tenant=HOSTILE, episode_id=ep,
+                                 reward=rng.choice([-50.0, 50.0]), ts=now)
+            await producer.send(usage_topic, encode_model(usage), key=ep.encode())
+            await producer.send(fb_topic, encode_model(out), key=ep.encode())
+            sent += 2
+        await producer.flush()
+    finally:
+        await producer.stop()
+    forgotten = []
+    for mid in rng.sample(victim_ids, min(cfg.hostile_forgets, len(victim_ids))):
+        forgotten += await asyncio.to_thread(_forget, uri, collection, mid)
+        sent += 1
+    if forgotten:
+        await emit_events(settings, forgotten)
+    return sent
+
+
+def _forget(uri: str, collection: str, memory_id: str) -> list[Any]:
+    """`dmem forget --tenant HOSTILE --memory ID`: the CLI's store call."""
+    from milvus import MemoryStore
+    from streams.jobs.maintenance import forget_scope
+
+    store = MemoryStore(uri, collection=collection, dim=DIM).connect()
+    try:
+        return forget_scope(store, HOSTILE, memory_id=memory_id)
     finally:
         store.close()
 
 
-def hostile_searches(uri: str, collection: str, settings: Settings, tenants: list[str],
-                     owner: dict[str, str]) -> dict[str, int]:
+def encode_model(m: Any) -> bytes:
+    return orjson.dumps(m.model_dump(mode="json", by_alias=True))
+
+
+async def wait_credit_applied(settings: Settings, timeout_s: float, min_updates: int) -> bool:
+    """Until the applier group has committed the whole credit topic, which has stopped
+    growing and holds at least ``min_updates`` records."""
+    from streams.admin import kafka_client_kwargs
+
+    kw = kafka_client_kwargs(settings.kafka)
+    c = AIOKafkaConsumer(group_id=settings.group("applier"), enable_auto_commit=False, **kw)
+    await c.start()
+    topic = settings.topic("credit")
+    deadline = time.monotonic() + timeout_s
+    last: dict[TopicPartition, int] = {}
+    try:
+        while time.monotonic() < deadline:
+            parts = c.partitions_for_topic(topic)
+            if not parts:
+                await c._client.force_metadata_update()
+                parts = c.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, p) for p in sorted(parts)]
+            ends = await c.end_offsets(tps) if tps else {}
+            done = bool(tps) and sum(ends.values()) >= min_updates and ends == last
+            for tp in tps:
+                off = await c.committed(tp)
+                done = done and (ends[tp] == 0 or (off is not None and off >= ends[tp]))
+            if done:
+                return True
+            last = dict(ends)
+            await asyncio.sleep(2.0)
+        return False
+    finally:
+        await c.stop()
+
+
+def hostile_searches(uri: str, collection: str, settings: Settings,
+                     tenants: list[str]) -> dict[str, int]:
     """Search every tenant with hostile filters through the responder's code path."""
     from milvus import MemoryStore
     from operators import build_encoder
@@ -523,7 +661,9 @@ def hostile_searches(uri: str, collection: str, settings: Settings, tenants: lis
                 if resp.error:
                     out["searches_rejected"] += 1
                     continue
-                foreign = [h for h in resp.hits if owner.get(h.memory_id) != tenant]
+                # ids are shared across tenants (the hostile one reuses them): ownership
+                # is in the text, which every tenant's transitions start with
+                foreign = [h for h in resp.hits if not h.text.startswith(f"{tenant} ")]
                 out["cross_tenant_hits"] += len(foreign)
                 if not filters:
                     out["plain_hits"] += len(resp.hits)
@@ -580,12 +720,23 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
                     collection: str) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     settings = stack.settings
-    good = good_transitions(cfg)
-    owner = {t.memory_id: t.tenant for t in good}
+    victims = good_transitions(cfg)
+    hostile: list[Transition] = []
     records: list[tuple[bytes | None, bytes | None, str | None]] = []
     bad_kinds: Counter[str] = Counter()
-    for i, t in enumerate(good):
+    hrng = random.Random(cfg.seed + 1)
+    surprising: list[str] = []
+    for i, t in enumerate(victims):
         records.append((t.agent_id.encode(), orjson.dumps(t.model_dump(mode="json")), None))
+        if abs(t.reward) >= 10.0:
+            surprising.append(t.memory_id)  # likely stored by its tenant: worth attacking
+        if cfg.hostile_every and i % cfg.hostile_every == cfg.hostile_every - 1:
+            # a third: surprising ids (stored by their tenant) with a surprise of its own
+            hit = bool(surprising) and hrng.random() < 0.33
+            target = hrng.choice(surprising) if hit else victims[hrng.randrange(i + 1)].memory_id
+            h = hostile_transition(hrng, len(hostile), target, hit)
+            hostile.append(h)
+            records.append((h.agent_id.encode(), orjson.dumps(h.model_dump(mode="json")), None))
         if cfg.bad_every and i % cfg.bad_every == cfg.bad_every - 1:
             kind, value = bad_record(rng)
             bad_kinds[kind] += 1
@@ -633,12 +784,14 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     events_raw = await read_topic(settings, "memories")
     dead_raw = await read_topic(settings, "deadletter")
 
-    written: set[str] = set()
-    latest: dict[str, str] = {}
-    seen: set[str] = set()
+    # memory ids are unique per tenant only: everything is keyed by (tenant, id)
+    Key = tuple[str, str]
+    written: set[Key] = set()
+    latest: dict[Key, str] = {}
+    seen: set[Key] = set()
     for m in events_raw:
         ev = orjson.loads(m.value)
-        mid = ev["memory_id"]
+        mid = (ev["tenant"], ev["memory_id"])
         seen.add(mid)
         latest[mid] = ev["kind"]
         if ev["kind"] == "written":
@@ -655,17 +808,53 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         _ = base64.b64decode(dl.get("original_b64", ""))
 
     rows = await asyncio.to_thread(count_store, uri, collection)
-    by_id = Counter(r["id"] for r in rows)
+    by_id = Counter((r["tenant"], r["id"]) for r in rows)
     by_key = Counter((r["tenant"], r["agent_id"], r["episode_id"], r["step"]) for r in rows)
     stored_ids = set(by_id)
     duplicated = (sum(by_id.values()) - len(by_id)) + (len(by_id) - len(by_key))
-    good_ids = {t.memory_id for t in good}
-    hostile = await asyncio.to_thread(
-        hostile_searches, uri, collection, settings, sorted({t.tenant for t in good}), owner)
+    good = victims + hostile
+    good_ids = {(t.tenant, t.memory_id) for t in good}
+    # hostile transitions: every reused victim id the victim had stored must still
+    # hold the victim's own transition
+    own = {(t.tenant, t.memory_id): t for t in victims}
+    row_of = {(r["tenant"], r["id"]): r for r in rows}
+    targeted = {(v, h.memory_id) for h in hostile for v in {t.tenant for t in victims}}
+    cross = 0
+    for key in targeted & written:
+        r, mine = row_of.get(key), own.get(key)
+        if mine is None:
+            continue
+        if r is None or (r["text"], r["agent_id"], r["episode_id"], r["step"],
+                         (r["metadata"].get("user") or {}).get("secret")) != (
+                mine.observation, mine.agent_id, mine.episode_id, mine.step, mine.tenant):
+            cross += 1
+    # hostile feedback, usage, outcomes and forgets on victims' ids: victims' rows
+    # must be byte-for-byte what they were
+    victim_rows = {k: r for k, r in row_of.items() if k[0] != HOSTILE}
+    # targets: ids the victims stored, and the hostile tenant's own stored ids (each
+    # one a victim's id too), so feedback and forgets also hit rows of its own
+    hostile_own = sorted(k[1] for k in row_of if k[0] == HOSTILE)
+    targets = sorted({k[1] for k in victim_rows}) + hostile_own or [victims[0].memory_id]
+    # the jobs worker starts only now: it has nothing to do during the stream, and a
+    # third process competing for the CPU during the outage is not what is tested
+    jobs = stack.start_worker("jobs")
+    await asyncio.to_thread(stack.wait_ready, jobs)
+    note("  jobs worker up; hostile feedback, usage, outcomes and forgets")
+    sent = await hostile_requests(settings, uri, collection, cfg, hrng, targets)
+    applied = await wait_credit_applied(settings, 120.0, cfg.hostile_feedback)
+    after = await asyncio.to_thread(count_store, uri, collection)
+    after_of = {(r["tenant"], r["id"]): r for r in after}
+    cross += sum(1 for k, r in victim_rows.items() if after_of.get(k) != r)
+    credited = sum(1 for k, r in after_of.items() if k[0] == HOSTILE
+                   and r["utility"] != row_of.get(k, {}).get("utility", r["utility"]))
+    forgotten = sum(1 for k in row_of if k[0] == HOSTILE and k not in after_of)
+    hostile_probe = await asyncio.to_thread(
+        hostile_searches, uri, collection, settings, sorted({t.tenant for t in good}))
     out: dict[str, Any] = {
         "bench": "chaos",
         "config": asdict(cfg),
-        "transitions": len(good),
+        "transitions": len(victims),
+        "hostile_transitions": len(hostile),
         "records_published": n,
         "worker_kills": chaos.kills,
         "worker_restarts": chaos.restarts,
@@ -684,7 +873,12 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         "good_dead_lettered": len(dl_offsets & good_offsets),
         "dead_letters_without_reason": no_reason,
         "worker_deaths": chaos.deaths,
-        **hostile,
+        **hostile_probe,
+        "hostile_writes": len(hostile) + sent,
+        "cross_tenant_writes": cross,
+        "hostile_rows_credited": credited,
+        "hostile_rows_forgotten": forgotten,
+        "credit_drained": applied,
         "max_rss_mb": round(chaos.max_rss, 1),
         "rss_before_outage_mb": round(chaos.rss_before_outage, 1),
         "rss_outage_max_mb": round(chaos.rss_outage_max, 1),
@@ -702,6 +896,7 @@ def report(out: dict[str, Any]) -> None:
     keys = ["transitions", "worker_kills", "milvus_outage_s", "expected_stored", "stored", "lost",
             "duplicated", "unprocessed", "orphans", "bad_inputs", "dead_lettered",
             "good_dead_lettered", "worker_deaths", "cross_tenant_hits", "searches_rejected",
+            "hostile_writes", "cross_tenant_writes", "hostile_rows_credited",
             "max_rss_mb", "rss_before_outage_mb", "rss_outage_max_mb", "max_lag",
             "health_503_in_outage", "wall_s"]
     print_table("dmem bench chaos", ["measure", "value"],

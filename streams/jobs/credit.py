@@ -15,7 +15,10 @@ with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
 upserts them back into their partition; offsets are committed only after
 Milvus acknowledged. An update for a memory dedup folded into another goes to
 that survivor (it stands for the folded transition, ``metadata.merge.ids``);
-updates for memories that no longer exist at all are dropped.
+updates for memories that no longer exist at all are dropped. Rows are read by
+storage key (tenant, memory id), so an update names a memory of its own tenant
+only: a thumbs or usage report on another tenant's id finds no row and is
+skipped (issue 21).
 
 Usage records come from the responder (``source="served"``) and, optionally,
 from agents reporting what they actually used (``source="agent"``, see
@@ -45,7 +48,15 @@ from mode import Service
 from pydantic import ValidationError
 
 from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
-from schemas import DeadLetter, EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate, encode
+from schemas import (
+    DeadLetter,
+    EpisodeOutcome,
+    Feedback,
+    MemoryUsage,
+    UtilityUpdate,
+    encode,
+    storage_key,
+)
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.metrics import CREDIT_UPDATES
@@ -234,31 +245,34 @@ class UtilityApplier(Service):
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
         store = self.store_service.store
-        ids = sorted({u.memory_id for u in updates})
-        rows = {r["id"]: r for r in store.get(ids, with_vector=True)}
+        keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
+        # by (tenant, id): an update only ever reaches its own tenant's row
+        rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
         # a memory dedup folded into a survivor: its credit goes to the survivor
-        into: dict[tuple[str, str], str] = {}
+        into: dict[tuple[str, str], tuple[str, str]] = {}
         by_tenant: dict[str, set[str]] = {}
         for u in updates:
-            if u.memory_id not in rows:
+            if (u.tenant, u.memory_id) not in rows:
                 by_tenant.setdefault(u.tenant, set()).add(u.memory_id)
         for tenant, missing in by_tenant.items():
             for mid, srow in store.survivors_of(tenant, sorted(missing)).items():
-                into[(tenant, mid)] = str(srow["id"])
-        if into:
-            for r in store.get(sorted(set(into.values()) - set(rows)), with_vector=True):
-                rows[r["id"]] = r
-        touched: dict[str, dict[str, Any]] = {}
+                into[(tenant, mid)] = (tenant, str(srow["id"]))
+        extra = sorted({storage_key(*k) for k in into.values() if k not in rows})
+        if extra:
+            for r in store.get_keys(extra, with_vector=True):
+                rows[(r["tenant"], r["id"])] = r
+        touched: dict[tuple[str, str], dict[str, Any]] = {}
         for u in updates:
-            target = u.memory_id if u.memory_id in rows else into.get((u.tenant, u.memory_id))
+            key = (u.tenant, u.memory_id)
+            target = key if key in rows else into.get(key)
             row = rows.get(target) if target is not None else None
-            if row is None or row.get("tenant") != u.tenant:
+            if row is None or target is None:
                 self.skipped += 1
                 continue
             if apply_utility(
                 row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
             ):
-                touched[str(row["id"])] = row
+                touched[target] = row
                 self.applied += 1
                 CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:

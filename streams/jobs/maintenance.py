@@ -41,6 +41,11 @@ in memory (about a millisecond per 100k), plus Milvus I/O bounded by
 ``refresh_per_pass + 2 * max_actions_per_pass`` rows, independent of n. The
 full scan happens once per process start (bootstrap), not per tick.
 
+Tenants (issue 21): memory ids are unique per tenant only, so every store call
+here names the tenant (`MemoryStore.get`/`move`/`delete` take ``tenant=``; the
+access flush reads by storage key): a merge, a decay action, an access count or
+a forget of one tenant never reaches another tenant's row with the same id.
+
 Concurrency: Milvus has no partial updates, so a merge, a move or an access
 flush is a read-modify-write of the row. Writers in this module share one
 process-wide lock; the credit applier (`streams.jobs.credit`) does not take it, so a
@@ -91,7 +96,7 @@ from operators.maintenance import (
     reward_span,
     tenant_priorities,
 )
-from schemas import MemoryEvent, encode
+from schemas import MemoryEvent, encode, storage_key
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.settings import Settings
@@ -162,30 +167,18 @@ def _event(kind: str, row: dict[str, Any], partition: str | None, reason: str,
     )
 
 
-def get_bounded(store: MemoryStore, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
-    """Rows by id with Bounded consistency (no wait for the next time tick), then a
-    Strong read of the ids that were not found (they may be just written).
+def get_bounded(store: MemoryStore, tenant: str, ids: Sequence[str],
+                fields: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """``tenant``'s rows by id with Bounded consistency (no wait for the next time
+    tick), then a Strong read of the ids that were not found (they may be just written).
 
     Used for the index refresh and the re-read before acting: a value updated
     in the last moment may be missed and is seen by a later pass.
     """
-    out = _get_bounded(store, ids, fields)
+    out = store.get(ids, tenant=tenant, output_fields=fields, consistency_level="Bounded")
     missing = set(ids) - {str(r["id"]) for r in out}
     if missing:
-        out += store.get(sorted(missing), output_fields=fields)
-    return out
-
-
-def _get_bounded(store: MemoryStore, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    client = store.client
-    for part in ("core", "buffer"):
-        for i in range(0, len(ids), 1000):
-            with store._errors("query"):  # noqa: SLF001 - same error mapping
-                res = client.query(store.collection, filter=E.ids_in(ids[i : i + 1000]),
-                                   output_fields=fields, partition_names=[part],
-                                   timeout=store.timeout_s, consistency_level="Bounded")
-            out += [{**r, "partition": part} for r in res]
+        out += store.get(sorted(missing), tenant=tenant, output_fields=fields)
     return out
 
 
@@ -256,7 +249,7 @@ class MaintenanceEngine:
         """Re-read `ids` into the index; ids gone from Milvus leave it. Returns those found."""
         if not ids:
             return set()
-        rows = _unique(get_bounded(self.store, list(ids), SCAN_FIELDS))
+        rows = _unique(get_bounded(self.store, tenant, list(ids), SCAN_FIELDS))
         t = self.index.tenant(tenant)
         found = set()
         for mid in ids:
@@ -278,7 +271,7 @@ class MaintenanceEngine:
         flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
             "action": action, "valence": valence, "reward": reward})  # fmt: skip
         if exclude:
-            flt = E.and_all([flt, f"not ({E.ids_in(exclude)})"])
+            flt = E.and_all([flt, f"not ({self.store.key_filter(tenant, exclude)})"])
         client = self.store.client
         params = search_params(self.store.is_lite, self.dedup_k)
         found: set[str] = set()
@@ -300,12 +293,14 @@ class MaintenanceEngine:
             for hits in res or []:
                 for h in hits:
                     if float(h["distance"]) >= self.policy.tau - 1e-6:
-                        found.add(str(h.get("id", (h.get("entity") or {}).get("id"))))
+                        # the hit's own "id" is the storage key: the memory id is a field
+                        found.add(str((h.get("entity") or {})["id"]))
         return found
 
     def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
         """Merge one tenant's window of new memories into existing ones (and each other)."""
-        rows = {k: r for k, r in _unique(self.store.get(list(ids), with_vector=True)).items()
+        rows = {k: r for k, r in _unique(self.store.get(list(ids), tenant=tenant,
+                                                        with_vector=True)).items()
                 if r.get("tenant") == tenant}  # fmt: skip
         scopes: dict[Scope, list[str]] = {}
         for mid, r in rows.items():
@@ -317,7 +312,8 @@ class MaintenanceEngine:
             near = self._neighbors(tenant, scope, vecs, sids) - set(sids)
             group_rows = {m: rows[m] for m in sids}
             if near:
-                for mid, r in _unique(self.store.get(sorted(near), with_vector=True)).items():
+                for mid, r in _unique(self.store.get(sorted(near), tenant=tenant,
+                                                     with_vector=True)).items():
                     if r.get("tenant") == tenant and merge_scope(r) == scope:
                         group_rows[mid] = r
             order = sorted(group_rows)
@@ -352,7 +348,7 @@ class MaintenanceEngine:
             if folded or target != s["partition"]:
                 clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
                 self.store.upsert([clean], target)  # type: ignore[arg-type]
-            self.store.delete(list(g.members))
+            self.store.delete(list(g.members), tenant=str(s["tenant"]))
         t = self.index.tenant(str(s["tenant"]))
         events = []
         for m, sim in zip(members, g.similarity, strict=True):
@@ -382,7 +378,7 @@ class MaintenanceEngine:
         events: list[MemoryEvent] = []
         if plan.actions:
             chosen = [a.memory_id for a in plan.actions]
-            rows = _unique(get_bounded(self.store, chosen, [
+            rows = _unique(get_bounded(self.store, tenant, chosen, [
                 "id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence",
                 "created_ts", "last_access_ts", "utility", "metadata"]))  # fmt: skip
             fresh = set()
@@ -395,25 +391,25 @@ class MaintenanceEngine:
                     fresh.add(mid)
             plan = plan_decay(t, self.policy)  # with the fresh values
             actions = [a for a in plan.actions if a.memory_id in fresh]
-            events = self._execute(t, actions, rows, now)
+            events = self._execute(tenant, t, actions, rows, now)
         self.last_deferred = plan.deferred
         ms = (time.perf_counter() - t0) * 1e3
         self.pass_samples.append((ms, len(t)))
         self._count("decay_passes")
         return events
 
-    def _execute(self, t: TenantIndex, actions: list[Any], rows: dict[str, dict[str, Any]],
-                 now: int) -> list[MemoryEvent]:  # fmt: skip
+    def _execute(self, tenant: str, t: TenantIndex, actions: list[Any],
+                 rows: dict[str, dict[str, Any]], now: int) -> list[MemoryEvent]:  # fmt: skip
         demote = [a for a in actions if a.kind == "demoted"]
         promote = [a for a in actions if a.kind == "promoted"]
         evict = [a for a in actions if a.kind == "evicted"]
         with WRITE_LOCK:
             if demote:
-                self.store.move([a.memory_id for a in demote], "buffer")
+                self.store.move([a.memory_id for a in demote], "buffer", tenant=tenant)
             if promote:
-                self.store.move([a.memory_id for a in promote], "core")
+                self.store.move([a.memory_id for a in promote], "core", tenant=tenant)
             if evict:
-                self.store.delete([a.memory_id for a in evict])
+                self.store.delete([a.memory_id for a in evict], tenant=tenant)
         events = []
         for a in demote + promote + evict:
             row = rows[a.memory_id]
@@ -642,17 +638,14 @@ def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]
     """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows."""
     if not hits:
         return 0
-    by_id: dict[str, dict[str, tuple[int, int]]] = {}
-    for (tenant, mid), counts in hits.items():
-        by_id.setdefault(mid, {})[tenant] = counts
     with WRITE_LOCK:
-        rows = _unique(store.get(sorted(by_id), with_vector=True))
+        # by storage key: a count only ever reaches the row of the tenant it was served to
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in store.get_keys(sorted(storage_key(t, m) for t, m in hits), with_vector=True):
+            rows.setdefault((str(r["tenant"]), str(r["id"])), r)
         by_part: dict[str, list[dict[str, Any]]] = {}
-        for mid, row in rows.items():
-            mine = by_id[mid].get(str(row.get("tenant")))
-            if mine is None:  # an id served to another tenant never touches this row
-                continue
-            n, ts = mine
+        for tid, row in rows.items():
+            n, ts = hits[tid]
             meta = dict(row.get("metadata") or {})
             acc = dict(meta.get("access") or {})
             acc["n"] = int(acc.get("n", 0)) + n
@@ -758,7 +751,7 @@ def forget_scope(
         f" memory={memory_id}" if memory_id else "")  # fmt: skip
     for _ in range(rounds):
         if memory_id is not None:
-            rows = [r for r in store.get([memory_id], output_fields=FORGET_FIELDS)
+            rows = [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS)
                     if r.get("tenant") == tenant
                     and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
         else:
@@ -768,7 +761,7 @@ def forget_scope(
         if not found:
             break
         with WRITE_LOCK:
-            store.delete(sorted(found))
+            store.delete(sorted(found), tenant=tenant)
         events += [_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
                    for r in found.values()]  # fmt: skip
     return events

@@ -227,8 +227,10 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                 return no
             if store.store is None or not store.connected.is_set():
                 return json_response(self, {"error": "store not ready"}, 503)
-            rows = await asyncio.to_thread(store.store.get, [memory_id])
-            rows = [r for r in rows if r.get("tenant") == tenant]
+            try:
+                rows = await asyncio.to_thread(store.store.get, [memory_id], tenant=tenant)
+            except InvalidRecord as exc:
+                return json_response(self, {"error": str(exc)}, 422)
             if not rows:  # folded into a survivor by dedup: the survivor stands for it
                 into = await asyncio.to_thread(store.store.survivors_of, tenant, [memory_id])
                 if memory_id not in into:

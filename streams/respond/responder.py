@@ -157,7 +157,7 @@ class Responder:
             )
         vectors = None
         if req.mmr and cands:
-            rows = self.store.get([c["id"] for c in cands], with_vector=True,
+            rows = self.store.get([c["id"] for c in cands], tenant=req.tenant, with_vector=True,
                                   output_fields=["id", "vector"])
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
         stream_now = self.clock.observe(req.tenant, cands)

@@ -58,7 +58,7 @@ from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 from pydantic import ValidationError
 
-from schemas import DeadLetter, MemoryEvent, encode
+from schemas import DeadLetter, MemoryEvent, encode, storage_key
 from streams.admin import group_consumer, kafka_client_kwargs, read_compacted
 from streams.backoff import Backoff
 from streams.metrics import record_batch
@@ -376,15 +376,23 @@ class WriteConsumer(Service):
 
     def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
         """Rows the store refused: dead letters (original bytes) instead of `written` events."""
-        ids = {k.encode() for k in rejected}
-        msgs = [m for m in b.msgs if not (m[0] == self.mem_topic and m[1] in ids)]
+        def refused(m: Message) -> bool:  # rejected is keyed by (tenant, id): storage keys
+            if m[0] != self.mem_topic:
+                return False
+            ev = orjson.loads(m[2])
+            return storage_key(ev["tenant"], ev["memory_id"]) in rejected
+
+        msgs = [m for m in b.msgs if not refused(m)]
         dead: list[tuple[bytes | None, bytes]] = []
         now = self.now_ms()
         for raw in b.raws:
             item = self.pipeline.decode(raw, now)
-            if isinstance(item, DeadLetter) or item.memory_id not in rejected:
+            if isinstance(item, DeadLetter):
                 continue
-            why = f"store refused the memory: {rejected[item.memory_id]}"
+            skey = storage_key(item.tenant, item.memory_id)
+            if skey not in rejected:
+                continue
+            why = f"store refused the memory: {rejected[skey]}"
             dl = dead_letter(raw, why, "InvalidRecord", "store", now)
             dead.append((raw.key, encode(dl)))
             self.pipeline.forget(item.tenant, item.memory_id, item.episode_id)  # not stored

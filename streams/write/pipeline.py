@@ -422,13 +422,15 @@ class WritePipeline:
 
     def _process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
         result = BatchResult()
-        good: dict[str, Transition] = {}
+        # by (tenant, id): memory ids are unique per tenant only (issue 21), so another
+        # tenant's record with the same id in this batch is not a replay of this one
+        good: dict[tuple[str, str], Transition] = {}
         for raw in raws:
             item = self.decode(raw, now_ms)
             if isinstance(item, DeadLetter):
                 result.dead.append((raw.key, item))
             else:
-                good[item.memory_id] = item  # replay inside one batch: last wins
+                good[(item.tenant, item.memory_id)] = item  # replay inside one batch: last wins
         by_tenant: dict[str, list[Transition]] = {}
         for t in good.values():
             by_tenant.setdefault(t.tenant, []).append(t)

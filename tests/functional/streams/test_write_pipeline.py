@@ -302,3 +302,20 @@ def test_forget_clears_repeat_keys_and_windows() -> None:
     window = {e.transition_id for e in st.eligibility.get("e1")}
     assert first.memory_id not in window and other.memory_id in window
     assert "t" in p.dirty  # the next checkpoint carries the change
+
+
+def test_same_id_of_two_tenants_in_one_batch_is_not_a_replay() -> None:
+    """Memory ids are unique per tenant only (issue 21): a batch holding tenant B's record
+    with tenant A's id processes both, each with its own event and row."""
+    mk = [Transition(transition_id="shared-id-1", tenant=tenant, agent_id="a", episode_id="e",
+                     step=0, observation=f"{tenant} secret", action="x", reward=r)
+          for tenant, r in (("tenant-a", 5.0), ("tenant-b", -5.0))]  # fmt: skip
+    replay = mk[1].model_copy(update={"observation": "tenant-b again"})
+    (res,) = run(pipeline(), raws_of([mk[0], mk[1], replay]))
+    assert sorted((e.tenant, e.memory_id) for e in res.events) == [
+        ("tenant-a", "shared-id-1"), ("tenant-b", "shared-id-1")]
+    rows = [r for part in res.upserts.values() for r in part]
+    by_tenant = {r["tenant"]: r["text"] for r in rows}
+    # whatever the gate routed: no row carries another tenant's text; the replay won in B
+    assert all(text.startswith(tenant) for tenant, text in by_tenant.items())
+    assert by_tenant.get("tenant-b", "tenant-b again") == "tenant-b again"

@@ -1,7 +1,9 @@
 """The chaos scenario (`dmem bench chaos`), short: real Tansu broker, real Milvus
 2.3.5 server, a real write worker killed with SIGKILL (once inside the Milvus
 outage), the Milvus server stopped and restarted mid-stream, the broker paused,
-fuzzed bad records interleaved with valid ones, hostile cross-tenant searches.
+fuzzed bad records interleaved with valid ones, hostile cross-tenant searches, and a
+hostile tenant reusing the others' memory ids in transitions, feedback, usage, outcomes
+and forgets.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     # the stream (~10 s) must outlast the stop of Milvus, so the first worker sees
     # failing writes (and /health says 503) before the kill inside the outage
     out = run(ChaosConfig(transitions=1500, tenants=2, kills=2, outage_s=20.0,
-                          broker_pause_s=3.0, rate=150.0, bad_every=15, seed=7))
+                          broker_pause_s=3.0, rate=150.0, bad_every=15, seed=7,
+                          hostile_every=5, hostile_feedback=200, hostile_episodes=20,
+                          hostile_forgets=50))
     assert out["all_committed"], "the worker group did not commit every offset"
     assert out["worker_kills"] == 2
     assert out["expected_stored"] > 0
@@ -36,6 +40,13 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     assert out["good_dead_lettered"] == 0
     assert out["dead_letters_without_reason"] == 0
     assert out["cross_tenant_hits"] == 0
+    # a hostile tenant reusing the others' ids changed none of their rows (issue 21)
+    assert out["hostile_writes"] >= 500
+    assert out["hostile_transitions"] == 1500 // 5
+    assert out["cross_tenant_writes"] == 0
+    assert out["credit_drained"], "the applier did not drain the hostile credit"
+    # the credit and forget paths did run on the hostile tenant's own rows with those ids
+    assert out["hostile_rows_credited"] > 0 and out["hostile_rows_forgotten"] > 0
     assert out["plain_hits"] > 0 and out["searches_rejected"] > 0
     # /health and the store metric report the outage: they probe Milvus themselves
     # (`StoreService.probe`), so they do not wait for a failing write

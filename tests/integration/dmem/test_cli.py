@@ -122,3 +122,31 @@ def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
     assert rc == 0, proc.stderr.read() if proc.stderr else ""
     assert time.monotonic() - t0 < 60
     assert (data / "milvus.db").exists()
+
+
+def test_migrate_rewrites_a_collection_keyed_by_memory_id(tmp_path: Path) -> None:
+    """A pre-issue-21 collection: `dmem inspect` refuses it in one line naming
+    `dmem migrate`; `dmem migrate` rewrites it; a second run is a no-op."""
+    from tests.integration.milvus.test_store_tenants import _legacy_collection
+    from tests.integration.milvus_fixtures import make_record
+
+    db = str(tmp_path / "legacy.db")
+    rows = [make_record(f"m{i}", tenant="alpha", seed=i, utility=0.0, uses=0, merged_count=1)
+            | {"partition": "core"} for i in range(3)]  # fmt: skip
+    _legacy_collection(db, "mem", rows)
+    from milvus_lite.server_manager import server_manager_instance
+
+    server_manager_instance.release_server(db)  # the file lock: the CLI opens it next
+    env = {"DMEM_MILVUS__URI": db, "DMEM_MILVUS__COLLECTION": "mem", "DMEM_ENCODER__NAME": "hash",
+           "DMEM_ENCODER__DIM": "8"}
+    refused = run(["inspect", "--tenant", "alpha", "--no-events", "--json"], env)
+    assert refused.returncode == 2 and "dmem migrate" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    out = run(["migrate", "--json"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["rows"] == {"core": 3, "buffer": 0}
+    report = run(["inspect", "--tenant", "alpha", "--no-events", "--json"], env)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert json.loads(report.stdout.strip().splitlines()[-1])["counts"] == {"core": 3, "buffer": 0}
+    again = run(["migrate", "--json"], env)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "current"

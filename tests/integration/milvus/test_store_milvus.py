@@ -40,7 +40,7 @@ def test_upsert_is_idempotent(store_factory: Factory) -> None:
     # duplicate ids inside one call: last one wins
     dup = [make_record("m0", text="first"), make_record("m0", text="second")]
     assert store.upsert(dup, "buffer") == 1
-    (row,) = store.get(["m0"])
+    (row,) = store.get(["m0"], tenant="acme")
     assert row["text"] == "second"
     assert store.count() == 20
 
@@ -49,7 +49,7 @@ def test_upsert_into_other_partition_relocates(store_factory: Factory) -> None:
     store = store_factory(dim=DIM)
     store.upsert([make_record("a", seed=1), make_record("b", seed=2)], "buffer")
     store.upsert([make_record("a", seed=1, reward=9.0)], "core")
-    rows = store.get(["a"])
+    rows = store.get(["a"], tenant="acme")
     assert len(rows) == 1
     assert rows[0]["partition"] == "core"
     assert rows[0]["reward"] == 9.0
@@ -65,30 +65,30 @@ def test_move_and_get_partition(store_factory: Factory) -> None:
     v = unit_vector(DIM, 7)
     store.upsert([make_record(f"x{i}", seed=i) for i in range(5)], "buffer")
     store.upsert([make_record("keep", vector=v, metadata={"k": "v"})], "core")
-    assert store.move(["x1", "x3", "missing", "keep"], "core") == 2
-    rows = {r["id"]: r for r in store.get(["x0", "x1", "x3", "keep", "nope"])}
+    assert store.move(["x1", "x3", "missing", "keep"], "core", tenant="acme") == 2
+    rows = {r["id"]: r for r in store.get(["x0", "x1", "x3", "keep", "nope"], tenant="acme")}
     assert set(rows) == {"x0", "x1", "x3", "keep"}
     assert rows["x0"]["partition"] == "buffer"
     assert rows["x1"]["partition"] == rows["x3"]["partition"] == "core"
     assert store.count("core") == 3 and store.count("buffer") == 3
     # moved rows keep their vector and fields
-    (keep,) = store.get(["keep"], with_vector=True)
+    (keep,) = store.get(["keep"], tenant="acme", with_vector=True)
     assert keep["metadata"] == {"k": "v"}
     np.testing.assert_allclose(keep["vector"], v, rtol=1e-6)
-    assert store.move(["x1"], "buffer") == 1
-    assert [r["partition"] for r in store.get(["x1"])] == ["buffer"]
+    assert store.move(["x1"], "buffer", tenant="acme") == 1
+    assert [r["partition"] for r in store.get(["x1"], tenant="acme")] == ["buffer"]
     # get keeps request order
-    assert [r["id"] for r in store.get(["x3", "x0", "x1"])] == ["x3", "x0", "x1"]
+    assert [r["id"] for r in store.get(["x3", "x0", "x1"], tenant="acme")] == ["x3", "x0", "x1"]
 
 
 def test_delete(store_factory: Factory) -> None:
     store = store_factory(dim=DIM)
     store.upsert([make_record(f"d{i}", seed=i) for i in range(4)], "buffer")
     store.upsert([make_record("c0", seed=9)], "core")
-    assert store.delete(["d0", "c0", "ghost"]) == 2
-    assert store.get(["d0", "c0"]) == []
+    assert store.delete(["d0", "c0", "ghost"], tenant="acme") == 2
+    assert store.get(["d0", "c0"], tenant="acme") == []
     assert store.count() == 3
-    assert store.delete([]) == 0
+    assert store.delete([], tenant="acme") == 0
 
 
 def test_count_per_partition_and_tenant(store_factory: Factory) -> None:
@@ -183,14 +183,14 @@ def test_hostile_filter_values_do_not_widen_scope(store_factory: Factory, hostil
     assert store.search(q, "acme", 5, extra_filter={f"metadata.{hostile}": "x"}) == []
     assert store.count(tenant=hostile) == 0
     assert list(store.scan(tenant=hostile)) == []
-    assert store.get([hostile]) == []
-    assert store.delete([hostile]) == 0
+    assert store.get([hostile], tenant="acme") == []
+    assert store.delete([hostile], tenant="acme") == 0
     assert store.count() == 2
     # a row whose values contain the hostile text round-trips and is matched exactly
     store.upsert([make_record("h", tenant="acme", vector=q, metadata={"task": hostile})], "core")
     hits = store.search(q, "acme", 5, extra_filter={"metadata.task": hostile})
     assert [h["id"] for h in hits] == ["h"]
-    assert store.get(["h"])[0]["metadata"] == {"task": hostile}
+    assert store.get(["h"], tenant="acme")[0]["metadata"] == {"task": hostile}
 
 
 def test_invalid_inputs_are_rejected(store_factory: Factory) -> None:
@@ -216,8 +216,9 @@ def test_update_fields(store_factory: Factory) -> None:
     store = store_factory(dim=DIM)
     v = unit_vector(DIM, 3)
     store.upsert([make_record("u", vector=v)], "core")
-    assert store.update_fields([{"id": "u", "utility": 0.75, "uses": 3}, {"id": "nope"}]) == 1
-    (row,) = store.get(["u"], with_vector=True)
+    assert store.update_fields([{"id": "u", "utility": 0.75, "uses": 3}, {"id": "nope"}],
+                               tenant="acme") == 1
+    (row,) = store.get(["u"], tenant="acme", with_vector=True)
     assert row["utility"] == 0.75 and row["uses"] == 3 and row["partition"] == "core"
     assert row["text"] == "memory u"
     np.testing.assert_allclose(row["vector"], v, rtol=1e-6)
@@ -238,7 +239,7 @@ def test_data_persists_across_close_and_reconnect(store_factory: Factory) -> Non
     again = store_factory(dim=DIM, collection=store.collection)
     assert again.count() == 8
     assert again.count("core") == 1
-    assert [r["partition"] for r in again.get(["pc"])] == ["core"]
+    assert [r["partition"] for r in again.get(["pc"], tenant="acme")] == ["core"]
     hits = again.search(unit_vector(DIM, 99), "acme", 1)
     assert hits[0]["id"] == "pc"
 
@@ -270,9 +271,9 @@ def test_one_call_search_labels_partitions_after_every_kind_of_write(
     vecs = {f"p{i}": unit_vector(DIM, base=q, noise=0.05 * (i + 1), seed=i) for i in range(4)}
     store.upsert([make_record(m, vector=v, metadata={"k": m}) for m, v in vecs.items()], "buffer")
     store.upsert([make_record("p0", vector=vecs["p0"], metadata={"k": "p0"})], "core")  # relocate
-    store.move(["p1"], "core")
-    store.move(["p0"], "buffer")  # and back
-    store.update_fields([{"id": "p2", "utility": 0.5}])  # rewrite in place (buffer)
+    store.move(["p1"], "core", tenant="acme")
+    store.move(["p0"], "buffer", tenant="acme")  # and back
+    store.update_fields([{"id": "p2", "utility": 0.5}], tenant="acme")  # rewrite in place (buffer)
     want = {"p0": "buffer", "p1": "core", "p2": "buffer", "p3": "buffer"}
     calls: list[list[str]] = []
     real = store.client.search
@@ -287,9 +288,9 @@ def test_one_call_search_labels_partitions_after_every_kind_of_write(
     assert {h["id"]: h["partition"] for h in hits} == want
     # the stamp never leaks into what callers read
     assert all(h["metadata"] == {"k": h["id"]} for h in hits)
-    assert all("_partition" not in r["metadata"] for r in store.get(list(want)))
+    assert all("_partition" not in r["metadata"] for r in store.get(list(want), tenant="acme"))
     assert all("_partition" not in r["metadata"] for r in store.scan(tenant="acme"))
-    assert {r["id"]: r["partition"] for r in store.get(list(want))} == want
+    assert {r["id"]: r["partition"] for r in store.get(list(want), tenant="acme")} == want
     assert "metadata" not in store.search(q, tenant="acme", k=2, output_fields=["id"])[0]
 
 

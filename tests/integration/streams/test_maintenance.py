@@ -56,7 +56,7 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     events = eng.dedup("acme", window, NOW)
     kinds = sorted((e.kind, e.memory_id) for e in events)
     assert kinds == [("merged", "new0"), ("merged", "new1")]
-    (row,) = store.get(["old"])
+    (row,) = store.get(["old"], tenant="acme")
     assert row["partition"] == "core"
     assert row["merged_count"] == 3
     assert row["reward"] == pytest.approx(1.0)
@@ -76,7 +76,7 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     store.upsert([news[0]], "core")
     events = eng.dedup("acme", ["new0"], NOW)
     assert [(e.kind, e.memory_id) for e in events] == [("merged", "new0")]
-    (again,) = store.get(["old"])
+    (again,) = store.get(["old"], tenant="acme")
     assert again["merged_count"] == 3 and again["reward"] == pytest.approx(row["reward"])
     assert ids_of(store) == {"old", "act", "far", "buf", "rewarded", "terminal"}
 
@@ -141,7 +141,7 @@ def test_a_survivor_stands_for_what_it_folded(store_factory: Callable[..., Memor
            UtilityUpdate(update_id="u2", memory_id="r2", tenant="zeta", credit=1.0, ts=NOW),
            UtilityUpdate(update_id="u3", memory_id="gone", tenant="acme", credit=1.0, ts=NOW)]
     assert applier.apply(ups) == 1 and applier.skipped == 2
-    (row,) = store.get(["r0"])
+    (row,) = store.get(["r0"], tenant="acme")
     assert row["uses"] == 1 and row["utility"] == pytest.approx(0.2)
 
 
@@ -155,7 +155,7 @@ def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryS
     eng = MaintenanceEngine(store, MaintenancePolicy(), dedup_k=4)
     events = eng.dedup("acme", [r["id"] for r in rows], NOW)
     assert len(events) == 10
-    one, two = store.get(["w00", "w09"])
+    one, two = store.get(["w00", "w09"], tenant="acme")
     assert one["merged_count"] == 9 and one["reward"] == pytest.approx((6 + 3 * 1.005) / 9)
     assert one["metadata"]["merge"]["reward_min"] == 1.0
     assert one["metadata"]["merge"]["reward_max"] == 1.005
@@ -222,11 +222,48 @@ def test_access_flush_is_batched(store_factory: Callable[..., MemoryStore]) -> N
     n = flush_access(store, {("acme", "m1"): (3, NOW), ("acme", "m2"): (1, NOW - 5),
                              ("zeta", "m2"): (1, NOW)})
     assert n == 2
-    rows = {r["id"]: r for r in store.get(["m1", "m2"])}
+    rows = {r["id"]: r for r in store.get(["m1", "m2"], tenant="acme")}
     assert rows["m1"]["metadata"]["access"] == {"n": 3} and rows["m1"]["last_access_ts"] == NOW
     assert rows["m1"]["uses"] == 1 and rows["m1"]["utility"] == pytest.approx(0.3)
     assert rows["m1"]["metadata"]["task"] == "demo" and rows["m1"]["partition"] == "core"
     assert rows["m2"]["metadata"]["access"] == {"n": 1}
+
+
+def test_maintenance_never_touches_another_tenants_same_ids(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """Merge, access flush, decay eviction and forget of one tenant's ids leave another
+    tenant's rows with the same ids byte-for-byte as they were (issue 21)."""
+    store = store_factory(dim=8)
+    base = unit_vector(8, 7)
+    old = int(NOW - 20 * DAY_MS)
+    store.upsert([make_record(m, vector=base, created_ts=old, last_access_ts=old)
+                  for m in ("dup-a", "dup-b")], "buffer")  # fmt: skip
+    store.upsert([make_record("dup-c", vector=unit_vector(8, 70), created_ts=NOW,
+                              last_access_ts=NOW)], "core")  # fmt: skip
+    store.upsert([make_record(m, tenant="zeta", vector=base, created_ts=NOW, last_access_ts=NOW,
+                              text=f"zeta {m}") for m in ("dup-a", "dup-b", "dup-c")],
+                 "buffer")  # fmt: skip
+
+    def zeta() -> list[Any]:
+        rows = store.get(["dup-a", "dup-b", "dup-c"], tenant="zeta", with_vector=True)
+        return [{**r, "vector": r["vector"].tobytes()} for r in rows]
+
+    before = zeta()
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    eng.bootstrap()
+    merged = eng.dedup("acme", ["dup-b"], NOW)
+    assert [(e.kind, e.memory_id, e.tenant) for e in merged] == [("merged", "dup-b", "acme")]
+    evicted = eng.decay("acme", NOW)
+    # a move and an eviction, both of ids zeta holds too
+    assert sorted((e.kind, e.memory_id, e.tenant) for e in evicted) == [
+        ("demoted", "dup-c", "acme"), ("evicted", "dup-a", "acme")]
+    assert flush_access(store, {("acme", "dup-c"): (2, NOW), ("acme", "dup-a"): (1, NOW)}) == 1
+    assert store.get(["dup-c"], tenant="acme")[0]["metadata"]["access"] == {"n": 2}
+    forgot = forget_scope(store, "acme", memory_id="dup-c", now=NOW)
+    assert [(e.memory_id, e.tenant) for e in forgot] == [("dup-c", "acme")]
+    assert ids_of(store) == set()
+    assert zeta() == before
 
 
 def _health(port: int) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def test_write_path_routes_dead_letters_replays_and_restores(
     assert all(events[t.memory_id]["partition"] == "core" for t in first_trap.values())
     stack.stop_workers()
     store = open_store(stack)
-    rows = {r["id"]: r for r in store.get([t.memory_id for t in good])}
+    rows = {r["id"]: r for r in store.get([t.memory_id for t in good], tenant=TENANT)}
     written = {k: e for k, e in events.items() if e["kind"] == "written"}
     assert set(rows) == set(written)
     for mid, e in written.items():
@@ -275,7 +275,7 @@ def test_a_row_the_store_refuses_is_dead_lettered_and_the_rest_stored(
     assert set(events) == {t.memory_id for t in good}
     store = open_store(stack)
     try:
-        rows = store.get([t.memory_id for t in good] + [huge.memory_id])
+        rows = store.get([t.memory_id for t in good] + [huge.memory_id], tenant=TENANT)
     finally:
         store.close()
     written = {k for k, e in events.items() if e["kind"] == "written"}

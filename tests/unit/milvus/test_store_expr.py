@@ -85,7 +85,7 @@ def test_ids_in() -> None:
 def test_schema_follows_memory_record() -> None:
     specs = {s.name: s for s in field_specs()}
     assert list(specs) == list(MemoryRecord.model_fields)
-    assert PRIMARY_FIELD == "id" and VECTOR_FIELD == "vector"
+    assert PRIMARY_FIELD == "key" and VECTOR_FIELD == "vector"
     assert specs["id"].dtype == DataType.VARCHAR and specs["id"].max_length == 128
     assert specs["step"].dtype == DataType.INT64
     assert specs["reward"].dtype == DataType.DOUBLE
@@ -94,6 +94,8 @@ def test_schema_follows_memory_record() -> None:
     schema = build_schema(16)
     vec = next(f for f in schema.fields if f.name == "vector")
     assert vec.dtype == DataType.FLOAT_VECTOR and vec.params["dim"] == 16
-    assert schema.primary_field.name == "id"
+    assert schema.primary_field.name == "key"
+    # the storage key holds any tenant and any memory id the models accept, plus "|"
+    assert specs["key"].max_length >= specs["tenant"].max_length + specs["id"].max_length + 1
     with pytest.raises(ConfigError):
         build_schema(0)

@@ -1,0 +1,39 @@
+"""The utility applier on real Milvus: an update reaches its own tenant's row only (issue 21)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from milvus import MemoryStore
+from schemas import UtilityUpdate
+from streams.jobs.credit import UtilityApplier
+from streams.settings import Settings
+from tests.integration.milvus_fixtures import make_record
+
+pytestmark = pytest.mark.integration
+
+
+def test_credit_for_a_shared_id_reaches_only_its_tenant(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    store = store_factory(dim=8)
+    store.upsert([make_record(m, tenant="alpha", utility=0.5) for m in ("shared", "only-a")],
+                 "core")  # fmt: skip
+    store.upsert([make_record("shared", tenant="beta", utility=0.0)], "buffer")
+
+    def rows(tenant: str) -> dict[str, dict]:
+        got = store.get(["shared", "only-a"], tenant=tenant, with_vector=True)
+        return {r["id"]: {**r, "vector": r["vector"].tobytes()} for r in got}
+
+    alpha_before = rows("alpha")
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    ups = [UtilityUpdate(update_id=f"u{i}", memory_id=mid, tenant="beta", credit=-1.0, ts=1)
+           for i, mid in enumerate(["shared", "only-a", "shared"])]  # fmt: skip
+    assert applier.apply(ups) == 1  # beta's own "shared" row; "only-a" is alpha's only
+    assert applier.skipped == 1 and applier.applied == 2
+    assert rows("alpha") == alpha_before
+    (b,) = rows("beta").values()
+    assert b["utility"] == pytest.approx(-0.36) and b["uses"] == 2 and b["partition"] == "buffer"
