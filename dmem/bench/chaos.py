@@ -402,7 +402,9 @@ class Chaos:
                         self.rss_outage_max = max(self.rss_outage_max, r)
             if time.monotonic() - last_probe > 1.0 and self.worker.alive:
                 last_probe = time.monotonic()
-                code, _ = await asyncio.to_thread(http_get, self.port, "/health")
+                # /health probes Milvus itself (about 1.2 s when it is away): a generous
+                # timeout, so a loaded machine still gets its answer during the outage
+                code, _ = await asyncio.to_thread(http_get, self.port, "/health", 6.0)
                 code_m, body = await asyncio.to_thread(http_get, self.port, "/metrics")
                 if self.in_outage and code:
                     self.health_polls += 1
