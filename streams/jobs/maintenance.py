@@ -91,7 +91,9 @@ log = logging.getLogger("dmem.maintenance")
 
 #: one writer at a time for the read-modify-writes of this module, per process
 WRITE_LOCK = threading.Lock()
-SCAN_FIELDS = ["id", "tenant", "created_ts", "last_access_ts", "rpe", "utility", "metadata"]
+SCAN_FIELDS = [
+    "id", "tenant", "created_ts", "last_access_ts", "rpe", "rpe_smoothed", "utility", "metadata",
+]
 REMOVED = ("merged", "evicted", "forgotten")
 MOVED = ("moved", "promoted", "demoted")
 
@@ -206,7 +208,8 @@ class MaintenanceEngine:
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
                 ts = ev.event_ts or ev.ts
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
-                                             abs(ev.rpe or 0.0), 0.0, 0, ts))  # fmt: skip
+                                             max(abs(ev.rpe or 0.0), ev.rpe_smoothed or 0.0),
+                                             0.0, 0, ts))  # fmt: skip
         elif ev.kind in REMOVED:
             self.index.remove(ev.tenant, ev.memory_id)
         elif ev.kind in MOVED and ev.partition is not None:

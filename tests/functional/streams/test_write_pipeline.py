@@ -302,3 +302,16 @@ def test_forget_clears_repeat_keys_and_windows() -> None:
     window = {e.transition_id for e in st.eligibility.get("e1")}
     assert first.memory_id not in window and other.memory_id in window
     assert "t" in p.dirty  # the next checkpoint carries the change
+
+
+def test_same_words_in_another_context_are_not_a_repeat() -> None:
+    """The exact-repeat key includes metadata: a search filtered by task must find each."""
+    from streams.write.pipeline import content_key
+
+    a = Transition(tenant="t", agent_id="a", episode_id="e1", step=0, observation="The door is "
+                   "now open.", action="open door", reward=8.0, metadata={"task": "find-plant"})
+    b = a.model_copy(update={"episode_id": "e2", "transition_id": None,
+                             "metadata": {"task": "find-animal"}})
+    c = a.model_copy(update={"episode_id": "e3", "transition_id": None})
+    assert content_key(a) != content_key(b)
+    assert content_key(a) == content_key(c)
