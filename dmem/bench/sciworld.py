@@ -70,7 +70,7 @@ class SciConfig:
     tasks: tuple[str, ...] = DEFAULT_TASKS
     train_variations: int = 4
     test_variations: int = 2
-    random_steps: int = 12
+    random_steps: int = 20
     loop_max_steps: int = 30
     seed: int = 0
     encoder: str = "minilm"
@@ -285,9 +285,15 @@ def probes_of(test: list[Episode]) -> list[Probe]:
     return out
 
 
-def relevant_ids(steps: dict[str, Step], stored: set[str], pr: Probe) -> set[str]:
-    return {i for i in stored if (s := steps[i]).task == pr.task and s.reward > 0
-            and s.subgoal == pr.subgoal}
+def relevant_ids(steps: dict[str, Step], rows: dict[str, tuple[str, tuple[str, ...]]],
+                 pr: Probe) -> set[str]:
+    """Stored rows that are (or absorbed, by a dedup merge) a rewarded step of the
+    probe's task that completed the probe's subgoal."""
+    def rel(i: str) -> bool:
+        s = steps.get(i)
+        return s is not None and s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal
+
+    return {i for i, (_, merged) in rows.items() if rel(i) or any(rel(m) for m in merged)}
 
 
 def relevant_keys(steps: dict[str, Step], pr: Probe) -> set[tuple[str, int, str, str]]:
@@ -296,7 +302,7 @@ def relevant_keys(steps: dict[str, Step], pr: Probe) -> set[tuple[str, int, str,
 
 
 async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: dict[str, Step],
-                     stored: set[str]) -> dict[str, float]:
+                     rows: dict[str, tuple[str, tuple[str, ...]]]) -> dict[str, float]:
     ids = list(steps)
     vecs = encoder.encode([steps[i].observation for i in ids])
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -304,7 +310,7 @@ async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: di
         by_task[steps[i].task].append(j)
     acc: dict[str, list[float]] = defaultdict(list)
     for pr in probes:
-        rel_stored = relevant_ids(steps, stored, pr)
+        rel_stored = relevant_ids(steps, rows, pr)
         keys = relevant_keys(steps, pr)
         # store-all: every published step of the task, cosine, in process
         q = encoder.encode([pr.query])[0]
@@ -488,7 +494,7 @@ async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str,
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
         async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
                               timeout_s=20) as h:
-            ranking = await run_probes(h, encoder, probes, steps, set(final_rows))
+            ranking = await run_probes(h, encoder, probes, steps, final_rows)
     loop = await closed_loop(sw, stack, played, cfg)
     n = len(steps)
     return {

@@ -22,8 +22,10 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   failure. A step is *critical* when its reward is non-zero or it fails the task.
 - Subgoals: ScienceWorld exposes its scoring rubric (``getGoalProgressStr``). A
   rewarded step's subgoal is the set of rubric lines that turned from false to
-  true on that step (the first such line names it; none: the step's action
-  template). Relevant memories of a probe are the stored rewarded steps of the
+  true on that step, named by its place in the rubric (section and index: the
+  same subgoal in every variation of a task, whose descriptions name
+  variation-specific objects); the first such line names it, sequential subgoals
+  first; none: the step's action template. Relevant memories of a probe are the stored rewarded steps of the
   same task with the same subgoal.
 """
 
@@ -105,8 +107,9 @@ def rubric(text: str) -> dict[str, bool]:
         elif line.startswith("Unordered"):
             section = "opt"
         m = _RUBRIC.match(line)
-        if m:
-            out[f"{section}{m.group(1)}:{m.group(4).strip()}"] = m.group(2) == "true"
+        if m:  # the line's place in the task's rubric names the subgoal; descriptions
+            # carry variation details ("(green paint)") that unseen variations change
+            out[f"{section}{m.group(1)}"] = m.group(2) == "true"
     return out
 
 
