@@ -25,8 +25,8 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   true on that step, named by its place in the rubric (section and index: the
   same subgoal in every variation of a task, whose descriptions name
   variation-specific objects); the first such line names it, sequential subgoals
-  first; none: the step's action template. Relevant memories of a probe are the stored rewarded steps of the
-  same task with the same subgoal.
+  first; none: the step's action template. Relevant memories of a probe are the
+  stored rewarded steps of the same task with the same subgoal.
 """
 
 from __future__ import annotations
