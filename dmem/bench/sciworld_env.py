@@ -16,7 +16,9 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   made the simulator ~3x slower, so it is not used). The valid-action list is
   sorted before a random policy draws from it, so hash-set order cannot reach a
   policy's choice; every draw comes from a ``random.Random`` seeded by
-  (seed, task, variation, policy).
+  (seed, task, variation, policy). A trajectory does depend on the episodes
+  played before it in the same JVM (``reset`` does not restore all simulator
+  state), so episodes are always played in one fixed order (BENCHMARKS.md).
 - Score and reward: the simulator's score is 0..100 (or negative when the task
   fails); reward = score delta, so +1..+25 for progress and about -100 for a
   failure. A step is *critical* when its reward is non-zero or it fails the task.
