@@ -433,7 +433,7 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
               help="ScienceWorld task (repeatable; default: six tasks of the allowed list)")
 @click.option("--train-variations", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--test-variations", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--random-steps", type=click.IntRange(1), default=12, show_default=True)
+@click.option("--random-steps", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--loop-max-steps", type=click.IntRange(1), default=30, show_default=True)
 @click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
               show_default=True)

@@ -20,6 +20,7 @@ fixed point instead of fading everything with the wall clock.
 Priority (higher = more worth keeping)::
 
     p = |rpe| * 2^(-age / half_life)                     surprise, fading with age
+                                                         (|rpe| = max(|rpe|, rpe_smoothed))
       + w_u * tanh(utility)                              earned by credit (bounded, signed:
                                                          memories that misled lose priority)
       + w_a * log2(1 + hits) * 2^(-since_access / h_a)   recent, frequent retrieval
@@ -209,7 +210,9 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
         partition=PART_CODE[str(row.get("partition", "buffer"))],
         created_ts=created,
         last_seen_ts=max(created, int(merge.get("last_seen_ts", created))),
-        abs_rpe=abs(float(row.get("rpe", 0.0))),
+        # the surprise the gate stored it for (its score also carries the reward's
+        # surprise, issue 13), so decay does not undo the gate's core routes
+        abs_rpe=max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
         utility=float(row.get("utility", 0.0)),
         hits=int(access.get("n", 0)),
         last_access_ts=int(row.get("last_access_ts", created)),

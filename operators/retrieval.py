@@ -47,8 +47,16 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   memories look old.
 - lambda schedule: young memory stores are ranked mostly by meaning (a handful
   of memories carry little salience signal yet); as the tenant's store grows,
-  salience weighs more. lambda(n) interpolates log-linearly from ``hi`` at
-  ``young`` memories to ``lo`` at ``mature`` memories. A request may override it.
+  salience weighs more. lambda(n) interpolates log-linearly from ``hi`` (0.97) at
+  ``young`` memories to ``lo`` (0.9) at ``mature`` memories. A request may
+  override it. Why so high (issue 13; it was 0.9 -> 0.4): salience * recency is
+  in [0, 1], so it can lift a memory over one at most (1 - lambda) / lambda
+  more similar: 0.03 of cosine in a young store, 0.11 in a mature one. Surprise,
+  outcome evidence and recency then break near-ties of meaning (identical
+  observation strings above all) and never trade a clearly closer memory for a
+  surprising one: on ScienceWorld a salience-heavy mix retrieved worse than
+  cosine over the same stored set. Credited evidence still moves lambda
+  towards ``lambda_evidence`` (below), where outcomes have shown what helps.
 - MMR (optional): greedy maximal marginal relevance on the re-ranked list,
   ``mmr_score = score - mu * max cosine to already-selected``.
 - Weights of the served hits (for credit) are the scores normalised to sum 1.
@@ -74,8 +82,8 @@ class RankPolicy:
     rpe_scale: float = 2.0
     utility_weight: float = 0.5
     half_life_ms: float = 30 * 24 * 3600 * 1000.0
-    lambda_hi: float = 0.9
-    lambda_lo: float = 0.4
+    lambda_hi: float = 0.97
+    lambda_lo: float = 0.9
     young: int = 200
     mature: int = 20_000
     mmr_mu: float = 0.5

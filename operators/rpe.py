@@ -215,11 +215,19 @@ class RewardSurprise:
         return value if w >= self.majority else None
 
     def score(self, reward: float) -> float:
-        """s_r with the state as it is (0 while no usual reward or deviation is known)."""
+        """s_r with the state as it is (0 while no usual reward is known).
+
+        The first reward unlike the usual one (no deviation seen yet) is measured
+        against the deviation it would itself create: |r - u| / (|r - u| / n) = n,
+        the number of rewards seen: one different reward in n is that rare.
+        """
         u = self.usual()
-        if u is None or self.dev <= 0.0:
+        if u is None:
             return 0.0
-        return abs(float(reward) - u) / self.dev
+        diff = abs(float(reward) - u)
+        if self.dev <= 0.0:
+            return float(self.count + 1) if diff > 0 else 0.0
+        return diff / self.dev
 
     def observe(self, reward: float) -> None:
         r = round(float(reward), 6)
@@ -237,10 +245,16 @@ class RewardSurprise:
             self.dev += w * (abs(r - u) - self.dev)
 
     def score_many(self, rewards: np.ndarray) -> np.ndarray:
-        """Score a batch against the state before it, then fold it in (as ``normalize``)."""
+        """Score each reward against the rewards before it, then fold it in.
+
+        Sequential, so the scores do not depend on how a stream was cut into
+        micro-batches (a first batch of 512 would otherwise be scored against
+        nothing and keep none of its rewards).
+        """
         r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        out = np.array([self.score(x) for x in r.tolist()])
-        for x in r.tolist():
+        out = np.empty(r.shape[0])
+        for i, x in enumerate(r.tolist()):
+            out[i] = self.score(x)
             self.observe(x)
         return out
 

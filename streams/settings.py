@@ -67,8 +67,10 @@ class RespondSettings(BaseModel):
     fetch_max_wait_ms: int = Field(default=5, ge=0, le=10_000)
     count_ttl_s: float = Field(default=30.0, ge=0.0)
     half_life_s: float = Field(default=30 * 24 * 3600.0, gt=0.0)
-    lambda_hi: float = Field(default=0.9, ge=0.0, le=1.0)
-    lambda_lo: float = Field(default=0.4, ge=0.0, le=1.0)
+    # salience and recency only break near-ties of meaning (issue 13): at most
+    # (1 - lambda) / lambda of cosine; credited evidence moves lambda further
+    lambda_hi: float = Field(default=0.97, ge=0.0, le=1.0)
+    lambda_lo: float = Field(default=0.9, ge=0.0, le=1.0)
     young: int = Field(default=200, ge=1)
     mature: int = Field(default=20_000, ge=2)
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")

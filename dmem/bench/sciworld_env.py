@@ -16,15 +16,19 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   made the simulator ~3x slower, so it is not used). The valid-action list is
   sorted before a random policy draws from it, so hash-set order cannot reach a
   policy's choice; every draw comes from a ``random.Random`` seeded by
-  (seed, task, variation, policy).
+  (seed, task, variation, policy). A trajectory does depend on the episodes
+  played before it in the same JVM (``reset`` does not restore all simulator
+  state), so episodes are always played in one fixed order (BENCHMARKS.md).
 - Score and reward: the simulator's score is 0..100 (or negative when the task
   fails); reward = score delta, so +1..+25 for progress and about -100 for a
   failure. A step is *critical* when its reward is non-zero or it fails the task.
 - Subgoals: ScienceWorld exposes its scoring rubric (``getGoalProgressStr``). A
   rewarded step's subgoal is the set of rubric lines that turned from false to
-  true on that step (the first such line names it; none: the step's action
-  template). Relevant memories of a probe are the stored rewarded steps of the
-  same task with the same subgoal.
+  true on that step, named by its place in the rubric (section and index: the
+  same subgoal in every variation of a task, whose descriptions name
+  variation-specific objects); the first such line names it, sequential subgoals
+  first; none: the step's action template. Relevant memories of a probe are the
+  stored rewarded steps of the same task with the same subgoal.
 """
 
 from __future__ import annotations
@@ -105,8 +109,9 @@ def rubric(text: str) -> dict[str, bool]:
         elif line.startswith("Unordered"):
             section = "opt"
         m = _RUBRIC.match(line)
-        if m:
-            out[f"{section}{m.group(1)}:{m.group(4).strip()}"] = m.group(2) == "true"
+        if m:  # the line's place in the task's rubric names the subgoal; descriptions
+            # carry variation details ("(green paint)") that unseen variations change
+            out[f"{section}{m.group(1)}"] = m.group(2) == "true"
     return out
 
 

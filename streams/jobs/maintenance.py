@@ -106,8 +106,10 @@ log = logging.getLogger("dmem.maintenance")
 
 #: one writer at a time for the read-modify-writes of this module, per process
 WRITE_LOCK = threading.Lock()
-SCAN_FIELDS = ["id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "utility",
-               "metadata"]
+SCAN_FIELDS = [
+    "id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "rpe_smoothed",
+    "utility", "metadata",
+]
 REMOVED = ("merged", "evicted", "forgotten")
 SETTLE_PASS_S = 1.0  # while settling, decay passes at most this often (not every 200 ms)
 Scope = tuple[str, str, int, str, bool, int]  # `operators.maintenance.merge_scope`
@@ -230,8 +232,8 @@ class MaintenanceEngine:
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
                 ts = ev.event_ts if ev.event_ts is not None else ev.ts
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
-                                             abs(ev.rpe or 0.0), 0.0, 0, ts,
-                                             ev.agent_id or ""))  # fmt: skip
+                                             max(abs(ev.rpe or 0.0), ev.rpe_smoothed or 0.0),
+                                             0.0, 0, ts, ev.agent_id or ""))  # fmt: skip
                 changed = True
         elif ev.kind in REMOVED:
             changed = self.index.remove(ev.tenant, ev.memory_id) or changed

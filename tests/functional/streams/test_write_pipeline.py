@@ -322,3 +322,16 @@ def test_same_id_of_two_tenants_in_one_batch_is_not_a_replay() -> None:
     # whatever the gate routed: no row carries another tenant's text; the replay won in B
     assert all(text.startswith(tenant) for tenant, text in by_tenant.items())
     assert by_tenant.get("tenant-b", "tenant-b again") == "tenant-b again"
+
+
+def test_same_words_in_another_context_are_not_a_repeat() -> None:
+    """The exact-repeat key includes metadata: a search filtered by task must find each."""
+    from streams.write.pipeline import content_key
+
+    a = Transition(tenant="t", agent_id="a", episode_id="e1", step=0, observation="The door is "
+                   "now open.", action="open door", reward=8.0, metadata={"task": "find-plant"})
+    b = a.model_copy(update={"episode_id": "e2", "transition_id": None,
+                             "metadata": {"task": "find-animal"}})
+    c = a.model_copy(update={"episode_id": "e3", "transition_id": None})
+    assert content_key(a) != content_key(b)
+    assert content_key(a) == content_key(c)

@@ -82,3 +82,27 @@ def test_recency_is_stream_time_on_each_agents_clock() -> None:
     clock = StreamClock(per_agent=False)
     clock.observe("t", [{"agent_id": "a", "created_ts": 50}])
     assert clock.observe("t", [{"agent_id": "b", "created_ts": 10}]) == {"b": 50}
+
+
+def test_identical_texts_are_won_by_outcome_evidence() -> None:
+    """Many observations are identical strings: among equally similar candidates the
+    rewarded one (its gate score carries the reward's surprise) ranks first."""
+    p = RankPolicy.hybrid()
+    mundane = [{"id": f"m{i}", "similarity": 0.97, "rpe": 0.05, "rpe_smoothed": 0.05,
+                "utility": 0.0, "uses": 0, "created_ts": 0} for i in range(6)]
+    rewarded = {"id": "r", "similarity": 0.97, "rpe": 0.04, "rpe_smoothed": 2.5,
+                "utility": 0.0, "uses": 0, "created_ts": 0}
+    top = rank([*mundane, rewarded], p, p.lambda_for(100), 0, 3)
+    assert top[0].row["id"] == "r"
+    # pure semantic ranking (lambda = 1) cannot tell them apart: ties by id
+    assert rank([*mundane, rewarded], p, 1.0, 0, 3)[0].row["id"] == "m0"
+
+
+def test_young_store_does_not_trade_meaning_for_salience() -> None:
+    """A clearly closer memory keeps its place against a far, very surprising one."""
+    p = RankPolicy.hybrid()
+    near = {"id": "near", "similarity": 0.9, "rpe": 0.0, "rpe_smoothed": 0.0,
+            "utility": 0.0, "uses": 0, "created_ts": 0}
+    far = {"id": "far", "similarity": 0.7, "rpe": 8.0, "rpe_smoothed": 8.0,
+           "utility": 0.0, "uses": 0, "created_ts": 0}
+    assert rank([far, near], p, p.lambda_for(100), 0, 1)[0].row["id"] == "near"
