@@ -207,10 +207,13 @@ def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
 def test_late_outcome_after_a_later_episode_writes_the_whole_quiet_episode() -> None:
     """All-zero rewards (a briefing: nothing surprising as it happens); the outcome
     arrives after the next episode was processed. Every step of the first episode,
-    the earliest (most discounted) included, is written once, with a bounded z."""
+    the earliest (most discounted) included, is written once, with a bounded z.
+    The reward-free surprise is off here: with it, a briefing's new lines are kept
+    as they arrive (test_write_pipeline_intrinsic.py); this test is about hindsight."""
+    from streams.settings import IntrinsicSettings
     from streams.write.pipeline import RETRO_Z_MAX
 
-    p = pipeline()
+    p = WritePipeline(Settings(intrinsic=IntrinsicSettings(enabled=False)), HashingEncoder(dim=64))
     brief = [Transition(tenant="t", agent_id="a", episode_id="e1", step=k,
                         observation=f"briefing line {k}", action="listen", reward=0.0)
              for k in range(7)]
