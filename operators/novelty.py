@@ -5,7 +5,10 @@ Most agent traffic carries no reward (chats, tool calls), so the extrinsic RPE i
 reward, per tenant, learned online; `gate_score` mixes it with the extrinsic
 score. Time is never read here; everything is a function of the stream.
 
-Components (why each, and what was measured on LoCoMo, BENCHMARKS.md "LoCoMo"):
+Components (why each; the AUCs below were measured while designing this, by an
+offline replay of the ten LoCoMo conversations' cached MiniLM embeddings, not a
+repository command; the end-to-end numbers are `dmem bench locomo`'s,
+BENCHMARKS.md "LoCoMo"):
 
 - **Information** (how much a turn says): the Shannon surprisal of the text's
   tokens under the tenant's online unigram model (hashed counts, add-a

@@ -73,7 +73,9 @@ def test_jobs_settle_and_say_so(tmp_path: Path, broker: str, topic_prefix: str,
         t0 = time.monotonic()
         out = wait_settled([url], timeout_s=60, quiet_s=1.0)
         settle_s = time.monotonic() - t0
-        assert out["settled"] and settle_s <= 2 * (WINDOW_S + DECAY_S) + 1.0 + 3.0
+        # bounded, not timed: the 2 x (window + interval) target is `dmem bench replay`'s
+        # (a loaded CI machine must not fail a correctness test on speed)
+        assert out["settled"] and settle_s <= 10 * (WINDOW_S + DECAY_S) + 10.0
         mt = health(url)["maintenance"]
         assert mt["merged"] > 0  # the jobs did work before they settled
         # a fixed point: nothing changes any more, for two more decay intervals
