@@ -232,10 +232,11 @@ class MaintenanceEngine:
         changed = False
         if ev.kind in ("written", "dropped") and ev.event_ts is not None:
             changed = self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
-        if ev.kind == "written" and ev.partition is not None:
+        if ev.kind == "written" and ev.partition is not None and ev.event_ts is not None:
             t = self.index.tenant(ev.tenant)
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
-                ts = ev.event_ts if ev.event_ts is not None else ev.ts
+                ts = ev.event_ts  # (an event without one waits for the row: its ``ts`` is
+                # processing time, which must never reach a clock)
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
                                              abs(ev.rpe or 0.0), 0.0, 0, ts,
                                              ev.agent_id or ""))  # fmt: skip
