@@ -478,6 +478,36 @@ def _store(settings: Any) -> Any:
                        timeout_s=m.timeout_s).connect()
 
 
+@main.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tenant", default=None, help="put every record into this tenant")
+@click.option("--wait", "wait_s", type=float, default=120.0, show_default=True,
+              help="seconds to wait for the write path to store the transitions before "
+              "the outcomes are published")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> None:
+    """Publish a JSONL file of historical transitions, outcomes and feedback.
+
+    Event times (`ts`) are kept; invalid lines are reported (line: reason) and make the
+    exit status 1; records are idempotent by id (re-importing stores nothing twice)."""
+    from dmem.importer import run_import
+
+    settings = _settings()
+    try:
+        rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
+    except DmemError as exc:
+        _fail(exc)
+    out = rep.as_dict()
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"imported {out['transition']} transitions, {out['outcome']} outcomes, "
+                   f"{out['feedback']} feedback from {out['lines']} lines; "
+                   f"{out['invalid']} invalid")
+    if rep.invalid:
+        sys.exit(1)
+
+
 @main.command("wait")
 @click.option("--settled", is_flag=True, required=True,
               help="wait until every job has reached its fixed point (no pending work)")
@@ -615,6 +645,28 @@ def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool
         click.echo(f"forgot {len(events)} memories of tenant {tenant}"
                    + (f" agent {agent_id}" if agent_id else "")
                    + (f" memory {memory_id}" if memory_id else ""))
+
+
+@bench.command("replay")
+@click.option("--steps", type=click.IntRange(1), default=3000, show_default=True,
+              help="Gymnasium steps (each episode's outcome follows its last step)")
+@click.option("--env", "env_name", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
+              default="cliffwalking", show_default=True)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--encoder", type=click.Choice(["minilm", "hash"]), default=None,
+              help="encoder of the stack [default: the stack's, minilm]")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None,
+                 as_json: bool) -> None:
+    """One stream live and shifted 400 days back, every job on: same store, nothing lost."""
+    import dmem.bench.replay as br
+
+    try:
+        out = br.run(steps=steps, env_name=env_name, seed=seed, encoder=encoder)
+    except DmemError as exc:
+        _fail(exc)
+    if as_json:
+        br.emit_json(out)
 
 
 @bench.command("maintenance")

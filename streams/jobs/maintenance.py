@@ -227,10 +227,11 @@ class MaintenanceEngine:
         changed = False
         if ev.kind in ("written", "dropped") and ev.event_ts is not None:
             changed = self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
-        if ev.kind == "written" and ev.partition is not None:
+        if ev.kind == "written" and ev.partition is not None and ev.event_ts is not None:
             t = self.index.tenant(ev.tenant)
             if ev.memory_id not in t:  # approximate until the dedup window reads the row
-                ts = ev.event_ts if ev.event_ts is not None else ev.ts
+                ts = ev.event_ts  # (an event without one waits for the row: its ``ts`` is
+                # processing time, which must never reach a clock)
                 t.upsert(ev.memory_id, Entry(0 if ev.partition == "core" else 1, ts, ts,
                                              max(abs(ev.rpe or 0.0), ev.rpe_smoothed or 0.0),
                                              0.0, 0, ts, ev.agent_id or ""))  # fmt: skip
@@ -366,16 +367,18 @@ class MaintenanceEngine:
         return events
 
     # -- decay -----------------------------------------------------------------------
-    def decay(self, tenant: str, now: int) -> list[MemoryEvent]:
+    def decay(self, tenant: str, now: int, refresh: bool = True) -> list[MemoryEvent]:
         """One decay pass for one tenant; bounded Milvus I/O (see module doc).
 
         Ages are the tenant's stream time (the index's watermarks); `now` only
-        stamps the events (processing time).
+        stamps the events (processing time). ``refresh=False`` (a settling pass)
+        skips the round-robin re-read: it plans on the index the events keep
+        current, so a pass with nothing to do costs no Milvus I/O.
         """
         t0 = time.perf_counter()
         t = self.index.tenant(tenant)
         touched = sorted(self.touched.pop(tenant, set()))
-        self.refresh(tenant, touched + t.next_refresh(self.refresh_per_pass))
+        self.refresh(tenant, touched + t.next_refresh(self.refresh_per_pass if refresh else 0))
         plan = plan_decay(t, self.policy)
         events: list[MemoryEvent] = []
         if plan.actions:
@@ -506,11 +509,11 @@ class MaintenanceJob(Service):
             # the timer, or (settling) input is quiet and a pass has something to look at:
             # passes follow each other until one finds nothing to do, then the job waits
             idle = not batch and not self.windows and self.dirty
-            if time.monotonic() >= next_decay or (
-                idle and time.monotonic() - self.last_pass >= SETTLE_PASS_S
-            ):
+            if time.monotonic() >= next_decay:
                 await self._decay()
                 next_decay = time.monotonic() + m.decay_interval_s
+            elif idle and time.monotonic() - self.last_pass >= SETTLE_PASS_S:
+                await self._decay(refresh=False)
 
     def _observe(self, msg: Any) -> None:
         assert self.engine is not None
@@ -554,14 +557,14 @@ class MaintenanceJob(Service):
         finally:
             self.busy = False
 
-    async def _decay(self) -> None:
+    async def _decay(self, refresh: bool = True) -> None:
         assert self.engine is not None
         self.busy = True
         acted = deferred = 0
         try:
             for tenant in sorted(self.engine.index.tenants):
                 events = await self.store_service._retry(  # noqa: SLF001
-                    "decay", self.engine.decay, tenant, now_ms()
+                    "decay", self.engine.decay, tenant, now_ms(), refresh
                 )
                 acted += len(events)
                 deferred += self.engine.last_deferred

@@ -63,13 +63,22 @@ def replay(tmp: Path, trs: list[Transition], policy: MaintenancePolicy) -> dict[
             raws = [RawRecord(encode(t), t.agent_id.encode(), "dmem.transitions", 0, c + i)
                     for i, t in enumerate(trs[c : c + CHUNK])]  # fmt: skip
             res = pipe.process(raws, now_ms())
-            for part, rows in res.upserts.items():
-                if rows:
-                    store.upsert(rows, part)
-            for ev in res.events:
-                engine.observe(ev)
-                routes[ev.memory_id] = str(ev.route)
-            written = [e.memory_id for e in res.events if e.kind == "written"]
+            # the episodes that ended in this chunk get their outcome: hindsight writes
+            ended = {t.episode_id for t in trs[c : c + CHUNK]} - {trs[c + CHUNK - 1].episode_id
+                                                                  if c + CHUNK < len(trs) else ""}
+            later = [pipe.rescore("acme", ep, -10.0, now_ms()) for ep in sorted(ended)]
+            written = []
+            for r in [res, *later]:
+                for part, rows in r.upserts.items():
+                    if rows:
+                        store.upsert(rows, part)
+                if r.promote:
+                    store.move(r.promote, "core")
+                for ev in r.events:
+                    engine.observe(ev)
+                    routes.setdefault(ev.memory_id, f"{ev.route}:{ev.reason}")
+                    kinds[f"{ev.kind}:{ev.reason}"] = kinds.get(f"{ev.kind}:{ev.reason}", 0) + 1
+                written += [e.memory_id for e in r.events if e.kind == "written"]
             events = engine.dedup("acme", written, now_ms()) + engine.decay("acme", now_ms())
             for ev in events:
                 kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
@@ -101,6 +110,7 @@ def test_the_live_stream_exercises_every_job(live: dict[str, Any]) -> None:
     assert live["stored"]
     assert live["kinds"].get("merged", 0) > 0
     assert live["kinds"].get("evicted", 0) > 0 and live["kinds"].get("demoted", 0) > 0
+    assert live["kinds"].get("written:retrospective", 0) > 0  # hindsight writes too
 
 
 @pytest.mark.parametrize("shift_ms", [-400 * DAY_MS, -3 * 365 * DAY_MS + 12_345,
