@@ -73,7 +73,7 @@ def replay(tmp: Path, trs: list[Transition], policy: MaintenancePolicy) -> dict[
                     if rows:
                         store.upsert(rows, part)
                 if r.promote:
-                    store.move(r.promote, "core")
+                    store.move(r.promote, "core", tenant="acme")
                 for ev in r.events:
                     engine.observe(ev)
                     routes.setdefault(ev.memory_id, f"{ev.route}:{ev.reason}")
