@@ -215,18 +215,25 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
             status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
             return json_response(self, resp.model_dump(mode="json", by_alias=True), status)
 
+    def tenant_query(view: View, request: Request) -> tuple[str, Response | None]:
+        """The ``?tenant=`` of a read, authorised, with the store ready; else the answer."""
+        if (no := denied(view, request)) is not None:
+            return "", no
+        tenant = request.query.get("tenant")
+        if not tenant:
+            return "", json_response(view, {"error": "query parameter tenant is required"}, 422)
+        if (no := denied(view, request, tenant)) is not None:
+            return "", no
+        if store.store is None or not store.connected.is_set():
+            return "", json_response(view, {"error": "store not ready"}, 503)
+        return tenant, None
+
     @app.page("/v1/memories/{memory_id}")
     class MemoryView(View):
         async def get(self, request: Request, memory_id: str) -> Response:
-            if (no := denied(self, request)) is not None:
+            tenant, no = tenant_query(self, request)
+            if no is not None:
                 return no
-            tenant = request.query.get("tenant")
-            if not tenant:
-                return json_response(self, {"error": "query parameter tenant is required"}, 422)
-            if (no := denied(self, request, tenant)) is not None:
-                return no
-            if store.store is None or not store.connected.is_set():
-                return json_response(self, {"error": "store not ready"}, 503)
             try:
                 rows = await asyncio.to_thread(store.store.get, [memory_id], tenant=tenant)
             except InvalidRecord as exc:
@@ -283,15 +290,9 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
     @app.page("/v1/stats")
     class StatsView(View):
         async def get(self, request: Request) -> Response:
-            if (no := denied(self, request)) is not None:
+            tenant, no = tenant_query(self, request)
+            if no is not None:
                 return no
-            tenant = request.query.get("tenant")
-            if not tenant:
-                return json_response(self, {"error": "query parameter tenant is required"}, 422)
-            if (no := denied(self, request, tenant)) is not None:
-                return no
-            if store.store is None or not store.connected.is_set():
-                return json_response(self, {"error": "store not ready"}, 503)
             st = store.store
             counts = await asyncio.to_thread(
                 lambda: {p: st.count(p, tenant) for p in ("core", "buffer")})
