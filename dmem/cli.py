@@ -246,6 +246,13 @@ def bench() -> None:
     """Benchmarks (long; not run in CI)."""
 
 
+BACKEND_OPTION = click.option(
+    "--backend", type=click.Choice(["embedded", "containers", "auto"]), default="embedded",
+    show_default=True,
+    help="embedded: Tansu + the Milvus server wheel; containers: Apache Kafka + Milvus "
+         "standalone from docker-compose.yml's images (needs a Docker engine)")
+
+
 @bench.command("retrieval")
 @click.option("--memories", type=click.IntRange(1), default=100_000, show_default=True,
               help="memories loaded for the latency tenant")
@@ -262,17 +269,18 @@ def bench() -> None:
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True,
               help="untimed requests per transport before measuring")
+@BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
                     envs: tuple[str, ...], steps: int, seed: int, warmup: int,
-                    as_json: bool) -> None:
+                    backend: str, as_json: bool) -> None:
     """Read-path latency (Kafka, HTTP, raw Milvus) and critical-event probe quality."""
     from dmem.bench.retrieval import BenchConfig
     from dmem.bench.retrieval import main as run_bench
 
     cfg = BenchConfig(memories=memories, requests=requests, repeats=repeats, encoder=encoder,
                       envs=envs or ("cliffwalking", "taxi"), steps=steps, seed=seed,
-                      warmup=warmup)
+                      warmup=warmup, backend=backend)
     try:
         run_bench(cfg, as_json)
     except DmemError as exc:
@@ -292,17 +300,19 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
 @click.option("--latency-transitions", type=click.IntRange(1), default=None,
               help="paced transitions of the latency run [default: ~15 s worth]")
 @click.option("--milvus-uri", default=None, help="use this Milvus server instead of starting one")
+@BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batch_size: int,
                 batch_within: float, latency_transitions: int | None, milvus_uri: str | None,
-                as_json: bool) -> None:
+                backend: str, as_json: bool) -> None:
     """Write-path throughput and latency vs raw Kafka, encoder and Milvus baselines."""
     from dmem.bench import write as bw
 
     try:
         out = bw.run(transitions=transitions, encoder=encoder, workers=workers, repeats=repeats,
                      batch_size=batch_size, batch_within_s=batch_within,
-                     latency_transitions=latency_transitions, milvus_uri=milvus_uri)
+                     latency_transitions=latency_transitions, milvus_uri=milvus_uri,
+                     backend=backend)
     except DmemError as exc:
         _fail(exc)
     if as_json:

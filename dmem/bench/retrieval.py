@@ -107,6 +107,7 @@ class BenchConfig:
     seed: int = 7
     load_batch: int = 2000
     timeout_s: float = 10.0
+    backend: str = "embedded"  # or "containers": Apache Kafka + Milvus standalone
 
     @property
     def dim(self) -> int:
@@ -329,6 +330,7 @@ def _upsert_all(store: Any, batches: Iterator[tuple[list[dict[str, Any]], list[d
 
 def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole benchmark; returns the result dict (the JSON line)."""
+    from dmem.bench.backends import bench_services
     from dmem.client import DmemClient
     from milvus import EmbeddedMilvusServer, MemoryStore
     from operators import build_encoder
@@ -343,12 +345,18 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         stack.callback(shutil.rmtree, tmp, True)
         note(f"dmem bench retrieval: {cfg.memories:,} memories, {cfg.requests} requests x "
              f"{cfg.repeats} repeats, encoder {cfg.encoder}; work dir {tmp}")
-        note("starting Milvus 2.3.5 server ...")
-        server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=5)
-        stack.callback(server.stop)
-        uri = server.start(timeout_s=180)
-        info["milvus_start_s"] = round(server.start_s or 0.0, 2)
-        note(f"  {uri} (started in {server.start_s:.1f}s)")
+        bootstrap, container_uri = stack.enter_context(bench_services(cfg.backend))
+        info["backend"] = cfg.backend
+        if container_uri:
+            uri = container_uri
+            note(f"containers backend: Kafka {bootstrap}, Milvus {uri}")
+        else:
+            note("starting Milvus 2.3.5 server ...")
+            server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=5)
+            stack.callback(server.stop)
+            uri = server.start(timeout_s=180)
+            info["milvus_start_s"] = round(server.start_s or 0.0, 2)
+            note(f"  {uri} (started in {server.start_s:.1f}s)")
         encoder = build_encoder(cfg.encoder, dim=256)
         store = MemoryStore(uri, collection=collection, dim=encoder.dim,
                             timeout_s=60.0, batch_size=cfg.load_batch)
@@ -366,7 +374,8 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         }
         note("starting broker and respond worker ...")
         t0 = time.monotonic()
-        local = LocalStack(tmp / "stack", roles=("respond",), extra_env=env)
+        local = LocalStack(tmp / "stack", roles=("respond",), extra_env=env,
+                           broker_bootstrap=bootstrap)
         stack.callback(local.stop)
         try:
             local.start()

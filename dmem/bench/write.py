@@ -45,6 +45,7 @@ to ``.dmem-bench/write-<encoder>-w<workers>.json`` for `dmem report`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import statistics
@@ -435,15 +436,24 @@ def run(
     results_dir: Path | None = RESULTS_DIR,
     torch_threads: int | None = None,
     warmup: int = 4096,
+    backend: str = "embedded",
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the result dict (also emitted by the CLI)."""
+    """Run the benchmark; returns the result dict (also emitted by the CLI).
+
+    ``backend="containers"`` runs it on Apache Kafka and Milvus standalone containers
+    (`dmem.bench.backends`) instead of the embedded broker and server.
+    """
+    from dmem.bench.backends import bench_services
     from milvus.server import EmbeddedMilvusServer
 
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-write-"))
     server = None
     stack: LocalStack | None = None
     failed = True
+    services = contextlib.ExitStack()
     try:
+        bootstrap, container_milvus = services.enter_context(bench_services(backend))
+        milvus_uri = milvus_uri or container_milvus
         with cleanup_on_signals():
             note(f"bench write: {transitions} transitions, encoder {encoder}, workers {workers}, "
                  f"repeats {repeats}, batch {batch_size}")
@@ -469,7 +479,8 @@ def run(
             }
             if torch_threads:
                 os.environ["DMEM_TORCH_THREADS"] = env["DMEM_TORCH_THREADS"] = str(torch_threads)
-            stack = LocalStack(tmp / "stack", roles=("write",) * workers, extra_env=env)
+            stack = LocalStack(tmp / "stack", roles=("write",) * workers, extra_env=env,
+                               broker_bootstrap=bootstrap)
             stack.start()
             settings = stack.settings
             note(f"  broker {stack.bootstrap}; {workers} write worker(s) up")
@@ -483,12 +494,13 @@ def run(
             logs = [str(w.log_path) for w in stack.workers]
             out.update(
                 workers=workers, batch_size=batch_size, batch_within_s=batch_within_s,
-                machine=machine_info(),
+                machine=machine_info(), backend=backend,
             )
             out["worker_batch_stats"] = worker_batch_stats(logs)
             failed = False
     finally:
         teardown(stack, server, tmp, failed)
+        services.close()
     report(out)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)

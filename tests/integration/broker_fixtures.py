@@ -1,4 +1,10 @@
-"""Real Tansu broker for integration tests (one per session, free port)."""
+"""A real Kafka broker for integration tests (one per session).
+
+The backend is ``DMEM_TEST_BACKEND`` (`dmem.bench.backends`): ``embedded`` (default)
+is the Tansu broker on a free loopback port, ``containers`` Apache Kafka (KRaft) from
+docker-compose.yml's image via testcontainers. A backend that cannot run here skips
+every test that needs it, with the reason.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +18,21 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streams.local.embedded import EmbeddedBroker
+from dmem.bench.backends import BackendChoice, backend_from_env, broker_service
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = Path(tmp_path_factory.mktemp("broker")) / "tansu.log"
-    b = EmbeddedBroker(log_path=log)
-    b.start()
-    try:
-        yield b.bootstrap
-    finally:
-        b.stop()
+def test_backend() -> BackendChoice:
+    """The services' backend for this session (resolved once: auto probes Docker)."""
+    return backend_from_env()
+
+
+@pytest.fixture(scope="session")
+def broker(test_backend: BackendChoice, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if test_backend.skip_reason:
+        pytest.skip(test_backend.skip_reason)
+    with broker_service(test_backend, Path(tmp_path_factory.mktemp("broker"))) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
 """Milvus fixtures for integration tests.
 
-- ``milvus_server_uri``: one embedded Milvus 2.3.5 server per test session (free
-  ports, temp data dir), stopped at the end. Skips (with the install command) when
-  the server wheel is not installed; ``DMEM_TEST_MILVUS_URI`` points the tests at an
-  existing server instead.
+- ``milvus_server_uri``: one Milvus server per test session, stopped at the end:
+  the embedded 2.3.5 server wheel (free ports, temp data dir; skips with the install
+  command when the wheel is not installed) or, with ``DMEM_TEST_BACKEND=containers``,
+  Milvus standalone from docker-compose.yml's image via testcontainers (skips with
+  the reason where no Docker engine answers). ``DMEM_TEST_MILVUS_URI`` points the
+  tests at an existing server instead.
 - ``milvus_uri``: parametrised over ``lite`` (a fresh ``.db`` file per test) and
   ``server``; use it with ``store_factory`` for backend-agnostic tests.
 - ``store_factory``: builds connected ``MemoryStore``s; every store is closed after
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from milvus import EmbeddedMilvusServer, MemoryStore, milvus_lite_uri
+from dmem.bench.backends import BackendChoice, milvus_service
+from milvus import MemoryStore, milvus_lite_uri
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -38,23 +42,24 @@ __all__ = [
 
 
 @pytest.fixture(scope="session")
-def milvus_server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def milvus_server_uri(
+    test_backend: BackendChoice, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     external = os.environ.get("DMEM_TEST_MILVUS_URI")
     if external:
         yield external
         return
-    server = EmbeddedMilvusServer(
-        tmp_path_factory.mktemp("milvus-server"), stop_grace_s=3, time_tick_ms=20
-    )
-    try:
-        server.check_installed()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    uri = server.start(timeout_s=120)
-    try:
+    if test_backend.skip_reason:
+        pytest.skip(test_backend.skip_reason)
+    data = tmp_path_factory.mktemp("milvus-server")
+    with contextlib.ExitStack() as stack:
+        try:
+            uri = stack.enter_context(
+                milvus_service(test_backend, data, stop_grace_s=3, time_tick_ms=20)
+            )
+        except ConfigError as exc:  # the server wheel is not installed
+            pytest.skip(str(exc))
         yield uri
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["lite", "server"])
