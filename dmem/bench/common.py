@@ -33,6 +33,7 @@ import orjson
 __all__ = [
     "Progress",
     "cleanup_on_signals",
+    "publish_lockstep",
     "emit_json",
     "machine_info",
     "median_across",
@@ -234,3 +235,37 @@ def teardown(stack: Any, server: Any, tmp: Any, failed: bool) -> None:
     if server is not None:
         server.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def publish_lockstep(
+    producer: Any,
+    consumer: Any,
+    topic: str,
+    chunk: Sequence[Any],
+    done: Callable[[], bool],
+    on_message: Callable[[Any], None],
+    alive: Callable[[], bool],
+    timeout_s: float = 180.0,
+) -> None:
+    """Publish one chunk of transitions (keyed by agent) and consume until ``done()``.
+
+    The lockstep loop of the benches whose figures must not depend on machine speed:
+    the next chunk is published only once the worker answered for this one
+    (``on_message`` sees every consumed record and updates what ``done`` reads). A
+    worker that died or stopped answering within ``timeout_s`` raises
+    `ServiceUnavailable` instead of hanging the bench.
+    """
+    from schemas import encode
+    from schemas.errors import ServiceUnavailable
+
+    for tr in chunk:
+        await producer.send(topic, encode(tr), key=tr.agent_id.encode())
+    await producer.flush()
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline or not alive():
+            raise ServiceUnavailable(f"the worker stopped answering ({len(chunk)}-record chunk)")
+        batch = await consumer.getmany(timeout_ms=500)
+        for msgs in batch.values():
+            for m in msgs:
+                on_message(m)

@@ -49,8 +49,15 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.bench.common import Progress, emit_json, machine_info, note, percentile, print_table
-from schemas import encode
+from dmem.bench.common import (
+    Progress,
+    emit_json,
+    machine_info,
+    note,
+    percentile,
+    print_table,
+    publish_lockstep,
+)
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.jobs.maintenance import dedup_tau
@@ -97,24 +104,21 @@ async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
                     break
             else:
                 done = True
-            for tr in chunk:
-                await producer.send(settings.topic("transitions"), encode(tr),
-                                    key=tr.agent_id.encode())  # fmt: skip
-            await producer.flush()
             published += len(chunk)
-            deadline = time.monotonic() + 180
-            while len(seen) < published:
-                if time.monotonic() > deadline or not alive():
-                    raise ServiceUnavailable(f"worker stopped answering at {len(seen)}/{published}")
-                batch = await consumer.getmany(timeout_ms=500)
-                for msgs in batch.values():
-                    for m in msgs:
-                        ev = orjson.loads(m.value)
-                        kinds[ev["kind"]] += 1
-                        if ev["kind"] in ("written", "dropped"):
-                            seen.add(ev["memory_id"])
-                        if ev["kind"] == "written":
-                            written.add(ev["memory_id"])
+
+            def on_event(m: Any) -> None:
+                ev = orjson.loads(m.value)
+                kinds[ev["kind"]] += 1
+                if ev["kind"] in ("written", "dropped"):
+                    seen.add(ev["memory_id"])
+                if ev["kind"] == "written":
+                    written.add(ev["memory_id"])
+
+            def answered(n: int = published) -> bool:
+                return len(seen) >= n
+
+            await publish_lockstep(producer, consumer, settings.topic("transitions"), chunk,
+                                   answered, on_event, alive)  # fmt: skip
             progress.update(published, f"written={len(written)}")
     finally:
         await producer.stop()

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import Progress, emit_json, machine_info, note, print_table
+from dmem.bench.common import Progress, emit_json, machine_info, note, print_table, publish_lockstep
 from dmem.importer import wait_committed
 from dmem.wait import wait_settled
 from operators.maintenance import DAY_MS, is_critical, rewards_agree
@@ -109,21 +109,18 @@ async def _drive(settings: Settings, url: str, stream: list[Transition | Episode
                 assert isinstance(item, EpisodeOutcome)
                 outcomes.append(item.model_copy(update={"ts": used[-1]}))
                 i += 1
-            for tr in chunk:
-                await producer.send(settings.topic("transitions"), encode(tr),
-                                    key=tr.agent_id.encode())  # fmt: skip
-            await producer.flush()
             published += len(chunk)
-            deadline = time.monotonic() + 180
-            while len(routes) < published:
-                if time.monotonic() > deadline or not alive():
-                    raise ServiceUnavailable(f"worker stopped answering at {len(routes)}")
-                batch = await consumer.getmany(timeout_ms=500)
-                for msgs in batch.values():
-                    for m in msgs:
-                        ev = orjson.loads(m.value)
-                        if ev["kind"] in ("written", "dropped") and ev["reason"] != "retrospective":
-                            routes.setdefault(ev["memory_id"], str(ev["route"]))
+
+            def on_event(m: Any) -> None:
+                ev = orjson.loads(m.value)
+                if ev["kind"] in ("written", "dropped") and ev["reason"] != "retrospective":
+                    routes.setdefault(ev["memory_id"], str(ev["route"]))
+
+            def answered(n: int = published) -> bool:
+                return len(routes) >= n
+
+            await publish_lockstep(producer, consumer, settings.topic("transitions"), chunk,
+                                   answered, on_event, alive)  # fmt: skip
             ends: dict[TopicPartition, int] = {}
             for o in outcomes:  # the hindsight agent re-scores them before the next chunk
                 md = await (await producer.send(settings.topic("feedback"), encode(o),
