@@ -95,6 +95,17 @@ class Authorizer:
                 found = tenants
         return found
 
+    def scope(self, header: str | None) -> frozenset[str] | None:
+        """The tenants an authenticated header may read; None = every tenant.
+
+        For listings (the live page's tenant table): call `check` first, an
+        unknown token gets the empty set here.
+        """
+        if self.disabled:
+            return None
+        tenants = self._lookup(header) or frozenset()
+        return None if ALL_TENANTS in tenants else tenants
+
     def check(self, header: str | None, tenant: str | None = None) -> Denied | None:
         """None when allowed; ``tenant=None`` only authenticates."""
         if self.disabled:

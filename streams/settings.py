@@ -76,6 +76,10 @@ class RespondSettings(BaseModel):
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
     lambda_evidence: float = Field(default=0.1, ge=0.0, le=1.0,
                                    description="lambda once the semantic top-k are credited")
+    # the live page (streams.respond.live): newest MemoryEvents kept per tenant for
+    # its most recently active tenants; 0 turns the page's background consumer off
+    live_per_tenant: int = Field(default=2000, ge=0, le=100_000)
+    live_max_tenants: int = Field(default=64, ge=1, le=10_000)
 
 
 class JobsSettings(BaseModel):
