@@ -73,8 +73,10 @@ class Authorizer:
         self.disabled = disabled
         self.tokens = tokens
         if not disabled and not tokens:
-            log.warning("HTTP auth is enabled but no tokens are configured: every /v1 request "
-                        "gets 401 (set DMEM_AUTH__TOKENS, or DMEM_AUTH__DISABLED=true locally)")
+            log.warning(
+                "HTTP auth is enabled but no tokens are configured: every /v1 request "
+                "gets 401 (set DMEM_AUTH__TOKENS, or DMEM_AUTH__DISABLED=true locally)"
+            )
 
     @classmethod
     def from_settings(cls, settings: object) -> Authorizer:

@@ -102,8 +102,9 @@ def dump_dom(url: str, budget_ms: int = 20_000, timeout_s: float = 120.0) -> str
     return proc.stdout
 
 
-def ui_check(base_url: str, token: str | None, tenant: str,
-             query: str = DEFAULT_QUERY) -> tuple[bool, str]:
+def ui_check(
+    base_url: str, token: str | None, tenant: str, query: str = DEFAULT_QUERY
+) -> tuple[bool, str]:
     """(ok, reason): the live page loads, shows the tenant's counts and renders a search."""
     try:
         before = stats(base_url, token, tenant)

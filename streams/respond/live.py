@@ -73,8 +73,12 @@ class Decision:
     def parse(cls, data: Mapping[str, Any]) -> Decision | None:
         """From a decoded MemoryEvent; None when it is not one."""
         try:
-            ts, tenant, mid, kind = (int(data["ts"]), str(data["tenant"]),
-                                     str(data["memory_id"]), str(data["kind"]))
+            ts, tenant, mid, kind = (
+                int(data["ts"]),
+                str(data["tenant"]),
+                str(data["memory_id"]),
+                str(data["kind"]),
+            )
         except (KeyError, TypeError, ValueError):
             return None
         agent = data.get("agent_id")
@@ -119,8 +123,13 @@ class LiveRing:
     processing time, ms), never this process's clock.
     """
 
-    def __init__(self, per_tenant: int = 2000, max_tenants: int = 64, max_dead: int = 200,
-                 max_known: int = 10_000) -> None:
+    def __init__(
+        self,
+        per_tenant: int = 2000,
+        max_tenants: int = 64,
+        max_dead: int = 200,
+        max_known: int = 10_000,
+    ) -> None:
         if per_tenant < 1 or max_tenants < 1 or max_dead < 1 or max_known < max_tenants:
             raise ValueError("ring sizes must be >= 1 and max_known >= max_tenants")
         self.per_tenant = per_tenant
@@ -222,8 +231,9 @@ def histogram_top(sorted_scores: Sequence[float], theta_high: float | None) -> f
     return max(2.0 * (theta_high or 0.0), 1.2 * q90, 1e-6)
 
 
-def gate_summary(decisions: Sequence[Decision], bins: int = 40, latest: int = 30,
-                 hist_bins: int = 30) -> dict[str, Any]:
+def gate_summary(
+    decisions: Sequence[Decision], bins: int = 40, latest: int = 30, hist_bins: int = 30
+) -> dict[str, Any]:
     """What the page plots for one tenant, from a ring snapshot (oldest first).
 
     - ``series``: ``bins`` equal time bins from the first to the last decision, each

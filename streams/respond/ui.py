@@ -54,8 +54,10 @@ STATIC = {
     "ui.js": "text/javascript; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
 }
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-       "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def static_file(name: str) -> bytes:
@@ -96,8 +98,9 @@ class TenantDirectory:
     restart of `dmem up` (topics are new) the store still holds the others.
     """
 
-    def __init__(self, store: Any, max_rows: int = DISCOVER_MAX_ROWS,
-                 ttl_s: float = DISCOVER_TTL_S) -> None:
+    def __init__(
+        self, store: Any, max_rows: int = DISCOVER_MAX_ROWS, ttl_s: float = DISCOVER_TTL_S
+    ) -> None:
         self.store = store
         self.max_rows = max_rows
         self.ttl_s = ttl_s
@@ -154,8 +157,11 @@ def wire_ui(
 
     def serve(view: View, name: str) -> Response:
         # the type goes in the headers: aiohttp refuses a charset in ``content_type``
-        headers = {"Content-Type": STATIC[name], "Cache-Control": "no-cache",
-                   "X-Content-Type-Options": "nosniff"}
+        headers = {
+            "Content-Type": STATIC[name],
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff",
+        }
         if name == "index.html":
             headers["Content-Security-Policy"] = CSP
         return view.bytes(files[name], headers=headers)
@@ -190,8 +196,10 @@ def wire_ui(
             if store_ready():
                 names |= await directory.get()
                 if not directory.complete and directory.at > 0:
-                    notes.append(f"tenant list from the newest events and the first "
-                                 f"{directory.max_rows:,} stored rows only")
+                    notes.append(
+                        f"tenant list from the newest events and the first "
+                        f"{directory.max_rows:,} stored rows only"
+                    )
         last = ring.known
         order = sorted(names, key=lambda t: (-last.get(t, -1), t))
         return order, notes
@@ -212,17 +220,24 @@ def wire_ui(
             else:
                 notes.append("store not ready: counts unavailable")
             if len(names) > MAX_COUNTED:
-                notes.append(f"counts for the {MAX_COUNTED} most recently active of "
-                             f"{len(names):,} tenants")
+                notes.append(
+                    f"counts for the {MAX_COUNTED} most recently active of {len(names):,} tenants"
+                )
             if tenant is None and names:
                 tenant = names[0]
             gate = await asyncio.to_thread(gate_summary, ring.snapshot(tenant)) if tenant else None
             rows = []
             for t in names:
                 lo, hi = ring.thresholds(t)
-                rows.append({"tenant": t, **counted.get(t, {}),
-                             "last_event_ts": ring.known.get(t),
-                             "theta_low": lo, "theta_high": hi})
+                rows.append(
+                    {
+                        "tenant": t,
+                        **counted.get(t, {}),
+                        "last_event_ts": ring.known.get(t),
+                        "theta_low": lo,
+                        "theta_high": hi,
+                    }
+                )
             body = {
                 "now_ms": int(time.time() * 1000),
                 "tenant": tenant,
