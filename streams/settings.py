@@ -224,6 +224,8 @@ class Settings(BaseSettings):
 
     app_id: str = "dmem"
     data_dir: Path = Path("dmem-data")
+    # where `dmem up` announces itself (streams.local.announce), found by `dmem report`
+    runtime_dir: Path = Path("~/.cache/dmem/up")
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
     log_level: Literal["debug", "info", "warn", "error", "crit"] = "warn"
