@@ -6,8 +6,8 @@ and to ``<runtime dir>/<pid>.json`` (``DMEM_RUNTIME_DIR``, default
 ``~/.cache/dmem/up``), and removes both when it stops. Tools on the same machine
 (`dmem report`) read them instead of asking the user to repeat the ports and the
 data dir in ``DMEM_*`` variables. No token is ever written: with auth configured
-the page asks for one. A file whose process is gone (a killed `dmem up`) is stale
-and ignored.
+the page asks for one. A file whose process is gone (a killed `dmem up`), or whose
+broker port does not answer, is stale and ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from streams.local.embedded import wait_for_port
 
 STATE_NAME = "up.json"
 
@@ -69,6 +71,9 @@ def read_state(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not alive(data.get("pid")) or "kafka" not in data:
         return None
+    host, _, port = str(data["kafka"]).rpartition(":")
+    if not port.isdigit() or not wait_for_port(host or "127.0.0.1", int(port), 0.5):
+        return None  # the pid was reused by another process: the broker is gone
     return data
 
 

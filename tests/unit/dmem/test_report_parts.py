@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -26,41 +28,56 @@ def no_deployment_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return run
 
 
+@pytest.fixture
+def listening() -> Iterator[str]:
+    """A port that accepts connections, standing in for a running stack's broker."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+
+
 def state(data_dir: Path, kafka: str) -> dict[str, object]:
     return {"kafka": kafka, "milvus": str(data_dir / "milvus.db"), "http": "http://127.0.0.1:1",
             "ui": "http://127.0.0.1:1/ui/", "data_dir": str(data_dir), "topic_prefix": "x.",
             "app_id": "up-app", "started_ms": 1}  # fmt: skip
 
 
-def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path) -> None:
+def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path,
+                                         listening: str) -> None:  # fmt: skip
     with pytest.raises(ConfigError, match="no running `dmem up` found.*--data-dir"):
         locate()
-    paths = announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", "127.0.0.1:1111"))
+    paths = announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", listening))
     settings, up = locate()
     assert up is not None and up["pid"] == os.getpid()
-    assert settings.kafka.bootstrap == "127.0.0.1:1111"
+    assert settings.kafka.bootstrap == listening
     assert settings.milvus_uri == str(tmp_path / "d1" / "milvus.db")
     assert settings.topic("memories") == "x.memories" and settings.app_id == "up-app"
     # a second stack: the user has to choose, and is told the exact flags
-    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", "h:2"))
+    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", listening))
     (no_deployment_env / "999.json").write_bytes(
         (no_deployment_env / "other" / f"{os.getpid()}.json").read_bytes()
     )
     with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: --data-d"):
         locate()
-    assert locate(tmp_path / "d1")[1]["kafka"] == "127.0.0.1:1111"  # --data-dir decides
+    assert locate(tmp_path / "d1")[1]["data_dir"] == str(tmp_path / "d1")  # --data-dir decides
     withdraw(paths)
     assert not (tmp_path / "d1" / STATE_NAME).exists()
     with pytest.raises(ConfigError, match="no running `dmem up` on"):
         locate(tmp_path / "d1")
 
 
-def test_stale_state_files_are_ignored(no_deployment_env: Path, tmp_path: Path) -> None:
+def test_stale_state_files_are_ignored(no_deployment_env: Path, tmp_path: Path,
+                                       listening: str) -> None:  # fmt: skip
     no_deployment_env.mkdir(parents=True)
-    dead = {**state(tmp_path, "h:1"), "pid": 2**22 + 12345}  # no such process
+    dead = {**state(tmp_path, listening), "pid": 2**22 + 12345}  # no such process
     (no_deployment_env / "1.json").write_bytes(orjson.dumps(dead))
     (no_deployment_env / "2.json").write_text("{broken")
+    reused = {**state(tmp_path, "127.0.0.1:1"), "pid": os.getpid()}  # pid alive, broker gone
+    (no_deployment_env / "3.json").write_bytes(orjson.dumps(reused))
     assert running(no_deployment_env) == []
+    (no_deployment_env / "4.json").write_bytes(orjson.dumps({**reused, "kafka": listening}))
+    assert len(running(no_deployment_env)) == 1
 
 
 def test_explicit_settings_win(no_deployment_env: Path, monkeypatch: pytest.MonkeyPatch,
