@@ -73,7 +73,9 @@
 
   function fmtNum(v, digits) {
     if (v === null || v === undefined || !isFinite(v)) { return "\u2013"; }
-    return Number(v).toFixed(digits === undefined ? 3 : digits);
+    var d = digits === undefined ? 3 : digits;
+    if (d > 0 && v !== 0 && Math.abs(v) < Math.pow(10, -d)) { return Number(v).toExponential(1); }
+    return Number(v).toFixed(d);
   }
 
   function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } return node; }
@@ -165,10 +167,12 @@
       root.appendChild(c);
     });
     [["theta_low", "#2ca02c"], ["theta_high", "#9467bd"]].forEach(function (p) {
+      // a step line: each bin's threshold holds until the next bin with decisions
       var pts = [];
-      series.forEach(function (b) {
+      series.forEach(function (b, i) {
         if (b[p[0]] === null || b[p[0]] === undefined) { return; }
-        pts.push(sx(b.t0) + "," + sy(b[p[0]]), sx(b.t1) + "," + sy(b[p[0]]));
+        var end = i + 1 < series.length ? series[i + 1].t0 : b.t1;
+        pts.push(sx(b.t0) + "," + sy(b[p[0]]), sx(end) + "," + sy(b[p[0]]));
       });
       if (pts.length) {
         root.appendChild(svg("polyline", { points: pts.join(" "), fill: "none", stroke: p[1],
