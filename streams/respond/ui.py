@@ -32,6 +32,7 @@ viewers, for at most ``MAX_COUNTED`` tenants per call (the rest are listed).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -43,6 +44,8 @@ from faust.web import Request, Response, View
 from streams.auth import Authorizer
 from streams.respond.live import LiveFeed, LiveRing, gate_summary
 from streams.settings import Settings
+
+log = logging.getLogger("dmem.ui")
 
 COUNT_TTL_S = 3.0
 MAX_COUNTED = 50
@@ -131,7 +134,9 @@ class TenantDirectory:
                 await asyncio.wait_for(asyncio.shield(self.task), DISCOVER_WAIT_S)
             except TimeoutError:
                 pass  # answer with what is known; the scan goes on
-        elif self.task.exception() is not None:
+            except Exception as exc:  # noqa: BLE001 - a listing must not fail the page
+                log.info("tenant scan failed: %s", exc)
+        if self.task.done() and (self.task.cancelled() or self.task.exception() is not None):
             self.task = None  # retried by the next call
         return set(self.names)
 
@@ -216,7 +221,10 @@ def wire_ui(
             names, notes = await tenant_rows(scope)
             counted: dict[str, dict[str, int]] = {}
             if store_ready():
-                counted = await counts.get(names[:MAX_COUNTED])
+                try:
+                    counted = await counts.get(names[:MAX_COUNTED])
+                except Exception as exc:  # noqa: BLE001 - show the rest; say why
+                    notes.append(f"counts unavailable: {type(exc).__name__}: {exc}")
             else:
                 notes.append("store not ready: counts unavailable")
             if len(names) > MAX_COUNTED:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from streams.respond.live import Decision, LiveRing, gate_summary, histogram_top
-from streams.respond.ui import STATIC, static_file
+from streams.respond.ui import STATIC, TenantCounts, TenantDirectory, static_file
 
 
 def ev(
@@ -117,3 +119,45 @@ def test_static_files_are_packaged_and_self_contained() -> None:
     assert "<script>" not in html and "style=" not in html  # CSP: no inline code
     js = static_file("ui.js").decode()
     assert "innerHTML" not in js and "eval(" not in js
+
+
+class FakeStore:
+    """Stands in for `StoreService` (``.store`` with count/scan)."""
+
+    def __init__(self, rows: list[str], fail: bool = False) -> None:
+        self.store = self
+        self.rows = rows
+        self.fail = fail
+        self.count_calls = 0
+
+    def count(self, partition: str, tenant: str) -> int:
+        self.count_calls += 1
+        if self.fail:
+            raise RuntimeError("milvus away")
+        return sum(1 for t in self.rows if t == tenant) * (2 if partition == "core" else 1)
+
+    def scan(self, **_: object) -> Iterator[dict[str, str]]:
+        if self.fail:
+            raise RuntimeError("milvus away")
+        return iter({"tenant": t} for t in self.rows)
+
+
+async def test_counts_are_cached_for_every_viewer() -> None:
+    store = FakeStore(["a", "a", "b"])
+    counts = TenantCounts(store, ttl_s=60)
+    first = await counts.get(["a", "b"])
+    assert first == {"a": {"core": 4, "buffer": 2, "total": 6},
+                     "b": {"core": 2, "buffer": 1, "total": 3}}  # fmt: skip
+    assert await counts.get(["b", "a"]) == first and store.count_calls == 4  # cached
+    counts.ttl_s = 0
+    await counts.get(["a"])
+    assert store.count_calls == 6
+
+
+async def test_tenant_directory_is_bounded_and_survives_failures() -> None:
+    d = TenantDirectory(FakeStore(["a", "b", "c", "d"]), max_rows=2)
+    assert await d.get() == {"a", "b"} and not d.complete
+    full = TenantDirectory(FakeStore(["a", "b", "a"]))
+    assert await full.get() == {"a", "b"} and full.complete
+    broken = TenantDirectory(FakeStore(["a"], fail=True))
+    assert await broken.get() == set() and broken.task is None  # retried next call
