@@ -169,8 +169,8 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
         async def publish() -> None:
             p = AIOKafkaProducer(bootstrap_servers=info["kafka"])
             await p.start()
-            chat = chat_transitions(_chat_turns(150), tenant="chat", conversation="c1", session=1)
-            grid = [tr for tr, _c, _p in q_learning_transitions("cliffwalking", 200, seed=3,
+            chat = chat_transitions(_chat_turns(100), tenant="chat", conversation="c1", session=1)
+            grid = [tr for tr, _c, _p in q_learning_transitions("cliffwalking", 150, seed=3,
                                                                  tenant="grid")]  # fmt: skip
             for tr in chat + grid:
                 await p.send("dmem.transitions", encode(tr), key=tr.agent_id.encode())
@@ -178,9 +178,9 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
             await p.stop()
 
         asyncio.run(publish())
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a loaded machine is slow
         summary: dict[str, Any] = {}
-        while time.monotonic() < deadline and summary.get("events", 0) < 350:
+        while time.monotonic() < deadline and summary.get("events", 0) < 250:
             proc = subprocess.run(
                 [sys.executable, "-m", "dmem.cli", "report", "--out", str(tmp_path / "r.html"),
                  "--bench-dir", str(tmp_path / "none"), "--json"],
@@ -191,13 +191,13 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         up.wait(timeout=60)
-    assert summary["events"] >= 350 and "dmem up" in summary["source"], summary
+    assert summary["events"] >= 250 and "dmem up" in summary["source"], summary
     assert summary["utility_source"].startswith("credit topic")
     page = (tmp_path / "r.html").read_text()
     assert "Milvus scan failed" not in page and info["ui"] in page
     chat = summary["gate"]["chat"]
     # not every score at 0 (routing varies with batching; off-context turns score 0)
-    assert chat["decisions"] == 150 and chat["nonzero"] >= 15, summary["gate"]
+    assert chat["decisions"] == 100 and chat["nonzero"] >= 10, summary["gate"]
     assert chat["theta_low"] <= chat["theta_high"] < chat["axis_top"]
     for table in re.findall(r"<table>.*?</table>", page, flags=re.S):
         assert "<td>" in table
