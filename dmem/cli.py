@@ -216,18 +216,22 @@ def up(data_dir: Path, as_json: bool) -> None:
               help="directory of `dmem bench` results (*.json)")
 @click.option("--max-events", type=click.IntRange(1), default=200_000, show_default=True,
               help="newest MemoryEvents read from the memories topic")
+@click.option("--data-dir", "up_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="data dir of the running `dmem up` to report on (default: "
+              "the one running `dmem up`, or DMEM_* settings if DMEM_KAFKA__BROKER is set)")
 @click.option("--json", "as_json", is_flag=True, help="print a summary as one JSON line")
 def report(out: Path, bench_json: tuple[Path, ...], bench_dir: Path, max_events: int,
-           as_json: bool) -> None:
-    """Self-contained HTML report of a running deployment (settings from DMEM_* env vars)."""
-    from dmem.report import build_report
+           up_dir: Path | None, as_json: bool) -> None:
+    """Self-contained HTML report of a running `dmem up` or a deployment (DMEM_* settings)."""
+    from dmem.report import build_report, locate
     from streams.admin import check_broker
 
-    settings = _settings()
+    _settings()  # a bad DMEM_* setting is a usage error
     try:
+        settings, up = locate(up_dir)
         asyncio.run(check_broker(settings.kafka))
         summary = build_report(settings, out, bench_json=bench_json, bench_dir=bench_dir,
-                               max_events=max_events)
+                               max_events=max_events, up=up)
     except DmemError as exc:
         _fail(exc)
     if as_json:

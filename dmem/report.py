@@ -1,22 +1,38 @@
 """`dmem report --out report.html`: one self-contained HTML page about what the gate does.
 
-Data sources (settings from ``DMEM_*`` env vars, so it works against `dmem up`
-or a production deployment):
+Which deployment (`locate`): ``--data-dir D`` reads the state file of the `dmem up`
+running on ``D`` (``D/up.json``, `streams.local.announce`); without it, a
+``DMEM_KAFKA__BROKER`` in the environment means "this deployment, as configured
+by ``DMEM_*``"; otherwise the one running `dmem up` announced in
+``DMEM_RUNTIME_DIR`` (``~/.cache/dmem/up``) is used. None or several: an error
+that names what to pass.
+
+Data sources:
 
 - the ``memories`` topic, read from the beginning to its end at start (capped
   by ``max_events``, newest kept): every MemoryEvent carries route, reason,
   rpe_smoothed, theta_low/theta_high, partition and processing time ``ts``.
-  Gives the RPE distribution with the current thresholds (those of the newest
-  event per tenant), routing decisions over time and partition sizes over time
-  (replayed from written/moved/promoted/demoted/merged/evicted/forgotten events).
+  Gives the distribution of the gate score per tenant with that tenant's current
+  thresholds (those of its newest decision), routing decisions over time and
+  partition sizes over time (replayed from written/moved/promoted/demoted/merged/
+  evicted/forgotten events). The plotted score is ``rpe_smoothed``, which the write
+  path sets to the gate score ``max(extrinsic, w * intrinsic)`` (`operators.novelty.
+  gate_score`): the quantity the thresholds are compared with. Its axis ends at
+  `streams.respond.live.histogram_top` (2 x theta_high or 1.2 x q90), with larger
+  scores in the last bin, and counts are on a log scale: on a sparse-reward stream
+  a quantile-only axis put every mundane score in the first bin.
 - Milvus (``utility`` of every stored row) for the utility distribution. Milvus
-  Lite is a single-process file store: while a worker holds the file (as under
-  `dmem up`) the scan can fail; the report then replays the ``credit`` topic
-  (utility = EMA of credit per use with ``jobs.utility_beta``, as the applier
-  computes it) and says which source it used.
+  Lite is a single-process file store: while the `dmem up` worker holds the file
+  the report does not try it and replays the ``credit`` topic instead (utility =
+  EMA of credit per use with ``jobs.utility_beta``, as the applier computes it);
+  it says which source it used.
 - benchmark results: ``.dmem-bench/*.json`` (written by `dmem bench ...`) and any
   ``--bench-json`` files; the newest file per benchmark name is shown, as a bar
-  chart of its throughput numbers and a table of every scalar.
+  chart of its throughput numbers and a table of every scalar (nested objects
+  flattened to ``a.b``); a file without numbers gets one line saying so.
+
+Time axes are the browser-independent local time of the machine that renders the
+report, ``HH:MM:SS`` (tenths added when the whole axis spans under 10 s).
 
 Plots are matplotlib PNGs embedded as base64 ``data:`` URIs: the page needs no
 network and no other file, and opens in any browser (checked in the tests with
@@ -27,8 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import html
 import io
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -38,6 +56,7 @@ from typing import Any
 
 import orjson
 
+from schemas.errors import ConfigError
 from streams.settings import Settings
 
 ROUTE_COLORS = {"core": "#d62728", "buffer": "#ff7f0e", "drop": "#7f7f7f"}
@@ -51,6 +70,54 @@ class ReportData:
     utility_source: str = "none"
     benches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    source: str = "DMEM_* settings"
+    up: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def settings_with(env: dict[str, str]) -> Settings:
+    """Settings as if ``env`` were added to the environment."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        return Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | None]:
+    """The deployment to report on: (settings, the `dmem up` state or None).
+
+    Raises `ConfigError` with what to pass when it cannot decide.
+    """
+    from streams.local.announce import STATE_NAME, client_env, read_state, running
+
+    if data_dir is not None:
+        state = read_state(data_dir / STATE_NAME)
+        if state is None:
+            raise ConfigError(
+                f"no running `dmem up` on {data_dir} ({data_dir / STATE_NAME} is missing or "
+                f"its process is gone): start `dmem up --data-dir {data_dir}`"
+            )
+        return settings_with(client_env(state)), state
+    if os.environ.get("DMEM_KAFKA__BROKER"):
+        return Settings(), None
+    runtime_dir = Settings().runtime_dir
+    found = running(runtime_dir)
+    if len(found) == 1:
+        return settings_with(client_env(found[0])), found[0]
+    if not found:
+        raise ConfigError(
+            f"no running `dmem up` found (none announced in {runtime_dir}): start `dmem up`, "
+            "pass --data-dir DIR of a running one, or set DMEM_KAFKA__BROKER (and "
+            "DMEM_MILVUS__URI or DMEM_DATA_DIR) for another deployment"
+        )
+    listed = "; ".join(f"--data-dir {s['data_dir']} (kafka {s['kafka']}, pid {s['pid']})"
+                       for s in found)  # fmt: skip
+    raise ConfigError(f"{len(found)} `dmem up` stacks are running, pass one of: {listed}")
 
 
 # --------------------------------------------------------------------------- reading
@@ -160,15 +227,24 @@ def collect(
     bench_json: Sequence[Path] = (),
     bench_dir: Path | None = DEFAULT_BENCH_DIR,
     timeout_s: float = 30.0,
+    up: dict[str, Any] | None = None,
 ) -> ReportData:
-    data = ReportData()
+    data = ReportData(up=up)
+    if up is not None:
+        data.source = f"the running `dmem up` (pid {up.get('pid')}, data dir {up['data_dir']})"
     data.events = asyncio.run(read_topic(settings, "memories", max_events, timeout_s))
+    lite_held = up is not None and "://" not in settings.milvus_uri
     try:
+        if lite_held:
+            raise ConfigError(
+                "the Milvus Lite file is held by the running `dmem up` worker "
+                "(a single-process file store)"
+            )
         data.utilities = milvus_utilities(settings)
         data.utility_source = f"Milvus ({settings.milvus.collection})"
     except Exception as exc:  # noqa: BLE001 - fall back to the credit topic
-        data.notes.append(f"Milvus scan failed ({type(exc).__name__}: {exc}); "
-                          "utility replayed from the credit topic")
+        why = str(exc) if lite_held else f"Milvus scan failed ({type(exc).__name__}: {exc})"
+        data.notes.append(f"utility replayed from the credit topic: {why}")
         credit = asyncio.run(read_topic(settings, "credit", max_events, timeout_s))
         data.utilities = credit_utilities(credit, settings.jobs.utility_beta)
         data.utility_source = "credit topic (replayed EMA)"
@@ -206,6 +282,7 @@ def _empty(ax: Any, msg: str) -> None:
 
 
 def latest_thresholds(events: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each tenant's (theta_low, theta_high) of its newest gate decision."""
     out: dict[str, tuple[float, float]] = {}
     for e in events:
         if e.get("theta_low") is not None and e.get("theta_high") is not None:
@@ -213,30 +290,75 @@ def latest_thresholds(events: Sequence[dict[str, Any]]) -> dict[str, tuple[float
     return out
 
 
+def gate_scores(events: Sequence[dict[str, Any]]) -> dict[str, list[tuple[float, str]]]:
+    """(gate score, route) of every gate decision, per tenant."""
+    out: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for e in events:
+        if e.get("rpe_smoothed") is not None and e.get("kind") in ("written", "dropped"):
+            out[e.get("tenant", "?")].append((float(e["rpe_smoothed"]), e.get("route") or "drop"))
+    return dict(out)
+
+
+MAX_TENANT_PLOTS = 4
+
+
+def gate_overview(events: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per tenant: decisions, how many gate scores are > 0, thresholds, histogram axis end."""
+    from streams.respond.live import histogram_top
+
+    th = latest_thresholds(events)
+    out = {}
+    for tenant, scores in gate_scores(events).items():
+        lo, hi = th.get(tenant, (None, None))
+        out[tenant] = {
+            "decisions": len(scores), "nonzero": sum(1 for v, _ in scores if v > 0),
+            "theta_low": lo, "theta_high": hi,
+            "axis_top": histogram_top(sorted(v for v, _ in scores), hi),
+        }  # fmt: skip
+    return out
+
+
 def plot_rpe(events: Sequence[dict[str, Any]]) -> str:
+    """Histogram of the gate score per tenant (the busiest few) with its thresholds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = _fig("Smoothed |RPE| (gate score) by route, with the current thresholds")
-    scores = [(e["rpe_smoothed"], e.get("route") or "drop") for e in events
-              if e.get("rpe_smoothed") is not None and e.get("kind") in ("written", "dropped")]
-    if not scores:
+    from streams.respond.live import histogram_top
+
+    per = gate_scores(events)
+    tenants = sorted(per, key=lambda t: -len(per[t]))[:MAX_TENANT_PLOTS]
+    if not tenants:
+        fig, ax = _fig("Gate score by route, with the thresholds")
         _empty(ax, "no gate decisions on the memories topic yet")
         return _png(fig)
-    allv = np.array([s for s, _ in scores])
-    hi = float(np.quantile(allv, 0.995)) if len(allv) > 10 else float(allv.max())
-    bins = np.linspace(0.0, max(hi, 1e-6) * 1.05, 60)
-    stacks = [np.clip([s for s, r in scores if r == route], 0, bins[-1])
-              for route in ("drop", "buffer", "core")]
-    ax.hist(stacks, bins=bins, stacked=True, label=["drop", "buffer", "core"],
-            color=[ROUTE_COLORS[r] for r in ("drop", "buffer", "core")])
-    for i, (tenant, (lo, hi_t)) in enumerate(sorted(latest_thresholds(events).items())[:4]):
-        ax.axvline(lo, color="#1f77b4", ls="--", lw=1.2,
-                   label=f"theta_low {lo:.2f} ({tenant})" if i < 4 else None)
-        ax.axvline(hi_t, color="#9467bd", ls="-", lw=1.2,
-                   label=f"theta_high {hi_t:.2f} ({tenant})" if i < 4 else None)
-    ax.set_xlabel("rpe_smoothed (units of the tenant's RPE sigma)")
-    ax.set_ylabel("transitions")
-    ax.legend(fontsize=7)
+    th = latest_thresholds(events)
+    fig, axes = plt.subplots(len(tenants), 1, figsize=(8, 2.9 * len(tenants)), squeeze=False)
+    for ax, tenant in zip(axes[:, 0], tenants, strict=True):
+        scores = per[tenant]
+        lo, hi_t = th.get(tenant, (None, None))
+        top = histogram_top(sorted(v for v, _ in scores), hi_t)
+        bins = np.linspace(0.0, top, 41)
+        stacks = [np.clip([v for v, r in scores if r == route], 0, top) for route in
+                  ("drop", "buffer", "core")]  # fmt: skip
+        ax.hist(stacks, bins=bins, stacked=True, label=["drop", "buffer", "core"], log=True,
+                color=[ROUTE_COLORS[r] for r in ("drop", "buffer", "core")])  # fmt: skip
+        if lo is not None and hi_t is not None:
+            ax.axvline(lo, color="#1f77b4", ls="--", lw=1.4, label=f"theta_low {lo:.3f}")
+            ax.axvline(hi_t, color="#9467bd", ls="-", lw=1.4, label=f"theta_high {hi_t:.3f}")
+        beyond = sum(1 for v, _ in scores if v > top)
+        ax.set_title(f"{tenant}: {len(scores):,} decisions"
+                     + (f" ({beyond:,} above {top:.2f}, in the last bin)" if beyond else ""),
+                     fontsize=10)  # fmt: skip
+        ax.set_xlim(0, top)
+        ax.set_ylabel("transitions (log)")
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("gate score = max(extrinsic, w * intrinsic), the quantity the "
+                           "thresholds compare")  # fmt: skip
+    fig.suptitle("Gate score by route, with each tenant's current thresholds")
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -247,18 +369,42 @@ def _time_bins(ts: Sequence[int], n: int = 40) -> Any:
     return np.linspace(lo, hi if hi > lo else lo + 1000, n + 1)
 
 
-def _as_dates(ms: Any) -> Any:
-    import numpy as np
+def _as_dates(ms: Any) -> list[dt.datetime]:
+    """Epoch milliseconds as naive local datetimes (matplotlib's date axis)."""
+    return [dt.datetime.fromtimestamp(float(m) / 1000.0) for m in ms]
 
-    return np.array(ms, dtype="datetime64[ms]")
+
+def time_label(d: dt.datetime, span_ms: float) -> str:
+    """HH:MM:SS; tenths when the whole axis spans under 10 s."""
+    return d.strftime("%H:%M:%S") + (f".{d.microsecond // 100_000}" if span_ms < 10_000 else "")
+
+
+def _time_axis(ax: Any, ts_ms: Sequence[float]) -> None:
+    """Readable local-time ticks (not matplotlib's ``08:55.500000``)."""
+    import matplotlib.dates as mdates
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    span = (max(ts_ms) - min(ts_ms)) if ts_ms else 0.0
+
+    def fmt(x: float, _pos: int | None = None) -> str:
+        # the plotted datetimes are naive local times, which matplotlib keeps as if
+        # UTC: the wall-clock fields of num2date are the local time
+        return time_label(mdates.num2date(x), span)
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=7))
+    ax.xaxis.set_major_formatter(FuncFormatter(fmt))
+    ax.set_xlabel(f"local time ({time.strftime('%Z')}), HH:MM:SS")
 
 
 def plot_routes(events: Sequence[dict[str, Any]]) -> str:
     import numpy as np
 
     fig, ax = _fig("Routing decisions over time")
-    dec = [(e["ts"], e.get("route") or "drop") for e in events
-           if e.get("kind") in ("written", "dropped") and e.get("ts") is not None]
+    dec = [
+        (e["ts"], e.get("route") or "drop")
+        for e in events
+        if e.get("kind") in ("written", "dropped") and e.get("ts") is not None
+    ]
     if not dec:
         _empty(ax, "no gate decisions yet")
         return _png(fig)
@@ -268,12 +414,12 @@ def plot_routes(events: Sequence[dict[str, Any]]) -> str:
     mids = (edges[:-1] + edges[1:]) / 2
     for route in ("drop", "buffer", "core"):
         h, _ = np.histogram([t for t, r in dec if r == route], bins=edges)
-        ax.bar(_as_dates(mids), h, width=np.timedelta64(max(int(width), 1), "ms"),
-               bottom=bottom, color=ROUTE_COLORS[route], label=route)
+        ax.bar(_as_dates(mids), h, width=dt.timedelta(milliseconds=max(float(width), 1.0)),
+               bottom=bottom, color=ROUTE_COLORS[route], label=route)  # fmt: skip
         bottom += h
     ax.set_ylabel("transitions per bin")
     ax.legend(fontsize=8)
-    fig.autofmt_xdate()
+    _time_axis(ax, [float(edges[0]), float(edges[-1])])
     return _png(fig)
 
 
@@ -315,7 +461,7 @@ def plot_partitions(events: Sequence[dict[str, Any]]) -> str:
         ax.step(_as_dates(ts), ys, where="post", label=part, color=ROUTE_COLORS[part])
     ax.set_ylabel("memories")
     ax.legend(fontsize=8)
-    fig.autofmt_xdate()
+    _time_axis(ax, [float(ts[0]), float(ts[-1])])
     return _png(fig)
 
 
@@ -332,8 +478,11 @@ def plot_utility(utilities: Sequence[float], source: str) -> str:
 
 def bench_series(data: dict[str, Any]) -> dict[str, float]:
     """Throughput-like numbers of a bench result (keys ending in _tps)."""
-    return {k: float(v) for k, v in data.items()
-            if k.endswith("_tps") and isinstance(v, int | float) and v is not None}
+    return {
+        k: float(v)
+        for k, v in data.items()
+        if k.endswith("_tps") and isinstance(v, int | float) and v is not None
+    }
 
 
 def plot_bench(name: str, data: dict[str, Any]) -> str | None:
@@ -357,8 +506,22 @@ def _img(b64: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
 
 
-def _scalars(data: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(k, v) for k, v in data.items() if isinstance(v, str | int | float | bool)]
+def _scalars(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every scalar of a bench result, nested objects flattened to ``a.b``."""
+    out: list[tuple[str, Any]] = []
+    for k, v in data.items():
+        if isinstance(v, str | int | float | bool):
+            out.append((prefix + k, v))
+        elif isinstance(v, dict):
+            out += _scalars(v, f"{prefix}{k}.")
+    return out
+
+
+def _table_or(header: Sequence[str], rows: Sequence[Sequence[Any]], why_empty: str) -> str:
+    """A table, or one line saying why there is nothing to tabulate (never an empty table)."""
+    if not rows:
+        return f"<p class=note>no data because {html.escape(why_empty)}</p>"
+    return _table(header, rows)
 
 
 def render(data: ReportData, settings: Settings, title: str = "dmem report") -> str:
@@ -370,11 +533,15 @@ def render(data: ReportData, settings: Settings, title: str = "dmem report") -> 
     parts = []
     parts.append(f"<h1>{html.escape(title)}</h1>")
     parts.append(
-        f"<p class=meta>generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from broker "
+        f"<p class=meta>generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
+        f"{html.escape(data.source)}: broker "
         f"<code>{html.escape(settings.kafka.bootstrap)}</code>, topic "
         f"<code>{html.escape(settings.topic('memories'))}</code> ({len(ev):,} events) and "
         f"utility source {html.escape(data.utility_source)}.</p>"
     )
+    if data.up and data.up.get("ui"):
+        ui = html.escape(str(data.up["ui"]))
+        parts.append(f'<p class=meta>live page of this stack: <a href="{ui}">{ui}</a></p>')
     for n in data.notes:
         parts.append(f"<p class=note>{html.escape(n)}</p>")
     summary = [("gate decisions", f"{len(decisions):,}")]
@@ -387,22 +554,37 @@ def render(data: ReportData, settings: Settings, title: str = "dmem report") -> 
         )
     parts.append(_table(["", ""], summary))
     parts.append("<h2>Gate</h2>")
-    parts.append(_img(plot_rpe(ev), "RPE distribution with thresholds"))
+    parts.append(_img(plot_rpe(ev), "gate score distribution with thresholds"))
     parts.append(_img(plot_routes(ev), "routing decisions over time"))
-    parts.append(_table(["route: reason", "count"], sorted(reasons.items())))
+    parts.append(
+        _table_or(
+            ["route: reason", "count"],
+            sorted(reasons.items()),
+            "no gate decision is on the memories topic yet",
+        )
+    )
     parts.append("<h2>Store</h2>")
     parts.append(_img(plot_partitions(ev), "partition sizes over time"))
     parts.append(_img(plot_utility(data.utilities, data.utility_source), "utility distribution"))
     parts.append("<h2>Latest benchmarks</h2>")
     if not data.benches:
-        parts.append("<p class=note>no benchmark results found (run <code>dmem bench write "
-                     "--json</code>; results land in <code>.dmem-bench/</code>).</p>")
+        parts.append(
+            "<p class=note>no benchmark results found (run <code>dmem bench write "
+            "--json</code>; results land in <code>.dmem-bench/</code>).</p>"
+        )
     for name, b in data.benches:
         parts.append(f"<h3>{html.escape(name)}</h3>")
         img = plot_bench(name, b)
         if img:
             parts.append(_img(img, f"benchmark {name}"))
-        parts.append(_table(["measure", "value"], _scalars(b)))
+        kinds = ", ".join(sorted({type(v).__name__ for v in b.values()})) or "nothing"
+        parts.append(
+            _table_or(
+                ["measure", "value"],
+                _scalars(b),
+                f"this result holds no numbers or strings (only {kinds})",
+            )
+        )
     css = (
         "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
         "img{display:block;max-width:100%;margin:1em 0}table{border-collapse:collapse;"
@@ -435,10 +617,17 @@ def build_report(
     bench_dir: Path | None = DEFAULT_BENCH_DIR,
     max_events: int = 200_000,
     timeout_s: float = 30.0,
+    up: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Collect, render and write the report; returns a small summary."""
-    data = collect(settings, max_events=max_events, bench_json=bench_json,
-                   bench_dir=bench_dir, timeout_s=timeout_s)
+    data = collect(
+        settings,
+        max_events=max_events,
+        bench_json=bench_json,
+        bench_dir=bench_dir,
+        timeout_s=timeout_s,
+        up=up,
+    )
     page = render(data, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -452,7 +641,9 @@ def build_report(
         "routes": dict(by_route),
         "utilities": len(data.utilities),
         "utility_source": data.utility_source,
+        "source": data.source,
         "benches": [n for n, _ in data.benches],
+        "gate": gate_overview(data.events),
         "images": page.count("<img "),
         "bytes": len(page.encode()),
     }

@@ -73,8 +73,10 @@ class Authorizer:
         self.disabled = disabled
         self.tokens = tokens
         if not disabled and not tokens:
-            log.warning("HTTP auth is enabled but no tokens are configured: every /v1 request "
-                        "gets 401 (set DMEM_AUTH__TOKENS, or DMEM_AUTH__DISABLED=true locally)")
+            log.warning(
+                "HTTP auth is enabled but no tokens are configured: every /v1 request "
+                "gets 401 (set DMEM_AUTH__TOKENS, or DMEM_AUTH__DISABLED=true locally)"
+            )
 
     @classmethod
     def from_settings(cls, settings: object) -> Authorizer:
@@ -94,6 +96,17 @@ class Authorizer:
             if hmac.compare_digest(known.encode(), given):
                 found = tenants
         return found
+
+    def scope(self, header: str | None) -> frozenset[str] | None:
+        """The tenants an authenticated header may read; None = every tenant.
+
+        For listings (the live page's tenant table): call `check` first, an
+        unknown token gets the empty set here.
+        """
+        if self.disabled:
+            return None
+        tenants = self._lookup(header) or frozenset()
+        return None if ALL_TENANTS in tenants else tenants
 
     def check(self, header: str | None, tenant: str | None = None) -> Denied | None:
         """None when allowed; ``tenant=None`` only authenticates."""

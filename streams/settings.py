@@ -76,6 +76,10 @@ class RespondSettings(BaseModel):
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
     lambda_evidence: float = Field(default=0.1, ge=0.0, le=1.0,
                                    description="lambda once the semantic top-k are credited")
+    # the live page (streams.respond.live): newest MemoryEvents kept per tenant for
+    # its most recently active tenants; 0 turns the page's background consumer off
+    live_per_tenant: int = Field(default=2000, ge=0, le=100_000)
+    live_max_tenants: int = Field(default=64, ge=1, le=10_000)
 
 
 class JobsSettings(BaseModel):
@@ -220,6 +224,8 @@ class Settings(BaseSettings):
 
     app_id: str = "dmem"
     data_dir: Path = Path("dmem-data")
+    # where `dmem up` announces itself (streams.local.announce), found by `dmem report`
+    runtime_dir: Path = Path("~/.cache/dmem/up")
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
     log_level: Literal["debug", "info", "warn", "error", "crit"] = "warn"

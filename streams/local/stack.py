@@ -21,6 +21,7 @@ import orjson
 
 from schemas.errors import ServiceUnavailable
 from streams.admin import ensure_topics
+from streams.local.announce import announce_stack, withdraw
 from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
 from streams.settings import Settings
 
@@ -185,6 +186,7 @@ def run_up(data_dir: Path, as_json: bool) -> None:
     # one process with every role: Milvus Lite is a single-process file store
     stack = LocalStack(data_dir, roles=("all",))
     stopping = False
+    announced: list[Path] = []
 
     def _stop(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -201,11 +203,14 @@ def run_up(data_dir: Path, as_json: bool) -> None:
             "roles": list(stack.roles),
             "data_dir": str(stack.data_dir),
         }
+        info["ui"] = f"{info['http']}/ui/"  # the live page (streams.respond.ui)
+        announced = announce_stack(stack.settings, info)
         if as_json:
             print(orjson.dumps(info).decode(), flush=True)
         else:
             print(
                 f"kafka   {info['kafka']}\nmilvus  {info['milvus']}\nhttp    {info['http']}\n"
+                f"ui      {info['ui']}\n"
                 f"(Ctrl-C to stop; data kept in {info['data_dir']})",
                 flush=True,
             )
@@ -222,4 +227,5 @@ def run_up(data_dir: Path, as_json: bool) -> None:
                     break
             time.sleep(0.5)
     finally:
+        withdraw(announced)
         stack.stop()

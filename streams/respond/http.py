@@ -300,7 +300,11 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
                                         "total": sum(counts.values())})
 
     _ = (SearchView, MemoryView, ForgetView, StatsView)
+    from streams.respond.ui import wire_ui  # the live page: GET /ui/, GET /v1/live
+
+    live = wire_ui(app, settings, store, authorizer, denied, json_response)
     return lambda: {
         "answered": state["responder"].answered if state["responder"] else 0,
         "errors": state["errors"],
+        "live": live(),
     }

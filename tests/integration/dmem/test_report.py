@@ -14,10 +14,12 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -133,3 +135,76 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     _chromium([f"--screenshot={shot}", "--window-size=1100,2400", out.as_uri()], tmp_path)
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000  # a rendered page with plots, not a blank one
+
+
+def _chat_turns(n: int) -> list[Any]:
+    from dmem.client import ChatTurn
+
+    words = ("apple river castle dragon engine forest guitar harbor island jungle kettle lemon "
+             "mirror north ocean piano quartz rocket silver tiger").split()  # fmt: skip
+    return [ChatTurn("Ann" if i % 2 else "Bob",
+                     " ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 5)),
+                     ts=1_700_000_000_000 + i * 1000) for i in range(n)]  # fmt: skip
+
+
+def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
+    """`dmem report` with no DMEM_* deployment settings reports on the running `dmem up`:
+    its state file says where the broker is; the Lite file it holds is not scanned; the
+    chat tenant's gate scores (w * intrinsic, extrinsic 0) are what is plotted."""
+    from dmem.client import chat_transitions
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+    env.update(DMEM_RUNTIME_DIR=str(tmp_path / "run"), DMEM_ENCODER__NAME="hash",
+               PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+    data = tmp_path / "up"
+    up = subprocess.Popen([sys.executable, "-m", "dmem.cli", "up", "--data-dir", str(data),
+                           "--json"], env=env, stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)  # fmt: skip
+    try:
+        assert up.stdout is not None
+        info = orjson.loads(up.stdout.readline())
+        assert info["ui"] == info["http"] + "/ui/"
+        assert (data / "up.json").is_file() and len(list((tmp_path / "run").glob("*.json"))) == 1
+
+        async def publish() -> None:
+            p = AIOKafkaProducer(bootstrap_servers=info["kafka"])
+            await p.start()
+            chat = chat_transitions(_chat_turns(100), tenant="chat", conversation="c1", session=1)
+            grid = [tr for tr, _c, _p in q_learning_transitions("cliffwalking", 150, seed=3,
+                                                                 tenant="grid")]  # fmt: skip
+            for tr in chat + grid:
+                await p.send("dmem.transitions", encode(tr), key=tr.agent_id.encode())
+            await p.flush()
+            await p.stop()
+
+        asyncio.run(publish())
+        deadline = time.monotonic() + 240  # a loaded machine is slow
+        summary: dict[str, Any] = {}
+        while time.monotonic() < deadline and summary.get("events", 0) < 250:
+            proc = subprocess.run(
+                [sys.executable, "-m", "dmem.cli", "report", "--out", str(tmp_path / "r.html"),
+                 "--bench-dir", str(tmp_path / "none"), "--json"],
+                env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            summary = orjson.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(timeout=60)
+    assert summary["events"] >= 250 and "dmem up" in summary["source"], summary
+    assert summary["utility_source"].startswith("credit topic")
+    page = (tmp_path / "r.html").read_text()
+    assert "Milvus scan failed" not in page and info["ui"] in page
+    chat = summary["gate"]["chat"]
+    # not every score at 0 (routing varies with batching; off-context turns score 0)
+    assert chat["decisions"] == 100 and chat["nonzero"] >= 10, summary["gate"]
+    assert chat["theta_low"] <= chat["theta_high"] < chat["axis_top"]
+    for table in re.findall(r"<table>.*?</table>", page, flags=re.S):
+        assert "<td>" in table
+    # stopped: the state files are gone, and the report says exactly what to pass
+    assert not (data / "up.json").exists() and not list((tmp_path / "run").glob("*.json"))
+    proc = subprocess.run([sys.executable, "-m", "dmem.cli", "report", "--out",
+                           str(tmp_path / "r2.html")], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2
+    assert "--data-dir" in proc.stderr and "DMEM_KAFKA__BROKER" in proc.stderr

@@ -1,0 +1,131 @@
+"""`dmem report` without a stack: finding `dmem up`, time axes, tables, gate overview."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from dmem.report import ReportData, _fig, _time_axis, gate_overview, locate, render
+from schemas.errors import ConfigError
+from streams.local.announce import STATE_NAME, announce, client_env, running, withdraw
+from streams.settings import Settings
+
+
+@pytest.fixture
+def no_deployment_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for k in list(os.environ):
+        if k.startswith("DMEM_"):
+            monkeypatch.delenv(k)
+    run = tmp_path / "run"
+    monkeypatch.setenv("DMEM_RUNTIME_DIR", str(run))
+    return run
+
+
+@pytest.fixture
+def listening() -> Iterator[str]:
+    """A port that accepts connections, standing in for a running stack's broker."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+
+
+def state(data_dir: Path, kafka: str) -> dict[str, object]:
+    return {"kafka": kafka, "milvus": str(data_dir / "milvus.db"), "http": "http://127.0.0.1:1",
+            "ui": "http://127.0.0.1:1/ui/", "data_dir": str(data_dir), "topic_prefix": "x.",
+            "app_id": "up-app", "started_ms": 1}  # fmt: skip
+
+
+def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path,
+                                         listening: str) -> None:  # fmt: skip
+    with pytest.raises(ConfigError, match="no running `dmem up` found.*--data-dir"):
+        locate()
+    paths = announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", listening))
+    settings, up = locate()
+    assert up is not None and up["pid"] == os.getpid()
+    assert settings.kafka.bootstrap == listening
+    assert settings.milvus_uri == str(tmp_path / "d1" / "milvus.db")
+    assert settings.topic("memories") == "x.memories" and settings.app_id == "up-app"
+    # a second stack: the user has to choose, and is told the exact flags
+    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", listening))
+    (no_deployment_env / "999.json").write_bytes(
+        (no_deployment_env / "other" / f"{os.getpid()}.json").read_bytes()
+    )
+    with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: --data-d"):
+        locate()
+    assert locate(tmp_path / "d1")[1]["data_dir"] == str(tmp_path / "d1")  # --data-dir decides
+    withdraw(paths)
+    assert not (tmp_path / "d1" / STATE_NAME).exists()
+    with pytest.raises(ConfigError, match="no running `dmem up` on"):
+        locate(tmp_path / "d1")
+
+
+def test_stale_state_files_are_ignored(no_deployment_env: Path, tmp_path: Path,
+                                       listening: str) -> None:  # fmt: skip
+    no_deployment_env.mkdir(parents=True)
+    dead = {**state(tmp_path, listening), "pid": 2**22 + 12345}  # no such process
+    (no_deployment_env / "1.json").write_bytes(orjson.dumps(dead))
+    (no_deployment_env / "2.json").write_text("{broken")
+    reused = {**state(tmp_path, "127.0.0.1:1"), "pid": os.getpid()}  # pid alive, broker gone
+    (no_deployment_env / "3.json").write_bytes(orjson.dumps(reused))
+    assert running(no_deployment_env) == []
+    (no_deployment_env / "4.json").write_bytes(orjson.dumps({**reused, "kafka": listening}))
+    assert len(running(no_deployment_env)) == 1
+
+
+def test_explicit_settings_win(no_deployment_env: Path, monkeypatch: pytest.MonkeyPatch,
+                               tmp_path: Path) -> None:  # fmt: skip
+    announce(no_deployment_env, tmp_path, state(tmp_path, "h:1"))
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "kafka://elsewhere:9092")
+    settings, up = locate()
+    assert up is None and settings.kafka.bootstrap == "elsewhere:9092"
+    assert client_env(state(tmp_path, "h:1"))["DMEM_KAFKA__BROKER"] == "kafka://h:1"
+
+
+def test_time_axis_labels_are_clock_times() -> None:
+    import matplotlib.pyplot as plt
+
+    for span_s, pattern in ((600, r"^\d\d:\d\d:\d\d$"), (4, r"^\d\d:\d\d:\d\d\.\d$")):
+        fig, ax = _fig("t")
+        t0 = dt.datetime(2026, 12, 1, 8, 55, 0)
+        xs = [t0, t0 + dt.timedelta(seconds=span_s)]
+        ax.plot(xs, [0, 1])
+        _time_axis(ax, [0.0, span_s * 1000.0])
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        plt.close(fig)
+        assert len(labels) >= 3 and all(re.match(pattern, x) for x in labels), labels
+        if span_s == 600:
+            assert labels[0].startswith("08:5")  # the wall clock, not shifted by a zone
+
+
+def test_render_has_no_empty_tables() -> None:
+    data = ReportData(benches=[
+        ("credit.json", {"result": {"hybrid_success": 0.8, "episodes": 300},
+                         "curves": {"hybrid": [0, 1]}}),
+        ("curves.json", {"curves": {"hybrid": [0, 1]}}),
+    ])  # fmt: skip
+    page = render(data, Settings())
+    for table in re.findall(r"<table>.*?</table>", page, flags=re.S):
+        assert "<td>" in table, table
+    assert "result.hybrid_success" in page  # nested results are flattened, not dropped
+    assert "no data because this result holds no numbers or strings (only dict)" in page
+    assert "no data because no gate decision is on the memories topic yet" in page
+
+
+def test_gate_overview_plots_the_gate_score() -> None:
+    # a chat: extrinsic 0, the gate score (rpe_smoothed) is w * intrinsic
+    events = [{"kind": "dropped" if i % 2 else "written", "tenant": "chat", "route":
+               "drop" if i % 2 else "buffer", "rpe_smoothed": 0.1 * (i % 20), "theta_low": 0.7,
+               "theta_high": 1.2, "rpe": 0.0, "ts": i} for i in range(100)]  # fmt: skip
+    g = gate_overview(events)["chat"]
+    assert g["decisions"] == 100 and g["nonzero"] == 95
+    assert (g["theta_low"], g["theta_high"]) == (0.7, 1.2)
+    assert g["axis_top"] == pytest.approx(2.4)  # 2 x theta_high: the thresholds are in view
