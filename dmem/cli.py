@@ -196,12 +196,15 @@ def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | N
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
-def up(data_dir: Path, as_json: bool) -> None:
-    """Run the local stack (embedded broker, Milvus Lite, workers) until Ctrl-C."""
+@click.option("--milvus", type=click.Choice(["auto", "server", "lite"]), default="auto",
+              show_default=True,
+              help="auto: the embedded Milvus server when installed (indexed), else Lite")
+def up(data_dir: Path, as_json: bool, milvus: str) -> None:
+    """Run the local stack (embedded broker, Milvus, workers) until Ctrl-C."""
     from streams.local.stack import run_up
 
     try:
-        run_up(data_dir=data_dir, as_json=as_json)
+        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus)
     except DmemError as exc:
         _fail(exc)
 
