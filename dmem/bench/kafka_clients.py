@@ -81,16 +81,26 @@ def kcat_command(scratch: Path) -> Kcat | str:
         return Kcat(exe, {}, sys_v, sys_v)
     lib = bundled_librdkafka_dir(scratch)
     if lib is None:
-        return (f"kcat links librdkafka {sys_v} (< 2.2.0: cannot parse Tansu's ApiVersions) "
-                "and no newer librdkafka is available (pip install confluent-kafka)")
+        return (
+            f"kcat links librdkafka {sys_v} (< 2.2.0: cannot parse Tansu's ApiVersions) "
+            "and no newer librdkafka is available (pip install confluent-kafka)"
+        )
     env = {"LD_LIBRARY_PATH": str(lib)}
-    v = _version(subprocess.run([exe, "-V"], capture_output=True, text=True,
-                                env={**os.environ, **env}).stdout)
+    v = _version(
+        subprocess.run(
+            [exe, "-V"], capture_output=True, text=True, env={**os.environ, **env}
+        ).stdout
+    )
     return Kcat(exe, env, v, sys_v)
 
 
-def kcat_produce(kcat: Kcat, bootstrap: str, topic: str, lines: Sequence[tuple[str, str]],
-                 timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def kcat_produce(
+    kcat: Kcat,
+    bootstrap: str,
+    topic: str,
+    lines: Sequence[tuple[str, str]],
+    timeout_s: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
     """``key<TAB>value`` lines through ``kcat -P -K<TAB>`` (acks=all)."""
     body = "".join(f"{k}\t{v}\n" for k, v in lines)
     return subprocess.run(
@@ -102,17 +112,23 @@ def kcat_produce(kcat: Kcat, bootstrap: str, topic: str, lines: Sequence[tuple[s
 
 
 def system_kcat_error(bootstrap: str, topic: str, timeout_s: float = 20.0) -> str | None:
-    """Run the system kcat as is; its error text when it fails, None when it works."""
+    """Run the system kcat as is; its stderr when it fails, None when it works."""
     exe = shutil.which("kcat") or shutil.which("kafkacat")
     if exe is None:
         return "kcat not installed"
-    r = subprocess.run([exe, "-P", "-b", bootstrap, "-t", topic], input="probe\n",
-                       capture_output=True, text=True, timeout=timeout_s)
-    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["failed"])[-1]
+    r = subprocess.run(
+        [exe, "-P", "-b", bootstrap, "-t", topic],
+        input="probe\n",
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    return None if r.returncode == 0 else (r.stderr.strip() or "failed")
 
 
-def confluent_produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]],
-                      timeout_s: float = 30.0) -> int:
+def confluent_produce(
+    bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]], timeout_s: float = 30.0
+) -> int:
     """Produce with confluent-kafka (acks=all); returns how many were acknowledged."""
     from confluent_kafka import Producer
 
@@ -129,13 +145,20 @@ def confluent_produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes,
     return len(acked)
 
 
-def confluent_consume(bootstrap: str, topic: str, group: str, n: int,
-                      timeout_s: float = 30.0) -> tuple[int, float]:
+def confluent_consume(
+    bootstrap: str, topic: str, group: str, n: int, timeout_s: float = 30.0
+) -> tuple[int, float]:
     """Read ``n`` records in a consumer group; returns (read, seconds to the first)."""
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                  "auto.offset.reset": "earliest", **CONSUMER_CONF})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            **CONSUMER_CONF,
+        }
+    )
     c.subscribe([topic])
     t0 = time.monotonic()
     first = -1.0

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -235,9 +236,11 @@ def tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def first_screen(info: dict[str, object]) -> str:
+def first_screen(info: Mapping[str, object]) -> str:
     """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
     http, kafka = info["http"], info["kafka"]
+    one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'
+           '"observation":"door is open","action":"walk"}')  # fmt: skip
     return f"""dmem is up
   kafka   {kafka}   (topic dmem.transitions, key = agent_id)
   http    {http}   (OpenAPI: {http}/openapi.json)
@@ -252,7 +255,7 @@ Publish a transition
            c = SyncDmemClient("{kafka}", tenant="t1", http_url="{http}")
            c.publish(Transition(tenant="t1", agent_id="a1", episode_id="e1", step=0,
                                 observation="door is locked", action="use key", reward=1.0))
-  kcat:    echo '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,"observation":"door is locked","action":"use key"}}' \\
+  kcat:    echo '{one}' \\
              | kcat -P -b {kafka} -t dmem.transitions -k a1
            (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
             see README "Clients"; use curl then)

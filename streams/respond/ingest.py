@@ -83,8 +83,9 @@ class IngestKind:
     def key(self, rec: BaseModel) -> str:
         if isinstance(rec, Transition):
             return rec.agent_id
+        tenant: str = rec.tenant  # type: ignore[attr-defined]
         return str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", None)
-                   or getattr(rec, "tenant"))  # fmt: skip
+                   or tenant)  # fmt: skip
 
     def ident(self, rec: BaseModel) -> str:
         return str(getattr(rec, self.id_field))
@@ -130,8 +131,15 @@ def _ndjson(body: bytes, max_records: int) -> list[Any]:
         try:
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
-            errors.append({"index": len(items) + len(errors), "line": n + 1, "loc": [],
-                           "msg": f"malformed JSON: {exc}", "type": "json_invalid"})
+            errors.append(
+                {
+                    "index": len(items) + len(errors),
+                    "line": n + 1,
+                    "loc": [],
+                    "msg": f"malformed JSON: {exc}",
+                    "type": "json_invalid",
+                }
+            )
     if errors:
         raise IngestRejected(422, "invalid records", errors)
     return items
@@ -143,15 +151,27 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
     errors: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            errors.append({"index": i, "loc": [], "msg": "a record must be a JSON object",
-                           "type": "model_type"})
+            errors.append(
+                {
+                    "index": i,
+                    "loc": [],
+                    "msg": "a record must be a JSON object",
+                    "type": "model_type",
+                }
+            )
             continue
         try:
             rec = kind.model.model_validate(item)
         except ValidationError as exc:
             for e in json.loads(exc.json(include_url=False, include_input=False)):
-                errors.append({"index": i, "loc": e.get("loc", []), "msg": e.get("msg", ""),
-                               "type": e.get("type", "")})
+                errors.append(
+                    {
+                        "index": i,
+                        "loc": e.get("loc", []),
+                        "msg": e.get("msg", ""),
+                        "type": e.get("type", ""),
+                    }
+                )
             continue
         if getattr(rec, kind.id_field) is None:
             setattr(rec, kind.id_field, uuid.uuid4().hex)
@@ -200,7 +220,9 @@ class IngestProducer(Service):
                 from streams.admin import kafka_client_kwargs
 
                 p = AIOKafkaProducer(
-                    acks="all", linger_ms=2, max_request_size=self.cfg.max_body_bytes + 65536,
+                    acks="all",
+                    linger_ms=2,
+                    max_request_size=self.cfg.max_body_bytes + 65536,
                     request_timeout_ms=int(self.cfg.ack_timeout_s * 1000),
                     **kafka_client_kwargs(self.settings.kafka),
                 )
@@ -223,15 +245,19 @@ class IngestProducer(Service):
         Raises `IngestRejected` 429 (budget full) or 503 (broker away / no ack in time).
         """
         if not self.budget.take(len(records)):
-            raise IngestRejected(429, f"ingest budget full ({self.budget.used} of "
-                                      f"{self.budget.limit} records awaiting the broker)")
+            raise IngestRejected(
+                429,
+                f"ingest budget full ({self.budget.used} of "
+                f"{self.budget.limit} records awaiting the broker)",
+            )
         try:
             await asyncio.wait_for(self._send(topic, records), self.cfg.ack_timeout_s)
         except Exception as exc:  # noqa: BLE001 - every broker failure is a 503
             self.unavailable += 1
             log.warning("ingest to %s failed: %r", topic, exc)
-            raise IngestRejected(503, f"broker unavailable: {str(exc) or type(exc).__name__}"
-                                 ) from exc
+            raise IngestRejected(
+                503, f"broker unavailable: {str(exc) or type(exc).__name__}"
+            ) from exc
         finally:
             self.budget.give(len(records))
         self.accepted += len(records)
@@ -264,7 +290,8 @@ def wire_ingest(
             resp.headers["Retry-After"] = str(cfg.retry_after_s)
         return resp
 
-    async def read_bounded(request: Request) -> bytes:
+    async def read_bounded(request: Any) -> bytes:
+        """The body, at most ``max_body_bytes`` (an aiohttp request under faust's view)."""
         length = request.content_length
         if length is not None and length > cfg.max_body_bytes:
             raise IngestRejected(413, f"body of {length} bytes; at most {cfg.max_body_bytes}")
@@ -277,18 +304,21 @@ def wire_ingest(
         if (no := denied(view, request)) is not None:
             return no
         try:
-            items = parse_body(await read_bounded(request), request.content_type,
-                               cfg.max_batch)
+            items = parse_body(
+                await read_bounded(request), request.headers.get("Content-Type"), cfg.max_batch
+            )
             recs = validate(items, kind)
-            for tenant in sorted({str(getattr(r, "tenant")) for r in recs}):
+            for tenant in sorted({str(r.tenant) for r in recs}):  # type: ignore[attr-defined]
                 if (no := denied(view, request, tenant)) is not None:
                     return no
-            await producer.produce(settings.topic(kind.topic),
-                                   [(kind.key(r).encode(), encode(r)) for r in recs])
+            await producer.produce(
+                settings.topic(kind.topic), [(kind.key(r).encode(), encode(r)) for r in recs]
+            )
         except IngestRejected as exc:
             return rejected(view, exc)
-        out = IngestAccepted(accepted=len(recs), ids=[kind.ident(r) for r in recs],
-                             topic=settings.topic(kind.topic))
+        out = IngestAccepted(
+            accepted=len(recs), ids=[kind.ident(r) for r in recs], topic=settings.topic(kind.topic)
+        )
         return json_response(view, out.model_dump(mode="json"), 202)
 
     def route(kind: IngestKind) -> type[View]:

@@ -65,8 +65,9 @@ def _errors(*codes: int) -> dict[str, Any]:
     for c in codes:
         out[str(c)] = {"description": why[c], "content": _json(_ref(ErrorBody))}
         if c in (429, 503):
-            out[str(c)]["headers"] = {"Retry-After": {"schema": {"type": "integer"},
-                                                      "description": "seconds"}}
+            out[str(c)]["headers"] = {
+                "Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}
+            }
     return out
 
 
@@ -101,15 +102,26 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
 
     _, defs = models_json_schema(_MODELS, ref_template=REF, by_alias=True)
     components = defs.get("$defs", {})
-    memory = {"type": "object", "additionalProperties": True,
-              "description": "a stored memory row (without its vector)"}
-    stats = {"type": "object", "properties": {
-        "tenant": {"type": "string"}, "core": {"type": "integer"},
-        "buffer": {"type": "integer"}, "total": {"type": "integer"}}}
-    forgotten = {"type": "object", "properties": {
-        "tenant": {"type": "string"}, "forgotten": {"type": "integer"}}}
+    memory = {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "a stored memory row (without its vector)",
+    }
+    stats = {
+        "type": "object",
+        "properties": {
+            "tenant": {"type": "string"},
+            "core": {"type": "integer"},
+            "buffer": {"type": "integer"},
+            "total": {"type": "integer"},
+        },
+    }
+    forgotten = {
+        "type": "object",
+        "properties": {"tenant": {"type": "string"}, "forgotten": {"type": "integer"}},
+    }
     mid = {"name": "memory_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    sec = [{"bearer": []}]
+    sec: list[dict[str, list[str]]] = [{"bearer": []}]
     paths: dict[str, Any] = {
         "/v1/transitions": _ingest(Transition, "transitions", settings.ingest.max_batch),
         "/v1/outcomes": _ingest(EpisodeOutcome, "episode outcomes", settings.ingest.max_batch),
@@ -148,8 +160,11 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }  # fmt: skip
     return {
         "openapi": "3.1.0",
-        "info": {"title": "dmem respond API", "version": __version__,
-                 "description": "Search, read, forget and publish memories over HTTP."},
+        "info": {
+            "title": "dmem respond API",
+            "version": __version__,
+            "description": "Search, read, forget and publish memories over HTTP.",
+        },
         "paths": paths,
         "components": {
             "schemas": components,
