@@ -282,6 +282,34 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
         _fail(exc)
 
 
+@bench.command("embedded")
+@click.option("--memories", type=click.IntRange(1), default=10_000, show_default=True,
+              help="memories the tenant must hold (loaded through HTTP ingest)")
+@click.option("--queries", type=click.IntRange(1), default=200, show_default=True,
+              help="sequential HTTP searches (k=5) per repeat")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
+              help="transitions per POST /v1/transitions")
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default=None,
+              help="worker encoder [default: the worker's default, as `dmem up`]")
+@click.option("--milvus", type=click.Choice(["auto", "server", "lite"]), default="auto",
+              show_default=True, help="as `dmem up --milvus`")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch: int,
+                   encoder: str | None, milvus: str, as_json: bool) -> None:
+    """The `dmem up` stack: HTTP ingest, search latency, librdkafka clients, OpenAPI, page."""
+    from dmem.bench.embedded import EmbeddedConfig
+    from dmem.bench.embedded import main as run_embedded
+
+    cfg = EmbeddedConfig(memories=memories, queries=queries, repeats=repeats, warmup=warmup,
+                         batch=batch, encoder=encoder, milvus=milvus)
+    try:
+        run_embedded(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
 @bench.command("write")
 @click.option("--transitions", type=click.IntRange(1), default=50_000, show_default=True)
 @click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default="hash",

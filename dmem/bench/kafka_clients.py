@@ -42,7 +42,7 @@ class Kcat:
 
 
 def _version(text: str) -> str:
-    m = re.search(r"librdkafka version ([0-9][0-9.]*)", text)
+    m = re.search(r"librdkafka (?:version )?v?([0-9][0-9.]*[0-9])", text)
     return m.group(1) if m else "unknown"
 
 

@@ -295,7 +295,15 @@ def wire_ingest(
         length = request.content_length
         if length is not None and length > cfg.max_body_bytes:
             raise IngestRejected(413, f"body of {length} bytes; at most {cfg.max_body_bytes}")
-        body = await request.content.read(cfg.max_body_bytes + 1)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= cfg.max_body_bytes:  # read() answers what has arrived: loop to EOF
+            chunk = await request.content.read(cfg.max_body_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        body = b"".join(chunks)
         if len(body) > cfg.max_body_bytes:
             raise IngestRejected(413, f"body over {cfg.max_body_bytes} bytes")
         return body

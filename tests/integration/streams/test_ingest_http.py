@@ -125,6 +125,8 @@ def wait_stored(stack: LocalStack, tenant: str, memory_id: str, timeout_s: float
 
 def test_ingest_forms_ack_ids_and_store(stack: LocalStack) -> None:
     recs = episode("alpha", "ep-http", n=BATCH)
+    for r in recs[5:]:  # a body of several socket reads (~100 kB)
+        r["observation"] += " " + "far " * 1500
     code, body, _ = call(
         stack, "POST", "/v1/transitions", json.dumps(recs).encode(), token="tok-alpha"
     )
