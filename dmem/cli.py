@@ -265,17 +265,19 @@ def bench() -> None:
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True,
               help="untimed requests per transport before measuring")
+@click.option("--embedded", is_flag=True,
+              help="also measure the stack `dmem up` starts (loaded through HTTP ingest)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
                     envs: tuple[str, ...], steps: int, seed: int, warmup: int,
-                    as_json: bool) -> None:
+                    embedded: bool, as_json: bool) -> None:
     """Read-path latency (Kafka, HTTP, raw Milvus) and critical-event probe quality."""
     from dmem.bench.retrieval import BenchConfig
     from dmem.bench.retrieval import main as run_bench
 
     cfg = BenchConfig(memories=memories, requests=requests, repeats=repeats, encoder=encoder,
                       envs=envs or ("cliffwalking", "taxi"), steps=steps, seed=seed,
-                      warmup=warmup)
+                      warmup=warmup, embedded=embedded)
     try:
         run_bench(cfg, as_json)
     except DmemError as exc:

@@ -83,7 +83,7 @@ class IngestSettings(BaseModel):
 
     max_batch: int = Field(default=1000, ge=1, le=100_000,
                            description="most records one POST may carry (else 413)")
-    max_body_bytes: int = Field(default=16 << 20, ge=1024,
+    max_body_bytes: int = Field(default=8 << 20, ge=1024,
                                 description="largest request body (else 413)")
     max_inflight: int = Field(default=5000, ge=1, description="records produced and not yet "
                               "acknowledged by the broker, all requests together (else 429)")
