@@ -169,7 +169,7 @@ def check_clients(cfg: EmbeddedConfig, stack: Any, scratch: Path) -> dict[str, A
         out["kcat_system"] = {
             "librdkafka": kcat.system_librdkafka,
             "ok": err is None,
-            "error": (err or "").splitlines()[-1:],
+            "error": _first_error(err),
         }
         recs = [Transition.model_validate(r) for r in transitions(
             cfg.interop_n, 0, "bench-kcat", cfg.seed, "kc")]  # fmt: skip
