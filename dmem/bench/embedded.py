@@ -49,8 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.common import cleanup_on_signals, emit_json, machine_info, note, summarize_ms
-from dmem.bench.retrieval import NOTE_OBJECTS, NOTE_SUBJECTS, NOTE_VERBS
+from dmem.bench.common import (
+    NOTE_OBJECTS,
+    NOTE_SUBJECTS,
+    NOTE_VERBS,
+    cleanup_on_signals,
+    emit_json,
+    machine_info,
+    note,
+    summarize_ms,
+)
 from dmem.wait import wait_settled
 
 TENANT = "bench-embedded"
@@ -62,7 +70,7 @@ def agent_note(rng: np.random.Generator) -> str:
 
     Distinct enough for MiniLM that neither dedup (cosine >= 0.98) nor the gate's
     near-repeat discount (>= 0.9) folds them: measured max pairwise cosine 0.78 over
-    300 notes. (`dmem.bench.retrieval`'s notes differ only in a number, which MiniLM
+    300 notes. (`dmem bench retrieval`'s notes differ only in a number, which MiniLM
     barely sees: 4,000 of them left 96 memories.)
     """
 

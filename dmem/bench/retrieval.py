@@ -64,6 +64,9 @@ from typing import Any
 import numpy as np
 
 from dmem.bench.common import (
+    NOTE_OBJECTS,
+    NOTE_SUBJECTS,
+    NOTE_VERBS,
     Progress,
     cleanup_on_signals,
     emit_json,
@@ -78,19 +81,6 @@ from operators.encoders import encoder_dim
 LOAD_TENANT = "bench-load"
 QUALITY_BATCH = 256  # write-path micro-batch, as in `dmem demo`
 LOAD_ACTIONS = ("search", "open", "ask", "plan", "summarise", "click", "reply", "wait")
-NOTE_SUBJECTS = (
-    "user", "customer", "planner", "tool call", "web page", "calendar", "inventory",
-    "shopping cart", "support ticket", "email thread", "database query", "api response",
-)  # fmt: skip
-NOTE_VERBS = (
-    "asked about", "failed on", "returned", "mentioned", "rejected", "confirmed",
-    "timed out on", "updated", "cancelled", "requested a refund for", "scheduled",
-)  # fmt: skip
-NOTE_OBJECTS = (
-    "the budget", "order", "flight", "invoice", "the deadline", "password reset",
-    "room booking", "shipment", "the quarterly report", "a discount code", "meeting",
-    "the red door", "the blue key", "the north corridor", "a locked chest",
-)  # fmt: skip
 DAY_MS = 24 * 3600 * 1000
 
 

@@ -15,6 +15,7 @@ Decisions:
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from pydantic import BaseModel
@@ -98,8 +99,10 @@ def _tenant_param() -> dict[str, Any]:
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
-    from dmem import __version__
-
+    try:
+        version = metadata.version("dmem")
+    except metadata.PackageNotFoundError:  # a source tree without an install
+        version = "0"
     _, defs = models_json_schema(_MODELS, ref_template=REF, by_alias=True)
     components = defs.get("$defs", {})
     memory = {
@@ -162,7 +165,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "dmem respond API",
-            "version": __version__,
+            "version": version,
             "description": "Search, read, forget and publish memories over HTTP.",
         },
         "paths": paths,
