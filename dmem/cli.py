@@ -196,12 +196,15 @@ def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | N
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
-def up(data_dir: Path, as_json: bool) -> None:
-    """Run the local stack (embedded broker, Milvus Lite, workers) until Ctrl-C."""
+@click.option("--milvus", type=click.Choice(["auto", "server", "lite"]), default="auto",
+              show_default=True,
+              help="auto: the embedded Milvus server when installed (indexed), else Lite")
+def up(data_dir: Path, as_json: bool, milvus: str) -> None:
+    """Run the local stack (embedded broker, Milvus, workers) until Ctrl-C."""
     from streams.local.stack import run_up
 
     try:
-        run_up(data_dir=data_dir, as_json=as_json)
+        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus)
     except DmemError as exc:
         _fail(exc)
 
@@ -273,20 +276,50 @@ BACKEND_OPTION = click.option(
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True,
               help="untimed requests per transport before measuring")
+@click.option("--embedded", is_flag=True,
+              help="also measure the stack `dmem up` starts (loaded through HTTP ingest)")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
                     envs: tuple[str, ...], steps: int, seed: int, warmup: int,
-                    backend: str, as_json: bool) -> None:
+                    embedded: bool, backend: str, as_json: bool) -> None:
     """Read-path latency (Kafka, HTTP, raw Milvus) and critical-event probe quality."""
     from dmem.bench.retrieval import BenchConfig
     from dmem.bench.retrieval import main as run_bench
 
     cfg = BenchConfig(memories=memories, requests=requests, repeats=repeats, encoder=encoder,
                       envs=envs or ("cliffwalking", "taxi"), steps=steps, seed=seed,
-                      warmup=warmup, backend=backend)
+                      warmup=warmup, embedded=embedded, backend=backend)
     try:
         run_bench(cfg, as_json)
+    except DmemError as exc:
+        _fail(exc)
+
+
+@bench.command("embedded")
+@click.option("--memories", type=click.IntRange(1), default=10_000, show_default=True,
+              help="memories the tenant must hold (loaded through HTTP ingest)")
+@click.option("--queries", type=click.IntRange(1), default=200, show_default=True,
+              help="sequential HTTP searches (k=5) per repeat")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
+              help="transitions per POST /v1/transitions")
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default=None,
+              help="worker encoder [default: the worker's default, as `dmem up`]")
+@click.option("--milvus", type=click.Choice(["auto", "server", "lite"]), default="auto",
+              show_default=True, help="as `dmem up --milvus`")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch: int,
+                   encoder: str | None, milvus: str, as_json: bool) -> None:
+    """The `dmem up` stack: HTTP ingest, search latency, librdkafka clients, OpenAPI, page."""
+    from dmem.bench.embedded import EmbeddedConfig
+    from dmem.bench.embedded import main as run_embedded
+
+    cfg = EmbeddedConfig(memories=memories, queries=queries, repeats=repeats, warmup=warmup,
+                         batch=batch, encoder=encoder, milvus=milvus)
+    try:
+        run_embedded(cfg, as_json)
     except DmemError as exc:
         _fail(exc)
 

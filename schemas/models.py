@@ -415,3 +415,19 @@ class MemoryRecord(BaseModel):
     created_ts: int
     last_access_ts: int
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class IngestAccepted(BaseModel):
+    """The 202 answer of HTTP ingest (``POST /v1/transitions|outcomes|feedback``):
+    every record was acknowledged by the broker (acks=all) before this was sent."""
+
+    accepted: int
+    ids: list[str] = Field(description="transition_id / outcome_id / feedback_id, in order")
+    topic: str
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every HTTP error: a message, and for 422 every reason."""
+
+    error: str
+    detail: list[dict[str, Any]] | None = None

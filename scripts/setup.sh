@@ -26,6 +26,11 @@ fi
 if ! command -v java >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
 fi
+# kcat for the librdkafka interop test and `dmem bench embedded` (Debian's package;
+# only when missing and only as root, as in CI; elsewhere kcat_ok reports its absence).
+if ! command -v kcat >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends kcat
+fi
 # Headless Chromium for the HTML report test (Debian's package; only when missing
 # and only as root, as in CI; elsewhere the test skips with a hint).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -82,6 +82,27 @@ class RespondSettings(BaseModel):
     live_max_tenants: int = Field(default=64, ge=1, le=10_000)
 
 
+class IngestSettings(BaseModel):
+    """HTTP ingest on the respond role (`streams.respond.ingest`, ``DMEM_INGEST__*``)."""
+
+    max_batch: int = Field(default=1000, ge=1, le=100_000,
+                           description="most records one POST may carry (else 413)")
+    max_body_bytes: int = Field(default=8 << 20, ge=1024,
+                                description="largest request body (else 413)")
+    max_inflight: int = Field(default=5000, ge=1, description="records produced and not yet "
+                              "acknowledged by the broker, all requests together (else 429)")
+    ack_timeout_s: float = Field(default=10.0, gt=0.0,
+                                 description="wait for the broker's acks=all before 503")
+    retry_after_s: int = Field(default=2, ge=1, description="Retry-After of a 429/503")
+
+    @model_validator(mode="after")
+    def _fits(self) -> IngestSettings:
+        if self.max_batch > self.max_inflight:
+            raise ValueError(f"ingest max_batch ({self.max_batch}) must not exceed "
+                             f"max_inflight ({self.max_inflight}): such a batch never fits")
+        return self
+
+
 class JobsSettings(BaseModel):
     credit_gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
@@ -238,6 +259,7 @@ class Settings(BaseSettings):
     intrinsic: IntrinsicSettings = Field(default_factory=IntrinsicSettings)
     write: WriteSettings = Field(default_factory=WriteSettings)
     respond: RespondSettings = Field(default_factory=RespondSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)

@@ -31,6 +31,9 @@ from typing import Any, TextIO
 import orjson
 
 __all__ = [
+    "NOTE_OBJECTS",
+    "NOTE_SUBJECTS",
+    "NOTE_VERBS",
     "Progress",
     "cleanup_on_signals",
     "publish_lockstep",
@@ -43,6 +46,22 @@ __all__ = [
     "summarize_ms",
     "timed",
 ]
+
+
+# Words of the synthetic agent notes (`dmem bench retrieval`, `dmem bench embedded`).
+NOTE_SUBJECTS = (
+    "user", "customer", "planner", "tool call", "web page", "calendar", "inventory",
+    "shopping cart", "support ticket", "email thread", "database query", "api response",
+)  # fmt: skip
+NOTE_VERBS = (
+    "asked about", "failed on", "returned", "mentioned", "rejected", "confirmed",
+    "timed out on", "updated", "cancelled", "requested a refund for", "scheduled",
+)  # fmt: skip
+NOTE_OBJECTS = (
+    "the budget", "order", "flight", "invoice", "the deadline", "password reset",
+    "room booking", "shipment", "the quarterly report", "a discount code", "meeting",
+    "the red door", "the blue key", "the north corridor", "a locked chest",
+)  # fmt: skip
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -64,6 +64,9 @@ from typing import Any
 import numpy as np
 
 from dmem.bench.common import (
+    NOTE_OBJECTS,
+    NOTE_SUBJECTS,
+    NOTE_VERBS,
     Progress,
     cleanup_on_signals,
     emit_json,
@@ -78,19 +81,6 @@ from operators.encoders import encoder_dim
 LOAD_TENANT = "bench-load"
 QUALITY_BATCH = 256  # write-path micro-batch, as in `dmem demo`
 LOAD_ACTIONS = ("search", "open", "ask", "plan", "summarise", "click", "reply", "wait")
-NOTE_SUBJECTS = (
-    "user", "customer", "planner", "tool call", "web page", "calendar", "inventory",
-    "shopping cart", "support ticket", "email thread", "database query", "api response",
-)  # fmt: skip
-NOTE_VERBS = (
-    "asked about", "failed on", "returned", "mentioned", "rejected", "confirmed",
-    "timed out on", "updated", "cancelled", "requested a refund for", "scheduled",
-)  # fmt: skip
-NOTE_OBJECTS = (
-    "the budget", "order", "flight", "invoice", "the deadline", "password reset",
-    "room booking", "shipment", "the quarterly report", "a discount code", "meeting",
-    "the red door", "the blue key", "the north corridor", "a locked chest",
-)  # fmt: skip
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -108,6 +98,7 @@ class BenchConfig:
     load_batch: int = 2000
     timeout_s: float = 10.0
     backend: str = "embedded"  # or "containers": Apache Kafka + Milvus standalone
+    embedded: bool = False  # also measure `dmem up`'s default stack (dmem.bench.embedded)
 
     @property
     def dim(self) -> int:
@@ -668,8 +659,28 @@ def print_report(r: dict[str, Any]) -> None:
                 [[name, "yes" if ok else "NO"] for name, ok in checks])
 
 
+EMBEDDED_KEYS = ("milvus_mode", "memories", "ingest_per_s", "search_p50_ms", "search_p99_ms",
+                 "server_took_p50_ms", "encode_p50_ms", "milvus_p50_ms")  # fmt: skip
+
+
+def run_embedded_block(cfg: BenchConfig) -> dict[str, Any]:
+    """`--embedded`: the same search load on the stack `dmem up` starts (its default
+    Milvus), loaded through HTTP ingest: `dmem.bench.embedded`, figures side by side."""
+    from dmem.bench.embedded import EmbeddedConfig, run_embedded
+
+    r = run_embedded(EmbeddedConfig(memories=cfg.memories, queries=cfg.requests,
+                                    repeats=cfg.repeats, warmup=cfg.warmup,
+                                    encoder=cfg.encoder, seed=cfg.seed))  # fmt: skip
+    return {k: r.get(k) for k in EMBEDDED_KEYS}
+
+
 def main(cfg: BenchConfig, as_json: bool) -> dict[str, Any]:
     result = run_retrieval(cfg)
+    if cfg.embedded:
+        emb = result["embedded"] = run_embedded_block(cfg)
+        note(f"embedded default ({emb['milvus_mode']}): HTTP search p50 "
+             f"{emb['search_p50_ms']} ms, p99 {emb['search_p99_ms']} ms at "
+             f"{emb['memories']:,} memories; server stack: HTTP p50 {result['http_p50_ms']} ms")
     print_report(result)
     note(f"done in {result['elapsed_s']:.0f}s")
     if as_json:

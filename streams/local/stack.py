@@ -1,9 +1,25 @@
-"""The embedded local stack: Tansu broker + Milvus Lite + worker processes.
+"""The embedded local stack: Tansu broker + Milvus (Lite or server) + worker processes.
 
 Used by `dmem up` (developers of agents), `dmem demo` and the integration tests.
 Workers run as subprocesses (`python -m streams.worker`) configured only by
 environment variables, exactly like a production deployment; this keeps the
 Milvus Lite file owned by one process at a time.
+
+Milvus (``LocalStack(milvus=...)``):
+- ``"lite"``: a Milvus Lite file under the data dir (``dmem demo``, most tests:
+  nothing to start).
+- ``"server"``: the embedded Milvus 2.3.5 standalone server (`milvus.server`,
+  the wheel `scripts/setup.sh` installs into ``.cache/milvus-server``), data
+  under ``<data_dir>/milvus-server``, HNSW-indexed.
+- ``"auto"`` (``dmem up``): the server when its wheel is installed, else Lite
+  with a warning. Why: Milvus Lite 3.2 answers from an unindexed in-memory table
+  until a segment is flushed, converting every row per query (measured with
+  py-spy: ``MemTable.to_search_snapshot`` ~60 % of a search's samples), so a Lite
+  search grows linearly with the rows it holds (64-73 ms at 1.5k rows, 370 ms at
+  10k; see BENCHMARKS.md "Embedded stack"), while the server answers in a few ms.
+  A data dir that already holds a Lite file and no server data stays on Lite,
+  so an upgrade never hides a user's memories.
+- ``DMEM_MILVUS__URI`` in ``extra_env`` (or the environment) wins over all of these.
 """
 
 from __future__ import annotations
@@ -14,12 +30,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
 import orjson
 
-from schemas.errors import ServiceUnavailable
+from milvus.server import EmbeddedMilvusServer
+from schemas.errors import ConfigError, ServiceUnavailable
 from streams.admin import ensure_topics
 from streams.local.announce import announce_stack, withdraw
 from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
@@ -84,8 +102,13 @@ class LocalStack:
         roles: tuple[str, ...] = ("write",),
         extra_env: dict[str, str] | None = None,
         broker_bootstrap: str | None = None,
+        milvus: str = "lite",
     ) -> None:
+        if milvus not in ("lite", "server", "auto"):
+            raise ValueError("milvus must be 'lite', 'server' or 'auto'")
         self.data_dir = data_dir.resolve()
+        self.milvus = milvus
+        self.milvus_server: EmbeddedMilvusServer | None = None
         self.roles = roles
         self.extra_env = dict(extra_env or {})
         self.broker: EmbeddedBroker | None = None
@@ -147,8 +170,37 @@ class LocalStack:
                 return
         raise ServiceUnavailable(f"worker {worker.role} not ready after {timeout_s}s")
 
+    def milvus_mode(self) -> str:
+        """What `start_milvus` will run: "external", "server" or "lite"."""
+        if "DMEM_MILVUS__URI" in self.extra_env or os.environ.get("DMEM_MILVUS__URI"):
+            return "external"
+        if self.milvus == "lite":
+            return "lite"
+        server = EmbeddedMilvusServer(self.data_dir / "milvus-server")
+        try:
+            server.check_installed()
+        except ConfigError:
+            if self.milvus == "server":
+                raise
+            return "lite"
+        if self.milvus == "auto" and (self.data_dir / "milvus.db").exists() and not (
+            self.data_dir / "milvus-server"
+        ).exists():
+            return "lite"
+        return "server"
+
+    def start_milvus(self, timeout_s: float = 180.0) -> str:
+        """Start the embedded Milvus server when the mode asks for it; returns the mode."""
+        mode = self.milvus_mode()
+        if mode == "server":
+            self.milvus_server = EmbeddedMilvusServer(self.data_dir / "milvus-server",
+                                                      stop_grace_s=5)
+            self.extra_env["DMEM_MILVUS__URI"] = self.milvus_server.start(timeout_s=timeout_s)
+        return mode
+
     def start(self) -> LocalStack:
         self.start_broker()
+        self.start_milvus()
         for role in self.roles:
             self.wait_ready(self.start_worker(role))
         return self
@@ -161,6 +213,10 @@ class LocalStack:
 
     def stop(self) -> None:
         self.stop_workers()
+        if self.milvus_server is not None:
+            self.milvus_server.stop()
+            self.milvus_server = None
+            self.extra_env.pop("DMEM_MILVUS__URI", None)
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
@@ -181,10 +237,39 @@ def tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def run_up(data_dir: Path, as_json: bool) -> None:
+def first_screen(info: Mapping[str, object]) -> str:
+    """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
+    http, kafka = info["http"], info["kafka"]
+    one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'
+           '"observation":"door is open","action":"walk"}')  # fmt: skip
+    return f"""dmem is up
+  kafka   {kafka}   (topic dmem.transitions, key = agent_id)
+  http    {http}   (OpenAPI: {http}/openapi.json)
+  milvus  {info["milvus"]}   ({info["milvus_mode"]})
+  ui      {info.get("ui", str(http) + "/ui/")}   (live page; token as for /v1)
+  data    {info["data_dir"]}
+
+Publish a transition
+  curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json' \\
+             -d '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,
+                  "observation":"door is locked","action":"use key","reward":1.0}}'
+  Python:  from dmem import SyncDmemClient, Transition
+           c = SyncDmemClient("{kafka}", tenant="t1", http_url="{http}")
+           c.publish(Transition(tenant="t1", agent_id="a1", episode_id="e1", step=0,
+                                observation="door is locked", action="use key", reward=1.0))
+  kcat:    echo '{one}' \\
+             | kcat -P -b {kafka} -t dmem.transitions -k a1
+           (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
+            see README "Clients"; use curl then)
+Search
+  curl:    curl -sX POST {http}/v1/search -d '{{"tenant":"t1","query":"locked door","k":5}}'
+(Ctrl-C to stop; data kept in {info["data_dir"]})"""
+
+
+def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
     """`dmem up`: print the addresses, then run until SIGINT/SIGTERM."""
     # one process with every role: Milvus Lite is a single-process file store
-    stack = LocalStack(data_dir, roles=("all",))
+    stack = LocalStack(data_dir, roles=("all",), milvus=milvus)
     stopping = False
     announced: list[Path] = []
 
@@ -195,10 +280,16 @@ def run_up(data_dir: Path, as_json: bool) -> None:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
+        mode = stack.milvus_mode()
+        if mode == "lite" and milvus == "auto":
+            print("note: Milvus Lite (the Milvus server wheel is not installed, or this data "
+                  "dir holds Lite data): searches slow down with the rows held; see README "
+                  "\"Embedded stack\"", file=sys.stderr, flush=True)
         stack.start()
         info = {
             "kafka": stack.bootstrap,
             "milvus": stack.settings.milvus_uri,
+            "milvus_mode": mode,
             "http": f"http://127.0.0.1:{stack.web_ports[0]}",
             "roles": list(stack.roles),
             "data_dir": str(stack.data_dir),
@@ -208,12 +299,7 @@ def run_up(data_dir: Path, as_json: bool) -> None:
         if as_json:
             print(orjson.dumps(info).decode(), flush=True)
         else:
-            print(
-                f"kafka   {info['kafka']}\nmilvus  {info['milvus']}\nhttp    {info['http']}\n"
-                f"ui      {info['ui']}\n"
-                f"(Ctrl-C to stop; data kept in {info['data_dir']})",
-                flush=True,
-            )
+            print(first_screen(info), flush=True)
         while not stopping:
             for w in stack.workers:
                 if not w.alive:

@@ -10,7 +10,9 @@
   ``GET /v1/memories/{id}?tenant=T``, ``DELETE /v1/memories/{id}?tenant=T`` and
   ``POST /v1/forget`` (JSON `ForgetRequest`: one memory or one agent's memories;
   audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``),
-  ``GET /v1/stats?tenant=T`` (row counts by partition). Validation errors are 422
+  ``GET /v1/stats?tenant=T`` (row counts by partition); HTTP ingest
+  (``POST /v1/transitions|outcomes|feedback``) and ``GET /openapi.json`` come
+  from `streams.respond.ingest`. Validation errors are 422
   with a JSON body; an id of another tenant is 404, exactly like a missing one. The
   id of a transition dedup folded into another memory answers with that survivor
   (its row, plus ``folded_id``: the id asked for).
@@ -299,6 +301,9 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
             return json_response(self, {"tenant": tenant, **counts,
                                         "total": sum(counts.values())})
 
+    from streams.respond.ingest import wire_ingest
+
+    ingest = wire_ingest(app, settings, denied, json_response)  # POST /v1/transitions ...
     _ = (SearchView, MemoryView, ForgetView, StatsView)
     from streams.respond.ui import wire_ui  # the live page: GET /ui/, GET /v1/live
 
@@ -307,4 +312,6 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
         "answered": state["responder"].answered if state["responder"] else 0,
         "errors": state["errors"],
         "live": live(),
+        "ingested": ingest.accepted,
+        "ingest_unavailable": ingest.unavailable,
     }

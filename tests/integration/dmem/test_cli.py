@@ -104,7 +104,7 @@ def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         info = json.loads(line)
-        assert set(info) >= {"kafka", "milvus", "http"}
+        assert set(info) >= {"kafka", "milvus", "http", "milvus_mode"}
         host, port = info["kafka"].split(":")
         import socket
 
@@ -121,7 +121,11 @@ def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
         rc = proc.wait(timeout=60)
     assert rc == 0, proc.stderr.read() if proc.stderr else ""
     assert time.monotonic() - t0 < 60
-    assert (data / "milvus.db").exists()
+    if info["milvus_mode"] == "server":  # `--milvus auto` with the server wheel installed
+        assert info["milvus"].startswith("http://127.0.0.1:")
+        assert (data / "milvus-server").is_dir()
+    else:
+        assert info["milvus_mode"] == "lite" and (data / "milvus.db").exists()
 
 
 def test_migrate_rewrites_a_collection_keyed_by_memory_id(tmp_path: Path) -> None:

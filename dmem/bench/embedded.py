@@ -1,0 +1,364 @@
+"""`dmem bench embedded`: the stack `dmem up` starts, as a new user meets it.
+
+What runs (in a temp dir, removed at the end): `LocalStack` exactly as `dmem up`
+builds it (Tansu broker, one ``all`` worker, Milvus per ``--milvus``: ``auto`` =
+the embedded Milvus server when its wheel is installed, else Lite), with the
+default encoder unless ``--encoder`` says otherwise.
+
+Steps, each a key of the JSON:
+1. ``up_s``: from nothing to the worker answering HTTP.
+2. Clients (small tenants, before the bulk load): ``kcat_ok`` = kcat published
+   ``interop_n`` transitions and the write path processed all of them (each has a
+   ``written``/``dropped``/``merged`` MemoryEvent); kcat runs on a librdkafka
+   >= 2.2 (`dmem.bench.kafka_clients`: the system one when new enough, else the
+   one bundled with confluent-kafka), ``kcat_librdkafka`` / ``kcat_system`` say
+   which and what the system kcat does as is. ``confluent_kafka_ok`` = the same
+   through a confluent-kafka producer, plus a confluent-kafka consumer group that
+   reads them back (``confluent_join_s``: its first record). ``openapi_valid`` =
+   ``/openapi.json`` passes `openapi-spec-validator`; ``ui_ok`` from
+   ``dmem.bench.ui.ui_check`` when that module exists.
+3. Load: synthetic agent notes (distinct texts, Laplace rewards) POSTed to
+   ``/v1/transitions`` in batches of ``--batch``, in rounds, until the tenant holds
+   ``--memories`` memories (the gate keeps only part of what it sees) or
+   ``max_transitions_factor`` x memories were sent. ``ingest_per_s`` =
+   transitions acknowledged (202, acks=all) per second of POSTing;
+   ``memories`` = the tenant's stored count (``/v1/stats``) at the end.
+4. Search: ``--queries`` sequential ``POST /v1/search`` (k = 5, after
+   ``--warmup`` untimed ones) per repeat; ``search_p50_ms`` / ``search_p99_ms`` =
+   the median across repeats of each repeat's client-side p50 / p99. Where the time
+   goes: ``server_took_p50_ms`` (the responder's ``took_ms``: encode + Milvus +
+   rank), ``encode_p50_ms`` (the same encoder in this process, one query a call)
+   and ``milvus_p50_ms`` (`MemoryStore.search` k = 32 from this process, server
+   mode only: a Lite file has one owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import statistics
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dmem.bench.common import (
+    NOTE_OBJECTS,
+    NOTE_SUBJECTS,
+    NOTE_VERBS,
+    cleanup_on_signals,
+    emit_json,
+    machine_info,
+    note,
+    summarize_ms,
+)
+from dmem.wait import wait_settled
+
+TENANT = "bench-embedded"
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def agent_note(rng: np.random.Generator) -> str:
+    """A short agent note: template words plus three pseudo-words (names, places).
+
+    Distinct enough for MiniLM that neither dedup (cosine >= 0.98) nor the gate's
+    near-repeat discount (>= 0.9) folds them: measured max pairwise cosine 0.78 over
+    300 notes. (`dmem bench retrieval`'s notes differ only in a number, which MiniLM
+    barely sees: 4,000 of them left 96 memories.)
+    """
+
+    def word() -> str:
+        return "".join(SYLLABLES[int(rng.integers(len(SYLLABLES)))]
+                       for _ in range(int(rng.integers(2, 4))))  # fmt: skip
+
+    s = NOTE_SUBJECTS[int(rng.integers(len(NOTE_SUBJECTS)))]
+    v = NOTE_VERBS[int(rng.integers(len(NOTE_VERBS)))]
+    o = NOTE_OBJECTS[int(rng.integers(len(NOTE_OBJECTS)))]
+    return f"{s} {v} {o} for {word()} {word()} near {word()}"
+
+
+@dataclass(frozen=True)
+class EmbeddedConfig:
+    memories: int = 10_000
+    queries: int = 200
+    repeats: int = 3
+    warmup: int = 20
+    batch: int = 1000
+    encoder: str | None = None  # None: the worker's default (what `dmem up` runs)
+    milvus: str = "auto"
+    interop_n: int = 20
+    seed: int = 7
+    max_transitions_factor: int = 6
+
+
+def http(base: str, method: str, path: str, body: Any = None, raw: bytes | None = None,
+         timeout_s: float = 60.0) -> tuple[int, Any]:  # fmt: skip
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        payload = e.read()
+        return e.code, json.loads(payload) if payload else None
+
+
+def transitions(n: int, start: int, tenant: str, seed: int, tag: str) -> list[dict[str, Any]]:
+    """``n`` transitions with distinct note texts and Laplace rewards."""
+    rng = np.random.default_rng(seed + start)
+    out = []
+    for i in range(start, start + n):
+        out.append({"tenant": tenant, "agent_id": f"agent-{i % 4}", "episode_id": f"{tag}{i // 50}",
+                    "step": i % 50, "observation": agent_note(rng),
+                    "action": f"act-{int(rng.integers(8))}",
+                    "reward": round(float(rng.laplace(0.0, 1.0)), 3),
+                    "done": i % 50 == 49})  # fmt: skip
+    return out
+
+
+def stored(base: str, tenant: str) -> int:
+    code, body = http(base, "GET", f"/v1/stats?tenant={tenant}")
+    return int(body["total"]) if code == 200 else 0
+
+
+def processed_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> set[str]:
+    """Memory ids of ``want`` that have a MemoryEvent on the memories topic."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> set[str]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False)  # fmt: skip
+        await c.start()
+        seen: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while seen < want and time.monotonic() < deadline:
+                for msgs in (await c.getmany(timeout_ms=500)).values():
+                    for m in msgs:
+                        mid = json.loads(m.value).get("memory_id")
+                        if mid in want:
+                            seen.add(mid)
+        finally:
+            await c.stop()
+        return seen
+
+    return asyncio.run(run())
+
+
+def _first_error(err: str | None) -> str | None:
+    """The line of a kcat failure that names the cause (the underflow), else its last."""
+    if err is None:
+        return None
+    lines = err.splitlines() or [""]
+    return next((ln for ln in lines if "underflow" in ln.lower()), lines[-1])[:300]
+
+
+def check_clients(cfg: EmbeddedConfig, stack: Any, scratch: Path) -> dict[str, Any]:
+    from dmem.bench import kafka_clients as kc
+    from schemas import Transition
+
+    out: dict[str, Any] = {}
+    topic = stack.settings.topic("transitions")
+    memories = stack.settings.topic("memories")
+    kcat = kc.kcat_command(scratch)
+    if isinstance(kcat, str):
+        out.update(kcat_ok=False, kcat_reason=kcat)
+    else:
+        out["kcat_librdkafka"] = kcat.librdkafka
+        err = kc.system_kcat_error(stack.bootstrap, topic)
+        out["kcat_system"] = {
+            "librdkafka": kcat.system_librdkafka,
+            "ok": err is None,
+            "error": _first_error(err),
+        }
+        recs = [Transition.model_validate(r) for r in transitions(
+            cfg.interop_n, 0, "bench-kcat", cfg.seed, "kc")]  # fmt: skip
+        res = kc.kcat_produce(
+            kcat, stack.bootstrap, topic, [(r.agent_id, r.model_dump_json()) for r in recs]
+        )
+        seen = processed_ids(stack.bootstrap, memories, {r.memory_id for r in recs}, 90) if (
+            res.returncode == 0) else set()  # fmt: skip
+        out["kcat_processed"] = len(seen)
+        out["kcat_ok"] = res.returncode == 0 and len(seen) == len(recs)
+        if not out["kcat_ok"]:
+            out["kcat_reason"] = res.stderr.strip()[-300:] or f"processed {len(seen)}/{len(recs)}"
+    try:
+        recs = [Transition.model_validate(r) for r in transitions(
+            cfg.interop_n, 0, "bench-ck", cfg.seed, "ck")]  # fmt: skip
+        acked = kc.confluent_produce(stack.bootstrap, topic, [
+            (r.agent_id.encode(), r.model_dump_json().encode()) for r in recs])  # fmt: skip
+        seen = processed_ids(stack.bootstrap, memories, {r.memory_id for r in recs}, 90)
+        got, first_s = kc.confluent_consume(stack.bootstrap, topic, f"bench-{uuid.uuid4().hex[:6]}",
+                                            n=len(recs), timeout_s=60)  # fmt: skip
+        out.update(confluent_acked=acked, confluent_processed=len(seen), confluent_read=got,
+                   confluent_join_s=round(first_s, 2))  # fmt: skip
+        out["confluent_kafka_ok"] = acked == len(seen) == len(recs) and got >= len(recs)
+    except ImportError:
+        out.update(confluent_kafka_ok=False, confluent_reason="confluent-kafka not installed")
+    return out
+
+
+def check_openapi(base: str) -> tuple[bool, str]:
+    try:
+        from openapi_spec_validator import validate
+    except ImportError:
+        return False, "openapi-spec-validator not installed"
+    code, doc = http(base, "GET", "/openapi.json")
+    if code != 200:
+        return False, f"GET /openapi.json: {code}"
+    try:
+        validate(doc)
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return False, f"invalid: {exc}"[:300]
+    return True, "valid"
+
+
+def check_ui(base: str) -> tuple[bool, str]:
+    try:
+        ui = importlib.import_module("dmem.bench.ui")
+    except ImportError:
+        return False, "ui check not available"
+    ok, why = ui.ui_check(base, None, TENANT)
+    return bool(ok), str(why)
+
+
+def load(cfg: EmbeddedConfig, base: str) -> dict[str, Any]:
+    """POST transitions in rounds until the tenant holds cfg.memories memories."""
+    sent, post_s, rejected = 0, 0.0, 0
+    cap = cfg.max_transitions_factor * cfg.memories
+    have = 0
+    t_load = time.monotonic()
+    while have < cfg.memories and sent < cap:
+        want = min(cap - sent, max(cfg.batch, 2 * (cfg.memories - have)))
+        for start in range(sent, sent + want, cfg.batch):
+            n = min(cfg.batch, sent + want - start)
+            recs = transitions(n, start, TENANT, cfg.seed, "ep")
+            t0 = time.perf_counter()
+            code, body = http(base, "POST", "/v1/transitions", recs)
+            while code in (429, 503):  # backpressure: honour it and resend the same batch
+                rejected += 1
+                time.sleep(1.0)
+                code, body = http(base, "POST", "/v1/transitions", recs)
+            post_s += time.perf_counter() - t0
+            if code != 202:
+                raise RuntimeError(f"ingest answered {code}: {body}")
+        sent += want
+        wait_settled([base], timeout_s=600, quiet_s=2.0)  # the write path worked it off
+        have = stored(base, TENANT)
+        note(f"load: sent {sent:,} transitions, {have:,} memories stored")
+    return {
+        "transitions": sent,
+        "memories": have,
+        "ingest_per_s": round(sent / post_s, 1),
+        "ingest_retries": rejected,
+        "load_s": round(time.monotonic() - t_load, 1),
+    }
+
+
+def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
+                   collection: str, encoder: Any) -> dict[str, Any]:  # fmt: skip
+    from milvus import MemoryStore
+
+    rng = np.random.default_rng(cfg.seed + 99)
+    store = MemoryStore(milvus_uri, collection=collection).connect() if milvus_uri else None
+    p50s, p99s, took, enc, mil = [], [], [], [], []
+    try:
+        for rep in range(cfg.repeats):
+            qs = [agent_note(rng) for _ in range(cfg.warmup + cfg.queries)]
+            lat = []
+            for i, q in enumerate(qs):
+                t0 = time.perf_counter()
+                code, body = http(base, "POST", "/v1/search", {"tenant": TENANT, "query": q,
+                                                                "k": 5})  # fmt: skip
+                dt = time.perf_counter() - t0
+                if code != 200:
+                    raise RuntimeError(f"search answered {code}: {body}")
+                if i >= cfg.warmup:
+                    lat.append(dt)
+                    took.append(float(body.get("took_ms", 0.0)))
+            s = summarize_ms(lat)
+            p50s.append(s["p50"])
+            p99s.append(s["p99"])
+            note(f"search repeat {rep + 1}: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms")
+        for q in qs[: min(50, len(qs))]:
+            t0 = time.perf_counter()
+            vec = encoder.encode([q])[0]
+            enc.append(time.perf_counter() - t0)
+            if store is not None:
+                t0 = time.perf_counter()
+                store.search(vec, tenant=TENANT, k=32, consistency_level="Bounded")
+                mil.append(time.perf_counter() - t0)
+    finally:
+        if store is not None:
+            store.close()
+    return {
+        "search_p50_ms": round(statistics.median(p50s), 2),
+        "search_p99_ms": round(statistics.median(p99s), 2),
+        "search_p50_ms_repeats": [round(x, 2) for x in p50s],
+        "search_p99_ms_repeats": [round(x, 2) for x in p99s],
+        "server_took_p50_ms": round(statistics.median(took), 2),
+        "encode_p50_ms": round(summarize_ms(enc)["p50"], 2),
+        "milvus_p50_ms": round(summarize_ms(mil)["p50"], 2) if mil else None,
+    }
+
+
+def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
+    from operators.encoders import build_encoder
+    from streams.local.stack import LocalStack
+
+    tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-embedded-"))
+    env = {"DMEM_ENCODER__NAME": cfg.encoder} if cfg.encoder else {}
+    stack = LocalStack(tmp / "data", roles=("all",), extra_env=env, milvus=cfg.milvus)
+    result: dict[str, Any] = {"config": cfg.__dict__, "machine": machine_info()}
+    failed = True
+    try:
+        t0 = time.monotonic()
+        result["milvus_mode"] = stack.milvus_mode()
+        stack.start()
+        result["up_s"] = round(time.monotonic() - t0, 1)
+        base = f"http://127.0.0.1:{stack.web_ports[0]}"
+        settings = stack.settings
+        result["encoder"] = settings.encoder.name
+        note(f"up in {result['up_s']} s ({result['milvus_mode']} Milvus, {base})")
+        result.update(check_clients(cfg, stack, tmp / "rdk"))
+        result["openapi_valid"], result["openapi_reason"] = check_openapi(base)
+        result.update(load(cfg, base))
+        result["ui_ok"], result["ui_reason"] = check_ui(base)
+        uri = settings.milvus_uri if result["milvus_mode"] != "lite" else None
+        e = settings.encoder  # the worker's encoder, uncached: one query a call
+        encoder = build_encoder(e.name, dim=e.dim, cache_size=0, static_path=e.static_path)
+        result.update(measure_search(cfg, base, uri, settings.milvus.collection, encoder))
+        failed = False
+    finally:
+        from dmem.bench.common import teardown
+
+        teardown(stack, None, tmp, failed)
+    return result
+
+
+def print_report(r: dict[str, Any]) -> None:
+    from dmem.bench.common import print_table
+
+    rows = [[k, r.get(k)] for k in (
+        "milvus_mode", "encoder", "up_s", "memories", "transitions", "ingest_per_s",
+        "search_p50_ms", "search_p99_ms", "server_took_p50_ms", "encode_p50_ms",
+        "milvus_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid", "ui_ok")]  # fmt: skip
+    print_table("Embedded stack (dmem up)", ["metric", "value"], rows)
+
+
+def main(cfg: EmbeddedConfig, as_json: bool) -> dict[str, Any]:
+    with cleanup_on_signals():  # SIGTERM still stops the stack it started
+        r = run_embedded(cfg)
+    if as_json:
+        emit_json(r)
+    else:
+        print_report(r)
+    return r

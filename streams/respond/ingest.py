@@ -1,0 +1,351 @@
+"""HTTP ingest on the respond role: publish to dmem without a Kafka client.
+
+Routes (registered by `streams.respond.http.wire_respond` through `wire_ingest`):
+
+- ``POST /v1/transitions`` -> topic ``transitions`` (key ``agent_id``),
+- ``POST /v1/outcomes`` (`EpisodeOutcome`) and ``POST /v1/feedback`` (`Feedback`)
+  -> topic ``feedback`` (key ``episode_id``, else ``memory_id``, else ``tenant``:
+  the keys `dmem.client.DmemClient` uses),
+- ``GET /openapi.json``: the OpenAPI 3.1 document (`streams.respond.openapi`).
+
+Decisions:
+- Body: one JSON object, a JSON array of objects, or NDJSON (one object a line;
+  ``Content-Type: application/x-ndjson``, or any body that is not one JSON value
+  but whose lines are). At most ``ingest.max_batch`` records (default 1000) and
+  ``ingest.max_body_bytes`` per request, else 413 before anything is parsed
+  further. The body is read from the stream with that bound, not with aiohttp's
+  1 MiB ``client_max_size``.
+- Validation: the payload models of `schemas` (the stream's own), every record
+  before any is produced; one bad record rejects the whole request with 422 and
+  every reason (``detail``: ``{"index", "loc", "msg", "type"}`` per error). A
+  request is produced whole or answered with an error: never half-validated.
+- Auth (`streams.auth`): the bearer token must list every tenant of the batch
+  (401 / 403 as for search); a token writes only its own tenants.
+- Durability: a dedicated aiokafka producer with ``acks="all"``; 202 with the
+  ids only after the broker acknowledged every record of the request.
+- Backpressure: a bounded in-flight budget (``ingest.max_inflight`` records
+  produced and not yet acknowledged, over all requests). A request that does
+  not fit gets 429 at once; nothing is queued in the worker. A broker that does
+  not acknowledge within ``ingest.ack_timeout_s`` (or cannot be reached) gives
+  503. Both carry ``Retry-After: ingest.retry_after_s``.
+- Retries are safe for transitions: the id is stable (tenant, agent, episode,
+  step), and the write path upserts by it. Outcomes and feedback get a random id
+  when they carry none, so a client that retries should send its own
+  ``outcome_id`` / ``feedback_id``. A 503 after a timeout may follow a partial
+  produce; the same retry rule makes that harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+import orjson
+from aiokafka import AIOKafkaProducer
+from faust.web import Request, Response, View
+from mode import Service
+from pydantic import BaseModel, ValidationError
+
+from schemas import EpisodeOutcome, Feedback, IngestAccepted, Transition, encode
+from streams.settings import IngestSettings, Settings
+
+log = logging.getLogger("dmem.ingest")
+
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/ndjson",
+                "application/json-seq")  # fmt: skip
+
+
+class IngestRejected(Exception):
+    """A request answered with an HTTP error before anything was produced."""
+
+    def __init__(self, status: int, error: str, detail: list[dict[str, Any]] | None = None):
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class IngestKind:
+    """One ingest route: its payload model, topic, partition key and id field."""
+
+    path: str
+    model: type[BaseModel]
+    topic: str  # logical name (schemas.topics)
+    id_field: str
+
+    def key(self, rec: BaseModel) -> str:
+        if isinstance(rec, Transition):
+            return rec.agent_id
+        tenant: str = rec.tenant  # type: ignore[attr-defined]
+        return str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", None)
+                   or tenant)  # fmt: skip
+
+    def ident(self, rec: BaseModel) -> str:
+        return str(getattr(rec, self.id_field))
+
+
+KINDS = (
+    IngestKind("/v1/transitions", Transition, "transitions", "transition_id"),
+    IngestKind("/v1/outcomes", EpisodeOutcome, "feedback", "outcome_id"),
+    IngestKind("/v1/feedback", Feedback, "feedback", "feedback_id"),
+)
+
+
+def parse_body(body: bytes, content_type: str | None, max_records: int) -> list[Any]:
+    """The records of a request body (object, array or NDJSON); raises `IngestRejected`."""
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    items: list[Any]
+    if ctype in NDJSON_TYPES:
+        items = _ndjson(body, max_records)
+    else:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            if body.strip().count(b"\n") == 0:
+                raise IngestRejected(422, f"malformed JSON: {exc}") from exc
+            items = _ndjson(body, max_records)  # several lines: NDJSON without its type
+        else:
+            items = data if isinstance(data, list) else [data]
+    if not items:
+        raise IngestRejected(422, "no records in the request body")
+    if len(items) > max_records:
+        raise IngestRejected(413, f"{len(items)} records in one request; at most {max_records}")
+    return items
+
+
+def _ndjson(body: bytes, max_records: int) -> list[Any]:
+    items: list[Any] = []
+    errors: list[dict[str, Any]] = []
+    for n, line in enumerate(body.splitlines()):
+        if not line.strip():
+            continue
+        if len(items) + len(errors) >= max_records:
+            raise IngestRejected(413, f"more than {max_records} records in one request")
+        try:
+            items.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
+            errors.append(
+                {
+                    "index": len(items) + len(errors),
+                    "line": n + 1,
+                    "loc": [],
+                    "msg": f"malformed JSON: {exc}",
+                    "type": "json_invalid",
+                }
+            )
+    if errors:
+        raise IngestRejected(422, "invalid records", errors)
+    return items
+
+
+def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
+    """Every item as ``kind.model``, with an id; raises 422 listing every reason."""
+    out: list[BaseModel] = []
+    errors: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            errors.append(
+                {
+                    "index": i,
+                    "loc": [],
+                    "msg": "a record must be a JSON object",
+                    "type": "model_type",
+                }
+            )
+            continue
+        try:
+            rec = kind.model.model_validate(item)
+        except ValidationError as exc:
+            for e in json.loads(exc.json(include_url=False, include_input=False)):
+                errors.append(
+                    {
+                        "index": i,
+                        "loc": e.get("loc", []),
+                        "msg": e.get("msg", ""),
+                        "type": e.get("type", ""),
+                    }
+                )
+            continue
+        if getattr(rec, kind.id_field) is None:
+            setattr(rec, kind.id_field, uuid.uuid4().hex)
+        out.append(rec)
+    if errors:
+        raise IngestRejected(422, "invalid records", errors)
+    return out
+
+
+class InflightBudget:
+    """Records produced and not yet acknowledged, bounded; `take` never waits."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("in-flight budget must be >= 1")
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
+class IngestProducer(Service):
+    """The ingest producer (acks=all), started on first use so a worker whose broker
+    is away still starts and answers 503 instead of failing."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.cfg: IngestSettings = settings.ingest
+        self.budget = InflightBudget(self.cfg.max_inflight)
+        self.producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+        self.accepted = 0
+        self.unavailable = 0
+
+    async def _producer(self) -> AIOKafkaProducer:
+        async with self._lock:
+            if self.producer is None:
+                from streams.admin import kafka_client_kwargs
+
+                p = AIOKafkaProducer(
+                    acks="all",
+                    linger_ms=2,
+                    max_request_size=self.cfg.max_body_bytes + 65536,
+                    request_timeout_ms=int(self.cfg.ack_timeout_s * 1000),
+                    **kafka_client_kwargs(self.settings.kafka),
+                )
+                try:
+                    await p.start()
+                except BaseException:
+                    await p.stop()
+                    raise
+                self.producer = p
+            return self.producer
+
+    async def on_stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+
+    async def produce(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+        """Send ``(key, value)`` records; return once the broker acked all of them.
+
+        Raises `IngestRejected` 429 (budget full) or 503 (broker away / no ack in time).
+        """
+        if not self.budget.take(len(records)):
+            raise IngestRejected(
+                429,
+                f"ingest budget full ({self.budget.used} of "
+                f"{self.budget.limit} records awaiting the broker)",
+            )
+        try:
+            await asyncio.wait_for(self._send(topic, records), self.cfg.ack_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - every broker failure is a 503
+            self.unavailable += 1
+            log.warning("ingest to %s failed: %r", topic, exc)
+            raise IngestRejected(
+                503, f"broker unavailable: {str(exc) or type(exc).__name__}"
+            ) from exc
+        finally:
+            self.budget.give(len(records))
+        self.accepted += len(records)
+
+    async def _send(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+        p = await self._producer()
+        futures = [await p.send(topic, value, key=key) for key, value in records]
+        await asyncio.gather(*futures)
+
+
+def wire_ingest(
+    app: faust.App,
+    settings: Settings,
+    denied: Callable[..., Response | None],
+    json_response: Callable[..., Response],
+) -> IngestProducer:
+    """Register the ingest routes and ``/openapi.json``; returns the producer service."""
+    from streams.respond.openapi import openapi_document
+
+    producer = IngestProducer(settings, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(producer)
+    cfg = settings.ingest
+
+    def rejected(view: View, exc: IngestRejected) -> Response:
+        body: dict[str, Any] = {"error": exc.error}
+        if exc.detail is not None:
+            body["detail"] = exc.detail
+        resp = json_response(view, body, exc.status)
+        if exc.status in (429, 503):
+            resp.headers["Retry-After"] = str(cfg.retry_after_s)
+        return resp
+
+    async def read_bounded(request: Any) -> bytes:
+        """The body, at most ``max_body_bytes`` (an aiohttp request under faust's view)."""
+        length = request.content_length
+        if length is not None and length > cfg.max_body_bytes:
+            raise IngestRejected(413, f"body of {length} bytes; at most {cfg.max_body_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= cfg.max_body_bytes:  # read() answers what has arrived: loop to EOF
+            chunk = await request.content.read(cfg.max_body_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        body = b"".join(chunks)
+        if len(body) > cfg.max_body_bytes:
+            raise IngestRejected(413, f"body over {cfg.max_body_bytes} bytes")
+        return body
+
+    async def ingest(view: View, request: Request, kind: IngestKind) -> Response:
+        if (no := denied(view, request)) is not None:
+            return no
+        try:
+            items = parse_body(
+                await read_bounded(request), request.headers.get("Content-Type"), cfg.max_batch
+            )
+            recs = validate(items, kind)
+            for tenant in sorted({str(r.tenant) for r in recs}):  # type: ignore[attr-defined]
+                if (no := denied(view, request, tenant)) is not None:
+                    return no
+            await producer.produce(
+                settings.topic(kind.topic), [(kind.key(r).encode(), encode(r)) for r in recs]
+            )
+        except IngestRejected as exc:
+            return rejected(view, exc)
+        out = IngestAccepted(
+            accepted=len(recs), ids=[kind.ident(r) for r in recs], topic=settings.topic(kind.topic)
+        )
+        return json_response(view, out.model_dump(mode="json"), 202)
+
+    def route(kind: IngestKind) -> type[View]:
+        class IngestView(View):
+            async def post(self, request: Request) -> Response:
+                return await ingest(self, request, kind)
+
+        IngestView.__name__ = f"Ingest{kind.model.__name__}View"
+        return IngestView
+
+    for kind in KINDS:
+        app.page(kind.path)(route(kind))
+
+    document = orjson.dumps(openapi_document(settings))
+
+    @app.page("/openapi.json")
+    class OpenAPIView(View):
+        async def get(self, request: Request) -> Response:
+            return self.bytes(document, content_type="application/json")
+
+    _ = OpenAPIView
+    return producer

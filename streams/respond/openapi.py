@@ -1,0 +1,176 @@
+"""The OpenAPI 3.1 document of the respond role's HTTP API (``GET /openapi.json``).
+
+Decisions:
+- Generated, never hand-written: every request and response body is the JSON
+  Schema pydantic derives from the `schemas` models (the stream's own payloads),
+  collected under ``components/schemas`` with `pydantic.json_schema.models_json_schema`.
+  OpenAPI 3.1 uses JSON Schema 2020-12, pydantic's dialect, so nothing is converted.
+- Limits that are settings (``ingest.max_batch``) are written into the document
+  of the running worker (``maxItems``), so the document tells the truth for that
+  deployment.
+- The document itself is open (like ``/health``): it holds no tenant data. Every
+  ``/v1`` operation declares the bearer scheme; ``/health`` and ``/openapi.json``
+  declare none.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from schemas import (
+    EpisodeOutcome,
+    ErrorBody,
+    Feedback,
+    ForgetRequest,
+    IngestAccepted,
+    RetrievalRequest,
+    RetrievalResponse,
+    Transition,
+)
+from streams.settings import Settings
+
+REF = "#/components/schemas/{model}"
+_MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+    (Transition, "validation"),
+    (EpisodeOutcome, "validation"),
+    (Feedback, "validation"),
+    (RetrievalRequest, "validation"),
+    (ForgetRequest, "validation"),
+    (RetrievalResponse, "serialization"),
+    (IngestAccepted, "serialization"),
+    (ErrorBody, "serialization"),
+]
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    why = {
+        401: "missing or unknown bearer token", 403: "the token may not use this tenant",
+        404: "no such memory for this tenant", 413: "too many records or too large a body",
+        422: "invalid request: every reason in detail",
+        429: "in-flight budget full: retry after Retry-After seconds",
+        503: "broker or store unavailable: retry after Retry-After seconds",
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    for c in codes:
+        out[str(c)] = {"description": why[c], "content": _json(_ref(ErrorBody))}
+        if c in (429, 503):
+            out[str(c)]["headers"] = {
+                "Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}
+            }
+    return out
+
+
+def _ingest(model: type[BaseModel], what: str, max_batch: int) -> dict[str, Any]:
+    one = _ref(model)
+    return {"post": {
+        "summary": f"Publish {what} (one object, a JSON array or NDJSON)",
+        "description": (
+            f"Validated with the `{model.__name__}` model, produced with acks=all; 202 "
+            f"only after the broker acknowledged every record. At most {max_batch} "
+            "records per request; one invalid record rejects the request (422)."),
+        "operationId": f"ingest{model.__name__}",
+        "security": [{"bearer": []}],
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"oneOf": [
+                one, {"type": "array", "items": one, "minItems": 1, "maxItems": max_batch}]}},
+            "application/x-ndjson": {"schema": {
+                "type": "string", "description": f"one {model.__name__} JSON object a line"}},
+        }},
+        "responses": {"202": {"description": "acknowledged by the broker",
+                              "content": _json(_ref(IngestAccepted))},
+                      **_errors(401, 403, 413, 422, 429, 503)},
+    }}  # fmt: skip
+
+
+def _tenant_param() -> dict[str, Any]:
+    return {"name": "tenant", "in": "query", "required": True, "schema": {"type": "string"}}
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    try:
+        version = metadata.version("dmem")
+    except metadata.PackageNotFoundError:  # a source tree without an install
+        version = "0"
+    _, defs = models_json_schema(_MODELS, ref_template=REF, by_alias=True)
+    components = defs.get("$defs", {})
+    memory = {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "a stored memory row (without its vector)",
+    }
+    stats = {
+        "type": "object",
+        "properties": {
+            "tenant": {"type": "string"},
+            "core": {"type": "integer"},
+            "buffer": {"type": "integer"},
+            "total": {"type": "integer"},
+        },
+    }
+    forgotten = {
+        "type": "object",
+        "properties": {"tenant": {"type": "string"}, "forgotten": {"type": "integer"}},
+    }
+    mid = {"name": "memory_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    sec: list[dict[str, list[str]]] = [{"bearer": []}]
+    paths: dict[str, Any] = {
+        "/v1/transitions": _ingest(Transition, "transitions", settings.ingest.max_batch),
+        "/v1/outcomes": _ingest(EpisodeOutcome, "episode outcomes", settings.ingest.max_batch),
+        "/v1/feedback": _ingest(Feedback, "feedback", settings.ingest.max_batch),
+        "/v1/search": {"post": {
+            "summary": "Search a tenant's memories (request_id optional)",
+            "operationId": "search", "security": sec,
+            "requestBody": {"required": True, "content": _json(_ref(RetrievalRequest))},
+            "responses": {"200": {"description": "hits, best first",
+                                  "content": _json(_ref(RetrievalResponse))},
+                          **_errors(401, 403, 422, 503)}}},
+        "/v1/memories/{memory_id}": {
+            "get": {"summary": "One memory of a tenant", "operationId": "getMemory",
+                    "security": sec, "parameters": [mid, _tenant_param()],
+                    "responses": {"200": {"description": "the row", "content": _json(memory)},
+                                  **_errors(401, 403, 404, 422, 503)}},
+            "delete": {"summary": "Forget one memory", "operationId": "deleteMemory",
+                       "security": sec, "parameters": [mid, _tenant_param()],
+                       "responses": {"200": {"description": "forgotten",
+                                             "content": _json(forgotten)},
+                                     **_errors(401, 403, 404, 422, 503)}}},
+        "/v1/forget": {"post": {
+            "summary": "Forget one memory or one agent's memories", "operationId": "forget",
+            "security": sec,
+            "requestBody": {"required": True, "content": _json(_ref(ForgetRequest))},
+            "responses": {"200": {"description": "forgotten", "content": _json(forgotten)},
+                          **_errors(401, 403, 422, 503)}}},
+        "/v1/stats": {"get": {
+            "summary": "A tenant's memory counts by partition", "operationId": "stats",
+            "security": sec, "parameters": [_tenant_param()],
+            "responses": {"200": {"description": "counts", "content": _json(stats)},
+                          **_errors(401, 403, 422, 503)}}},
+        "/health": {"get": {"summary": "Liveness and readiness", "operationId": "health",
+                            "responses": {"200": {"description": "healthy"},
+                                          "503": {"description": "not ready"}}}},
+    }  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "dmem respond API",
+            "version": version,
+            "description": "Search, read, forget and publish memories over HTTP.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,99 @@
+"""HTTP ingest operators: body forms, validation reasons, the in-flight budget, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openapi_spec_validator import validate as validate_openapi
+
+from schemas import EpisodeOutcome, Feedback, Transition
+from streams.respond.ingest import KINDS, InflightBudget, IngestRejected, parse_body, validate
+from streams.respond.openapi import openapi_document
+from streams.settings import IngestSettings, Settings
+
+T = {"tenant": "t", "agent_id": "a", "episode_id": "e", "step": 0, "observation": "o",
+     "action": "x"}  # fmt: skip
+TRANSITIONS, OUTCOMES, FEEDBACK = KINDS
+
+
+def test_body_forms_object_array_ndjson() -> None:
+    one = json.dumps(T).encode()
+    assert parse_body(one, "application/json", 10) == [T]
+    assert parse_body(json.dumps([T, T]).encode(), None, 10) == [T, T]
+    nd = one + b"\n\n" + one + b"\n"
+    assert parse_body(nd, "application/x-ndjson; charset=utf-8", 10) == [T, T]
+    assert parse_body(nd, "application/json", 10) == [T, T]  # lines without their type
+
+
+@pytest.mark.parametrize(("body", "ctype", "status"), [
+    (b"{nope", "application/json", 422),
+    (b"[]", "application/json", 422),
+    (json.dumps([T] * 3).encode(), "application/json", 413),
+    (b"\n".join([json.dumps(T).encode()] * 3), "application/x-ndjson", 413),
+])  # fmt: skip
+def test_body_rejections(body: bytes, ctype: str, status: int) -> None:
+    with pytest.raises(IngestRejected) as e:
+        parse_body(body, ctype, 2)
+    assert e.value.status == status
+
+
+def test_ndjson_reports_every_broken_line() -> None:
+    body = json.dumps(T).encode() + b"\n{x\n" + json.dumps(T).encode() + b"\n[\n"
+    with pytest.raises(IngestRejected) as e:
+        parse_body(body, "application/x-ndjson", 10)
+    assert [d["line"] for d in e.value.detail or []] == [2, 4]
+
+
+def test_validation_lists_every_reason_with_its_index() -> None:
+    items = [T, {**T, "step": -1, "action": None}, 7, {**T, "observation": None}]
+    with pytest.raises(IngestRejected) as e:
+        validate(items, TRANSITIONS)
+    detail = e.value.detail or []
+    assert e.value.status == 422
+    assert sorted({d["index"] for d in detail}) == [1, 2, 3]
+    assert {tuple(d["loc"]) for d in detail if d["index"] == 1} == {("step",), ("action",)}
+
+
+def test_ids_keys_and_topics() -> None:
+    [t] = validate([T], TRANSITIONS)
+    assert isinstance(t, Transition) and TRANSITIONS.ident(t) == t.memory_id
+    assert TRANSITIONS.key(t) == "a" and TRANSITIONS.topic == "transitions"
+    o1, o2 = validate(
+        [
+            {"tenant": "t", "episode_id": "e", "reward": 1},
+            {"tenant": "t", "episode_id": "e", "reward": 1, "outcome_id": "mine"},
+        ],
+        OUTCOMES,
+    )
+    assert isinstance(o1, EpisodeOutcome) and o1.outcome_id and o1.outcome_id != "mine"
+    assert OUTCOMES.ident(o2) == "mine" and OUTCOMES.key(o2) == "e"
+    [f] = validate([{"tenant": "t", "memory_id": "m1", "kind": "thumbs_down"}], FEEDBACK)
+    assert isinstance(f, Feedback) and FEEDBACK.key(f) == "m1" and FEEDBACK.topic == "feedback"
+
+
+def test_budget_is_bounded_and_never_waits() -> None:
+    b = InflightBudget(5)
+    assert b.take(3) and not b.take(3) and b.take(2)
+    assert not b.take(1)
+    b.give(5)
+    assert b.take(5) and b.used == 5
+    with pytest.raises(ValueError):
+        InflightBudget(0)
+
+
+def test_settings_refuse_a_batch_that_never_fits() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        IngestSettings(max_batch=100, max_inflight=10)
+
+
+def test_openapi_document_validates_and_follows_settings() -> None:
+    s = Settings(ingest=IngestSettings(max_batch=7, max_inflight=7))
+    doc = openapi_document(s)
+    validate_openapi(doc)
+    post = doc["paths"]["/v1/transitions"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["oneOf"][1]["maxItems"] == 7
+    assert set(post["responses"]) >= {"202", "401", "403", "413", "422", "429", "503"}
+    assert "Retry-After" in post["responses"]["429"]["headers"]
+    # the schemas are pydantic's own: a limit of the model shows up in the document
+    assert doc["components"]["schemas"]["Transition"]["properties"]["step"]["minimum"] == 0
