@@ -399,7 +399,9 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         # replayed nor drawn at random (the no-memory agent knows no such warning)
         avoid = {h.action for h in hits if h.reward < 0}
         result = None
+        considered: list[str] = []
         for h in hits:
+            considered.append(h.memory_id)
             # a memory's action if the simulator accepts it here (an input it cannot
             # parse costs no move and changes nothing) and it was not already tried from
             # this very observation in this episode (no loops on a useless action)
@@ -415,8 +417,10 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             result = sw.act(action)
         tried.add((obs, str(action)))
         if c is not None and hits:
-            await c.report_usage(ep, rid, {h.memory_id: float(h.memory_id == used)
-                                           for h in hits}, step=step)
+            # usage = what the agent considered, in rank order, up to the memory it acted
+            # on (1); the hits below it were never looked at and are not reported as
+            # tried (this record replaces the responder's score-weighted one)
+            await c.report_usage(ep, rid, {m: float(m == used) for m in considered}, step=step)
         obs, reward, score, done, failed = result
         if obs.startswith(AMBIGUOUS):
             obs, reward, score, done, failed = sw.act("0")
@@ -478,7 +482,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[1].set_ylabel("tie-aware hit@5")
     axes[1].set_ylim(0, 1)
     axes[1].set_title(f"{result['probes']} probes from unseen variations")
-    fig.suptitle("dmem bench sciworld")
+    fig.suptitle(f"dmem bench sciworld --env {result.get('env', 'sciworld')}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -519,12 +523,12 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
         sw.close()
         shutil.rmtree(data, ignore_errors=True)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    plot(result, cfg.out_dir / "sciworld.png")
+    plot(result, cfg.out_dir / f"{cfg.env}.png")
     loop = result.pop("loop_scores")
     traces = result.pop("loop_traces")
-    (cfg.out_dir / "sciworld.json").write_text(
+    (cfg.out_dir / f"{cfg.env}.json").write_text(
         json.dumps({"result": result, "loop": loop, "loop_traces": traces}))
-    note(f"plot: {cfg.out_dir / 'sciworld.png'}")
+    note(f"plot: {cfg.out_dir / (cfg.env + '.png')}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result
 
@@ -558,7 +562,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
                               timeout_s=20) as h:
             dump: list[dict[str, Any]] = []
             ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)
-        (cfg.out_dir / "sciworld-probes.json").write_text(json.dumps(dump, indent=1))
+        (cfg.out_dir / f"{cfg.env}-probes.json").write_text(json.dumps(dump, indent=1))
     loop = await closed_loop(sw, stack, played, cfg)
     n = len(steps)
     return {
