@@ -36,6 +36,12 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
 
 Coverage counts distinct critical events: a critical step is covered when it, or
 a step with the same (task, variation, observation, action), is stored.
+
+Outputs under ``.dmem-bench/``, named by ``--env`` (``sciworld`` or a TextWorldExpress
+game, `dmem.bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
+every loop step's action, source memory and reward), ``<env>-probes.json`` (each
+probe's top hits per ranking with relevance, reward, salience, policy, subgoal) and
+``<env>.png``.
 """
 
 from __future__ import annotations
