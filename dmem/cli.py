@@ -476,6 +476,9 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 
 
 @bench.command("sciworld")
+@click.option("--env", type=click.Choice(["sciworld", "twx-coin", "twx-cookingworld"]),
+              default="sciworld", show_default=True,
+              help="ScienceWorld, or a TextWorldExpress game as the second environment")
 @click.option("--task", "tasks", multiple=True,
               help="ScienceWorld task (repeatable; default: six tasks of the allowed list)")
 @click.option("--train-variations", type=click.IntRange(1), default=4, show_default=True)
@@ -490,16 +493,18 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 @click.option("--play-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON file of played episodes to reuse (written when absent)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_sciworld(tasks: tuple[str, ...], train_variations: int, test_variations: int,
+def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test_variations: int,
                    random_steps: int, loop_max_steps: int, encoder: str, settle_s: float,
                    seed: int, play_cache: Path | None, as_json: bool) -> None:
     """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
     from dmem.bench.sciworld import SciConfig
     from dmem.bench.sciworld import main as run_sci
     from dmem.bench.sciworld_env import DEFAULT_TASKS
+    from dmem.bench.twx_env import ENVS
 
+    default = DEFAULT_TASKS if env == "sciworld" else (ENVS[env],)
     try:
-        cfg = SciConfig(tasks=tuple(tasks) or DEFAULT_TASKS, train_variations=train_variations,
+        cfg = SciConfig(tasks=tuple(tasks) or default, env=env, train_variations=train_variations,
                         test_variations=test_variations, random_steps=random_steps,
                         loop_max_steps=loop_max_steps, encoder=encoder, settle_s=settle_s,
                         seed=seed, play_cache=play_cache)

@@ -55,7 +55,12 @@ Two memories may merge only if all of these hold:
 
 - same scope (`merge_scope`): tenant, agent, action, valence (the RPE's sign),
   partition (the route: a core memory never merges with a buffer one), terminal
-  flag (``metadata.done``) and the reward's sign (-, 0, +). Critical status
+  flag (``metadata.done``), the reward's sign (-, 0, +) and the context the agent
+  declared (``metadata.user``, the transition's own metadata, compared whole, like
+  the write path's exact-repeat key). The same words in another context are not a
+  repeat (issue 13: "The door is now open." + "go to kitchen" of one ScienceWorld
+  task was folded into another task's row, whose metadata the survivor keeps, so a
+  search filtered to the first task (``metadata_equals``) no longer found it). Critical status
   (`is_critical`: reward != 0, or a terminal step such as a failure) is a
   function of the last two, so a critical memory never merges with a
   non-critical one;
@@ -90,6 +95,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +117,7 @@ __all__ = [
     "is_critical",
     "merge_rows",
     "merge_scope",
+    "user_context",
     "plan_decay",
     "plan_merges",
     "priority",
@@ -537,12 +544,21 @@ def is_critical(row: Mapping[str, Any]) -> bool:
     return float(row.get("reward", 0.0) or 0.0) != 0.0 or bool(_meta(row).get("done"))
 
 
-def merge_scope(row: Mapping[str, Any]) -> tuple[str, str, int, str, bool, int]:
+def user_context(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The metadata the agent sent with the transition (``metadata.user``)."""
+    user = _meta(row).get("user")
+    return user if isinstance(user, Mapping) else {}
+
+
+def merge_scope(row: Mapping[str, Any]) -> tuple[str, str, int, str, bool, int, str]:
     """Only memories with equal scopes may merge (module doc): agent, action,
-    valence, partition (route), terminal flag, reward sign (the tenant is implied)."""
+    valence, partition (route), terminal flag, reward sign and the agent's declared
+    context (``metadata.user`` as canonical JSON; the tenant is implied)."""
+    ctx = json.dumps(user_context(row), sort_keys=True, default=str, separators=(",", ":"))
     return (str(row.get("agent_id", "")), str(row.get("action", "")),
             int(row.get("valence", 0) or 0), str(row.get("partition", "")),
-            bool(_meta(row).get("done")), _sign(float(row.get("reward", 0.0) or 0.0)))  # fmt: skip
+            bool(_meta(row).get("done")), _sign(float(row.get("reward", 0.0) or 0.0)),
+            ctx)  # fmt: skip
 
 
 def reward_span(row: Mapping[str, Any]) -> tuple[float, float]:

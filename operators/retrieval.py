@@ -5,14 +5,21 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - semantic: cosine similarity of query and memory, clipped to [0, 1] (vectors
   are unit; negative cosine means unrelated, not "anti-relevant").
 - salience: how much the memory mattered, in [0, 1]:
-  ``(1 - w_u) * (1 - exp(-surprise / rpe_scale)) + w_u * (0.5 + 0.5 * tanh(u))``
+  ``(1 - w_u) * surprise + w_u * (0.5 + 0.5 * tanh(u))``
   with the optimistic utility ``u = utility + explore / (1 + uses)^2``.
-  surprise = max(|rpe|, rpe_smoothed): the stored tenant-normalised RPE (a
-  z-score) or the gate's score, which also carries the reward's surprise
-  against the tenant's usual reward (operators/rpe.py, issue 13: a rewarded
-  step whose TD error the value model half-expected still stands out from the
-  identical observation that earned nothing). ``rpe_scale`` = 2 puts a
-  2-sigma surprise at 0.63. Utility is the credit job's EMA of
+  surprise is the write path's verdict, scale free (issue 13): 1 for a core
+  memory (the gate, hindsight or credit judged that it matters, each against
+  this tenant's own distribution), else ``1 - exp(-s / rpe_scale)`` with
+  s = max(|rpe|, rpe_smoothed): the stored tenant-normalised RPE (a z-score)
+  or the gate's score, which also carries the reward's surprise against the
+  tenant's usual reward (operators/rpe.py). ``rpe_scale`` = 2 puts a 2-sigma
+  surprise at 0.63. Why not the magnitude for core memories: a larger reward
+  is not evidence that a memory is more relevant to a query (on ScienceWorld,
+  among identical "The door is now open." rows, the +17 of one subgoal
+  outranked the +8 of the subgoal the query needed, deterministically, where
+  cosine left them tied); what separates equally similar memories is whether
+  they mattered at all (core vs the buffer tier vs mundane) and what using
+  them earned (utility). Utility is the credit job's EMA of
   advantage per use; 0 sits at the neutral 0.5, so credit raises or lowers a
   memory relative to uncredited ones. w_u defaults to 0.5.
 - exploration (optimistic initial values, count-based): ``uses`` is how
@@ -40,7 +47,11 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   that sets lambda explicitly (e.g. 1.0 for pure semantic search) is never
   adapted.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
-  (``created_ts``), on the memory's own clock, never the wall clock: the
+  (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
+  (1000: 43 minutes for the default 30 days, recency moves by < 0.07 % within
+  one step), so milliseconds between two memories of one session are not a
+  difference in age: equal evidence stays an exact tie (a replay whose clock
+  jitters by a few ms ranks the same). On the memory's own clock, never the wall clock: the
   responder passes, per agent, the highest event time it has read from that
   agent's memories (`StreamClock`). A replayed or shifted stream therefore ranks
   as it did live, and one agent's skewed clock does not make another agent's
@@ -72,7 +83,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Ranked", "RankPolicy", "StreamClock", "rank", "usage_weights"]
+__all__ = ["RECENCY_STEPS", "Ranked", "RankPolicy", "StreamClock", "rank", "usage_weights"]
+
+#: recency's resolution: ages are counted in steps of half_life / RECENCY_STEPS
+RECENCY_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -131,14 +145,16 @@ class RankPolicy:
         share = sum(int(r.get("uses", 0) or 0) > 0 for r in top) / len(top)
         return lam + share * (self.lambda_evidence - lam)
 
-    def salience(self, rpe: float, utility: float, uses: int = 0) -> float:
-        surprise = 1.0 - math.exp(-abs(rpe) / self.rpe_scale)
+    def salience(self, rpe: float, utility: float, uses: int = 0, core: bool = False) -> float:
+        """Surprise (1 for a core memory, else from |rpe|) and optimistic credit."""
+        surprise = 1.0 if core else 1.0 - math.exp(-abs(rpe) / self.rpe_scale)
         optimistic = utility + self.explore / (1.0 + max(0, uses)) ** 2
         credit = 0.5 + 0.5 * math.tanh(optimistic)
         return (1.0 - self.utility_weight) * surprise + self.utility_weight * credit
 
     def recency(self, created_ms: float, now_ms: float) -> float:
-        age = max(0.0, now_ms - created_ms)
+        step = self.half_life_ms / RECENCY_STEPS
+        age = math.floor(max(0.0, now_ms - created_ms) / step) * step
         return float(2.0 ** (-age / self.half_life_ms))
 
 
@@ -212,6 +228,7 @@ def rank(
             max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
             float(row.get("utility", 0.0)),
             int(row.get("uses", 0) or 0),
+            row.get("partition") == "core",
         )
         if isinstance(now_ms, Mapping):
             ref = float(now_ms.get(str(row.get("agent_id") or ""), row.get("created_ts", 0)))

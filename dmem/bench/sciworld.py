@@ -24,7 +24,11 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
 5. Closed loop (no LLM) on each test variation, same seed per condition: before
    each step ask dmem for k = 5 memories of the same task with the observation
    as query, take the action of the best-ranked hit that is valid now, else a
-   random valid action; report which memory was used and the outcome. No
+   random valid action; report which memory was used and the outcome. "Valid
+   now": the simulator accepts it here, it was not tried from this observation
+   already in the episode, and no retrieved memory records it failing (a hit
+   with reward < 0 is a warning: its action is neither replayed nor drawn at
+   random; the no-memory agent has no such warnings). No
    memory / semantic (lambda = 1) / hybrid (default). Hybrid runs before
    semantic, so the credit its own episodes earn cannot help the semantic
    condition (semantic ranking ignores utility anyway). A failed task scores
@@ -32,6 +36,12 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
 
 Coverage counts distinct critical events: a critical step is covered when it, or
 a step with the same (task, variation, observation, action), is stored.
+
+Outputs under ``.dmem-bench/``, named by ``--env`` (``sciworld`` or a TextWorldExpress
+game, `dmem.bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
+every loop step's action, source memory and reward), ``<env>-probes.json`` (each
+probe's top hits per ranking with relevance, reward, salience, policy, subgoal) and
+``<env>.png``.
 """
 
 from __future__ import annotations
@@ -50,7 +60,17 @@ from pathlib import Path
 from typing import Any
 
 from dmem.bench.common import Progress, cleanup_on_signals, emit_json, note
-from dmem.bench.sciworld_env import DEFAULT_TASKS, TASKS, Episode, SciWorld, Step, play, rng_for
+from dmem.bench.sciworld_env import (
+    DEFAULT_TASKS,
+    TASKS,
+    Episode,
+    SciWorld,
+    Step,
+    World,
+    play,
+    rng_for,
+)
+from dmem.bench.twx_env import ENVS, TWXWorld
 from dmem.client import DmemClient
 from schemas import Transition
 from streams.local.stack import LocalStack
@@ -60,7 +80,8 @@ TENANT = "sciworld"
 #: exact repeats (the gold and noisy episodes of a variation share their rewarded steps)
 #: are the write path's `repeat` drops, as for any agent that does the same thing twice
 AGENT = "explorer"
-INVALID_PREFIXES = ("No known action matches", "Ambiguous request")
+#: ScienceWorld asks which object was meant ("0" picks the first)
+AMBIGUOUS = "Ambiguous request"
 #: fixed-lambda rankings of the same stored set, reported as diagnostics (``lambda_*``)
 DIAG_LAMBDAS = (("lambda_0.97", 0.97), ("lambda_0.9", 0.9), ("lambda_0.7", 0.7))
 
@@ -68,6 +89,8 @@ DIAG_LAMBDAS = (("lambda_0.97", 0.97), ("lambda_0.9", 0.9), ("lambda_0.7", 0.7))
 @dataclass(frozen=True)
 class SciConfig:
     tasks: tuple[str, ...] = DEFAULT_TASKS
+    #: "sciworld", or a TextWorldExpress game (`twx_env.ENVS`: "twx-coin", ...)
+    env: str = "sciworld"
     train_variations: int = 4
     test_variations: int = 2
     random_steps: int = 20
@@ -81,7 +104,10 @@ class SciConfig:
     play_cache: Path | None = None
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.tasks if t not in TASKS]
+        if self.env != "sciworld" and self.env not in ENVS:
+            raise ValueError(f"unknown env {self.env!r} (sciworld or one of {sorted(ENVS)})")
+        allowed = TASKS if self.env == "sciworld" else (ENVS[self.env],)
+        bad = [t for t in self.tasks if t not in allowed]
         if bad:
             raise ValueError(f"tasks not allowed in this benchmark: {bad}")
 
@@ -111,7 +137,11 @@ def to_transition(st: Step, i: int, t0_ms: int) -> Transition:
     )
 
 
-def play_all(sw: SciWorld, cfg: SciConfig, progress: Progress | None) -> Played:
+def make_world(cfg: SciConfig) -> World:
+    return SciWorld() if cfg.env == "sciworld" else TWXWorld()
+
+
+def play_all(sw: World, cfg: SciConfig, progress: Progress | None) -> Played:
     out = Played()
     for n, task in enumerate(cfg.tasks):
         train, test = sw.variations(task)
@@ -128,11 +158,13 @@ def play_all(sw: SciWorld, cfg: SciConfig, progress: Progress | None) -> Played:
 
 
 def _key(cfg: SciConfig) -> dict[str, Any]:
-    return {"tasks": list(cfg.tasks), "train": cfg.train_variations, "test": cfg.test_variations,
+    env = {} if cfg.env == "sciworld" else {"env": cfg.env}  # older caches: ScienceWorld
+    return {**env, "tasks": list(cfg.tasks), "train": cfg.train_variations,
+            "test": cfg.test_variations,
             "random_steps": cfg.random_steps, "seed": cfg.seed}
 
 
-def cached_play(sw: SciWorld, cfg: SciConfig) -> Played:
+def cached_play(sw: World, cfg: SciConfig) -> Played:
     import dataclasses
 
     path = cfg.play_cache
@@ -301,8 +333,19 @@ def relevant_keys(steps: dict[str, Step], pr: Probe) -> set[tuple[str, int, str,
             if s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal}
 
 
+def _dump_hit(h: Any, rel: bool, steps: dict[str, Step]) -> dict[str, Any]:
+    st = steps.get(h.memory_id)
+    return {"id": h.memory_id, "score": round(h.score, 4), "rel": rel,
+            "sem": round(h.breakdown.semantic, 4), "sal": round(h.breakdown.salience, 4),
+            "reward": h.reward, "action": h.action, "text": h.text[:80], "merged": h.merged_count,
+            "policy": st.policy if st else None, "subgoal": st.subgoal if st else None}
+
+
 async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: dict[str, Step],
-                     rows: dict[str, tuple[str, tuple[str, ...]]]) -> dict[str, float]:
+                     rows: dict[str, tuple[str, tuple[str, ...]]],
+                     dump: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """Tie-aware hit@5 / MRR@10 per ranking; ``dump`` (when given) collects, per probe,
+    the top hits of each ranking with their relevance (`.dmem-bench/sciworld-probes.json`)."""
     ids = list(steps)
     vecs = encoder.encode([steps[i].observation for i in ids])
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -319,22 +362,33 @@ async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: di
         rel_all = [event_key(steps[ids[j]]) in keys for j in cols]
         acc["hit_at_5_store_all"].append(hit_prob(sims, rel_all, 5))
         acc["mrr_at_10_store_all"].append(mrr(sims, rel_all, 10))
+        entry: dict[str, Any] = {"task": pr.task, "subgoal": pr.subgoal, "query": pr.query[:120],
+                                 "relevant_stored": sorted(rel_stored),
+                                 "hit_at_5_store_all": acc["hit_at_5_store_all"][-1]}
         for name, lam in (("dmem", None), ("semantic_stored", 1.0), *DIAG_LAMBDAS):
             hits = await c.search(pr.query, 20, lambda_=lam, metadata_equals={"task": pr.task})
             sc = [h.score for h in hits]
             rel = [h.memory_id in rel_stored for h in hits]
             acc[f"hit_at_5_{name}"].append(hit_prob(sc, rel, 5))
             acc[f"mrr_at_10_{name}"].append(mrr(sc, rel, 10))
+            entry[f"hit_at_5_{name}"] = acc[f"hit_at_5_{name}"][-1]
+            if name in ("dmem", "semantic_stored"):
+                entry[name] = [_dump_hit(h, r, steps) for h, r in zip(hits[:10], rel, strict=False)]
         acc["relevant_stored"].append(float(len(rel_stored) > 0))
+        if dump is not None:
+            dump.append(entry)
     return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}
 
 
 # ---------------------------------------------------------------- closed loop
 
 
-async def loop_episode(sw: SciWorld, c: DmemClient | None, task: str, variation: int,
-                       lam: float | None, cfg: SciConfig, tag: str) -> tuple[int, bool]:
-    """One closed-loop episode; returns (final score with failure as 0, success)."""
+async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: int,
+                       lam: float | None, cfg: SciConfig, tag: str,
+                       trace: list[dict[str, Any]] | None = None) -> tuple[int, bool]:
+    """One closed-loop episode; returns (final score with failure as 0, success).
+    ``trace`` (when given) collects each step: action, the memory it came from
+    (None: random), reward."""
     sw.load(task, variation)
     rng = rng_for(cfg.seed, "loop", task, variation)
     obs = sw.reset()
@@ -346,27 +400,39 @@ async def loop_episode(sw: SciWorld, c: DmemClient | None, task: str, variation:
         if c is not None:
             hits = await c.search(obs, 5, lambda_=lam, episode_id=ep, step=step, request_id=rid,
                                   metadata_equals={"task": task})
+        # a memory of a failure (reward < 0: it ended or set back the task) is a
+        # warning, not a recipe: its action is not valid for this agent, neither
+        # replayed nor drawn at random (the no-memory agent knows no such warning)
+        avoid = {h.action for h in hits if h.reward < 0}
         result = None
+        considered: list[str] = []
         for h in hits:
+            considered.append(h.memory_id)
             # a memory's action if the simulator accepts it here (an input it cannot
             # parse costs no move and changes nothing) and it was not already tried from
             # this very observation in this episode (no loops on a useless action)
-            if (obs, h.action) in tried:
+            if h.action in avoid or (obs, h.action) in tried:
                 continue
             attempt = sw.act(h.action)
-            if not attempt[0].startswith(INVALID_PREFIXES[0]):
+            if not attempt[0].startswith(sw.invalid_prefixes):
                 action, used, result = h.action, h.memory_id, attempt
                 break
         if result is None:
-            action = rng.choice(sw.valid())
+            valid = sw.valid()
+            action = rng.choice([a for a in valid if a not in avoid] or valid)
             result = sw.act(action)
         tried.add((obs, str(action)))
         if c is not None and hits:
-            await c.report_usage(ep, rid, {h.memory_id: float(h.memory_id == used)
-                                           for h in hits}, step=step)
-        obs, _, score, done, failed = result
-        if obs.startswith(INVALID_PREFIXES[1]):
-            obs, _, score, done, failed = sw.act("0")
+            # usage = what the agent considered, in rank order, up to the memory it acted
+            # on (1); the hits below it were never looked at and are not reported as
+            # tried (this record replaces the responder's score-weighted one)
+            await c.report_usage(ep, rid, {m: float(m == used) for m in considered}, step=step)
+        obs, reward, score, done, failed = result
+        if obs.startswith(AMBIGUOUS):
+            obs, reward, score, done, failed = sw.act("0")
+        if trace is not None:
+            trace.append({"step": step, "action": action, "memory": used, "reward": reward,
+                          "hits": len(hits), "failed": failed})
         if done:
             break
     final = max(score, 0)
@@ -375,11 +441,12 @@ async def loop_episode(sw: SciWorld, c: DmemClient | None, task: str, variation:
     return final, final >= 100
 
 
-async def closed_loop(sw: SciWorld, stack: LocalStack, played: Played,
+async def closed_loop(sw: World, stack: LocalStack, played: Played,
                       cfg: SciConfig) -> dict[str, Any]:
     s = stack.settings
     res: dict[str, Any] = {}
     per: dict[str, list[int]] = {}
+    traces: dict[str, list[dict[str, Any]]] = {}
     assert stack.bootstrap is not None
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
@@ -388,7 +455,9 @@ async def closed_loop(sw: SciWorld, stack: LocalStack, played: Played,
             scores, wins = [], 0
             for task, vs in played.test_variations.items():
                 for v in vs:
-                    sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name)
+                    tr: list[dict[str, Any]] = []
+                    sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr)
+                    traces[f"{name}:{task}:{v}"] = tr
                     scores.append(sc)
                     wins += ok
             per[name] = scores
@@ -397,6 +466,7 @@ async def closed_loop(sw: SciWorld, stack: LocalStack, played: Played,
             note(f"closed loop {name}: success {res[f'success_{name}']}, "
                  f"mean score {res[f'score_{name}']}")
     res["loop_scores"] = per
+    res["loop_traces"] = traces
     return res
 
 
@@ -418,7 +488,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[1].set_ylabel("tie-aware hit@5")
     axes[1].set_ylim(0, 1)
     axes[1].set_title(f"{result['probes']} probes from unseen variations")
-    fig.suptitle("dmem bench sciworld")
+    fig.suptitle(f"dmem bench sciworld --env {result.get('env', 'sciworld')}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -434,8 +504,9 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
     from milvus import EmbeddedMilvusServer
 
     t0 = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="dmem-bench-sciworld-"))
-    sw = SciWorld()
+    sw = make_world(cfg)
     server = EmbeddedMilvusServer(data / "milvus", stop_grace_s=5)
     stack: LocalStack | None = None
     try:
@@ -458,16 +529,17 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
         sw.close()
         shutil.rmtree(data, ignore_errors=True)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    plot(result, cfg.out_dir / "sciworld.png")
+    plot(result, cfg.out_dir / f"{cfg.env}.png")
     loop = result.pop("loop_scores")
-    (cfg.out_dir / "sciworld.json").write_text(json.dumps({"result": result, "loop": loop}))
-    note(f"plot: {cfg.out_dir / 'sciworld.png'}")
+    traces = result.pop("loop_traces")
+    (cfg.out_dir / f"{cfg.env}.json").write_text(
+        json.dumps({"result": result, "loop": loop, "loop_traces": traces}))
+    note(f"plot: {cfg.out_dir / (cfg.env + '.png')}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result
 
 
-async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str, Step],
+async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, Step],
                cfg: SciConfig) -> dict[str, Any]:
     from operators import build_encoder
 
@@ -494,10 +566,13 @@ async def _run(stack: LocalStack, sw: SciWorld, played: Played, steps: dict[str,
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
         async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
                               timeout_s=20) as h:
-            ranking = await run_probes(h, encoder, probes, steps, final_rows)
+            dump: list[dict[str, Any]] = []
+            ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)
+        (cfg.out_dir / f"{cfg.env}-probes.json").write_text(json.dumps(dump, indent=1))
     loop = await closed_loop(sw, stack, played, cfg)
     n = len(steps)
     return {
+        "env": cfg.env,
         "tasks": len(cfg.tasks),
         "episodes": len(played.train),
         "published": n,

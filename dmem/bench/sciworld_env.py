@@ -37,7 +37,7 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 TASKS: tuple[str, ...] = (
     "melt", "freeze", "change-the-state-of-matter-of", "measure-melting-point-unknown-substance",
@@ -126,8 +126,38 @@ def template(action: str) -> str:
     return action.split(" ", 1)[0] if action else ""
 
 
-class SciWorld:
+class World(Protocol):
+    """What the bench needs of a text environment (`SciWorld`, `twx_env.TWXWorld`)."""
+
+    gold: list[str]
+    invalid_prefixes: tuple[str, ...]
+
+    def close(self) -> None: ...
+    def variations(self, task: str) -> tuple[list[int], list[int]]: ...
+    def load(self, task: str, variation: int) -> None: ...
+    def reset(self) -> str: ...
+    def valid(self) -> list[str]: ...
+    def act(self, action: str) -> tuple[str, float, int, bool, bool]: ...
+    def progress(self) -> dict[str, bool]: ...
+
+
+class JvmWorld:
+    """A simulator behind a JVM (py4j): closing it twice, or after it died, is fine."""
+
+    env: Any
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        except Exception:  # noqa: BLE001 - the JVM may already be gone
+            pass
+
+
+class SciWorld(JvmWorld):
     """One ScienceWorld JVM, reused for every task and variation of a run."""
+
+    #: the simulator's answer to an input it cannot parse (no move, nothing changes)
+    invalid_prefixes: tuple[str, ...] = ("No known action matches",)
 
     def __init__(self, step_limit: int = 100) -> None:
         from scienceworld import ScienceWorldEnv
@@ -138,12 +168,6 @@ class SciWorld:
         self.loaded: tuple[str, int] | None = None
         self.gold: list[str] = []
         self.last_score = 0
-
-    def close(self) -> None:
-        try:
-            self.env.close()
-        except Exception:  # noqa: BLE001 - the JVM may already be gone
-            pass
 
     def variations(self, task: str) -> tuple[list[int], list[int]]:
         """(train, test) variation indices of a task."""
@@ -189,7 +213,7 @@ def rng_for(seed: int, *parts: Any) -> random.Random:
     return random.Random(f"{seed}|" + "|".join(str(p) for p in parts))
 
 
-def planned_actions(sw: SciWorld, policy: str, rng: random.Random,
+def planned_actions(sw: World, policy: str, rng: random.Random,
                     random_steps: int) -> Iterator[tuple[str | None, bool]]:
     """(action, from_gold) pairs; None = draw a random valid action now."""
     if policy == "gold":
@@ -208,7 +232,7 @@ def planned_actions(sw: SciWorld, policy: str, rng: random.Random,
         raise ValueError(f"unknown policy {policy!r}")
 
 
-def play(sw: SciWorld, task: str, variation: int, policy: str, seed: int,
+def play(sw: World, task: str, variation: int, policy: str, seed: int,
          episode: str, random_steps: int = 12) -> Episode:
     """Play one episode of a scripted policy (gold, noisy or random)."""
     sw.load(task, variation)

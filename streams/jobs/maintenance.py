@@ -20,7 +20,7 @@ partition of ``dmem.memories`` through the consumer group
 - Dedup: tumbling processing-time windows (``dedup_window_s``) of ``written``
   events, per tenant. At window close the window's rows are read (with
   vectors), grouped by merge scope (`operators.maintenance.merge_scope`: agent,
-  action, valence, partition, terminal flag, reward sign), and each scope's
+  action, valence, partition, terminal flag, reward sign, user metadata), and each scope's
   rows are searched against Milvus (one batched ANN query per scope, in the
   scope's partition and reward sign, top ``dedup_k`` excluding the window's
   own ids); rows within cosine ``tau`` whose rewards agree are merged
@@ -63,7 +63,9 @@ use; counting retrievals there would dilute it).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -112,7 +114,19 @@ SCAN_FIELDS = [
 ]
 REMOVED = ("merged", "evicted", "forgotten")
 SETTLE_PASS_S = 1.0  # while settling, decay passes at most this often (not every 200 ms)
-Scope = tuple[str, str, int, str, bool, int]  # `operators.maintenance.merge_scope`
+Scope = tuple[str, str, int, str, bool, int, str]  # `operators.maintenance.merge_scope`
+PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def context_filter(context: str) -> dict[str, Any]:
+    """Filter terms for a scope's user metadata (``metadata.user.<key> == value``) for
+    the keys the store can filter on exactly: plain-identifier keys with string, int or
+    bool values (no float equality on JSON). The rest of the context is checked on
+    the rows (`merge_scope`), so a filter term only narrows the ANN search."""
+    ctx = json.loads(context) if context else {}
+    return {f"metadata.user.{k}": v for k, v in ctx.items()
+            if PLAIN_KEY.match(k) and isinstance(v, str | int | bool)
+            and not (isinstance(v, str) and "\x00" in v)}  # fmt: skip
 MOVED = ("moved", "promoted", "demoted")
 
 
@@ -269,10 +283,11 @@ class MaintenanceEngine:
                    exclude: list[str]) -> set[str]:  # fmt: skip
         """Ids of stored rows in `scope`'s partition and reward sign within tau of any
         of `vectors` (batched ANN; the rest of the scope is checked on the rows)."""
-        agent, action, valence, part, _done, sign = scope
+        agent, action, valence, part, _done, sign, context = scope
         reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
         flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
-            "action": action, "valence": valence, "reward": reward})  # fmt: skip
+            "action": action, "valence": valence, "reward": reward,
+            **context_filter(context)})  # fmt: skip
         if exclude:
             flt = E.and_all([flt, f"not ({self.store.key_filter(tenant, exclude)})"])
         client = self.store.client

@@ -98,8 +98,14 @@ def test_merge_scope_separates_route_terminal_and_reward_sign() -> None:
             "metadata": {"done": False}}
     assert merge_scope(base) == merge_scope({**base, "reward": 3.0})
     for other in ({"partition": "buffer"}, {"metadata": {"done": True}}, {"reward": 0.0},
-                  {"reward": -2.0}, {"valence": -1}, {"action": "stay"}):
+                  {"reward": -2.0}, {"valence": -1}, {"action": "stay"},
+                  {"metadata": {"done": False, "user": {"task": "melt"}}}):
         assert merge_scope(base) != merge_scope({**base, **other})
+    # the agent's declared context is compared whole, key order aside
+    a = {**base, "metadata": {"user": {"task": "melt", "variation": 1}, "merge": {"ids": ["x"]}}}
+    b = {**base, "metadata": {"user": {"variation": 1, "task": "melt"}}}
+    c = {**base, "metadata": {"user": {"variation": 2, "task": "melt"}}}
+    assert merge_scope(a) == merge_scope(b) != merge_scope(c)
     assert is_critical({"reward": 0.0, "metadata": {"done": True}})
     assert is_critical({"reward": -0.5}) and not is_critical({"reward": 0.0, "metadata": {}})
 

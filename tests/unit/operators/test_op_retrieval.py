@@ -106,3 +106,24 @@ def test_young_store_does_not_trade_meaning_for_salience() -> None:
     far = {"id": "far", "similarity": 0.7, "rpe": 8.0, "rpe_smoothed": 8.0,
            "utility": 0.0, "uses": 0, "created_ts": 0}
     assert rank([far, near], p, p.lambda_for(100), 0, 1)[0].row["id"] == "near"
+
+
+def test_core_memories_of_equal_meaning_tie_whatever_their_reward_or_ms_age() -> None:
+    """Among identical texts, whether a memory mattered (core vs buffer) and its credit
+    break the tie, not how large its reward was or milliseconds between writes: with
+    no evidence either way the tie stays exact (issue 13)."""
+    p = RankPolicy.hybrid()
+    base = {"similarity": 1.0, "utility": 0.0, "uses": 0, "partition": "core"}
+    big = {**base, "id": "big", "rpe": 0.1, "rpe_smoothed": 6.0, "created_ts": 1_000}
+    small = {**base, "id": "small", "rpe": 0.1, "rpe_smoothed": 1.1, "created_ts": 1_007}
+    tier = {**base, "id": "tier", "rpe": 0.1, "rpe_smoothed": 6.0, "partition": "buffer",
+            "created_ts": 1_003}
+    lam = p.lambda_for(100)
+    got = {r.row["id"]: r.score for r in rank([big, small, tier], p, lam, 2_000, 3)}
+    assert got["big"] == got["small"] > got["tier"]
+    helped = {**small, "utility": 1.0, "uses": 2}  # proven utility beats optimism
+    assert rank([big, helped], p, lam, 2_000, 1)[0].row["id"] == "small"
+    # recency still counts on the scale of its half-life
+    old = {**big, "id": "old", "created_ts": 2_000 - int(p.half_life_ms)}
+    assert rank([old, small], p, lam, 2_000, 1)[0].row["id"] == "small"
+    assert p.recency(0, p.half_life_ms) == pytest.approx(0.5)
