@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +104,26 @@ PRODUCE_BATCH_BYTES = 512 * 1024
 REVOKE_DRAIN_SHARE = 0.8
 #: how long a shutdown waits for stage 1 and the in-flight batch
 STOP_DRAIN_S = 10.0
+#: the info line of every completed assignment (benchmarks and tests read it back:
+#: `assignments_in_log`)
+ASSIGNMENT_LOG = (
+    "write assignment gen=%s at_ms=%d partitions=%s restored=%d seeded=%d in %.2fs"
+)
+_ASSIGNMENT_RE = re.compile(
+    r"write assignment gen=(-?\d+) at_ms=(\d+) partitions=\[([\d, ]*)\] restored=(\d+) "
+    r"seeded=(\d+)"
+)
+
+
+def assignments_in_log(text: str) -> list[dict[str, Any]]:
+    """The assignments a write worker logged (`ASSIGNMENT_LOG`), in order: generation,
+    wall-clock ms, partitions, states restored and seeds read."""
+    return [
+        {"generation": int(m[1]), "at_ms": int(m[2]),
+         "partitions": [int(x) for x in m[3].split(",") if x.strip()],
+         "restored": int(m[4]), "seeded": int(m[5])}
+        for m in _ASSIGNMENT_RE.finditer(text)
+    ]  # fmt: skip
 
 
 def to_raw(m: Any) -> RawRecord:
@@ -282,11 +303,8 @@ class WriteConsumer(Service):
         self.seeded += seeded
         self.assignments += 1
         coordinator = getattr(self.consumer, "_coordinator", None)
-        log.info(
-            "write assignment gen=%s at_ms=%d partitions=%s restored=%d seeded=%d in %.2fs",
-            getattr(coordinator, "generation", -1), int(time.time() * 1000), sorted(parts),
-            restored, seeded, time.monotonic() - t0,
-        )
+        log.info(ASSIGNMENT_LOG, getattr(coordinator, "generation", -1), int(time.time() * 1000),
+                 sorted(parts), restored, seeded, time.monotonic() - t0)
         self._assigned.set()
         self.ready_event.set()  # the hindsight agent waits for the first restore
 
