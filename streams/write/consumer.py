@@ -365,6 +365,11 @@ class WriteConsumer(Service):
         (never ahead of the store); returns when the broker acknowledged them."""
         await self.queue.join()
         assert self.producer is not None
+        # states of partitions not owned (made by a batch a timed-out drain let through)
+        # are never checkpointed: they would overwrite their owner's checkpoint
+        ghosts = {k[1] for k in self.pipeline.states} - self.owned
+        if ghosts:
+            await asyncio.to_thread(self.pipeline.drop, ghosts)
         todo = sorted(self.pipeline.dirty if keys is None else self.pipeline.dirty & set(keys))
         self.pipeline.dirty.difference_update(todo)  # marks made from here on stay
         failed: list[StateKey] = []
@@ -453,7 +458,7 @@ class WriteConsumer(Service):
                 continue  # fetched before a rebalance: fetched again from the committed offsets
             self._idle.clear()  # from here a revocation waits for this batch (no await above)
             try:
-                await self._one_batch([m for m in records if m.partition in self.owned])
+                await self._one_batch([m for m in records if m.partition in self.owned], gen)
                 if self.pipeline.dirty and (
                     time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
                 ):
@@ -462,7 +467,7 @@ class WriteConsumer(Service):
             finally:
                 self._idle.set()
 
-    async def _one_batch(self, records: list[Any]) -> None:
+    async def _one_batch(self, records: list[Any], gen: int) -> None:
         if not records:
             return
         offsets: dict[TopicPartition, int] = {}
@@ -474,6 +479,9 @@ class WriteConsumer(Service):
         parts = {t: await self._partitions(t) for t in (self.mem_topic, self.dl_topic)}
         t0 = time.perf_counter()
         result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
+        if gen != self.generation:  # a rebalance whose drain timed out overtook it
+            log.warning("batch of %d overtaken by a rebalance: not stored (it replays)", len(raws))
+            return
         await self.queue.put(
             _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws, parts)
         )
