@@ -21,7 +21,8 @@ Scenario, on a fixed seed (``--seed``):
   of ``workers``) gets SIGKILL and is restarted after a random 0.2-2 s pause.
   When ``kills >= 2`` one kill happens inside the Milvus outage (a fresh worker
   must start while Milvus is down and must not crash-loop).
-- At 40 % of the stream the Milvus server is stopped for ``outage_s`` seconds
+- At 40 % of the stream (once a write worker answers ``/health``: one restarted
+  just before may still be starting) the Milvus server is stopped for ``outage_s`` seconds
   and restarted on the same data dir and ports (`EmbeddedMilvusServer.restart`).
   During the outage the driver polls the workers' ``/health`` (expects 503) and
   ``/metrics`` (``dmem_store_healthy 0``).
@@ -80,8 +81,10 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   process does not.
 - Scale-out (issue 15), from the write workers' assignment log lines
   (`streams.write.consumer.assignments_in_log`, killed workers' logs included):
-  ``workers``; ``rebalances``: group generations after the first one (joins of
-  the starting workers, each kill, each restart); ``state_restores``:
+  ``workers``; ``rebalances``: rebalances after the group first formed (joins of
+  the starting workers, each kill, each restart; one rebalance = one generation's
+  assignments, one per worker, within ``REBALANCE_SPAN_MS``: the embedded broker
+  numbers generations from 0 again once a group has emptied); ``state_restores``:
   (tenant, partition) states restored from checkpoints over all assignments
   (``state_seeds``: per-tenant checkpoints read as seeds); ``core_burst_ratio``:
   max over rebalances of the core rate in the 60 s after the rebalance divided
@@ -141,6 +144,8 @@ HOSTILE = "intruder"
 BURST_WINDOW_MS = 60_000
 #: fewest judged transitions in either window for a rebalance to be compared
 BURST_MIN_EVENTS = 200
+#: longest a rebalance takes from its first member's assignment to its last
+REBALANCE_SPAN_MS = 30_000
 
 
 @dataclass
@@ -378,7 +383,19 @@ class Chaos:
         self._restart(w)
         self.down.discard(id(w))
 
+    async def _until_reporting(self, timeout_s: float = 90.0) -> None:
+        """Until a write worker answers /health: one restarted just before the outage may
+        still be importing on a loaded machine, and the outage's report is under test."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for w in [w for w in self.writers if w.alive]:
+                code, _ = await asyncio.to_thread(http_get, self.port(w), "/health", 6.0)
+                if code == 200:
+                    return
+            await asyncio.sleep(0.25)
+
     async def outage(self, kill_inside: bool, rng: random.Random) -> None:
+        await self._until_reporting()
         self.rss_before_outage = self.max_rss
         uri = self.server.uri
         note(f"  milvus outage: stopping {uri} for {self.cfg.outage_s:.0f}s")
@@ -463,15 +480,25 @@ def scale_out(logs: list[Path], events: list[dict[str, Any]]) -> dict[str, Any]:
     """``rebalances``, ``state_restores``, ``state_seeds``, ``core_burst_ratio`` (see the
     module doc) from the write workers' logs and the MemoryEvents (dicts)."""
     found: list[dict[str, Any]] = []
-    for path in logs:
+    for i, path in enumerate(logs):
         try:
-            found += assignments_in_log(path.read_text(errors="replace"))
+            text = path.read_text(errors="replace")
         except OSError:
             continue
-    first_at: dict[int, int] = {}
-    for a in found:
-        first_at[a["generation"]] = min(first_at.get(a["generation"], a["at_ms"]), a["at_ms"])
-    gens = sorted(first_at, key=lambda g: first_at[g])
+        found += [a | {"worker": i} for a in assignments_in_log(text)]
+    # one rebalance = the assignments of one generation, one per worker, within
+    # REBALANCE_SPAN_MS: the embedded broker starts generations at 0 again once a
+    # group has emptied, so a generation number alone does not name a rebalance
+    rebalances: list[dict[str, Any]] = []  # {"generation", "at_ms", "workers"}
+    for a in sorted(found, key=lambda a: a["at_ms"]):
+        open_ = next((r for r in reversed(rebalances) if r["generation"] == a["generation"]
+                      and a["at_ms"] - r["at_ms"] <= REBALANCE_SPAN_MS
+                      and a["worker"] not in r["workers"]), None)  # fmt: skip
+        if open_ is None:
+            rebalances.append({"generation": a["generation"], "at_ms": a["at_ms"],
+                               "workers": {a["worker"]}})  # fmt: skip
+        else:
+            open_["workers"].add(a["worker"])
     judged = sorted((e["ts"], e["route"] == "core") for e in events
                     if e["kind"] in ("written", "dropped") and e.get("reason") != "retrospective")
     ts = [t for t, _ in judged]
@@ -484,18 +511,18 @@ def scale_out(logs: list[Path], events: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = []
     windows = []
     t_start = ts[0] if ts else 0
-    for g in gens[1:]:
-        t = first_at[g]
+    for r in rebalances[1:]:
+        t = r["at_ms"]
         n_before, before = share(t - BURST_WINDOW_MS, t)
         n_after, after = share(t, t + BURST_WINDOW_MS)
-        windows.append({"generation": g, "at_s": round((t - t_start) / 1000, 1),
+        windows.append({"generation": r["generation"], "at_s": round((t - t_start) / 1000, 1),
                         "judged_before": n_before, "core_share_before": round(before, 4),
                         "judged_after": n_after, "core_share_after": round(after, 4)})
         if n_before >= BURST_MIN_EVENTS and n_after >= BURST_MIN_EVENTS:
             ratios.append(after / before if before > 0 else (0.0 if after == 0 else math.inf))
     return {
         "rebalance_windows": windows,
-        "rebalances": max(len(gens) - 1, 0),
+        "rebalances": max(len(rebalances) - 1, 0),
         "state_restores": sum(a["restored"] for a in found),
         "state_seeds": sum(a["seeded"] for a in found),
         "core_burst_ratio": round(max(ratios), 3) if ratios else None,

@@ -42,3 +42,14 @@ def test_rebalance_without_enough_traffic_is_not_compared(tmp_path: Path) -> Non
     out = scale_out([a], judged(20, 1000, 50, 2))
     assert out["rebalances"] == 1 and out["core_burst_ratio"] is None
     assert out["core_burst_windows"] == 0
+
+
+def test_generation_numbers_reused_after_the_group_emptied_are_new_rebalances(
+    tmp_path: Path,
+) -> None:
+    """One worker killed twice: every restart joins an empty group at generation 0 again."""
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    for i, p in enumerate(logs):
+        p.write_text(line(0, 100_000 * i, [0, 1, 2, 3], i))
+    out = scale_out(logs, [])
+    assert out["rebalances"] == 2 and out["state_restores"] == 3
