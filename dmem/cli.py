@@ -328,7 +328,8 @@ def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch
 @click.option("--transitions", type=click.IntRange(1), default=50_000, show_default=True)
 @click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]), default="hash",
               show_default=True)
-@click.option("--workers", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--workers", default="1", show_default=True,
+              help="write workers; a list (1,2,3) measures each count in one run (scaling)")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
               help="worker micro-batch (DMEM_WRITE__BATCH_SIZE)")
@@ -339,17 +340,24 @@ def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch
 @click.option("--milvus-uri", default=None, help="use this Milvus server instead of starting one")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_write(transitions: int, encoder: str, workers: int, repeats: int, batch_size: int,
+def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batch_size: int,
                 batch_within: float, latency_transitions: int | None, milvus_uri: str | None,
                 backend: str, as_json: bool) -> None:
     """Write-path throughput and latency vs raw Kafka, encoder and Milvus baselines."""
     from dmem.bench import write as bw
 
     try:
-        out = bw.run(transitions=transitions, encoder=encoder, workers=workers, repeats=repeats,
-                     batch_size=batch_size, batch_within_s=batch_within,
-                     latency_transitions=latency_transitions, milvus_uri=milvus_uri,
-                     backend=backend)
+        counts = [int(x) for x in workers.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(not 1 <= n <= 8 for n in counts):
+        raise click.BadParameter(f"expected worker counts 1-8 like 1,2,3 (got {workers!r})",
+                                 param_hint="--workers")
+    try:
+        out = bw.run_scaling(counts, transitions=transitions, encoder=encoder, repeats=repeats,
+                             batch_size=batch_size, batch_within_s=batch_within,
+                             latency_transitions=latency_transitions, milvus_uri=milvus_uri,
+                             backend=backend)
     except DmemError as exc:
         _fail(exc)
     if as_json:
@@ -421,7 +429,9 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
 @click.option("--transitions", type=click.IntRange(1), default=20_000, show_default=True)
 @click.option("--tenants", type=click.IntRange(2), default=3, show_default=True)
 @click.option("--kills", type=click.IntRange(0), default=3, show_default=True,
-              help="kill -9 the write worker this many times (one inside the outage)")
+              help="kill -9 a random write worker this many times (one inside the outage)")
+@click.option("--workers", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="write workers in the consumer group (each kill is a rebalance)")
 @click.option("--outage-s", type=click.FloatRange(0), default=30.0, show_default=True,
               help="seconds the Milvus server is down mid-stream (0: no outage)")
 @click.option("--broker-pause-s", type=click.FloatRange(0), default=5.0, show_default=True,
@@ -440,7 +450,7 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
               help="hostile forget requests for other tenants' memory ids")
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
+def bench_chaos(transitions: int, tenants: int, kills: int, workers: int, outage_s: float,
                 broker_pause_s: float, rate: float, bad_every: int, hostile_every: int,
                 hostile_feedback: int, hostile_episodes: int, hostile_forgets: int, seed: int,
                 as_json: bool) -> None:
@@ -452,7 +462,7 @@ def bench_chaos(transitions: int, tenants: int, kills: int, outage_s: float,
                       broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every,
                       hostile_every=hostile_every, hostile_feedback=hostile_feedback,
                       hostile_episodes=hostile_episodes, hostile_forgets=hostile_forgets,
-                      seed=seed)
+                      seed=seed, workers=workers)
     try:
         run_chaos(cfg, as_json)
     except DmemError as exc:

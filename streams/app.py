@@ -14,11 +14,14 @@ Decisions:
 - Operator state (value model, RPE normaliser, gate sketch, smoothers) is not
   kept in faust Tables: faust refuses table writes from ``take()`` batches
   ("Cannot modify table key from outside of stream iteration"). Instead each
-  tenant's state is snapshotted to the compacted ``models`` topic (key =
-  tenant) every ``checkpoint_every_s`` and on shutdown, and read back before
-  the first batch is processed. That is a changelog in all but name, with one
-  record per tenant instead of one per key update. Late outcomes (``retro``)
-  remain a faust agent: they are rare.
+  (tenant, input partition)'s state is snapshotted to the compacted ``models``
+  topic (key = ``tenant|partition``) every ``checkpoint_every_s``, on
+  revocation and on shutdown, and read back on assignment before the
+  partition's first batch (`streams.write.consumer`). That is a changelog in
+  all but name, with one record per state instead of one per key update. Late
+  outcomes (``retro``) remain a faust agent: they are rare; with several write
+  workers an outcome finds its episode's window only where that episode's
+  partition is held (README "Scaling", limits).
 - Torch work and Milvus calls run in a worker thread (`asyncio.to_thread`),
   never on the event loop, so heartbeats and the web server stay responsive.
 """
@@ -286,7 +289,7 @@ def wire_write_path(
     @app.agent(feedback, name="dmem-retro")
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:
         """Late outcomes: re-score the episode's eligibility window (hindsight)."""
-        await writer.ready_event.wait()  # not before the tenant states are restored
+        await writer.ready_event.wait()  # not before the first assignment's states
         async for value in stream:
             try:
                 data = orjson.loads(value)

@@ -1,8 +1,9 @@
 """`dmem bench chaos`: crash, outage and bad-input fault injection against the real stack.
 
 What runs (all real, nothing mocked): the embedded Tansu broker (`LocalStack`),
-a Milvus 2.3.5 standalone server (`EmbeddedMilvusServer`), one
-``dmem worker --role write`` subprocess (the one that gets killed) and, after
+a Milvus 2.3.5 standalone server (`EmbeddedMilvusServer`), ``workers``
+``dmem worker --role write`` subprocesses in one consumer group (the ones that get
+killed; each kill and each restart is a rebalance) and, after
 the stream, one ``dmem worker --role jobs`` (credit job and utility applier;
 maintenance off) for the hostile tenant's feedback.
 The workers are black boxes: this driver only talks to them through topics,
@@ -16,13 +17,14 @@ Scenario, on a fixed seed (``--seed``):
   ``bad_every`` valid ones: random bytes, truncated JSON, huge strings, deep
   nesting, NaN/inf, wrong types, wrong vector dims, unknown schema_version,
   unknown fields, non-object JSON, tombstones.
-- ``kills`` times, at random points of the stream, the worker gets SIGKILL and
-  is restarted after a random 0.2-2 s pause. When ``kills >= 2`` one kill
-  happens inside the Milvus outage (a fresh worker must start while Milvus is
-  down and must not crash-loop).
-- At 40 % of the stream the Milvus server is stopped for ``outage_s`` seconds
+- ``kills`` times, at random points of the stream, a write worker (a random one
+  of ``workers``) gets SIGKILL and is restarted after a random 0.2-2 s pause.
+  When ``kills >= 2`` one kill happens inside the Milvus outage (a fresh worker
+  must start while Milvus is down and must not crash-loop).
+- At 40 % of the stream (once a write worker answers ``/health``: one restarted
+  just before may still be starting) the Milvus server is stopped for ``outage_s`` seconds
   and restarted on the same data dir and ports (`EmbeddedMilvusServer.restart`).
-  During the outage the driver polls the worker's ``/health`` (expects 503) and
+  During the outage the driver polls the workers' ``/health`` (expects 503) and
   ``/metrics`` (``dmem_store_healthy 0``).
 - At 80 % of the stream the broker process is paused (SIGSTOP) for
   ``broker_pause_s`` seconds and resumed (a broker hiccup: connections hang).
@@ -73,9 +75,27 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   victim's id) whose utility moved / that its forgets deleted (the credit and
   forget paths ran on those very ids: the check is not vacuous);
   ``credit_drained``: the applier committed the whole credit topic;
-- ``max_rss_mb``: the worker's peak resident set (sampled every 0.25 s);
-  ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` show
-  backpressure: while Milvus is down the lag grows, the process does not.
+- ``max_rss_mb``: a write worker's peak resident set (sampled every 0.25 s);
+  ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` (summed over
+  the workers) show backpressure: while Milvus is down the lag grows, the
+  process does not.
+- Scale-out (issue 15), from the write workers' assignment log lines
+  (`streams.write.consumer.assignments_in_log`, killed workers' logs included):
+  ``workers``; ``rebalances``: rebalances after the group first formed (joins of
+  the starting workers, each kill, each restart; one rebalance = one generation's
+  assignments, one per worker, within ``REBALANCE_SPAN_MS``: the embedded broker
+  numbers generations from 0 again once a group has emptied); ``state_restores``:
+  (tenant, partition) states restored from checkpoints over all assignments
+  (``state_seeds``: per-tenant checkpoints read as seeds); ``core_burst_ratio``:
+  max over rebalances of the core rate in the 60 s after the rebalance divided
+  by the steady rate in the 60 s before it, where a rate is core writes per
+  transition judged (MemoryEvents by their processing time ``ts``): per
+  transition, because after a kill the new owner works off the backlog faster
+  than the stream arrives, which multiplies core writes per second without
+  any RPE storm; a cold state shows as a higher core *share*. Rebalances with
+  fewer than ``BURST_MIN_EVENTS`` judged transitions in either window (the
+  group forming before the stream, the end of the run) are left out;
+  ``core_burst_windows`` says how many were compared.
 
 Results: one JSON object on the last stdout line; progress and a table on stderr.
 """
@@ -84,6 +104,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import math
 import random
 import tempfile
@@ -96,6 +117,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -111,12 +133,19 @@ from dmem.bench.common import (
 from schemas import RetrievalRequest, Transition
 from streams.local.stack import LocalStack, WorkerProcess, tail
 from streams.settings import Settings
+from streams.write.consumer import assignments_in_log
 
 AGENTS = 4
 EPISODE_LEN = 20
 DIM = 64
 #: the tenant that reuses other tenants' ids (issue 21)
 HOSTILE = "intruder"
+#: window before / after a rebalance for ``core_burst_ratio``
+BURST_WINDOW_MS = 60_000
+#: fewest judged transitions in either window for a rebalance to be compared
+BURST_MIN_EVENTS = 200
+#: longest a rebalance takes from its first member's assignment to its last
+REBALANCE_SPAN_MS = 30_000
 
 
 @dataclass
@@ -135,6 +164,7 @@ class ChaosConfig:
     hostile_feedback: int = 200
     hostile_episodes: int = 20
     hostile_forgets: int = 50
+    workers: int = 1
 
 
 # --------------------------------------------------------------------------- workload
@@ -307,15 +337,16 @@ def metric(text: bytes, name: str) -> float | None:
 
 
 class Chaos:
-    """The fault injector: owns the current worker and the Milvus server."""
+    """The fault injector: owns the write workers and the Milvus server."""
 
     def __init__(self, stack: LocalStack, server: Any, cfg: ChaosConfig) -> None:
         self.stack, self.server, self.cfg = stack, server, cfg
-        self.worker: WorkerProcess = stack.workers[0]
+        self.writers: list[WorkerProcess] = [w for w in stack.workers if w.role == "write"]
+        self.started: list[WorkerProcess] = list(self.writers)  # every one, killed included
         self.kills = 0
         self.deaths = 0
         self.restarts = 0
-        self.expected_down = False  # between our SIGKILL and the restart
+        self.down: set[int] = set()  # ids of workers between our SIGKILL and the restart
         self.max_rss = 0.0
         self.rss_before_outage = 0.0
         self.rss_outage_max = 0.0
@@ -327,28 +358,44 @@ class Chaos:
         self.max_lag = 0.0
         self.broker_paused_s = 0.0
 
-    @property
-    def port(self) -> int:
-        return self.stack.web_ports[self.stack.workers.index(self.worker)]
+    def port(self, w: WorkerProcess) -> int:
+        return self.stack.web_ports[self.stack.workers.index(w)]
 
-    def _restart(self) -> None:
-        i = self.stack.workers.index(self.worker)
+    def _restart(self, old: WorkerProcess) -> None:
+        i = self.stack.workers.index(old)
         self.stack.workers.pop(i)
         self.stack.web_ports.pop(i)
-        self.worker = self.stack.start_worker("write")
+        new = self.stack.start_worker("write")
+        self.writers[self.writers.index(old)] = new
+        self.started.append(new)
         self.restarts += 1
 
     async def kill(self, rng: random.Random) -> None:
-        self.expected_down = True
-        pid = self.worker.proc.pid if self.worker.proc else None
-        await asyncio.to_thread(self.worker.kill)
+        # one worker: no draw, so the one-worker run keeps its random sequence
+        w = self.writers[rng.randrange(len(self.writers))] if len(self.writers) > 1 \
+            else self.writers[0]  # fmt: skip
+        self.down.add(id(w))
+        pid = w.proc.pid if w.proc else None
+        await asyncio.to_thread(w.kill)
         self.kills += 1
         note(f"  kill -9 #{self.kills} (worker pid {pid})")
         await asyncio.sleep(rng.uniform(0.2, 2.0))
-        self._restart()
-        self.expected_down = False
+        self._restart(w)
+        self.down.discard(id(w))
+
+    async def _until_reporting(self, timeout_s: float = 90.0) -> None:
+        """Until a write worker answers /health: one restarted just before the outage may
+        still be importing on a loaded machine, and the outage's report is under test."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for w in [w for w in self.writers if w.alive]:
+                code, _ = await asyncio.to_thread(http_get, self.port(w), "/health", 6.0)
+                if code == 200:
+                    return
+            await asyncio.sleep(0.25)
 
     async def outage(self, kill_inside: bool, rng: random.Random) -> None:
+        await self._until_reporting()
         self.rss_before_outage = self.max_rss
         uri = self.server.uri
         note(f"  milvus outage: stopping {uri} for {self.cfg.outage_s:.0f}s")
@@ -356,7 +403,7 @@ class Chaos:
         self.in_outage = True
         await asyncio.to_thread(self.server.stop)
         if kill_inside:
-            # kill once the running worker has reported the outage (/health 503), or
+            # kill once a running worker has reported the outage (/health 503), or
             # at 80 % of it: both the report and a start during the outage get tested
             deadline = t0 + 0.8 * self.cfg.outage_s
             await asyncio.sleep(min(2.0, self.cfg.outage_s / 5))
@@ -384,40 +431,103 @@ class Chaos:
             broker.resume()
         self.broker_paused_s = self.cfg.broker_pause_s
 
+    async def _probe(self, w: WorkerProcess) -> tuple[int, float]:
+        """(health status, consumer lag) of one worker; counts the outage reports."""
+        port = self.port(w)
+        # /health probes Milvus itself (about 1.2 s when it is away): a generous
+        # timeout, so a loaded machine still gets its answer during the outage
+        code, _ = await asyncio.to_thread(http_get, port, "/health", 6.0)
+        code_m, body = await asyncio.to_thread(http_get, port, "/metrics")
+        if self.in_outage and code:
+            self.health_polls += 1
+            self.health_503 += code == 503
+        lag = 0.0
+        if code_m == 200:
+            if self.in_outage and metric(body, "dmem_store_healthy") == 0.0:
+                self.store_unhealthy_metric += 1
+            lag = _sum_metric(body, "dmem_consumer_lag")
+        return code, lag
+
     async def watch(self, stop: asyncio.Event) -> None:
         """Sample RSS, health and metrics; count and repair unexpected deaths."""
         last_probe = 0.0
         while not stop.is_set():
-            w = self.worker
-            if w.proc is not None:
-                if not w.alive and not self.expected_down:
+            for w in list(self.writers):
+                if w.proc is None:
+                    continue
+                if not w.alive and id(w) not in self.down:
                     self.deaths += 1
                     note(f"  WORKER DIED (exit {w.proc.returncode}); log tail:\n"
                          + tail(w.log_path))
-                    self._restart()
+                    self._restart(w)
                 elif w.alive:
                     r = rss_mb(w.proc.pid) or 0.0
                     self.max_rss = max(self.max_rss, r)
                     if self.in_outage:
                         self.rss_outage_max = max(self.rss_outage_max, r)
-            if time.monotonic() - last_probe > 1.0 and self.worker.alive:
+            live = [w for w in self.writers if w.alive]
+            if time.monotonic() - last_probe > 1.0 and live:
                 last_probe = time.monotonic()
-                # /health probes Milvus itself (about 1.2 s when it is away): a generous
-                # timeout, so a loaded machine still gets its answer during the outage
-                code, _ = await asyncio.to_thread(http_get, self.port, "/health", 6.0)
-                code_m, body = await asyncio.to_thread(http_get, self.port, "/metrics")
-                if self.in_outage and code:
-                    self.health_polls += 1
-                    self.health_503 += code == 503
-                if code_m == 200:
-                    if self.in_outage and metric(body, "dmem_store_healthy") == 0.0:
-                        self.store_unhealthy_metric += 1
-                    lag = _sum_metric(body, "dmem_consumer_lag")
-                    self.max_lag = max(self.max_lag, lag)
+                probes = await asyncio.gather(*(self._probe(w) for w in live))
+                self.max_lag = max(self.max_lag, sum(lag for _, lag in probes))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
                 pass
+
+
+def scale_out(logs: list[Path], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rebalances``, ``state_restores``, ``state_seeds``, ``core_burst_ratio`` (see the
+    module doc) from the write workers' logs and the MemoryEvents (dicts)."""
+    found: list[dict[str, Any]] = []
+    for i, path in enumerate(logs):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found += [a | {"worker": i} for a in assignments_in_log(text)]
+    # one rebalance = the assignments of one generation, one per worker, within
+    # REBALANCE_SPAN_MS: the embedded broker starts generations at 0 again once a
+    # group has emptied, so a generation number alone does not name a rebalance
+    rebalances: list[dict[str, Any]] = []  # {"generation", "at_ms", "workers"}
+    for a in sorted(found, key=lambda a: a["at_ms"]):
+        open_ = next((r for r in reversed(rebalances) if r["generation"] == a["generation"]
+                      and a["at_ms"] - r["at_ms"] <= REBALANCE_SPAN_MS
+                      and a["worker"] not in r["workers"]), None)  # fmt: skip
+        if open_ is None:
+            rebalances.append({"generation": a["generation"], "at_ms": a["at_ms"],
+                               "workers": {a["worker"]}})  # fmt: skip
+        else:
+            open_["workers"].add(a["worker"])
+    judged = sorted((e["ts"], e["route"] == "core") for e in events
+                    if e["kind"] in ("written", "dropped") and e.get("reason") != "retrospective")
+    ts = [t for t, _ in judged]
+    core = np.cumsum([0] + [int(c) for _, c in judged])
+
+    def share(lo: int, hi: int) -> tuple[int, float]:
+        i, j = bisect.bisect_left(ts, lo), bisect.bisect_left(ts, hi)
+        return j - i, float(core[j] - core[i]) / max(j - i, 1)
+
+    ratios = []
+    windows = []
+    t_start = ts[0] if ts else 0
+    for r in rebalances[1:]:
+        t = r["at_ms"]
+        n_before, before = share(t - BURST_WINDOW_MS, t)
+        n_after, after = share(t, t + BURST_WINDOW_MS)
+        windows.append({"generation": r["generation"], "at_s": round((t - t_start) / 1000, 1),
+                        "judged_before": n_before, "core_share_before": round(before, 4),
+                        "judged_after": n_after, "core_share_after": round(after, 4)})
+        if n_before >= BURST_MIN_EVENTS and n_after >= BURST_MIN_EVENTS:
+            ratios.append(after / before if before > 0 else (0.0 if after == 0 else math.inf))
+    return {
+        "rebalance_windows": windows,
+        "rebalances": max(len(rebalances) - 1, 0),
+        "state_restores": sum(a["restored"] for a in found),
+        "state_seeds": sum(a["seeded"] for a in found),
+        "core_burst_ratio": round(max(ratios), 3) if ratios else None,
+        "core_burst_windows": len(ratios),
+    }
 
 
 def _sum_metric(text: bytes, name: str) -> float:
@@ -685,7 +795,8 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
     try:
         with cleanup_on_signals():
             note(f"bench chaos: {cfg.transitions} transitions, {cfg.tenants} tenants, "
-                 f"{cfg.kills} kills, outage {cfg.outage_s:.0f}s, seed {cfg.seed}")
+                 f"{cfg.workers} write worker(s), {cfg.kills} kills, "
+                 f"outage {cfg.outage_s:.0f}s, seed {cfg.seed}")
             server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=3, time_tick_ms=50)
             uri = server.start(timeout_s=180)
             note(f"  milvus server {uri} (started in {server.start_s:.1f}s)")
@@ -706,9 +817,9 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
                 "DMEM_MAINTENANCE__ENABLED": "false",
                 "DMEM_LOG_LEVEL": "info",
             }
-            stack = LocalStack(tmp / "stack", roles=("write",), extra_env=env)
+            stack = LocalStack(tmp / "stack", roles=("write",) * cfg.workers, extra_env=env)
             stack.start()
-            note(f"  broker {stack.bootstrap}; write worker up")
+            note(f"  broker {stack.bootstrap}; {cfg.workers} write worker(s) up")
             out = asyncio.run(_scenario(cfg, stack, server, uri, env["DMEM_MILVUS__COLLECTION"]))
             out["machine"] = machine_info()
             failed = False
@@ -785,14 +896,15 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     await watcher
     events_raw = await read_topic(settings, "memories")
     dead_raw = await read_topic(settings, "deadletter")
+    events = [orjson.loads(m.value) for m in events_raw]
+    scale = scale_out([w.log_path for w in chaos.started], events)
 
     # memory ids are unique per tenant only: everything is keyed by (tenant, id)
     Key = tuple[str, str]
     written: set[Key] = set()
     latest: dict[Key, str] = {}
     seen: set[Key] = set()
-    for m in events_raw:
-        ev = orjson.loads(m.value)
+    for ev in events:
         mid = (ev["tenant"], ev["memory_id"])
         seen.add(mid)
         latest[mid] = ev["kind"]
@@ -875,6 +987,8 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         "good_dead_lettered": len(dl_offsets & good_offsets),
         "dead_letters_without_reason": no_reason,
         "worker_deaths": chaos.deaths,
+        "workers": cfg.workers,
+        **scale,
         **hostile_probe,
         "hostile_writes": len(hostile) + sent,
         "cross_tenant_writes": cross,
@@ -895,7 +1009,8 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
 
 
 def report(out: dict[str, Any]) -> None:
-    keys = ["transitions", "worker_kills", "milvus_outage_s", "expected_stored", "stored", "lost",
+    keys = ["transitions", "workers", "worker_kills", "rebalances", "state_restores",
+            "core_burst_ratio", "milvus_outage_s", "expected_stored", "stored", "lost",
             "duplicated", "unprocessed", "orphans", "bad_inputs", "dead_lettered",
             "good_dead_lettered", "worker_deaths", "cross_tenant_hits", "searches_rejected",
             "hostile_writes", "cross_tenant_writes", "hostile_rows_credited",

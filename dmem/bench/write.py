@@ -40,6 +40,18 @@ driver reads the transition's MemoryEvent; p50/p99 over all paced transitions.
 
 Results: one JSON object on the last stdout line (see ``run``), also written
 to ``.dmem-bench/write-<encoder>-w<workers>.json`` for `dmem report`.
+
+Scaling (``--workers 1,2,3``, `run_scaling`): the whole measurement above once
+per worker count, in one run against one Milvus server (a fresh broker, topics
+and collection each time, so no count inherits another's lag or rows). Per
+count: ``pipeline_tps``, ``speedup`` = pipeline_tps / pipeline_tps(1 worker),
+``efficiency`` = speedup / workers (1.0 = linear), and the drift-robust
+``speedup_vs_bottleneck`` = ratio_vs_bottleneck / ratio_vs_bottleneck(1 worker)
+(each count's pipeline rate against the raw baselines measured in its own
+repeats) with ``efficiency_vs_bottleneck`` = that / workers. Honest for the
+machine: the workers, the broker, Milvus and this driver share its cores, so on
+2 cores extra workers add no CPU capacity (they can only overlap Milvus round
+trips); more workers pay off where each has cores of its own (README "Scaling").
 """
 
 from __future__ import annotations
@@ -633,6 +645,61 @@ def report(out: dict[str, Any]) -> None:
         f"{out['transitions']} transitions, batch {out['batch_size']}",
         ["measure", "median"], [(a, float(b)) for a, b in rows],
     )
+
+
+def run_scaling(workers: Sequence[int], milvus_uri: str | None = None,
+                **kw: Any) -> dict[str, Any]:
+    """`run` once per worker count against one Milvus server; efficiency vs the first count."""
+    from milvus.server import EmbeddedMilvusServer
+
+    counts = list(dict.fromkeys(workers))
+    if len(counts) == 1:
+        return run(workers=counts[0], milvus_uri=milvus_uri, **kw)
+    tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-write-scaling-"))
+    server = None
+    per: dict[int, dict[str, Any]] = {}
+    failed = True
+    try:
+        with cleanup_on_signals():
+            if milvus_uri is None and kw.get("backend", "embedded") == "embedded":
+                server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=3)
+                milvus_uri = server.start(timeout_s=120)
+                note(f"bench write scaling: milvus server {milvus_uri}")
+            for n in counts:
+                per[n] = run(workers=n, milvus_uri=milvus_uri, **kw)
+            failed = False
+    finally:
+        teardown(None, server, tmp, failed)
+    return scaling_summary(per)
+
+
+def scaling_summary(per: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Speedup and efficiency of every worker count against the first (see module doc)."""
+    base_n = next(iter(per))
+    base = per[base_n]
+    out: dict[str, Any] = {"bench": "write_scaling", "workers": list(per),
+                           "encoder": base["encoder"], "transitions": base["transitions"],
+                           "repeats": base["repeats"], "baseline_workers": base_n, "by_workers": {}}
+    for n, r in per.items():
+        speedup = r["pipeline_tps"] / base["pipeline_tps"]
+        rel = r["ratio_vs_bottleneck"] / base["ratio_vs_bottleneck"]
+        out["by_workers"][str(n)] = {
+            "pipeline_tps": r["pipeline_tps"],
+            "ratio_vs_bottleneck": r["ratio_vs_bottleneck"],
+            "bottleneck": r["bottleneck"],
+            "speedup": round(speedup, 3),
+            "efficiency": round(speedup * base_n / n, 3),
+            "speedup_vs_bottleneck": round(rel, 3),
+            "efficiency_vs_bottleneck": round(rel * base_n / n, 3),
+            "worker_cpu_us_per_transition": r.get("worker_cpu_us_per_transition"),
+            "latency_p50_ms": r["latency_p50_ms"],
+            "latency_p99_ms": r["latency_p99_ms"],
+        }
+    out["machine"] = base.get("machine")
+    print_table("dmem bench write: scaling", ["workers", "tps", "speedup", "efficiency"],
+                [(n, v["pipeline_tps"], v["speedup"], v["efficiency"])
+                 for n, v in out["by_workers"].items()])
+    return out
 
 
 def main(**kw: Any) -> None:

@@ -24,12 +24,27 @@ Decisions:
   what arrived during one store round trip (Milvus' per-call cost is paid per
   batch, not per record). So the CPU work of batch n+1 overlaps
   the Milvus and broker round trips of batch n. Batches are committed in order.
-- Checkpoints (per-tenant operator state to the compacted ``models`` topic)
-  are taken by stage 1 after stage 2 has drained, so a checkpoint never holds
-  state of a batch that is not yet stored; restored before the first fetch.
-- On a rebalance the revoked partitions' in-flight batch is finished first
-  (bounded wait); a commit refused because the partition moved is logged and
-  the new owner replays the batch (idempotent).
+- Checkpoints (operator state per (tenant, input partition), see
+  `streams.write.pipeline`, to the compacted ``models`` topic under
+  ``tenant|partition``) are taken by stage 1 after stage 2 has drained, so a
+  checkpoint never holds state of a batch that is not yet stored.
+- State moves with its partitions (Kafka Streams' tasks): on revocation the
+  in-flight batch is finished (stage 1's batch in hand and stage 2's; bounded
+  wait), the revoked partitions' states are checkpointed (acknowledged before
+  the callback returns, i.e. before the next owner is assigned them) and
+  dropped; on assignment the new partitions' states are read back
+  (`streams.write.checkpoints.CheckpointIndex`: only their records) before
+  their first batch: stage 1 holds a fetched batch until the assignment
+  callback has restored, and discards one fetched before the rebalance (it is
+  fetched again from the committed offsets). A commit refused because the
+  partition moved is logged and the new owner replays the batch (idempotent).
+  If the drain times out the revoked states are dropped without a checkpoint:
+  the next owner starts from the previous one and replays what was not
+  committed, so a checkpoint never runs ahead of the store. A kill -9 leaves
+  the last periodic checkpoint (``write.checkpoint_every_s``) for the next owner.
+- Migration: a per-tenant checkpoint (key ``tenant``, from a version before
+  per-partition state) is read as a seed: it starts every partition of its
+  tenant that has no checkpoint of its own (`WritePipeline.seed`).
 - Forget events: every write worker holds state for the agents of its own
   partitions, so each worker reads *all* of the small ``control`` topic (no
   group, from the beginning at every start, so a forget issued while a worker
@@ -46,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,12 +75,20 @@ from mode import Service
 from pydantic import ValidationError
 
 from schemas import DeadLetter, MemoryEvent, encode, storage_key
-from streams.admin import group_consumer, kafka_client_kwargs, read_compacted
+from streams.admin import group_consumer, kafka_client_kwargs
 from streams.backoff import Backoff
 from streams.metrics import record_batch
 from streams.partitioner import partitions_for_records
 from streams.settings import Settings
-from streams.write.pipeline import RawRecord, WritePipeline, dead_letter
+from streams.write.checkpoints import CheckpointIndex
+from streams.write.pipeline import (
+    RawRecord,
+    StateKey,
+    WritePipeline,
+    dead_letter,
+    parse_state_key,
+    state_key,
+)
 
 log = logging.getLogger("dmem.write")
 
@@ -80,6 +104,26 @@ PRODUCE_BATCH_BYTES = 512 * 1024
 REVOKE_DRAIN_SHARE = 0.8
 #: how long a shutdown waits for stage 1 and the in-flight batch
 STOP_DRAIN_S = 10.0
+#: the info line of every completed assignment (benchmarks and tests read it back:
+#: `assignments_in_log`)
+ASSIGNMENT_LOG = (
+    "write assignment gen=%s at_ms=%d partitions=%s restored=%d seeded=%d in %.2fs"
+)
+_ASSIGNMENT_RE = re.compile(
+    r"write assignment gen=(-?\d+) at_ms=(\d+) partitions=\[([\d, ]*)\] restored=(\d+) "
+    r"seeded=(\d+)"
+)
+
+
+def assignments_in_log(text: str) -> list[dict[str, Any]]:
+    """The assignments a write worker logged (`ASSIGNMENT_LOG`), in order: generation,
+    wall-clock ms, partitions, states restored and seeds read."""
+    return [
+        {"generation": int(m[1]), "at_ms": int(m[2]),
+         "partitions": [int(x) for x in m[3].split(",") if x.strip()],
+         "restored": int(m[4]), "seeded": int(m[5])}
+        for m in _ASSIGNMENT_RE.finditer(text)
+    ]  # fmt: skip
 
 
 def to_raw(m: Any) -> RawRecord:
@@ -107,13 +151,10 @@ class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
         self.writer = writer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        if revoked:
-            await self.writer.drain(
-                REVOKE_DRAIN_SHARE * self.writer.settings.kafka.rebalance_timeout_s
-            )
+        await self.writer.revoke(list(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        log.info("write partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        await self.writer.assign(list(assigned))
         # the lag metric starts from the group's commits, not 0; in the background,
         # never inside the rebalance itself
         task = asyncio.ensure_future(self.writer.seed_committed(list(assigned)))
@@ -136,7 +177,16 @@ class WriteConsumer(Service):
         self.producer: AIOKafkaProducer | None = None
         self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
         self._taken = asyncio.Event()  # stage 2 took a batch off the queue
-        self.restored = 0
+        self.restored = 0  # (tenant, partition) states restored from checkpoints
+        self.seeded = 0  # per-tenant checkpoints read as seeds (migration)
+        self.assignments = 0
+        self.owned: set[int] = set()  # input partitions whose states are restored here
+        self.generation = 0  # bumped at every revocation: batches fetched before are stale
+        self._assigned = asyncio.Event()  # the current assignment's states are restored
+        self._idle = asyncio.Event()  # stage 1 holds no batch (set between batches)
+        self._idle.set()
+        self.checkpoints = CheckpointIndex(settings, settings.topic("models"),
+                                           loop=kwargs.get("loop"), beacon=kwargs.get("beacon"))
         self.batches = 0
         self.commit_failures = 0
         self.forgets_applied = 0  # `forgotten` notices read from ``control``
@@ -171,7 +221,7 @@ class WriteConsumer(Service):
     async def _start_when_connected(self) -> None:
         k = self.settings.kafka
         await self.store_service.connected.wait()
-        self.restored = await self.restore()
+        await self.checkpoints.start()  # indexes the models topic; restores read through it
         self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
                                        "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
                                        listener=_Drain(self))
@@ -181,8 +231,7 @@ class WriteConsumer(Service):
         )
         await self.forget_consumer.start()
         self.ready = True
-        self.ready_event.set()
-        log.info("write path ready (restored %d tenant states)", self.restored)
+        log.info("write path ready")
         self.add_future(self._stage_store())
         self._stage1 = self.add_future(self._stage_process())
         self.add_future(self._forget_loop())
@@ -212,20 +261,77 @@ class WriteConsumer(Service):
                     await c.stop()
                 except Exception as exc:  # noqa: BLE001 - shutting down anyway
                     log.warning("consumer stop: %s", exc)
+        await self.checkpoints.stop()
         if self.producer is not None:
             try:
                 await self.producer.stop()
             except Exception as exc:  # noqa: BLE001
                 log.warning("producer stop: %s", exc)
 
-    async def restore(self) -> int:
-        states = await read_compacted(self.settings, self.settings.topic("models"))
-        for key, data in states.items():
+    def _input_parts(self, tps: list[TopicPartition]) -> set[int]:
+        topic = self.settings.topic("transitions")
+        return {tp.partition for tp in tps if tp.topic == topic}
+
+    async def revoke(self, tps: list[TopicPartition]) -> None:
+        """Rebalance, before: finish the batch in flight, checkpoint and drop the states."""
+        self.generation += 1  # what stage 1 fetched before this point is stale now
+        self._assigned.clear()
+        parts = self._input_parts(tps)
+        if not parts:
+            return
+        timeout = REVOKE_DRAIN_SHARE * self.settings.kafka.rebalance_timeout_s
+        drained = await self.drain(timeout)
+        if drained and self.producer is not None:
+            await self.checkpoint(self.pipeline.keys(parts))
+        dropped = await asyncio.to_thread(self.pipeline.drop, parts)
+        self.owned -= parts
+        log.info("write partitions revoked: %s (%d states %s)", sorted(parts), len(dropped),
+                 "checkpointed" if drained else "dropped without checkpoint: drain timed out")
+
+    async def assign(self, tps: list[TopicPartition]) -> None:
+        """Rebalance, after: restore the assigned partitions' states, then let stage 1 go."""
+        t0 = time.monotonic()
+        parts = self._input_parts(tps)
+        # a revocation dropped every state; any here now was made by a batch that
+        # outlived a timed-out drain: not restored, so not trusted
+        ghosts = await asyncio.to_thread(self.pipeline.drop, {k[1] for k in self.pipeline.states})
+        if ghosts:
+            log.warning("dropped %d states not restored from a checkpoint", len(ghosts))
+        restored, seeded = await self.restore(parts)
+        self.owned = parts
+        self.restored += restored
+        self.seeded += seeded
+        self.assignments += 1
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        log.info(ASSIGNMENT_LOG, getattr(coordinator, "generation", -1), int(time.time() * 1000),
+                 sorted(parts), restored, seeded, time.monotonic() - t0)
+        self._assigned.set()
+        self.ready_event.set()  # the hindsight agent waits for the first restore
+
+    async def restore(self, parts: set[int]) -> tuple[int, int]:
+        """(states restored, seeds read) for input partitions `parts`, from the index."""
+        await self.checkpoints.sync()
+        want: list[bytes] = []
+        for key in list(self.checkpoints.where):
             try:
-                self.pipeline.restore(key.decode(), data)
+                tenant, part = parse_state_key(key)
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if (part is None and tenant not in self.pipeline.seeds) or part in parts:
+                want.append(key)
+        restored = seeded = 0
+        for key, data in (await self.checkpoints.load(want)).items():
+            tenant, part = parse_state_key(key)
+            try:
+                if part is None:
+                    await asyncio.to_thread(self.pipeline.seed, tenant, data)
+                    seeded += 1
+                else:
+                    await asyncio.to_thread(self.pipeline.restore, tenant, data, part)
+                    restored += 1
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the worker
-                log.error("ignoring unreadable checkpoint for tenant %r: %s", key, exc)
-        return len(states)
+                log.error("ignoring unreadable checkpoint %r: %s", key, exc)
+        return restored, seeded
 
     async def seed_committed(self, tps: list[TopicPartition]) -> None:
         c = self.consumer
@@ -239,37 +345,52 @@ class WriteConsumer(Service):
                 self.committed.setdefault(tp, off)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Wait until every batch handed to stage 2 is stored and committed."""
+        """Wait until stage 1 holds no batch and every batch handed to stage 2 is stored
+        and committed."""
+
+        async def both() -> None:
+            await self._idle.wait()
+            await self.queue.join()
+
         try:
-            await asyncio.wait_for(self.queue.join(), timeout_s)
+            await asyncio.wait_for(both(), timeout_s)
             return True
         except TimeoutError:
             log.warning("in-flight write batch not finished within %.0fs; it will replay",
                         timeout_s)
             return False
 
-    async def checkpoint(self) -> None:
-        """Snapshot dirty tenants once stage 2 is empty (never ahead of the store)."""
+    async def checkpoint(self, keys: list[StateKey] | None = None) -> None:
+        """Snapshot the dirty states (of `keys` only, if given) once stage 2 is empty
+        (never ahead of the store); returns when the broker acknowledged them."""
         await self.queue.join()
         assert self.producer is not None
-        tenants = sorted(self.pipeline.dirty)
-        self.pipeline.dirty.difference_update(tenants)  # marks made from here on stay
-        failed: list[str] = []
-        futs: list[tuple[str, asyncio.Future[Any]]] = []
-        for tenant in tenants:
+        # states of partitions not owned (made by a batch a timed-out drain let through)
+        # are never checkpointed: they would overwrite their owner's checkpoint
+        ghosts = {k[1] for k in self.pipeline.states} - self.owned
+        if ghosts:
+            await asyncio.to_thread(self.pipeline.drop, ghosts)
+        todo = sorted(self.pipeline.dirty if keys is None else self.pipeline.dirty & set(keys))
+        self.pipeline.dirty.difference_update(todo)  # marks made from here on stay
+        failed: list[StateKey] = []
+        futs: list[tuple[StateKey, asyncio.Future[Any]]] = []
+        for tenant, part in todo:
             try:
-                data = await asyncio.to_thread(self.pipeline.snapshot, tenant)
-                futs.append((tenant, await self.producer.send(
-                    self.settings.topic("models"), data, key=tenant.encode())))
+                data = await asyncio.to_thread(self.pipeline.snapshot, tenant, part)
+            except KeyError:
+                continue  # dropped meanwhile (revoked)
+            try:
+                futs.append(((tenant, part), await self.producer.send(
+                    self.settings.topic("models"), data, key=state_key(tenant, part))))
             except KafkaError as exc:
-                log.warning("checkpoint of tenant %r not sent: %s", tenant, exc)
-                failed.append(tenant)
+                log.warning("checkpoint of %s|%d not sent: %s", tenant, part, exc)
+                failed.append((tenant, part))
         results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
-        failed += [t for (t, _), r in zip(futs, results, strict=True)
+        failed += [k for (k, _), r in zip(futs, results, strict=True)
                    if isinstance(r, BaseException)]
         if failed:  # tried again at the next interval; the worker keeps going
-            log.warning("checkpoint failed for %d tenant(s); retrying later", len(failed))
-            self.pipeline.dirty.update(failed)
+            log.warning("checkpoint failed for %d state(s); retrying later", len(failed))
+            self.pipeline.dirty.update(k for k in failed if k in self.pipeline.states)
 
     # -- stage 1: fetch + operators ------------------------------------------
     async def _fetch(self) -> list[Any]:
@@ -327,26 +448,43 @@ class WriteConsumer(Service):
                 await self._taken.wait()
             if self.should_stop:  # no new batch once stopping: on_stop checkpoints next
                 break
+            gen = self.generation
             records = await self._fetch()
-            if records:
-                offsets: dict[TopicPartition, int] = {}
-                for m in records:
-                    tp = TopicPartition(m.topic, m.partition)
-                    offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
-                raws = [to_raw(m) for m in records]
-                assert self.producer is not None
-                parts = {t: await self._partitions(t) for t in (self.mem_topic, self.dl_topic)}
-                t0 = time.perf_counter()
-                result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
-                await self.queue.put(
-                    _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws,
-                           parts)
-                )
-            if self.pipeline.dirty and (
-                time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
-            ):
-                await self.checkpoint()
-                last_ckpt = time.monotonic()
+            if not self._assigned.is_set():
+                if not records:
+                    continue  # rebalancing: nothing to do until the states are restored
+                await self._assigned.wait()  # restore before the first batch of a partition
+            if gen != self.generation:
+                continue  # fetched before a rebalance: fetched again from the committed offsets
+            self._idle.clear()  # from here a revocation waits for this batch (no await above)
+            try:
+                await self._one_batch([m for m in records if m.partition in self.owned], gen)
+                if self.pipeline.dirty and (
+                    time.monotonic() - last_ckpt >= self.settings.write.checkpoint_every_s
+                ):
+                    await self.checkpoint()
+                    last_ckpt = time.monotonic()
+            finally:
+                self._idle.set()
+
+    async def _one_batch(self, records: list[Any], gen: int) -> None:
+        if not records:
+            return
+        offsets: dict[TopicPartition, int] = {}
+        for m in records:
+            tp = TopicPartition(m.topic, m.partition)
+            offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
+        raws = [to_raw(m) for m in records]
+        assert self.producer is not None
+        parts = {t: await self._partitions(t) for t in (self.mem_topic, self.dl_topic)}
+        t0 = time.perf_counter()
+        result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
+        if gen != self.generation:  # a rebalance whose drain timed out overtook it
+            log.warning("batch of %d overtaken by a rebalance: not stored (it replays)", len(raws))
+            return
+        await self.queue.put(
+            _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws, parts)
+        )
 
     # -- stage 2: store + produce + commit -----------------------------------
     async def _stage_store(self) -> None:
@@ -512,6 +650,11 @@ class WriteConsumer(Service):
             "processed": self.pipeline.processed,
             "batches": self.batches,
             "ready": self.ready,
+            "partitions": sorted(self.owned),
+            "states": len(self.pipeline.states),
+            "assignments": self.assignments,
+            "state_restores": self.restored,
+            "seeds": self.seeded,
             "commit_failures": self.commit_failures,
             "forgets_applied": self.forgets_applied,
         }

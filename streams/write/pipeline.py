@@ -29,8 +29,27 @@ Decisions (see README "Write path"):
   a chat), so decay priorities and ranking salience, which read |rpe|, see the
   surprise that kept it instead of an extrinsic 0.
 - State (value model, normaliser, gate sketch, smoothers, recent-content keys,
-  eligibility windows) is kept per tenant and snapshotted to bytes for the
-  compacted ``models`` topic; `restore` accepts those bytes on start.
+  eligibility windows, the reward-free score's state: everything in
+  `TenantState`) is kept per *state key* (tenant, input partition) and
+  snapshotted to bytes for the compacted ``models`` topic under
+  `state_key` (``tenant|partition``); `restore` accepts those bytes. Why the
+  partition: transitions are keyed by agent, so a partition holds whole agents
+  (their smoothers, episodes, eligibility windows) and a consumer-group
+  rebalance hands partitions over whole; state that follows the partition can
+  be checkpointed by its owner and restored by the next one, as Kafka Streams
+  does with its tasks. A tenant spread over several partitions has one state
+  per partition, each learning from its share of the tenant's agents (the
+  gate's quantiles of one partition estimate the tenant's, since agents land
+  on partitions by hash). Keying, checkpointing and restoring see a
+  `TenantState` only through `to_bytes` / `from_bytes`, so fields added to it
+  ride along.
+- A (tenant, partition) seen for the first time is never judged by a cold
+  state when a warm one exists: it is seeded from the tenant's per-tenant
+  checkpoint of a version before per-partition state (`seed`, the automatic
+  migration: that checkpoint seeds every partition of its tenant on first
+  use), or copied from another partition of the same tenant this pipeline
+  holds (preferred: it is warmer; e.g. new agents hashed to a partition the
+  tenant had no agents on), else it starts cold like a new tenant.
 """
 
 from __future__ import annotations
@@ -40,7 +59,7 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -79,6 +98,28 @@ CHECKPOINT_REPEAT_KEYS = 10_000
 #: bytes of the original record kept in a dead letter (base64 makes it 4/3 larger)
 MAX_ORIGINAL_BYTES = 256 * 1024
 RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
+#: separates tenant and input partition in a checkpoint's key (a tenant holds no ``|``)
+STATE_KEY_SEP = "|"
+
+StateKey = tuple[str, int]
+"""(tenant, input partition): the unit of operator state a rebalance hands over."""
+
+
+def state_key(tenant: str, partition: int) -> bytes:
+    """The ``models`` topic key of a (tenant, input partition) state: ``tenant|partition``."""
+    return f"{tenant}{STATE_KEY_SEP}{partition}".encode()
+
+
+def parse_state_key(key: bytes) -> tuple[str, int | None]:
+    """(tenant, partition) of a checkpoint key; partition None for a per-tenant key of a
+    version before per-partition state (``tenant`` alone), which seeds (`WritePipeline.seed`)."""
+    text = key.decode()
+    tenant, sep, part = text.rpartition(STATE_KEY_SEP)
+    if not sep:
+        return text, None
+    if not tenant or not part.isdigit():
+        raise ValueError(f"not a state key: {text!r}")
+    return tenant, int(part)
 
 
 @dataclass(frozen=True)
@@ -340,40 +381,88 @@ def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[
 
 
 class WritePipeline:
-    """Stateful operator chain for the write path (state per tenant, in memory)."""
+    """Stateful operator chain for the write path (state per (tenant, partition), in memory)."""
 
     def __init__(self, settings: Settings, encoder: Encoder, gate: Gate | None = None) -> None:
         self.settings = settings
         self.encoder = encoder
         self.gate = gate or build_gate(settings)
-        self.tenants: dict[str, TenantState] = {}
-        self.dirty: set[str] = set()
+        self.states: dict[StateKey, TenantState] = {}
+        self.dirty: set[StateKey] = set()
+        #: per-tenant checkpoints of a version before per-partition state: each seeds
+        #: every partition of its tenant on first use (the automatic migration)
+        self.seeds: dict[str, bytes] = {}
         self.processed = 0
         # process / rescore / forget / snapshot run in worker threads of two agents
         # (write batches, late outcomes): one at a time per pipeline
         self.lock = threading.RLock()
 
     # -- state -------------------------------------------------------------
-    def tenant(self, name: str) -> TenantState:
-        st = self.tenants.get(name)
+    def state(self, tenant: str, partition: int = 0) -> TenantState:
+        """The state of (tenant, partition), created on first use (see the module doc:
+        copied from a sibling partition held here, else seeded from a per-tenant
+        checkpoint, else cold)."""
+        st = self.states.get((tenant, partition))
         if st is None:
-            st = TenantState(self.settings, self.encoder.dim)
-            self.tenants[name] = st
+            siblings = self.of_tenant(tenant)  # warmer than an old per-tenant seed
+            seed = siblings[0].to_bytes() if siblings else self.seeds.get(tenant)
+            st = (TenantState.from_bytes(self.settings, seed) if seed is not None
+                  else TenantState(self.settings, self.encoder.dim))  # fmt: skip
+            self.states[(tenant, partition)] = st
         return st
 
-    def snapshot(self, tenant: str) -> bytes:
+    def tenant(self, name: str, partition: int = 0) -> TenantState:
+        return self.state(name, partition)
+
+    @property
+    def tenants(self) -> dict[str, TenantState]:
+        """tenant -> the state of its lowest partition held here: the one-partition view
+        (tools and tests that feed one partition); the write path uses `states`."""
+        out: dict[str, TenantState] = {}
+        for (tenant, _), st in sorted(self.states.items(), key=lambda kv: kv[0], reverse=True):
+            out[tenant] = st
+        return out
+
+    def of_tenant(self, tenant: str) -> list[TenantState]:
+        """Every state of `tenant` held here, lowest partition first."""
+        return [st for (t, _), st in sorted(self.states.items(), key=lambda kv: kv[0])
+                if t == tenant]  # fmt: skip
+
+    def keys(self, partitions: Iterable[int]) -> list[StateKey]:
+        """State keys held here for these input partitions."""
+        parts = set(partitions)
+        return sorted(k for k in self.states if k[1] in parts)
+
+    def snapshot(self, tenant: str, partition: int = 0) -> bytes:
         with self.lock:
-            return self._snapshot(tenant)
+            return self._snapshot(tenant, partition)
 
-    def _snapshot(self, tenant: str) -> bytes:
-        return self.tenants[tenant].to_bytes()
+    def _snapshot(self, tenant: str, partition: int) -> bytes:
+        return self.states[(tenant, partition)].to_bytes()
 
-    def restore(self, tenant: str, data: bytes) -> None:
+    def restore(self, tenant: str, data: bytes, partition: int = 0) -> None:
         with self.lock:
-            self._restore(tenant, data)
+            self._restore(tenant, data, partition)
 
-    def _restore(self, tenant: str, data: bytes) -> None:
-        self.tenants[tenant] = TenantState.from_bytes(self.settings, data)
+    def _restore(self, tenant: str, data: bytes, partition: int) -> None:
+        self.states[(tenant, partition)] = TenantState.from_bytes(self.settings, data)
+
+    def seed(self, tenant: str, data: bytes) -> None:
+        """Keep a per-tenant checkpoint (older format of key): every partition of `tenant`
+        without a checkpoint of its own starts from it. Checked here, used lazily."""
+        TenantState.from_bytes(self.settings, data)  # unreadable -> raises now, not later
+        with self.lock:
+            self.seeds[tenant] = data
+
+    def drop(self, partitions: Iterable[int]) -> list[StateKey]:
+        """Forget the states of these input partitions (revoked: their next owner restores
+        them from their checkpoints); returns the keys dropped."""
+        with self.lock:
+            gone = self.keys(partitions)
+            for k in gone:
+                del self.states[k]
+                self.dirty.discard(k)
+            return gone
 
     # -- decode ------------------------------------------------------------
     def decode(self, raw: RawRecord, now_ms: int) -> Transition | DeadLetter:
@@ -424,18 +513,18 @@ class WritePipeline:
         result = BatchResult()
         # by (tenant, id): memory ids are unique per tenant only (issue 21), so another
         # tenant's record with the same id in this batch is not a replay of this one
-        good: dict[tuple[str, str], Transition] = {}
+        good: dict[tuple[str, str], tuple[int, Transition]] = {}
         for raw in raws:
             item = self.decode(raw, now_ms)
             if isinstance(item, DeadLetter):
                 result.dead.append((raw.key, item))
-            else:
-                good[(item.tenant, item.memory_id)] = item  # replay inside one batch: last wins
-        by_tenant: dict[str, list[Transition]] = {}
-        for t in good.values():
-            by_tenant.setdefault(t.tenant, []).append(t)
-        for tenant, ts in by_tenant.items():
-            self._process_tenant(tenant, ts, now_ms, result)
+            else:  # replay inside one batch: last wins
+                good[(item.tenant, item.memory_id)] = (raw.partition, item)
+        by_key: dict[StateKey, list[Transition]] = {}
+        for part, t in good.values():
+            by_key.setdefault((t.tenant, part), []).append(t)
+        for (tenant, part), ts in by_key.items():
+            self._process_tenant(tenant, ts, now_ms, result, part)
         self.processed += len(raws)
         return result
 
@@ -445,9 +534,10 @@ class WritePipeline:
         ts: list[Transition],
         now_ms: int,
         out: BatchResult,
+        partition: int = 0,
     ) -> None:
-        st = self.tenant(tenant)
-        self.dirty.add(tenant)
+        st = self.state(tenant, partition)
+        self.dirty.add((tenant, partition))
         s, s2 = self._encode(ts)
         r = np.array([t.reward for t in ts], dtype=np.float64)
         done = np.array([t.done for t in ts], dtype=bool)
@@ -562,10 +652,10 @@ class WritePipeline:
         content-key map is not checkpointed, so forgetting reaches repeat keys
         of memories stored since the worker's last start.
         """
-        st = self.tenants.get(tenant)
-        if st is not None:
-            st.forget(memory_id, episode_id)
-            self.dirty.add(tenant)
+        for (t, part), st in self.states.items():  # the memory's partition is not known
+            if t == tenant:
+                st.forget(memory_id, episode_id)
+                self.dirty.add((t, part))
 
     # -- retrospective re-scoring -------------------------------------------
     def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
@@ -602,12 +692,13 @@ class WritePipeline:
         before 10 sigma anyway.
         """
         out = BatchResult()
-        st = self.tenants.get(tenant)
-        if st is None:
+        # the state holding the episode: its agent's partition (an episode is one agent's)
+        held = [(k, st) for k, st in sorted(self.states.items(), key=lambda kv: kv[0])
+                if k[0] == tenant and st.eligibility.get(episode_id)]  # fmt: skip
+        if not held:
             return out
+        key, st = held[0]
         entries = st.eligibility.get(episode_id)
-        if not entries:
-            return out
         gamma = st.learner.gamma
         scale = st.learner.reward_scale
         plan = self.gate.plan(st.gate_state)
@@ -615,7 +706,7 @@ class WritePipeline:
         sigma = st.normalizer.sigma
         s_out = st.outcomes.surprise(outcome)
         st.outcomes.observe(outcome)
-        self.dirty.add(tenant)
+        self.dirty.add(key)
         if s_out is None:
             s_out = outcome / scale / sigma
         else:  # within the usual spread reveals nothing; beyond it, only the excess
@@ -692,7 +783,7 @@ class WritePipeline:
             )
             out.events.append(event("written", t.agent_id, t.reward))
         if out.events:
-            self.dirty.add(tenant)
+            self.dirty.add(key)
         return out
 
 

@@ -304,7 +304,7 @@ def test_forget_clears_repeat_keys_and_windows() -> None:
     assert content_key(other) in st.repeats  # nothing else is touched
     window = {e.transition_id for e in st.eligibility.get("e1")}
     assert first.memory_id not in window and other.memory_id in window
-    assert "t" in p.dirty  # the next checkpoint carries the change
+    assert ("t", 0) in p.dirty  # the next checkpoint carries the change
 
 
 def test_same_id_of_two_tenants_in_one_batch_is_not_a_replay() -> None:
