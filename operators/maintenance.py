@@ -125,7 +125,7 @@ MERGE_IDS_KEPT = 1000
 CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 DAY_MS = 24 * 3600 * 1000
 #: default dedup tau per encoder (BENCHMARKS.md "Dedup tau": false merges on real text)
-DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "hash": 0.95, "passthrough": 0.95}
+DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "minilm-static": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 
 @dataclass(frozen=True)

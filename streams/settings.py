@@ -144,7 +144,7 @@ class EncoderSettings(BaseModel):
     fall back to the CPU, whose throughput is 10-100x lower).
     """
 
-    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm"
+    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm-static"
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
                         description="torch device of minilm: cpu, cuda or cuda:N")
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
