@@ -437,8 +437,8 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 @click.option("--test-variations", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--random-steps", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--loop-max-steps", type=click.IntRange(1), default=30, show_default=True)
-@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
-              show_default=True)
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]),
+              default="minilm", show_default=True)
 @click.option("--settle-s", type=click.FloatRange(0.0), default=25.0, show_default=True,
               help="least wait for outcomes and maintenance before the final scan")
 @click.option("--seed", type=int, default=0, show_default=True)

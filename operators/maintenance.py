@@ -66,7 +66,8 @@ Two memories may merge only if all of these hold:
   0 only merge with exactly 0;
 - cosine >= ``tau``. Encoder dependent (``DMEM_MAINTENANCE__DEDUP_TAU``, default
   per encoder, `DEDUP_TAU_BY_ENCODER`: 0.98 for MiniLM, which rates different short
-  sentences close, 0.95 for the hashing encoder; measured in BENCHMARKS.md).
+  sentences close, and for its static distillation, 0.95 for the hashing encoder;
+  measured in BENCHMARKS.md).
 
 Within one scope the items are visited oldest first (``created_ts``, then id);
 each joins the first earlier survivor within ``tau`` whose rewards agree, else

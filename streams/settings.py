@@ -90,8 +90,8 @@ class MaintenanceSettings(BaseModel):
     ``dedup_tau`` is encoder dependent; unset, it is the encoder's default
     (`operators.maintenance.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
     distinct grid cells of the demo apart: max cross-cell cosine 0.92), 0.98 for
-    MiniLM, which rates different short sentences closer (false merges measured on
-    real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
+    MiniLM and minilm-static, which rate different short sentences closer (false
+    merges measured on real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
     only if their rewards have one sign and differ by at most this share of the
     larger magnitude (README "Guarantees", merge rules).
     """

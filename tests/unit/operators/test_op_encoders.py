@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from schemas.errors import ConfigError
 from operators.encoders import (
     CachedEncoder,
     Encoder,
@@ -18,6 +17,7 @@ from operators.encoders import (
     PassthroughEncoder,
     build_encoder,
 )
+from schemas.errors import ConfigError
 
 SIMILAR = (
     "the agent opens the red door with the key",
