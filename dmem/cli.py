@@ -655,8 +655,8 @@ def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool
 @click.option("--env", "env_name", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
               default="cliffwalking", show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
-@click.option("--encoder", type=click.Choice(["minilm", "hash"]), default=None,
-              help="encoder of the stack [default: the stack's, minilm]")
+@click.option("--encoder", type=click.Choice(["minilm-static", "minilm", "hash"]), default=None,
+              help="encoder of the stack [default: the stack's, minilm-static]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None,
                  as_json: bool) -> None:
