@@ -28,6 +28,10 @@ RUN pip install . \
 # Fail the build if the bundled model cannot be loaded offline.
 RUN HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python -c \
     "from operators import build_encoder; e = build_encoder('minilm'); v = e.encode(['hello']); assert v.shape == (1, e.dim), v.shape"
+# The default encoder (minilm-static) is distilled from that model here, once, into
+# the venv that the runtime stage copies: a worker never distills or downloads.
+RUN HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python -c \
+    "from operators import build_encoder; e = build_encoder('minilm-static', static_path='/opt/venv/share/dmem/minilm-static-384'); v = e.encode(['hello']); assert v.shape == (1, e.dim), v.shape"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="dmem" \
@@ -44,6 +48,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     XDG_CACHE_HOME=/tmp/.cache \
+    DMEM_ENCODER__STATIC_PATH=/opt/venv/share/dmem/minilm-static-384 \
     DMEM_WEB_HOST=0.0.0.0 \
     DMEM_WEB_PORT=6066 \
     DMEM_DATA_DIR=/data \

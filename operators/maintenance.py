@@ -71,7 +71,8 @@ Two memories may merge only if all of these hold:
   0 only merge with exactly 0;
 - cosine >= ``tau``. Encoder dependent (``DMEM_MAINTENANCE__DEDUP_TAU``, default
   per encoder, `DEDUP_TAU_BY_ENCODER`: 0.98 for MiniLM, which rates different short
-  sentences close, 0.95 for the hashing encoder; measured in BENCHMARKS.md).
+  sentences close, and for its static distillation, 0.95 for the hashing encoder;
+  measured in BENCHMARKS.md).
 
 Within one scope the items are visited oldest first (``created_ts``, then id);
 each joins the first earlier survivor within ``tau`` whose rewards agree, else
@@ -132,7 +133,7 @@ MERGE_IDS_KEPT = 1000
 CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 DAY_MS = 24 * 3600 * 1000
 #: default dedup tau per encoder (BENCHMARKS.md "Dedup tau": false merges on real text)
-DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "hash": 0.95, "passthrough": 0.95}
+DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "minilm-static": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 
 @dataclass(frozen=True)

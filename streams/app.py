@@ -61,7 +61,8 @@ ROLES = ("write", "respond", "jobs", "all")
 
 def make_encoder(settings: Settings) -> Encoder:
     e = settings.encoder
-    return build_encoder(e.name, dim=e.dim, cache_size=e.cache_size, static_path=e.static_path)
+    return build_encoder(e.name, dim=e.dim, cache_size=e.cache_size, static_path=e.static_path,
+                         device=e.device)
 
 
 class StoreService(Service):

@@ -115,8 +115,8 @@ class MaintenanceSettings(BaseModel):
     ``dedup_tau`` is encoder dependent; unset, it is the encoder's default
     (`operators.maintenance.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
     distinct grid cells of the demo apart: max cross-cell cosine 0.92), 0.98 for
-    MiniLM, which rates different short sentences closer (false merges measured on
-    real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
+    MiniLM and minilm-static, which rate different short sentences closer (false
+    merges measured on real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
     only if their rewards have one sign and differ by at most this share of the
     larger magnitude (README "Guarantees", merge rules).
     """
@@ -161,11 +161,21 @@ class MaintenanceSettings(BaseModel):
 
 
 class EncoderSettings(BaseModel):
-    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm"
+    """Which encoder turns texts into vectors (`operators.encoders`).
+
+    ``device`` applies to the torch MiniLM only (the static and hashing encoders
+    are table lookups on the CPU): ``cuda`` / ``cuda:N`` runs it on a GPU, and a
+    worker fails at start, loudly, if that device is missing (never a silent
+    fall back to the CPU, whose throughput is 10-100x lower).
+    """
+
+    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm-static"
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                        description="torch device of minilm: cpu, cuda or cuda:N")
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
     cache_size: int = Field(default=50_000, ge=0)
     static_path: str | None = Field(default=None, description="where minilm-static is "
-                                    "distilled (default ~/.cache/dmem/minilm-static-256)")
+                                    "distilled (default ~/.cache/dmem/minilm-static-384)")
 
 
 class ValueSettings(BaseModel):

@@ -2,12 +2,17 @@
 
 Per encoder (``hash``, ``minilm``, ``minilm-static`` by default):
 - ``raw_per_s``: texts/s of the bare encoder (no LRU cache) on real conversation
-  turns (LoCoMo), batches of 256, torch on ``--threads`` threads (2 by default);
-  median over ``--repeats``.
+  turns (LoCoMo, up to 2,048; a repeat ends after ~30 s), batches of 256, torch on
+  ``--threads`` threads (2 by default); median over ``--repeats``.
 - ``pipeline_tps``: write-path transitions/s with one write worker, measured
   exactly as ``dmem bench write`` measures it (`dmem.bench.write.run`: embedded
   broker, Milvus 2.3.5 server shared by all encoders, the Taxi workload with
-  mostly unique texts); median over ``--repeats``.
+  mostly unique texts); median over ``--repeats``. The same run's raw baselines
+  come with it (``pipeline_raw_encoder_tps``: the worker's encoder with its LRU
+  cache on the workload's texts; ``pipeline_raw_milvus_tps``) and the ratios
+  ``pipeline_vs_raw_encoder`` and ``pipeline_vs_bottleneck``: on a shared machine
+  the ratios are what compare, absolute rates move with the load. torch MiniLM
+  runs at most ``minilm_transitions`` per repeat (a rate, and it is ~50x slower).
 - ``cache_hit_rate``: share of the write workload's texts (observation and next
   observation of each transition) that the worker's LRU cache serves: the next
   observation of step t is the observation of step t+1.
@@ -77,14 +82,22 @@ def quality(enc: Any, convs: Sequence[Any]) -> tuple[float, float, int]:
     return float(np.mean(hits)), float(np.mean(rr)), len(hits)
 
 
-def raw_rate(enc: Any, texts: Sequence[str], repeats: int, batch: int = 256) -> float:
+def raw_rate(enc: Any, texts: Sequence[str], repeats: int, batch: int = 256,
+             max_s: float = 30.0) -> float:
+    """Median texts/s over repeats; a repeat stops after the batch that passes ``max_s``
+    (torch MiniLM does ~10 texts/s on a loaded 2-core machine: a rate needs no 2,048)."""
     rates = []
     for r in range(repeats):
         tagged = [f"[{r}] {t}" for t in texts]  # fresh texts: no cache anywhere helps
+        done = 0
         t0 = time.perf_counter()
         for i in range(0, len(tagged), batch):
-            enc.encode(tagged[i:i + batch])
-        rates.append(len(tagged) / (time.perf_counter() - t0))
+            chunk = tagged[i:i + batch]
+            enc.encode(chunk)
+            done += len(chunk)
+            if time.perf_counter() - t0 > max_s:
+                break
+        rates.append(done / (time.perf_counter() - t0))
     return statistics.median(rates)
 
 
@@ -101,7 +114,9 @@ def cache_hit_rate(name: str, rows: Sequence[dict[str, Any]]) -> float:
 
 def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: int = 3,
         transitions: int = 4000, threads: int = 2, data: Path = DEFAULT_DATA,
-        conversations: int | None = None, pipeline: bool = True) -> dict[str, Any]:
+        conversations: int | None = None, pipeline: bool = True,
+        minilm_transitions: int = 2000, milvus_uri: str | None = None) -> dict[str, Any]:
+    """Measure every encoder in one run (module doc); ``milvus_uri``: reuse a server."""
     import torch
 
     from dmem.bench import write as bw
@@ -115,13 +130,16 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
     texts = [x for turns, _ in convs for _, x in turns][:2048]
     workload = bw.make_workload(min(transitions, 4000))
     out: dict[str, Any] = {"encoders": {}, "default": Settings().encoder.name,
+                           "conversations": len(convs),
+                           "turns": sum(len(turns) for turns, _ in convs),
+                           "questions": sum(len(qs) for _, qs in convs),
                            "texts": len(texts), "threads": threads}
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-encoders-"))
     server = None
     failed = True
     try:
-        uri = None
-        if pipeline:
+        uri = milvus_uri
+        if pipeline and uri is None:
             server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=3)
             uri = server.start(timeout_s=120)
         for name in encoders:
@@ -134,13 +152,19 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
                        cache_hit_rate=round(cache_hit_rate(name, workload), 4))
             note(f"  raw {res['raw_per_s']}/s  hit@5 {hit5:.3f}  mrr@10 {mrr10:.3f}")
             if pipeline:
-                n = transitions if name != "minilm" else min(transitions, 2000)
+                n = transitions if name != "minilm" else min(transitions, minilm_transitions)
                 w = bw.run(transitions=n, encoder=name, repeats=repeats, milvus_uri=uri,
-                           results_dir=None, torch_threads=threads, warmup=512,
-                           latency_transitions=200)
-                res["pipeline_tps"] = w["pipeline_tps"]
-                res["pipeline_transitions"] = n
-                note(f"  pipeline {res['pipeline_tps']}/s")
+                           results_dir=None, torch_threads=threads, warmup=min(512, n),
+                           latency_transitions=min(200, n))
+                tps, raw_enc = w["pipeline_tps"], w["raw_encoder_tps"]
+                res.update(pipeline_tps=tps, pipeline_transitions=n,
+                           pipeline_per_repeat=w["per_repeat"]["pipeline"],
+                           pipeline_raw_encoder_tps=raw_enc,
+                           pipeline_raw_milvus_tps=w["raw_milvus_insert_tps"],
+                           pipeline_vs_raw_encoder=round(tps / raw_enc, 3) if raw_enc else None,
+                           pipeline_vs_bottleneck=w["ratio_vs_bottleneck"],
+                           pipeline_bottleneck=w["bottleneck"])
+                note(f"  pipeline {tps}/s (raw encoder in the same run {raw_enc}/s)")
             out["encoders"][name] = res
         failed = False
     finally:
@@ -153,6 +177,9 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
             out["default_hit_at_5_delta"] = round(e[d]["hit_at_5"] - e["minilm"]["hit_at_5"], 4)
     if d in e:
         out["default_pipeline_tps"] = e[d].get("pipeline_tps")
+        if out.get("minilm_pipeline_tps") and out["default_pipeline_tps"]:
+            out["default_vs_minilm_pipeline"] = round(
+                out["default_pipeline_tps"] / out["minilm_pipeline_tps"], 2)
     out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     out["machine"] = machine_info()
     print_table("encoders", ["encoder", "raw/s", "pipeline/s", "hit@5", "mrr@10", "cache hit"],

@@ -45,6 +45,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dmem.bench.common import Progress, emit_json, machine_info, note, print_table, publish_lockstep
 from dmem.importer import wait_committed
 from dmem.wait import wait_settled
+from operators.encoders import encoder_dim
 from operators.maintenance import DAY_MS, is_critical, rewards_agree
 from schemas import EpisodeOutcome, Transition, encode
 from schemas.errors import ServiceUnavailable
@@ -187,7 +188,7 @@ def one_run(label: str, stream: list[Transition | EpisodeOutcome], stamps: list[
         settle_s = time.monotonic() - res["last_publish"]
         events = asyncio.run(_events(settings))
         stack.stop_workers()
-        dim = 384 if settings.encoder.name == "minilm" else settings.encoder.dim
+        dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
         store = MemoryStore(settings.milvus_uri, collection=settings.milvus.collection,
                             dim=dim).connect()  # fmt: skip
         try:

@@ -72,6 +72,7 @@ from dmem.bench.sciworld_env import (
 )
 from dmem.bench.twx_env import ENVS, TWXWorld
 from dmem.client import DmemClient
+from operators.maintenance import DEDUP_TAU_BY_ENCODER
 from schemas import Transition
 from streams.local.stack import LocalStack
 
@@ -518,7 +519,7 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
         env = {"DMEM_ENCODER__NAME": cfg.encoder, "DMEM_APP_ID": "dmem-bench-sciworld",
                "DMEM_WRITE__BATCH_WITHIN_S": "0.1", "DMEM_MILVUS__URI": uri,
                # the README's dedup threshold for each encoder (0.95 is tuned for hash)
-               "DMEM_MAINTENANCE__DEDUP_TAU": "0.98" if cfg.encoder == "minilm" else "0.95"}
+               "DMEM_MAINTENANCE__DEDUP_TAU": str(DEDUP_TAU_BY_ENCODER.get(cfg.encoder, 0.95))}
         stack = LocalStack(data, roles=("all",), extra_env=env)
         stack.start()
         result = asyncio.run(_run(stack, sw, played, steps, cfg))

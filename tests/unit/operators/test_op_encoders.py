@@ -17,6 +17,7 @@ from operators.encoders import (
     PassthroughEncoder,
     build_encoder,
 )
+from schemas.errors import ConfigError
 
 SIMILAR = (
     "the agent opens the red door with the key",
@@ -172,6 +173,28 @@ def test_minilm_offline_unit_norm_and_similarity(minilm: MiniLMEncoder) -> None:
     assert minilm.encode([]).shape == (0, 384)
 
 
+def test_minilm_cuda_without_a_device_fails_loudly() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device exists here: test_minilm_on_cuda covers it")
+    enc = build_encoder("minilm", device="cuda", cache_size=0)
+    assert isinstance(enc, MiniLMEncoder) and enc.device == "cuda"
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        enc.load()
+
+
+def test_minilm_on_cuda_matches_cpu(minilm: MiniLMEncoder) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine (DMEM_ENCODER__DEVICE=cuda needs one)")
+    gpu = MiniLMEncoder(device="cuda")
+    x = gpu.encode([*SIMILAR, DISSIMILAR])
+    assert x.shape == (3, 384) and x.dtype == np.float32
+    np.testing.assert_allclose(x, minilm.encode([*SIMILAR, DISSIMILAR]), atol=1e-3)
+
+
 def test_minilm_missing_path_fails_without_download() -> None:
     with pytest.raises(FileNotFoundError):
         MiniLMEncoder(model_path="/nonexistent/minilm").load()
@@ -184,19 +207,19 @@ def test_static_encoder_distilled_from_minilm_is_unit_norm_deterministic_and_sem
     texts = ["the cat sat on the mat", "a cat was sitting on the mat",
              "stock prices fell sharply today"]
     e = enc.encode(texts)
-    assert e.shape == (3, 256) and e.dtype == np.float32
+    assert e.shape == (3, 384) and e.dtype == np.float32
     assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
     assert np.array_equal(e, enc.encode(texts))
     assert float(e[0] @ e[1]) > float(e[0] @ e[2]) + 0.2
-    assert enc.encode([]).shape == (0, 256)
+    assert enc.encode([]).shape == (0, 384)
 
 
 def test_encoder_dim_and_build_by_name() -> None:
     from operators.encoders import CachedEncoder, build_encoder, encoder_dim
 
-    assert encoder_dim("minilm") == 384 and encoder_dim("minilm-static") == 256
+    assert encoder_dim("minilm") == 384 and encoder_dim("minilm-static") == 384
     assert encoder_dim("hash", 64) == 64
     enc = build_encoder("minilm-static", cache_size=10)
-    assert isinstance(enc, CachedEncoder) and enc.dim == 256
+    assert isinstance(enc, CachedEncoder) and enc.dim == 384
     with pytest.raises(ValueError, match="minilm-static"):
         build_encoder("nope")
