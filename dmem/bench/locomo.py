@@ -75,7 +75,9 @@ class LocomoConfig:
     seed: int = 7
     plot: Path | None = Path(".dmem-bench/locomo.png")
     baseline_cache: Path | None = None  # store-all embeddings on disk (`BaselineCache`)
-    settle_timeout_s: float = 300.0  # longest stall of the write path (no new decision)
+    # longest stall of the write path (no new decision): one 512-turn batch of MiniLM
+    # encodes takes minutes on a loaded 2-core machine
+    settle_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.noise <= 4.0:
