@@ -411,9 +411,13 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               default=Path(".dmem-bench/locomo.png"), show_default=True)
+@click.option("--baseline-cache", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="keep the store-all baseline's embeddings in this .npz "
+              "between runs (bench side only; the worker always encodes)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: int, turns: int,
-                 questions: int, seed: int, plot: Path, as_json: bool) -> None:
+                 questions: int, seed: int, plot: Path, baseline_cache: Path | None,
+                 as_json: bool) -> None:
     """Reward-free conversational memory on LoCoMo: evidence recall vs store-all cosine."""
     from dmem.bench.locomo import DEFAULT_DATA, LocomoConfig
     from dmem.bench.locomo import main as run_locomo
@@ -421,7 +425,7 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
     try:
         cfg = LocomoConfig(data=data or DEFAULT_DATA, noise=noise, encoder=encoder,
                            conversations=conversations, turns=turns, questions=questions,
-                           seed=seed, plot=plot)
+                           seed=seed, plot=plot, baseline_cache=baseline_cache)
         run_locomo(cfg, as_json)
     except (DmemError, FileNotFoundError, ValueError) as exc:
         _fail(exc)

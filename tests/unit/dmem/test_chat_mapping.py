@@ -53,6 +53,9 @@ def test_locomo_helpers(tmp_path: Path) -> None:
     # noise comes from the other conversation, spoken by this one's speakers
     assert all(" of 2" in it.transition.text() for it in noise)
     assert {it.transition.metadata["speaker"] for it in noise} <= {"A", "B"}
+    # nothing published tells a noise turn from a real one but its content
+    assert {tuple(sorted(it.transition.metadata)) for it in s} == {("session", "speaker", "turn")}
+    assert len({it.transition.metadata["turn"] for it in s}) == len(s)
     assert np.all(np.diff([it.transition.ts for it in s]) > 0)
     clean = build_streams(convs, LocomoConfig(data=tmp_path))
     assert not any(it.noise for it in clean.items["1"])
