@@ -268,7 +268,9 @@ def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
     from milvus import MemoryStore
 
     rng = np.random.default_rng(cfg.seed + 99)
-    store = MemoryStore(milvus_uri, collection=collection).connect() if milvus_uri else None
+    store = None
+    if milvus_uri:  # the raw baseline reads the worker's collection: same dim as its encoder
+        store = MemoryStore(milvus_uri, collection=collection, dim=encoder.dim).connect()
     p50s, p99s, took, enc, mil = [], [], [], [], []
     try:
         for rep in range(cfg.repeats):
