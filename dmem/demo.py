@@ -15,7 +15,6 @@ reaching the goal or falling into a hole).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 import tempfile
 import time
@@ -29,11 +28,12 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from dmem.bench.common import teardown
 from operators.encoders import encoder_dim
 from schemas import Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
-from streams.local.stack import LocalStack, tail
+from streams.local.stack import LocalStack
 from streams.settings import Settings
 
 DEMO_BATCH = 256
@@ -256,6 +256,7 @@ def run_demo(
     def note(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    failed = True
     try:
         note("dmem demo: starting embedded broker and write worker (Milvus Lite) ...")
         stack.start()
@@ -287,14 +288,9 @@ def run_demo(
             }
         finally:
             store.close()
-    except Exception:
-        for w in stack.workers:
-            note(tail(w.log_path))
-        raise
+        failed = False
     finally:
-        stack.stop()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        teardown(stack, None, tmp, failed)
     outcomes = res["outcomes"]
     critical = res["critical"]
     crit_in_core = len(critical & core_pairs)

@@ -87,6 +87,7 @@ from milvus.schema import (
     search_params,
     vector_index_params,
 )
+from milvus.tombstones import DEFAULT_TTL_S, tombstones_for
 from schemas.errors import (
     ConfigError,
     DmemError,
@@ -239,6 +240,7 @@ class MemoryStore:
         *,
         batch_size: int = 1000,
         consistency_level: str = "Strong",
+        tombstone_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         if not uri:
             raise ConfigError("Milvus URI is empty")
@@ -253,6 +255,8 @@ class MemoryStore:
         self.consistency_level = consistency_level
         self._client: MilvusClient | None = None
         self._executor: ThreadPoolExecutor | None = None
+        #: keys forgotten lately: every write refuses them (see `milvus.tombstones`)
+        self.tombstones = tombstones_for(uri, collection, tombstone_ttl_s)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -545,6 +549,7 @@ class MemoryStore:
         with self._errors("drop"):
             if self.client.has_collection(self.collection, timeout=self.timeout_s):
                 self.client.drop_collection(self.collection, timeout=self.timeout_s)
+        self.tombstones.clear()
         self.close()
 
     def __enter__(self) -> MemoryStore:
@@ -678,13 +683,42 @@ class MemoryStore:
         if not rows:
             return 0
         c = self.client
-        with self._errors("upsert"):
+        with self.tombstones.lock.shared(), self._errors("upsert"):
+            rows = self._alive(rows)
             for batch in self._batches(rows):
                 if not self.is_lite:  # server: pk unique per partition (see module doc)
                     self._delete_keys([r[PRIMARY_FIELD] for r in batch], _other(part))
                 c.upsert(self.collection, _stamped(batch, part), partition_name=part,
                          timeout=self.timeout_s)
         return len(rows)
+
+    def _alive(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` without the forgotten ones (call under ``tombstones.lock.shared()``)."""
+        dead = self.tombstones.dead(r[PRIMARY_FIELD] for r in rows)
+        if dead:
+            log.info("refused %d write(s) of forgotten memories", len(dead))
+        return [r for r in rows if r[PRIMARY_FIELD] not in dead] if dead else rows
+
+    def forget(self, ids: Iterable[str], *, tenant: str, at: float | None = None) -> int:
+        """Delete ``tenant``'s memories for good: tombstone the keys, then delete.
+
+        Unlike `delete` (dedup and eviction, whose rows may legitimately be
+        written again), a forgotten key is refused by every write of this process
+        for the tombstone TTL, so a write that read the row before the forget
+        cannot bring it back. ``at``: when the forget happened (a broadcast
+        notice's time); returns how many rows existed.
+        """
+        keys = _tenant_keys(tenant, ids)
+        if not keys:
+            return 0
+        with self.tombstones.lock.exclusive():
+            self.tombstones.add(keys, at)
+            found = sorted({_key(r["tenant"], r[ID_FIELD])
+                            for r in self._fetch(keys, list(PARTITIONS), fields=["tenant"])})
+            if found:
+                with self._errors("delete"):
+                    self._delete_keys(found, None)
+        return len(found)
 
     def _delete_keys(self, keys: Sequence[str], partition: str | None) -> None:
         for chunk in _chunks(keys, self.batch_size):
@@ -702,11 +736,9 @@ class MemoryStore:
         """
         target = _check_partition(to)
         src = _other(target)
-        rows = self._fetch(_tenant_keys(tenant, ids), [src], with_vector=True)
-        if not rows:
-            return 0
         c = self.client
-        with self._errors("move"):
+        with self.tombstones.lock.shared(), self._errors("move"):
+            rows = self._fetch(_tenant_keys(tenant, ids), [src], with_vector=True)
             for batch in self._batches(rows):
                 clean = [{**{k: v for k, v in r.items() if k != "partition"},
                           PRIMARY_FIELD: _key(r["tenant"], r[ID_FIELD])} for r in batch]
@@ -754,12 +786,15 @@ class MemoryStore:
             merged = {**row, **changes[row[ID_FIELD]]}
             by_part[part].append(self._row(merged))
         c = self.client
-        with self._errors("update"):
+        written = 0
+        with self.tombstones.lock.shared(), self._errors("update"):
             for part, prow in by_part.items():
+                prow = self._alive(prow)
+                written += len(prow)
                 for batch in self._batches(prow):
                     c.upsert(self.collection, _stamped(batch, part), partition_name=part,
                              timeout=self.timeout_s)
-        return sum(len(v) for v in by_part.values())
+        return written
 
     # -- reads ---------------------------------------------------------------------
     def _out_fields(self, output_fields: Sequence[str] | None, with_vector: bool) -> list[str]:

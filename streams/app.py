@@ -89,6 +89,7 @@ class StoreService(Service):
             dim=self.dim,
             token=m.token,
             timeout_s=m.timeout_s,
+            tombstone_ttl_s=m.tombstone_ttl_s,
         )
         # Connect in the background: a worker started during a Milvus outage must
         # still come up and answer /health (503) instead of hanging in start-up,
@@ -239,6 +240,14 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
 
         status["access"] = wire_access(app, settings, store)
 
+    if role in ("respond", "jobs"):  # the write path follows forgets itself (after restore)
+        from streams.control import ForgetFollower, echo_to_store
+
+        forgets = ForgetFollower(settings, [echo_to_store(store)], loop=app.loop,
+                                 beacon=app.beacon)  # fmt: skip
+        app.add_dependency(forgets)
+        status["forgets"] = lambda: {"applied": forgets.applied}
+
     if role in ("jobs", "all"):
         from streams.jobs.credit import wire_jobs
 
@@ -251,7 +260,7 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
     async def health(web: Any, request: Any) -> Any:
         ok = await store.probe()
         body: dict[str, Any] = {"ok": ok, "role": role, "store_failures": store.failures}
-        for name in ("write", "respond", "jobs", "maintenance", "access"):
+        for name in ("write", "respond", "jobs", "maintenance", "access", "forgets"):
             if name in status:
                 body[name] = status[name]()
         # each component's pending work; "settled": none anywhere in this process

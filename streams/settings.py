@@ -54,6 +54,8 @@ class MilvusSettings(BaseModel):
     # Searches use bounded staleness: a Strong read waits for the next server
     # time tick (200 ms by default). Writes and the jobs' reads stay Strong.
     search_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = "Bounded"
+    # how long a forgotten memory id is refused by every write (`milvus.tombstones`)
+    tombstone_ttl_s: float = Field(default=3600.0, gt=0.0)
 
 
 class RespondSettings(BaseModel):

@@ -253,7 +253,8 @@ def teardown(stack: Any, server: Any, tmp: Any, failed: bool) -> None:
         stack.stop()
     if server is not None:
         server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def publish_lockstep(

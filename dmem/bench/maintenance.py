@@ -57,11 +57,12 @@ from dmem.bench.common import (
     percentile,
     print_table,
     publish_lockstep,
+    teardown,
 )
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.jobs.maintenance import dedup_tau
-from streams.local.stack import LocalStack, tail
+from streams.local.stack import LocalStack
 from streams.settings import Settings
 
 __all__ = ["emit_json", "run"]
@@ -169,6 +170,7 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
     }
     stack = LocalStack(tmp, roles=("all",), extra_env=env)
     t0 = time.monotonic()
+    failed = True
     try:
         note("part 1: embedded broker + one worker (all roles, Milvus Lite) ...")
         stack.start()
@@ -197,13 +199,9 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
                 "merged_count"]))
         finally:
             store.close()
-    except Exception:
-        for w in stack.workers:
-            note(tail(w.log_path))
-        raise
+        failed = False
     finally:
-        stack.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        teardown(stack, None, tmp, failed)
     core_pairs = {(int(r["metadata"]["user"]["state"]), r["action"])
                   for r in rows if r["partition"] == "core"}  # fmt: skip
     critical = res["critical"]

@@ -33,7 +33,6 @@ settled), plus ``routes_same`` and each run's details.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,15 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import Progress, emit_json, machine_info, note, print_table, publish_lockstep
+from dmem.bench.common import (
+    Progress,
+    emit_json,
+    machine_info,
+    note,
+    print_table,
+    publish_lockstep,
+    teardown,
+)
 from dmem.importer import wait_committed
 from dmem.wait import wait_settled
 from operators.encoders import encoder_dim
@@ -50,7 +57,7 @@ from operators.maintenance import DAY_MS, is_critical, rewards_agree
 from schemas import EpisodeOutcome, Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
-from streams.local.stack import LocalStack, tail
+from streams.local.stack import LocalStack
 from streams.settings import Settings
 
 __all__ = ["emit_json", "run"]
@@ -176,6 +183,7 @@ def one_run(label: str, stream: list[Transition | EpisodeOutcome], stamps: list[
     if encoder:
         env["DMEM_ENCODER__NAME"] = encoder
     stack = LocalStack(tmp, roles=("all",), extra_env=env)
+    failed = True
     try:
         note(f"run {label}: embedded broker + one worker (every role, Milvus Lite) ...")
         stack.start()
@@ -197,13 +205,9 @@ def one_run(label: str, stream: list[Transition | EpisodeOutcome], stamps: list[
         finally:
             store.close()
         policy_tol = settings.maintenance.dedup_reward_tol
-    except Exception:
-        for w in stack.workers:
-            note(tail(w.log_path))
-        raise
+        failed = False
     finally:
-        stack.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        teardown(stack, None, tmp, failed)
     return {"res": res, "events": events, "rows": rows, "settle_s": settle_s,
             "tol": policy_tol}  # fmt: skip
 

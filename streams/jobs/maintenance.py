@@ -780,8 +780,8 @@ def forget_scope(
         found = _unique(rows)
         if not found:
             break
-        with WRITE_LOCK:
-            store.delete(sorted(found), tenant=tenant)
+        with WRITE_LOCK:  # tombstoned: no write in flight can bring them back
+            store.forget(sorted(found), tenant=tenant, at=now / 1000.0)
         events += [_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
                    for r in found.values()]  # fmt: skip
     return events

@@ -46,11 +46,11 @@ Decisions:
   per-partition state) is read as a seed: it starts every partition of its
   tenant that has no checkpoint of its own (`WritePipeline.seed`).
 - Forget events: every write worker holds state for the agents of its own
-  partitions, so each worker reads *all* of the small ``control`` topic (no
-  group, from the beginning at every start, so a forget issued while a worker
-  was down still reaches the restored state; applying one twice is harmless).
-  Reading the busy ``memories`` topic for the rare ``forgotten`` events instead
-  cost ~15 % of the worker's CPU (py-spy).
+  partitions, so each worker follows *all* of the small ``control`` topic
+  (`streams.control.ForgetFollower`, from the beginning at every start, so a
+  forget issued while a worker was down still reaches the restored state) and
+  also tombstones the key in its store, so a batch in flight cannot write the
+  forgotten memory back (`milvus.tombstones`).
 - MemoryEvents are produced with the partition computed for the whole batch
   (`streams.partitioner`, the default murmur2 partitioner vectorised): the
   same partition aiokafka would pick, at a fraction of the CPU.
@@ -72,11 +72,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
-from pydantic import ValidationError
 
 from schemas import DeadLetter, MemoryEvent, encode, storage_key
 from streams.admin import group_consumer, kafka_client_kwargs
 from streams.backoff import Backoff
+from streams.control import ForgetFollower, echo_to_store
 from streams.metrics import record_batch
 from streams.partitioner import partitions_for_records
 from streams.settings import Settings
@@ -173,7 +173,8 @@ class WriteConsumer(Service):
         self.store_service = store
         self.now_ms = now_ms
         self.consumer: AIOKafkaConsumer | None = None
-        self.forget_consumer: AIOKafkaConsumer | None = None
+        self.forgets = ForgetFollower(settings, [self._forget, echo_to_store(store)],
+                                      loop=kwargs.get("loop"), beacon=kwargs.get("beacon"))
         self.producer: AIOKafkaProducer | None = None
         self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
         self._taken = asyncio.Event()  # stage 2 took a batch off the queue
@@ -189,7 +190,6 @@ class WriteConsumer(Service):
                                            loop=kwargs.get("loop"), beacon=kwargs.get("beacon"))
         self.batches = 0
         self.commit_failures = 0
-        self.forgets_applied = 0  # `forgotten` notices read from ``control``
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
         self.ready = False
         self.ready_event = asyncio.Event()  # state restored, consumers started
@@ -219,22 +219,17 @@ class WriteConsumer(Service):
         self.add_future(self._start_when_connected())
 
     async def _start_when_connected(self) -> None:
-        k = self.settings.kafka
         await self.store_service.connected.wait()
         await self.checkpoints.start()  # indexes the models topic; restores read through it
         self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
                                        "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
                                        listener=_Drain(self))
         await self.consumer.start()
-        self.forget_consumer = AIOKafkaConsumer(
-            enable_auto_commit=False, fetch_max_wait_ms=200, **kafka_client_kwargs(k)
-        )
-        await self.forget_consumer.start()
+        await self.add_runtime_dependency(self.forgets)
         self.ready = True
         log.info("write path ready")
         self.add_future(self._stage_store())
         self._stage1 = self.add_future(self._stage_process())
-        self.add_future(self._forget_loop())
 
     async def on_stop(self) -> None:
         """Finish the batch in hand, store and commit it, checkpoint, then close.
@@ -255,7 +250,7 @@ class WriteConsumer(Service):
                     await self.checkpoint()  # only state whose batches are all stored
             except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                 log.warning("final checkpoint failed: %s", exc)
-        for c in (self.consumer, self.forget_consumer):
+        for c in (self.consumer,):
             if c is not None:
                 try:
                     await c.stop()
@@ -614,36 +609,9 @@ class WriteConsumer(Service):
             self.commit_failures += 1
             log.warning("commit refused (%s); the new owner replays the batch", exc)
 
-    # -- forget broadcast -----------------------------------------------------
-    async def _forget_loop(self) -> None:
-        c = self.forget_consumer
-        assert c is not None
-        topic = self.settings.topic("control")
-        parts = c.partitions_for_topic(topic)
-        while not parts and not self.should_stop:  # `dmem topics create` may come later
-            await c._client.force_metadata_update()  # noqa: SLF001
-            parts = c.partitions_for_topic(topic)
-            if not parts:
-                await asyncio.sleep(5.0)
-        tps = [TopicPartition(topic, p) for p in sorted(parts or ())]
-        if not tps:
-            return
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        while not self.should_stop:
-            batch = await c.getmany(timeout_ms=1000, max_records=5000)
-            for msgs in batch.values():
-                for m in msgs:
-                    try:
-                        ev = MemoryEvent.model_validate(orjson.loads(m.value))
-                    except (orjson.JSONDecodeError, ValidationError):
-                        continue
-                    if ev.kind == "forgotten":
-                        # in a thread: the pipeline's lock may be held by a batch
-                        await asyncio.to_thread(
-                            self.pipeline.forget, ev.tenant, ev.memory_id, ev.episode_id
-                        )
-                        self.forgets_applied += 1
+    # -- forget broadcast (`streams.control`) -----------------------------------
+    def _forget(self, ev: MemoryEvent) -> None:
+        self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -656,7 +624,7 @@ class WriteConsumer(Service):
             "state_restores": self.restored,
             "seeds": self.seeded,
             "commit_failures": self.commit_failures,
-            "forgets_applied": self.forgets_applied,
+            "forgets_applied": self.forgets.applied,
         }
 
 

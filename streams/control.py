@@ -1,0 +1,119 @@
+"""Forget broadcast: every process that writes rows follows the ``control`` topic.
+
+A forget runs in one process (HTTP ``/v1/forget``, ``dmem forget``, the MCP tool)
+and is broadcast as ``forgotten`` MemoryEvents on ``control``
+(`streams.jobs.maintenance.emit_events`). `ForgetFollower` reads *all* of that
+small topic (no consumer group, from the beginning at every start, so a forget
+issued while a worker was down still reaches it) and hands each notice to its
+handlers: the write path drops the memory from its operator state
+(`WritePipeline.forget`), and every process tombstones the key and deletes it
+once more (`MemoryStore.forget`, see `milvus.tombstones`), which removes a row
+that one of its own writers upserted between the origin's delete and the
+notice's arrival. Notices older than the tombstone TTL are not echoed to the
+store: by then the key may have been written again legitimately. Applying a
+notice twice is harmless.
+
+Reading the busy ``memories`` topic for the rare ``forgotten`` events instead
+cost ~15 % of a write worker's CPU (py-spy), hence the separate topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from mode import Service
+from pydantic import ValidationError
+
+from schemas import MemoryEvent
+from schemas.errors import DmemError
+from streams.admin import kafka_client_kwargs
+from streams.settings import Settings
+
+log = logging.getLogger("dmem.control")
+
+Handler = Callable[[MemoryEvent], None]  # sync; runs in a worker thread
+
+
+def echo_to_store(store_service: Any) -> Handler:
+    """The store half: tombstone and re-delete a recently forgotten key."""
+
+    def handle(ev: MemoryEvent) -> None:
+        store = store_service.store
+        if store is None:
+            return
+        at = ev.ts / 1000.0
+        if at + store.tombstones.ttl_s < time.time():
+            return  # older than the guard: the key may legitimately exist again
+        key_dead = store.tombstones.dead([f"{ev.tenant}|{ev.memory_id}"])
+        if not key_dead:  # this process has not forgotten it yet (not the origin)
+            store.forget([ev.memory_id], tenant=ev.tenant, at=at)
+
+    return handle
+
+
+class ForgetFollower(Service):
+    """Reads every partition of ``control`` and applies each ``forgotten`` notice."""
+
+    def __init__(self, settings: Settings, handlers: list[Handler], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.handlers = handlers
+        self.consumer: AIOKafkaConsumer | None = None
+        self.applied = 0  # `forgotten` notices handled
+
+    async def on_start(self) -> None:
+        self.consumer = AIOKafkaConsumer(
+            enable_auto_commit=False, fetch_max_wait_ms=200,
+            **kafka_client_kwargs(self.settings.kafka),
+        )  # fmt: skip
+        await self.consumer.start()
+        self.add_future(self._run())
+
+    async def on_stop(self) -> None:
+        if self.consumer is not None:
+            try:
+                await self.consumer.stop()
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.warning("control consumer stop failed: %s", exc)
+
+    async def _run(self) -> None:
+        c = self.consumer
+        assert c is not None
+        topic = self.settings.topic("control")
+        parts = c.partitions_for_topic(topic)
+        while not parts and not self.should_stop:  # `dmem topics create` may come later
+            await c._client.force_metadata_update()  # noqa: SLF001
+            parts = c.partitions_for_topic(topic)
+            if not parts:
+                await asyncio.sleep(5.0)
+        tps = [TopicPartition(topic, p) for p in sorted(parts or ())]
+        if not tps:
+            return
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        while not self.should_stop:
+            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            for msgs in batch.values():
+                for m in msgs:
+                    try:
+                        ev = MemoryEvent.model_validate(orjson.loads(m.value))
+                    except (orjson.JSONDecodeError, ValidationError):
+                        continue
+                    if ev.kind != "forgotten":
+                        continue
+                    for handle in self.handlers:  # in a thread: they may wait on locks
+                        try:
+                            await asyncio.to_thread(handle, ev)
+                        except DmemError as exc:  # best effort: the origin deleted the row
+                            log.warning("forget notice for %s/%s not applied: %s",
+                                        ev.tenant, ev.memory_id, exc)
+                    self.applied += 1
+
+
+__all__ = ["ForgetFollower", "echo_to_store"]
