@@ -157,6 +157,22 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "security": sec, "parameters": [_tenant_param()],
             "responses": {"200": {"description": "counts", "content": _json(stats)},
                           **_errors(401, 403, 422, 503)}}},
+        "/v1/live": {"get": {
+            "summary": "The live page's data: tenants with counts and gate thresholds, the "
+                       "gate-score summary of one tenant, its newest decisions, dead letters",
+            "operationId": "live", "security": sec,
+            "parameters": [{**_tenant_param(), "required": False}],
+            "responses": {"200": {"description": "the page's data", "content": _json(memory)},
+                          **_errors(401, 403)}}},
+        "/ui/": {"get": {
+            "summary": "The live page (HTML shell, public; its data calls carry the token)",
+            "operationId": "ui",
+            "responses": {"200": {"description": "the page",
+                                  "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics", "operationId": "metrics",
+            "responses": {"200": {"description": "text exposition format",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
         "/health": {"get": {"summary": "Liveness and readiness", "operationId": "health",
                             "responses": {"200": {"description": "healthy"},
                                           "503": {"description": "not ready"}}}},

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from openapi_spec_validator import validate as validate_openapi
 
+import streams
 from schemas import EpisodeOutcome, Feedback, Transition
 from streams.respond.ingest import KINDS, InflightBudget, IngestRejected, parse_body, validate
 from streams.respond.openapi import openapi_document
@@ -95,5 +98,11 @@ def test_openapi_document_validates_and_follows_settings() -> None:
     assert post["requestBody"]["content"]["application/json"]["schema"]["oneOf"][1]["maxItems"] == 7
     assert set(post["responses"]) >= {"202", "401", "403", "413", "422", "429", "503"}
     assert "Retry-After" in post["responses"]["429"]["headers"]
+    # every route a respond worker registers is documented (the page's static files,
+    # /ui without the slash, and the document itself aside)
+    src = "".join(p.read_text() for p in Path(streams.__file__).parent.rglob("*.py"))
+    routes = set(re.findall(r'@app\.page\("([^"]+)"\)', src)) | {k.path for k in KINDS}
+    assert routes - {"/ui", "/ui/static/{name}", "/openapi.json"} <= set(doc["paths"])
+    assert len(routes) >= 12
     # the schemas are pydantic's own: a limit of the model shows up in the document
     assert doc["components"]["schemas"]["Transition"]["properties"]["step"]["minimum"] == 0
