@@ -30,29 +30,34 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 from pydantic import ValidationError
 
-from schemas import MemoryEvent
+from schemas import MemoryEvent, storage_key
 from schemas.errors import DmemError
 from streams.admin import kafka_client_kwargs
 from streams.settings import Settings
 
 log = logging.getLogger("dmem.control")
 
-Handler = Callable[[MemoryEvent], None]  # sync; runs in a worker thread
+#: sync, called with the `forgotten` notices of one fetch; runs in a worker thread
+Handler = Callable[[list[MemoryEvent]], None]
 
 
 def echo_to_store(store_service: Any) -> Handler:
-    """The store half: tombstone and re-delete a recently forgotten key."""
+    """The store half: tombstone and re-delete recently forgotten keys (one call per tenant)."""
 
-    def handle(ev: MemoryEvent) -> None:
+    def handle(events: list[MemoryEvent]) -> None:
         store = store_service.store
         if store is None:
             return
-        at = ev.ts / 1000.0
-        if at + store.tombstones.ttl_s < time.time():
-            return  # older than the guard: the key may legitimately exist again
-        key_dead = store.tombstones.dead([f"{ev.tenant}|{ev.memory_id}"])
-        if not key_dead:  # this process has not forgotten it yet (not the origin)
-            store.forget([ev.memory_id], tenant=ev.tenant, at=at)
+        now = time.time()
+        todo: dict[tuple[str, float], list[str]] = {}
+        for ev in events:
+            at = ev.ts / 1000.0
+            if at + store.tombstones.ttl_s < now:
+                continue  # older than the guard: the key may legitimately exist again
+            if not store.tombstones.dead([storage_key(ev.tenant, ev.memory_id)]):
+                todo.setdefault((ev.tenant, at), []).append(ev.memory_id)  # not the origin
+        for (tenant, at), ids in todo.items():
+            store.forget(ids, tenant=tenant, at=at)
 
     return handle
 
@@ -99,21 +104,23 @@ class ForgetFollower(Service):
         await c.seek_to_beginning(*tps)
         while not self.should_stop:
             batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            events: list[MemoryEvent] = []
             for msgs in batch.values():
                 for m in msgs:
                     try:
                         ev = MemoryEvent.model_validate(orjson.loads(m.value))
                     except (orjson.JSONDecodeError, ValidationError):
                         continue
-                    if ev.kind != "forgotten":
-                        continue
-                    for handle in self.handlers:  # in a thread: they may wait on locks
-                        try:
-                            await asyncio.to_thread(handle, ev)
-                        except DmemError as exc:  # best effort: the origin deleted the row
-                            log.warning("forget notice for %s/%s not applied: %s",
-                                        ev.tenant, ev.memory_id, exc)
-                    self.applied += 1
+                    if ev.kind == "forgotten":
+                        events.append(ev)
+            if not events:
+                continue
+            for handle in self.handlers:  # in a thread: they may wait on locks
+                try:
+                    await asyncio.to_thread(handle, events)
+                except DmemError as exc:  # best effort: the origin deleted the rows
+                    log.warning("%d forget notice(s) not applied: %s", len(events), exc)
+            self.applied += len(events)
 
 
 __all__ = ["ForgetFollower", "echo_to_store"]

@@ -610,8 +610,9 @@ class WriteConsumer(Service):
             log.warning("commit refused (%s); the new owner replays the batch", exc)
 
     # -- forget broadcast (`streams.control`) -----------------------------------
-    def _forget(self, ev: MemoryEvent) -> None:
-        self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
+    def _forget(self, events: list[MemoryEvent]) -> None:
+        for ev in events:
+            self.pipeline.forget(ev.tenant, ev.memory_id, ev.episode_id)
 
     def health(self) -> dict[str, Any]:
         return {
