@@ -45,8 +45,9 @@ BENCHMARKS.md "LoCoMo"):
   failed refers back to it (`IntrinsicScore.vindicates`) and the write path
   writes it then (reason ``referred``). A topic opener whose reply came after an
   interleaved turn is recovered; an injected turn, which nothing refers to,
-  stays dropped. Measured on LoCoMo (offline replay, MiniLM): at the same
-  threshold the look-ahead roughly halves the clean stream's recall loss.
+  stays dropped. Measured on LoCoMo (offline replay, MiniLM, 10 conversations,
+  same threshold): evidence recall@10 0.918 x store-all without the look-ahead,
+  0.974 x with it.
 - **Batch independence**: every part is decided per turn in stream order; the
   bank is the turns this state rates as memories (score >= ``bank_min``, half a
   typical turn, vindicated suspects included), not the gate's later routes, so a
