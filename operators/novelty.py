@@ -29,15 +29,29 @@ BENCHMARKS.md "LoCoMo"):
   so only turns closer than ``repeat_cos`` to a memory are discounted.
 - **Context fit (the noisy-TV guard)**: prediction-error curiosity is drawn to
   noise, which is maximally novel. A real turn is related to its neighbourhood
-  (the agent's previous observation, its next observation, or the EMA of its
-  recent ones: ``fit`` = the largest of the three cosines); an injected turn from
-  another conversation is related to none of them. The yardstick is the agent's
-  own "unrelated" level: the running mean and std of the cosine between a turn and
-  the agent's stored memories. A turn whose fit is below mean + ``fit_k`` * std
-  (default 1.0) is off-context and scores 0 (reason ``off_context``). A fixed
-  quantile veto was measured first and rejected: in a clean conversation the
-  least-coherent 20 % of turns hold much of the evidence (topic openers), so the
-  guard must bite only when a turn is as unrelated as noise.
+  (``fit`` = the largest cosine to the agent's last ``window`` (4) turns and its
+  next observation); an injected turn from another conversation is related to
+  none of them. The yardstick is the agent's own "unrelated" level: the running
+  mean and std of the cosine between a turn and the agent's bank (cosines of
+  near-repeats, >= ``repeat_cos``, left out: a repeat is not "unrelated"). A turn
+  whose fit is below mean + ``fit_k`` * std (default 1.0) is off-context and scores
+  0 (reason ``off_context``), unless its score before the veto is ``fit_exempt``
+  (3) typical turns' worth or more: a fact announced out of the blue is kept
+  however unrelated it is to the chit-chat around it (0.3 % of LoCoMo turns).
+  A fixed quantile veto was measured first and rejected: in a clean conversation
+  the least-coherent 20 % of turns hold much of the evidence (topic openers).
+- **Suspects and vindication**: a vetoed turn waits for the agent's next
+  ``lookahead`` (4) turns; the first whose cosine to it clears the threshold it
+  failed refers back to it (`IntrinsicScore.vindicates`) and the write path
+  writes it then (reason ``referred``). A topic opener whose reply came after an
+  interleaved turn is recovered; an injected turn, which nothing refers to,
+  stays dropped. Measured on LoCoMo (offline replay, MiniLM, 10 conversations,
+  same threshold): evidence recall@10 0.918 x store-all without the look-ahead,
+  0.974 x with it.
+- **Batch independence**: every part is decided per turn in stream order; the
+  bank is the turns this state rates as memories (score >= ``bank_min``, half a
+  typical turn, vindicated suspects included), not the gate's later routes, so a
+  turn scores the same whatever batch it arrived in (tested).
 
 The intrinsic score is ``info * novelty_factor`` (0 when off-context), divided by
 the tenant's running mean information, so 1 is a typical turn and the gate's
@@ -46,11 +60,12 @@ floor (0.5) means "half of what a typical turn says".
 State (`IntrinsicState`): the token counts, the RND predictor, the running means
 and the mix's reward rate are checkpointed with the write path's state
 (`to_dict`/`from_dict`: float16 counts, 44 KB in base64, plus 71 KB for a
-trained RND predictor; the value model's checkpoint is the large part). The
-stored-embedding bank and the per-agent context (previous embedding, EMA) are
-not: they are rebuilt by live traffic, so for the first turns after a restart
-novelty is measured against what was stored since, and the context guard waits
-for context (it never vetoes without one).
+trained RND predictor; the value model's checkpoint is the large part;
+checkpoints of the previous version load, their retired knobs ignored). The
+bank, the recent turns and the suspects are not: they are rebuilt by live
+traffic, so for the first turns after a restart novelty is measured against what
+came since, the context guard waits for context (it never vetoes without one),
+and a suspect pending at the restart stays dropped.
 """
 
 from __future__ import annotations
@@ -265,25 +280,31 @@ class IntrinsicConfig:
 
     repeat_cos: float = 0.9
     fit_k: float = 1.0
-    ctx_alpha: float = 0.2
+    fit_exempt: float = 3.0
+    window: int = 4
+    lookahead: int = 4
+    bank_min: float = 0.5
     bank_per_agent: int = 512
     max_agents: int = 4096
     stats_alpha: float = 0.01
     warmup: int = 20
-    off_streak_max: int = 3
     reward_rate_full: float = 0.01
 
     def __post_init__(self) -> None:
         if not 0.0 < self.repeat_cos < 1.0:
             raise ValueError(f"repeat_cos must be in (0, 1), got {self.repeat_cos}")
-        if not math.isfinite(self.fit_k):
-            raise ValueError("fit_k must be finite")
-        if not 0.0 < self.ctx_alpha <= 1.0 or not 0.0 < self.stats_alpha <= 1.0:
-            raise ValueError("ctx_alpha and stats_alpha must be in (0, 1]")
+        if not all(math.isfinite(v) for v in (self.fit_k, self.bank_min)):
+            raise ValueError("fit_k and bank_min must be finite")
+        if not self.fit_exempt > 0.0:
+            raise ValueError(f"fit_exempt must be > 0 (or inf), got {self.fit_exempt}")
+        if not 0.0 < self.stats_alpha <= 1.0:
+            raise ValueError("stats_alpha must be in (0, 1]")
         if not 0.0 < self.reward_rate_full <= 1.0:
             raise ValueError(f"reward_rate_full must be in (0, 1], got {self.reward_rate_full}")
         if self.bank_per_agent < 1 or self.max_agents < 1 or self.warmup < 0:
             raise ValueError("bank_per_agent, max_agents >= 1 and warmup >= 0")
+        if self.window < 1 or self.lookahead < 0:
+            raise ValueError("window must be >= 1 and lookahead >= 0")
 
 
 @dataclass(frozen=True)
@@ -292,9 +313,24 @@ class IntrinsicScore:
 
     score: float  # info * novelty factor / mean info; 0 when off-context
     info: float  # surprisal in nats (or RND error for vectors)
-    novelty: float  # 1 - max cosine to the agent's stored memories (1 if none)
-    fit: float  # max cosine to previous / next observation / context EMA
+    novelty: float  # 1 - max cosine to the agent's bank (1 if none)
+    fit: float  # max cosine to the last `window` turns and the next observation
     off_context: bool
+    raw: float = 0.0  # the score before an off-context veto (what a vindication routes by)
+    #: (memory id, raw score, embedding) of earlier off-context suspects this turn
+    #: refers back to: the veto was wrong, the write path routes them by ``raw``
+    vindicates: tuple[tuple[str, float, np.ndarray], ...] = ()
+
+
+@dataclass
+class _Suspect:
+    """A turn vetoed as off-context, waiting `lookahead` turns for one that refers to it."""
+
+    memory_id: str
+    vec: np.ndarray
+    raw: float
+    threshold: float
+    left: int
 
 
 class _Running:
@@ -308,6 +344,18 @@ class _Running:
         self.mean += max(1.0 / self.count, self.alpha) * (x - self.mean)
 
 
+def _bounded(d: OrderedDict[str, Any], agent: str, make: Any, limit: int) -> Any:
+    """``d[agent]`` (created by ``make``), most recent last, at most ``limit`` agents."""
+    v = d.get(agent)
+    if v is None:
+        v = make()
+        d[agent] = v
+        while len(d) > limit:
+            d.popitem(last=False)
+    d.move_to_end(agent)
+    return v
+
+
 class IntrinsicState:
     """Per-tenant intrinsic-surprise state (see module docstring for what is checkpointed)."""
 
@@ -319,11 +367,11 @@ class IntrinsicState:
         self.mix = RewardMix(rate_full=self.config.reward_rate_full)
         a = self.config.stats_alpha
         self.info_mean = _Running(a)  # mean information of a scored turn
-        self.unrel_mean = _Running(a)  # mean cosine turn <-> a stored memory
+        self.unrel_mean = _Running(a)  # mean cosine turn <-> a bank memory
         self.unrel_sq = _Running(a)  # mean squared cosine (for the std)
         self.bank: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
-        self.context: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self.off_streak: dict[str, int] = {}
+        self.recent: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
+        self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
 
     # ------------------------------------------------------------------ parts
     def _agent_bank(self, agent: str) -> np.ndarray | None:
@@ -333,14 +381,11 @@ class IntrinsicState:
         return np.stack(list(dq))
 
     def stored(self, agent: str, vec: np.ndarray) -> None:
-        """The write path stored ``vec`` for ``agent``: novelty is measured against it."""
-        dq = self.bank.get(agent)
-        if dq is None:
-            dq = deque(maxlen=self.config.bank_per_agent)
-            self.bank[agent] = dq
-            while len(self.bank) > self.config.max_agents:
-                self.bank.popitem(last=False)
-        self.bank.move_to_end(agent)
+        """Add ``vec`` to ``agent``'s bank (novelty and the unrelated level are measured
+        against it). `score_batch` adds every turn it rates as a memory itself."""
+        cfg = self.config
+        dq = _bounded(self.bank, agent, lambda: deque(maxlen=cfg.bank_per_agent),
+                      cfg.max_agents)
         dq.append(np.asarray(vec, dtype=np.float32).copy())
 
     def _unrelated(self) -> tuple[float, float] | None:
@@ -350,6 +395,22 @@ class IntrinsicState:
         var = max(self.unrel_sq.mean - mu * mu, 0.0)
         return mu, math.sqrt(var)
 
+    def _vindicated(self, agent: str, vec: np.ndarray) -> list[_Suspect]:
+        """Suspects of ``agent`` that ``vec`` refers back to (they leave the list), and
+        one turn less for the others (those with none left are dropped for good)."""
+        pend = self.suspects.get(agent)
+        if not pend:
+            return []
+        hit, keep = [], []
+        for sus in pend:
+            if float(sus.vec @ vec) >= sus.threshold:
+                hit.append(sus)
+            elif sus.left > 1:
+                sus.left -= 1
+                keep.append(sus)
+        self.suspects[agent] = keep
+        return hit
+
     # ------------------------------------------------------------------- API
     def score_batch(
         self,
@@ -358,14 +419,16 @@ class IntrinsicState:
         s: np.ndarray,
         s_next: np.ndarray,
         has_next: Sequence[bool],
+        ids: Sequence[str] | None = None,
     ) -> list[IntrinsicScore]:
         """Score a tenant's batch in stream order, then learn from it.
 
-        Each transition is judged against the state before it: the token model
-        and the context include the earlier transitions of the batch; the bank
-        holds what earlier batches stored (`stored` is called after the gate
-        routed the batch; exact repeats inside a batch are the write path's
-        repeat keys).
+        Each transition is judged against the state before it, which includes the
+        earlier transitions of the batch (token model, recent turns, bank, suspects),
+        so a turn's score does not depend on where batch boundaries fall. ``ids``
+        (the transitions' memory ids) lets a vetoed turn wait as a suspect for a
+        later turn that refers to it (`IntrinsicScore.vindicates`); without them a
+        veto is final.
         """
         cfg = self.config
         n = len(agents)
@@ -377,9 +440,9 @@ class IntrinsicState:
             agent, vec = agents[i], s[i]
             text = texts[i]
             if text is not None:
-                ids = self.tokens.ids(text)
-                info = self.tokens.surprisal(ids)
-                self.tokens.learn(ids)
+                tok = self.tokens.ids(text)
+                info = self.tokens.surprisal(tok)
+                self.tokens.learn(tok)
             else:
                 assert rnd_err is not None
                 info = float(rnd_err[i])
@@ -388,39 +451,42 @@ class IntrinsicState:
             if bank is not None:
                 cos = bank @ vec
                 novelty = float(1.0 - cos.max())
-                self.unrel_mean.add(float(cos.mean()))
-                self.unrel_sq.add(float((cos * cos).mean()))
-            # fit: the best of previous observation, next observation, context EMA
-            ctx = self.context.get(agent)
-            fits = []
+                # the unrelated level: cosines to memories this turn does not repeat
+                far = cos[cos < cfg.repeat_cos]
+                if far.size:
+                    self.unrel_mean.add(float(far.mean()))
+                    self.unrel_sq.add(float((far * far).mean()))
+            # fit: the best cosine to the agent's last `window` turns and the next one
+            recent = _bounded(self.recent, agent, lambda: deque(maxlen=cfg.window),
+                              cfg.max_agents)
+            fits = [float(r @ vec) for r in recent]
             if has_next[i]:
                 fits.append(float(s_next[i] @ vec))
-            if ctx is not None:
-                prev, ema = ctx
-                fits.append(float(prev @ vec))
-                norm = float(np.linalg.norm(ema))
-                if norm > 0:
-                    fits.append(float(ema @ vec) / norm)
             fit = max(fits) if fits else 1.0
             unrel = self._unrelated()
-            off = ctx is not None and unrel is not None and fit < unrel[0] + cfg.fit_k * unrel[1]
+            threshold = -math.inf if unrel is None else unrel[0] + cfg.fit_k * unrel[1]
             factor = min(1.0, max(novelty, 0.0) / (1.0 - cfg.repeat_cos))
             mean_info = self.info_mean.mean if self.info_mean.count else info
             self.info_mean.add(info)
-            score = 0.0 if off else info * factor / max(mean_info, 1e-9)
-            out.append(IntrinsicScore(float(score), float(info), novelty, fit, bool(off)))
-            streak = self.off_streak.get(agent, 0) + 1 if off else 0
-            self.off_streak[agent] = streak
-            if streak == 0 or streak > cfg.off_streak_max:
-                # suspected noise does not become context, unless it persists
-                # (then the conversation moved on and the context follows)
-                ema_new = (vec.copy() if ctx is None
-                           else (1 - cfg.ctx_alpha) * ctx[1] + cfg.ctx_alpha * vec)
-                self.context[agent] = (vec.copy(), ema_new.astype(np.float32))
-            self.context.move_to_end(agent)
-            while len(self.context) > cfg.max_agents:
-                old, _ = self.context.popitem(last=False)
-                self.off_streak.pop(old, None)
+            raw = info * factor / max(mean_info, 1e-9)
+            # never without a context and a yardstick, nor for a turn that says several
+            # typical turns' worth (a fact announced out of the blue)
+            off = bool(recent) and fit < threshold and raw < cfg.fit_exempt
+            vind = self._vindicated(agent, vec)
+            if off and ids is not None and cfg.lookahead > 0:
+                pend = _bounded(self.suspects, agent, list, cfg.max_agents)
+                pend.append(_Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead))
+            score = 0.0 if off else raw
+            out.append(IntrinsicScore(float(score), float(info), novelty, fit, off, float(raw),
+                                      tuple((v.memory_id, v.raw, v.vec) for v in vind)))
+            recent.append(np.asarray(vec, dtype=np.float32).copy())
+            # the bank: what the agent would remember (decided here, per turn, so the
+            # score never depends on batch boundaries or on the gate's routes)
+            for v in vind:
+                if v.raw >= cfg.bank_min:
+                    self.stored(agent, v.vec)
+            if score >= cfg.bank_min:
+                self.stored(agent, vec)
         if rnd_err is not None:
             self.rnd.learn(s)
         return out
@@ -444,7 +510,10 @@ class IntrinsicState:
     def from_dict(cls, d: dict[str, Any]) -> IntrinsicState:
         if d.get("format") != _MIX_FORMAT:
             raise ValueError(f"unknown intrinsic state format {d.get('format')}")
-        st = cls(int(d["dim"]), IntrinsicConfig(**d["config"]))
+        known = IntrinsicConfig.__dataclass_fields__
+        # knobs of earlier versions (ctx_alpha, off_streak_max) are ignored
+        st = cls(int(d["dim"]), IntrinsicConfig(**{k: v for k, v in d["config"].items()
+                                                   if k in known}))
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
         st.rnd = RndNovelty.from_dict(d["rnd"])
         st.mix = RewardMix.from_dict(d["mix"])

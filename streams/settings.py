@@ -199,7 +199,8 @@ class IntrinsicSettings(BaseModel):
     """Reward-free surprise mixed into the gate score (`operators.novelty`)."""
 
     enabled: bool = True
-    fit_k: float = Field(default=1.0, description="off-context below unrelated mean + k std")
+    fit_k: float = Field(default=1.0, description="off-context below unrelated mean + k std "
+                         "(a later turn that fits a vetoed one that well writes it: referred)")
     repeat_cos: float = Field(default=0.9, gt=0.0, lt=1.0,
                               description="turns closer than this to a memory are discounted")
     reward_rate_full: float = Field(default=0.01, gt=0.0, le=1.0,

@@ -318,6 +318,7 @@ def intrinsic_scores(
         s,
         s2,
         [t.next_observation is not None or t.next_state is not None for t in ts],
+        [t.memory_id for t in ts],
     )
 
 
@@ -572,8 +573,6 @@ class WritePipeline:
                     route, reason = "drop", "repeat"
             if route != "drop":
                 st.remember(key, route, t.memory_id)
-                if intr is not None:
-                    st.intrinsic.stored(t.agent_id, s[i])
             elif intr is not None and intr[i].off_context and scores[i] == 0.0:
                 reason = "off_context"
             out.decisions.append(d)
@@ -639,6 +638,47 @@ class WritePipeline:
                     "fit": round(x.fit, 4),
                 }
             out.upserts[cast(Partition, route)].append(row)
+        if intr is not None:
+            self._vindicate(st, tenant, intr, w_int, now_ms, out)
+
+    def _vindicate(self, st: TenantState, tenant: str, intr: Sequence[IntrinsicScore],
+                   w_int: float, now_ms: int, out: BatchResult) -> None:
+        """Write the off-context suspects a later turn referred back to (reason ``referred``).
+
+        The veto only set their score to 0; a turn of the same agent within
+        ``lookahead`` turns whose cosine to one clears the off-context threshold
+        shows it belonged to the conversation (`operators.novelty`). It is routed by
+        its pre-veto score under the gate's current plan (a drop stays a drop; the
+        sketch already saw it once, as 0) and the repeat rule; its ``dropped`` event
+        is superseded by this ``written`` one, as a retrospective write is.
+        """
+        plan = self.gate.plan(st.gate_state)
+        for x in intr:
+            for mid, raw, vec in x.vindicates:
+                t = st.recent.get(mid)
+                s_w = w_int * raw
+                route = self.gate.route(plan, s_w)[0] if t is not None else "drop"
+                if t is None or route == "drop":
+                    continue
+                key = content_key(t)
+                prev = st.repeats.get(key)
+                if prev == "core" or (prev == "buffer" and route == "buffer"):
+                    continue
+                st.recent.pop(mid)
+                st.remember(key, route, mid)
+                created = t.ts if t.ts is not None else now_ms
+                strength = float(self.gate.strength(s_w))
+                out.events.append(MemoryEvent(
+                    kind="written", memory_id=mid, tenant=tenant, agent_id=t.agent_id,
+                    episode_id=t.episode_id, step=t.step, partition=cast(Partition, route),
+                    route=cast(Any, route), reward=t.reward, rpe=s_w, rpe_smoothed=s_w,
+                    gate=strength, valence=0, theta_low=float(plan[0]),
+                    theta_high=float(plan[1]), reason="referred", event_ts=created, ts=now_ms,
+                ))
+                row = memory_row(t, tenant, vec, s_w, s_w, strength, 0, created, route,
+                                 "referred", float(plan[0]), float(plan[1]))
+                row["metadata"]["surprise"] = {"w": round(w_int, 4), "intrinsic": round(raw, 4)}
+                out.upserts[cast(Partition, route)].append(row)
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
         with self.lock:

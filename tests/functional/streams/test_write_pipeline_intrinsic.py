@@ -18,12 +18,13 @@ def raws_of(transitions: list[Transition]) -> list[RawRecord]:
 
 
 def routes(p: WritePipeline, ts: list[Transition], batch: int = 64) -> list[tuple[str, str]]:
+    """Each transition's final (route, reason): a later ``referred`` write supersedes a drop."""
     raws = raws_of(ts)
-    out = []
+    last: dict[str, tuple[str, str]] = {}
     for i in range(0, len(raws), batch):
         res = p.process(raws[i : i + batch], now_ms=1_000 + i)
-        out += [(e.route or "", e.reason) for e in res.events]
-    return out
+        last |= {e.memory_id: (e.route or "", e.reason) for e in res.events}
+    return [last[t.memory_id] for t in ts]
 
 
 def test_rewarded_stream_routes_exactly_as_without_intrinsic() -> None:
@@ -82,3 +83,31 @@ def test_reward_free_chat_keeps_news_and_drops_filler_and_repeats() -> None:
     p2 = WritePipeline(Settings(), HashingEncoder(dim=256))
     p2.restore("t", p.snapshot("t"))
     assert p2.tenants["t"].intrinsic.tokens.total == st.intrinsic.tokens.total
+
+
+def test_an_off_context_turn_referred_to_later_is_written_and_noise_is_not() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+             "sunflowers watering can harvest mulch beds pots").split()
+    turns = [ChatTurn("Ann" if i % 2 else "Bob", " ".join(rng.choice(words, size=8)))
+             for i in range(80)]
+    opener = "We booked a ferry to the Greek islands, Santorini and Naxos, for July."
+    intruder = "Quarterly earnings of the semiconductor company beat analyst forecasts."
+    turns += [ChatTurn("Ann", opener), ChatTurn("Bob", intruder),
+              ChatTurn("Bob", "A ferry to Santorini and Naxos in July, lucky you!")]
+    turns += [ChatTurn("Ann", " ".join(rng.choice(words, size=8))) for _ in range(6)]
+    ts = chat_transitions(turns, tenant="t", conversation="c1", session=1)
+    p = WritePipeline(Settings(), HashingEncoder(dim=256))
+    raws = raws_of(ts)
+    events = []
+    for i in range(0, len(raws), 16):
+        events += p.process(raws[i : i + 16], now_ms=1_000 + i).events
+    by_id = {t.text(): t.memory_id for t in ts}
+    trail = {k: [(e.kind, e.reason) for e in events if e.memory_id == by_id[f"{s}: {k}"]]
+             for s, k in (("Ann", opener), ("Bob", intruder))}
+    # the opener fit nothing before it (its next turn is the intruder): vetoed, then
+    # the reply refers back to it and it is written
+    assert trail[opener] == [("dropped", "off_context"), ("written", "referred")]
+    assert trail[intruder] == [("dropped", "off_context")]

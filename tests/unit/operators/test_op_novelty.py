@@ -82,18 +82,15 @@ def test_rnd_error_falls_where_it_has_trained() -> None:
 ENC = HashingEncoder(dim=128)
 
 
-def score_stream(st: IntrinsicState, texts: list[str], agent: str = "a", store: bool = True,
-                 next_texts: list[str | None] | None = None) -> list:
+def score_stream(st: IntrinsicState, texts: list[str], agent: str = "a",
+                 next_texts: list[str | None] | None = None, first_id: int = 0) -> list:
     vecs = ENC.encode(texts)
     nxt = next_texts or [texts[i + 1] if i + 1 < len(texts) else None for i in range(len(texts))]
     nvec = ENC.encode([n or t for n, t in zip(nxt, texts, strict=True)])
     out = []
-    for i in range(len(texts)):  # batches of one: each sees what was stored before it
-        sc = st.score_batch([agent], [texts[i]], vecs[i : i + 1], nvec[i : i + 1],
-                            [nxt[i] is not None])
-        if store:
-            st.stored(agent, vecs[i])
-        out += sc
+    for i in range(len(texts)):  # batches of one (a batch gives the same scores)
+        out += st.score_batch([agent], [texts[i]], vecs[i : i + 1], nvec[i : i + 1],
+                              [nxt[i] is not None], [f"{agent}-{first_id + i}"])
     return out
 
 
@@ -126,10 +123,10 @@ def test_off_context_turn_is_vetoed_only_against_an_established_context() -> Non
     score_stream(st, talk)
     intruder = "quarterly earnings of the semiconductor company beat analyst forecasts"
     reply = " ".join(talk[-1].split()[:4]) + " basil compost"
-    [x] = score_stream(st, [intruder], store=False, next_texts=[reply])
+    [x] = score_stream(st, [intruder], next_texts=[reply])
     assert x.off_context and x.score == 0.0
     [y] = score_stream(st, [" ".join(talk[-1].split()[2:]) + " fence"],
-                       store=False, next_texts=[reply])
+                       next_texts=[reply])
     assert not y.off_context and y.score > 0.0
     # a fresh state has no context: nothing is vetoed
     [z] = score_stream(IntrinsicState(128, cfg), [intruder], next_texts=[reply])
@@ -162,6 +159,81 @@ def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         IntrinsicConfig(repeat_cos=1.0)
     with pytest.raises(ValueError):
-        IntrinsicConfig(ctx_alpha=0.0)
+        IntrinsicConfig(window=0)
+    with pytest.raises(ValueError):
+        IntrinsicConfig(lookahead=-1)
     with pytest.raises(ValueError):
         IntrinsicConfig(bank_per_agent=0)
+
+
+def garden_state() -> tuple[IntrinsicState, list[str]]:
+    st = IntrinsicState(128, IntrinsicConfig(warmup=5, fit_k=1.0, lookahead=3))
+    rng = np.random.default_rng(5)
+    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+             "sunflowers watering can harvest mulch beds pots").split()
+    talk = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
+    score_stream(st, talk)
+    return st, talk
+
+
+def test_a_vetoed_turn_that_a_later_turn_refers_to_is_vindicated() -> None:
+    st, talk = garden_state()
+    opener = "we booked a ferry to the greek islands santorini and naxos in july"
+    filler = " ".join(talk[-1].split()[:6])
+    # the opener fits nothing before it; its reply is noise-like too (unrelated)
+    [x] = score_stream(st, [opener], next_texts=["quarterly earnings beat forecasts"],
+                       first_id=100)
+    assert x.off_context and x.score == 0.0 and x.raw > 0.0
+    [f] = score_stream(st, [filler], first_id=101)
+    assert "a-100" not in [v[0] for v in f.vindicates]
+    [back] = score_stream(st, ["the ferry to santorini and naxos in july was booked"],
+                          first_id=102)
+    assert [v[0] for v in back.vindicates] == ["a-100"]
+    assert back.vindicates[0][1] == pytest.approx(x.raw)
+    # vindicated once: a second reference finds no suspect left
+    [again] = score_stream(st, ["santorini and naxos ferry in july"], first_id=103)
+    assert again.vindicates == ()
+
+
+def test_a_suspect_nothing_refers_to_expires_after_the_lookahead() -> None:
+    st, talk = garden_state()
+    intruder = "quarterly earnings of the semiconductor company beat analyst forecasts"
+    [x] = score_stream(st, [intruder], next_texts=[talk[0]], first_id=100)
+    assert x.off_context
+    later = score_stream(st, talk[:3], first_id=101)  # lookahead 3: all unrelated
+    assert all(v.vindicates == () for v in later)
+    [late] = score_stream(st, ["semiconductor company quarterly earnings forecasts"],
+                          first_id=104)
+    assert late.vindicates == ()  # too late: the veto is final
+
+
+def test_scores_do_not_depend_on_batch_boundaries() -> None:
+    rng = np.random.default_rng(2)
+    words = "dog lake swim park run ball tree rain sun walk beagle shelter".split()
+    texts = [" ".join(rng.choice(words, size=6)) for _ in range(80)]
+    texts[40] = "quarterly earnings of the semiconductor company beat analyst forecasts"
+    vecs = ENC.encode(texts)
+    nxt = np.roll(vecs, -1, axis=0)
+
+    def run(batch: int) -> list[tuple[float, bool, tuple[str, ...]]]:
+        st = IntrinsicState(128, IntrinsicConfig(warmup=5))
+        out = []
+        for b in range(0, len(texts), batch):
+            sl = slice(b, b + batch)
+            ids = [f"m{i}" for i in range(b, min(b + batch, len(texts)))]
+            out += st.score_batch(["a"] * len(ids), texts[sl], vecs[sl], nxt[sl],
+                                  [True] * len(ids), ids)
+        return [(round(x.score, 6), x.off_context, tuple(v[0] for v in x.vindicates))
+                for x in out]
+
+    one = run(1)
+    assert any(off for _, off, _ in one)  # the guard is exercised
+    assert run(7) == one and run(80) == one
+
+
+def test_checkpoint_of_an_earlier_config_loads() -> None:
+    st = IntrinsicState(128)
+    d = orjson.loads(orjson.dumps(st.to_dict()))
+    d["config"] |= {"ctx_alpha": 0.2, "off_streak_max": 3}  # knobs of an earlier version
+    back = IntrinsicState.from_dict(d)
+    assert back.config == st.config
