@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.retrieval import RankPolicy, rank
+from operators.retrieval import RankPolicy, explore_window, rank
 
 
 def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict:
@@ -50,11 +50,53 @@ def test_untried_far_memory_gets_served_once_near_ones_proved_useless() -> None:
     assert "far" not in [r.row["id"] for r in rank([*tried, proven], p, 1.0, 0, 2)]
 
 
+def test_positive_evidence_keeps_lambda_only_the_unhelpful_share_lowers_it() -> None:
+    p = RankPolicy.hybrid(lambda_evidence=0.2)
+    helped = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.8, utility=0.01, uses=1)]
+    assert p.lambda_with_evidence(0.9, helped, 2) == 0.9
+    mixed = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.8, utility=-0.4, uses=1)]
+    assert p.lambda_with_evidence(0.9, mixed, 2) == pytest.approx(0.9 + 0.5 * (0.2 - 0.9))
+
+
+def test_explore_window_keeps_the_nearest_and_every_tie_at_the_cut() -> None:
+    cands = [row("far", 0.2), row("t1", 0.7), row("top", 0.9), row("t2", 0.7), row("t3", 0.7),
+             row("mid", 0.5)]
+    assert [r["id"] for r in explore_window(cands, 2)] == ["top", "t1", "t2", "t3"]
+    assert [r["id"] for r in explore_window(cands, 5)] == ["top", "t1", "t2", "t3", "mid"]
+    assert len(explore_window(cands, 10)) == 6
+
+
+def test_blamed_exact_matches_make_room_for_neighbours_never_for_a_far_memory() -> None:
+    """The ScienceWorld case: the memories nearest the query were used in a
+    below-average episode (blamed); an untried memory about another observation
+    is far down the pool. Evidence lowers lambda and re-orders the exploration
+    window, but the far memory stays out (the whole pool at that lambda served
+    it first); an untried neighbour inside the window wins; without blame nothing
+    is adapted."""
+    p = RankPolicy.hybrid()
+    blamed = [row(f"x{i}", 0.95 - 0.01 * i, utility=-3.0, uses=1) for i in range(6)]
+    far = row("far-untried", 0.3)
+    cands = [far, *blamed]
+    base = p.lambda_for(50)
+    lam, pool = p.adapt(base, cands, 2)
+    assert lam < base
+    assert [r["id"] for r in pool] == ["x0", "x1", "x2", "x3"]  # 2 x k nearest
+    assert [r.row["id"] for r in rank(pool, p, lam, 0, 2)] == ["x0", "x1"]
+    assert rank(cands, p, lam, 0, 1)[0].row["id"] == "far-untried"
+    neighbour = row("near-untried", 0.93)
+    lam, pool = p.adapt(base, [far, *blamed, neighbour], 2)
+    assert rank(pool, p, lam, 0, 1)[0].row["id"] == "near-untried"
+    fresh = [far, *(row(f"x{i}", 0.95) for i in range(3))]
+    assert p.adapt(base, fresh, 2) == (base, fresh)
+
+
 def test_policy_validation() -> None:
     with pytest.raises(ValueError):
         RankPolicy.hybrid(explore=-1.0)
     with pytest.raises(ValueError):
         RankPolicy.hybrid(lambda_evidence=1.5)
+    with pytest.raises(ValueError):
+        RankPolicy.hybrid(explore_ranks=0)
 
 
 def test_recency_is_stream_time_on_each_agents_clock() -> None:
