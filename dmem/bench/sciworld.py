@@ -414,7 +414,8 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
                        repeat: int = 0) -> tuple[int, bool]:
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
-    (None: random), reward. ``repeat`` r > 0 draws from its own seed (repeat 0 keeps
+    (None: random), reward, the ranking's lambda and the served hits (id, action,
+    semantic, salience, reward). ``repeat`` r > 0 draws from its own seed (repeat 0 keeps
     the single-repeat seeds and episode ids)."""
     sw.load(task, variation)
     extra = (repeat,) if repeat else ()
@@ -460,7 +461,11 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             obs, reward, score, done, failed = sw.act("0")
         if trace is not None:
             trace.append({"step": step, "action": action, "memory": used, "reward": reward,
-                          "hits": len(hits), "failed": failed})
+                          "hits": len(hits), "failed": failed,
+                          "lambda": round(hits[0].breakdown.lambda_, 3) if hits else None,
+                          "served": [[h.memory_id, h.action, round(h.breakdown.semantic, 3),
+                                      round(h.breakdown.salience, 3), h.reward]
+                                     for h in hits]})
         if done:
             break
     final = max(score, 0)
