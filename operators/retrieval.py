@@ -45,12 +45,20 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   those top-k memories that were tried and did not help. Two limits keep this
   an exploration of *neighbours* and never a trade of proven meaning for a
   bonus (issue 13: on ScienceWorld one below-average episode blamed the
-  memories it used, lambda fell, and an untried memory about another
-  observation outranked every exact match of the query):
+  memories it used, lambda fell to 0.1, and untried memories of cosine 0.56
+  outranked the query's exact match, cosine 1.0):
   - positive evidence does not lower lambda: a top-k memory that earned
     credit is meaning's pick *and* the outcome's, so exploiting it is right
     (with a low lambda an untried memory's bonus could push it aside, by how
     much depending on the reward scale the utility is on);
+  - the spread floor: lambda never falls below 1 / (1 + spread), spread =
+    the cosine of meaning's best candidate minus that of its k-th. Salience
+    times recency lies in [0, 1], so a memory can then climb only over
+    memories that are more similar by less than the spread of meaning's own
+    top k: among exact ties (spread 0) evidence re-orders the ties and
+    nothing else, and an exact match is never traded for a memory of another
+    observation because that one's evidence is better. The spread is measured
+    per query, in the encoder's own cosine scale;
   - the exploration window: when the evidence lowered lambda, only the
     ``explore_ranks * k`` candidates nearest in meaning (and every candidate
     tied with the last of them) can be served, so evidence can promote a
@@ -166,7 +174,9 @@ class RankPolicy:
             return lam
         top = by_meaning(candidates)[:k]
         share = sum(tried_without_credit(r) for r in top) / len(top)
-        return lam + share * (self.lambda_evidence - lam)
+        # the floor: a lift of at most the cosine spread of meaning's own top k
+        spread = max(0.0, similarity(top[0]) - similarity(top[-1]))
+        return max(lam + share * (self.lambda_evidence - lam), min(lam, 1.0 / (1.0 + spread)))
 
     def adapt(
         self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int

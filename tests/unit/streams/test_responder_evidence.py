@@ -22,8 +22,9 @@ class FakeStore:
 
 
 def mem(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict[str, Any]:
+    """A buffer-tier row (surprise from its rpe)."""
     return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
-            "created_ts": 0, "partition": "core", "agent_id": "a", "text": mid}
+            "created_ts": 0, "partition": "buffer", "agent_id": "a", "text": mid}
 
 
 def served(rows: list[dict[str, Any]], lam: float | None = None) -> list[tuple[str, float]]:
@@ -35,14 +36,14 @@ def served(rows: list[dict[str, Any]], lam: float | None = None) -> list[tuple[s
 
 
 def test_blamed_top_k_explores_neighbours_not_far_memories() -> None:
-    blamed = [mem(f"x{i}", 0.95 - 0.01 * i, utility=-2.0, uses=1) for i in range(6)]
-    far = mem("far", 0.3)
+    blamed = [mem(f"x{i}", 0.9 - 0.1 * i, utility=-2.0, uses=1) for i in range(6)]
+    far = mem("far", 0.05)
     hits = served([*blamed, far])
     assert [m for m, _ in hits] == ["x0", "x1"]
-    assert hits[0][1] < 0.5  # the evidence lowered lambda
-    # an untried neighbour inside the window (2 x k nearest) is explored first
-    hits = served([*blamed[:2], mem("near", 0.935), *blamed[2:], far])
-    assert hits[0][0] == "near"
+    assert hits[0][1] == 1 / 1.1  # lowered by the evidence, to the spread floor
+    # an untried neighbour within the spread is explored; the far one never
+    hits = served([blamed[0], mem("near", 0.79), *blamed[1:], far])
+    assert [m for m, _ in hits] == ["x0", "near"]
 
 
 def test_credited_top_k_keeps_the_schedule_lambda() -> None:
