@@ -470,7 +470,9 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             break
     final = max(score, 0)
     if c is not None:
-        await c.report_outcome(ep, reward=float(final))
+        # the loop agent's own outcomes: credit judges them against its own usual
+        # outcome (operators/credit.py), not against the explorer's gold episodes
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}")
     return final, final >= 100
 
 
@@ -600,7 +602,8 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")
         for ep in played.train:
-            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)))
+            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)),
+                                   agent_id=AGENT)
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")
