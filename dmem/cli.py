@@ -501,6 +501,8 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 @click.option("--test-variations", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--random-steps", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--loop-max-steps", type=click.IntRange(1), default=30, show_default=True)
+@click.option("--loop-repeats", type=click.IntRange(1), default=2, show_default=True,
+              help="closed-loop episodes per test variation and condition (paired seeds)")
 @click.option("--encoder", type=click.Choice(["hash", "minilm", "minilm-static"]),
               default="minilm", show_default=True)
 @click.option("--settle-s", type=click.FloatRange(0.0), default=25.0, show_default=True,
@@ -510,8 +512,8 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
               help="JSON file of played episodes to reuse (written when absent)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test_variations: int,
-                   random_steps: int, loop_max_steps: int, encoder: str, settle_s: float,
-                   seed: int, play_cache: Path | None, as_json: bool) -> None:
+                   random_steps: int, loop_max_steps: int, loop_repeats: int, encoder: str,
+                   settle_s: float, seed: int, play_cache: Path | None, as_json: bool) -> None:
     """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
     from dmem.bench.sciworld import SciConfig
     from dmem.bench.sciworld import main as run_sci
@@ -522,8 +524,8 @@ def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test
     try:
         cfg = SciConfig(tasks=tuple(tasks) or default, env=env, train_variations=train_variations,
                         test_variations=test_variations, random_steps=random_steps,
-                        loop_max_steps=loop_max_steps, encoder=encoder, settle_s=settle_s,
-                        seed=seed, play_cache=play_cache)
+                        loop_max_steps=loop_max_steps, loop_repeats=loop_repeats,
+                        encoder=encoder, settle_s=settle_s, seed=seed, play_cache=play_cache)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     try:

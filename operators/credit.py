@@ -7,10 +7,15 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   outcome's step if given, else the last usage step); the return at a usage
   step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
   path's business; credit is about the late outcome).
-- Baseline: a running mean of outcome rewards per (tenant, task) (task defaults
-  to the tenant), so advantage A_t = G_t - b. An episode that ends as usual
-  gives ~0 credit to everything it used; a surprising success or failure
-  credits (or blames) the memories that were used.
+- Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
+  defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
+  that ends as usual *for its agent* gives ~0 credit to everything it used; a
+  surprising success or failure credits (or blames) the memories that were
+  used. Per agent because the baseline is the policy's own usual outcome: with
+  one baseline for every agent of a tenant, a weaker agent's episodes all end
+  below it and every memory it uses is blamed, however much it helped (issue
+  13: a memory-driven agent's outcomes judged against a guided agent's gold
+  episodes blamed the memories that had earned its only rewards).
 - Credit to memory i: c_i = sum_t A_t * w_i,t, and the update carries the mean
   per use, c_i / n_i (n_i = number of steps that served i). The store's utility
   is an EMA of that per-use credit (the applier does the EMA), so a memory is
@@ -61,6 +66,7 @@ class OutcomeRecord:
     reward: float
     step: int | None = None
     task: str | None = None
+    agent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,17 +112,23 @@ class CreditAssigner:
         self.baseline_alpha = baseline_alpha
         self.max_episodes = max_episodes
         self.episodes: dict[tuple[str, str], _Episode] = {}
-        self.baselines: dict[tuple[str, str], tuple[float, int]] = {}
+        self.baselines: dict[tuple[str, str, str], tuple[float, int]] = {}
         self.duplicate_outcomes = 0
         self.expired_without_outcome = 0
         self.late_agent_reports = 0
 
-    def baseline(self, tenant: str, task: str | None) -> float:
-        mean, n = self.baselines.get((tenant, task or tenant), (0.0, 0))
+    @staticmethod
+    def _baseline_key(tenant: str, task: str | None, agent: str | None) -> tuple[str, str, str]:
+        return (tenant, agent or "", task or tenant)
+
+    def baseline(self, tenant: str, task: str | None, agent: str | None = None) -> float:
+        mean, n = self.baselines.get(self._baseline_key(tenant, task, agent), (0.0, 0))
         return mean if n else 0.0
 
-    def _fold_baseline(self, tenant: str, task: str | None, reward: float) -> None:
-        key = (tenant, task or tenant)
+    def _fold_baseline(
+        self, tenant: str, task: str | None, reward: float, agent: str | None = None
+    ) -> None:
+        key = self._baseline_key(tenant, task, agent)
         mean, n = self.baselines.get(key, (0.0, 0))
         w = max(1.0 / (n + 1), self.baseline_alpha)
         self.baselines[key] = (mean + w * (reward - mean), n + 1)
@@ -158,8 +170,8 @@ class CreditAssigner:
             return []
         ep.outcome = outcome
         # baseline *before* this outcome: an episode is judged against the past
-        ep.advantage_base = self.baseline(tenant, outcome.task)
-        self._fold_baseline(tenant, outcome.task, outcome.reward)
+        ep.advantage_base = self.baseline(tenant, outcome.task, outcome.agent)
+        self._fold_baseline(tenant, outcome.task, outcome.reward, outcome.agent)
         return self._credit(episode_id, ep)
 
     def _credit(self, episode_id: str, ep: _Episode) -> list[CreditUpdate]:

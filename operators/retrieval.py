@@ -35,17 +35,37 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   makes room quickly. In a store nobody credits, every memory has the same
   bonus: the credit half of salience is a constant 0.88 instead of 0.5
   (ranking changes only through the recency factor it multiplies).
-- evidence-adaptive lambda (``lambda_with_evidence``): the count schedule
-  below keeps meaning dominant while a store is young, which also means a
-  semantically weaker memory could never be served and so never prove itself.
-  Once the memories that meaning alone would serve (the semantic top k of this
-  request's candidates) all carry outcome evidence (uses > 0), meaning has had
-  its say for this query: lambda moves towards ``lambda_evidence`` (default
-  0.1) in proportion to the share of those top-k memories that have been
-  credited. Candidates are the ANN top-C by meaning in any case, so even a
-  low lambda only re-orders memories that are about the query. A request
-  that sets lambda explicitly (e.g. 1.0 for pure semantic search) is never
-  adapted.
+- evidence-adaptive lambda (``adapt``, ``lambda_with_evidence``): the count
+  schedule below keeps meaning dominant while a store is young, which also
+  means a semantically weaker memory could never be served and so never prove
+  itself. Once the memories that meaning alone would serve (the semantic top k
+  of this request's candidates) have been tried without earning credit (uses
+  > 0 and utility <= 0), meaning has had its say for this query: lambda moves
+  towards ``lambda_evidence`` (default 0.1) in proportion to the share of
+  those top-k memories that were tried and did not help. Two limits keep this
+  an exploration of *neighbours* and never a trade of proven meaning for a
+  bonus (issue 13: on ScienceWorld one below-average episode blamed the
+  memories it used, lambda fell to 0.1, and untried memories of cosine 0.56
+  outranked the query's exact match, cosine 1.0):
+  - positive evidence does not lower lambda: a top-k memory that earned
+    credit is meaning's pick *and* the outcome's, so exploiting it is right
+    (with a low lambda an untried memory's bonus could push it aside, by how
+    much depending on the reward scale the utility is on);
+  - the spread floor: lambda never falls below 1 / (1 + spread), spread =
+    the cosine of meaning's best candidate minus that of its k-th. Salience
+    times recency lies in [0, 1], so a memory can then climb only over
+    memories that are more similar by less than the spread of meaning's own
+    top k: among exact ties (spread 0) evidence re-orders the ties and
+    nothing else, and an exact match is never traded for a memory of another
+    observation because that one's evidence is better. The spread is measured
+    per query, in the encoder's own cosine scale;
+  - the exploration window: when the evidence lowered lambda, only the
+    ``explore_ranks * k`` candidates nearest in meaning (and every candidate
+    tied with the last of them) can be served, so evidence can promote a
+    memory by at most that many semantic ranks, whatever the pool size (the
+    ANN top-C) or the cosine scale of the encoder.
+  A request that sets lambda explicitly (e.g. 1.0 for pure semantic search)
+  is never adapted.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
   (1000: 43 minutes for the default 30 days, recency moves by < 0.07 % within
@@ -83,7 +103,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RECENCY_STEPS", "Ranked", "RankPolicy", "StreamClock", "rank", "usage_weights"]
+__all__ = [
+    "RECENCY_STEPS",
+    "Ranked",
+    "RankPolicy",
+    "StreamClock",
+    "explore_window",
+    "rank",
+    "tried_without_credit",
+    "usage_weights",
+]
 
 #: recency's resolution: ages are counted in steps of half_life / RECENCY_STEPS
 RECENCY_STEPS = 1000
@@ -103,6 +132,7 @@ class RankPolicy:
     mmr_mu: float = 0.5
     explore: float = 1.0
     lambda_evidence: float = 0.1
+    explore_ranks: int = 2
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -121,6 +151,8 @@ class RankPolicy:
             raise ValueError("explore must be >= 0")
         if not 0 <= p.lambda_evidence <= 1:
             raise ValueError("lambda_evidence must be in [0, 1]")
+        if p.explore_ranks < 1:
+            raise ValueError("explore_ranks must be >= 1")
         return p
 
     def lambda_for(self, n_memories: int) -> float:
@@ -136,14 +168,26 @@ class RankPolicy:
         self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int
     ) -> float:
         """Move `lam` towards ``lambda_evidence`` by the share of the semantic
-        top-`k` candidates that have credited uses (see the module docstring)."""
+        top-`k` candidates that were tried without earning credit (see the
+        module docstring)."""
         if not candidates or k <= 0 or self.lambda_evidence >= lam:
             return lam
-        top = sorted(
-            candidates, key=lambda r: -float(r.get("similarity", r.get("distance", 0.0)))
-        )[:k]
-        share = sum(int(r.get("uses", 0) or 0) > 0 for r in top) / len(top)
-        return lam + share * (self.lambda_evidence - lam)
+        top = by_meaning(candidates)[:k]
+        share = sum(tried_without_credit(r) for r in top) / len(top)
+        # the floor: a lift of at most the cosine spread of meaning's own top k
+        spread = max(0.0, similarity(top[0]) - similarity(top[-1]))
+        return max(lam + share * (self.lambda_evidence - lam), min(lam, 1.0 / (1.0 + spread)))
+
+    def adapt(
+        self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int
+    ) -> tuple[float, list[Mapping[str, Any]]]:
+        """The default request's (lambda, candidates): `lam` (the count schedule)
+        adapted to the evidence, and the candidates it may serve (the exploration
+        window when the evidence lowered lambda, else all of them)."""
+        adapted = self.lambda_with_evidence(lam, candidates, k)
+        if adapted >= lam:
+            return lam, list(candidates)
+        return adapted, explore_window(candidates, self.explore_ranks * k)
 
     def salience(self, rpe: float, utility: float, uses: int = 0, core: bool = False) -> float:
         """Surprise (1 for a core memory, else from |rpe|) and optimistic credit."""
@@ -156,6 +200,30 @@ class RankPolicy:
         step = self.half_life_ms / RECENCY_STEPS
         age = math.floor(max(0.0, now_ms - created_ms) / step) * step
         return float(2.0 ** (-age / self.half_life_ms))
+
+
+def similarity(row: Mapping[str, Any]) -> float:
+    return float(row.get("similarity", row.get("distance", 0.0)))
+
+
+def by_meaning(candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Candidates most similar first (stable: equal similarities keep their order)."""
+    return sorted(candidates, key=lambda r: -similarity(r))
+
+
+def tried_without_credit(row: Mapping[str, Any]) -> bool:
+    """Served and credited at least once (uses > 0), and its utility is not positive."""
+    return int(row.get("uses", 0) or 0) > 0 and float(row.get("utility", 0.0) or 0.0) <= 0.0
+
+
+def explore_window(candidates: Sequence[Mapping[str, Any]], n: int) -> list[Mapping[str, Any]]:
+    """The `n` candidates nearest in meaning, and every one tied with the n-th
+    (a cut through identical texts would pick among them by pool order)."""
+    ordered = by_meaning(candidates)
+    if len(ordered) <= n:
+        return ordered
+    cut = similarity(ordered[n - 1])
+    return [r for r in ordered if similarity(r) >= cut]
 
 
 class StreamClock:

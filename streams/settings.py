@@ -77,7 +77,11 @@ class RespondSettings(BaseModel):
     mature: int = Field(default=20_000, ge=2)
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
     lambda_evidence: float = Field(default=0.1, ge=0.0, le=1.0,
-                                   description="lambda once the semantic top-k are credited")
+                                   description="lambda once the semantic top-k were tried "
+                                   "without earning credit")
+    explore_ranks: int = Field(default=2, ge=1,
+                               description="with an evidence-lowered lambda only the "
+                               "explore_ranks * k candidates nearest in meaning can be served")
     # the live page (streams.respond.live): newest MemoryEvents kept per tenant for
     # its most recently active tenants; 0 turns the page's background consumer off
     live_per_tenant: int = Field(default=2000, ge=0, le=100_000)

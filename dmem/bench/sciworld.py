@@ -21,7 +21,8 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
    process). Tie-aware hit@5 and MRR@10 (expected values over a random order
    of equal scores; the server lists are asked for 20 hits so ties at the cut
    are visible).
-5. Closed loop (no LLM) on each test variation, same seed per condition: before
+5. Closed loop (no LLM) on each test variation, ``loop_repeats`` times (2), same
+   seeds per condition (repeat r > 0 has its own): before
    each step ask dmem for k = 5 memories of the same task with the observation
    as query, take the action of the best-ranked hit that is valid now, else a
    random valid action; report which memory was used and the outcome. "Valid
@@ -32,7 +33,11 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
    memory / semantic (lambda = 1) / hybrid (default). Hybrid runs before
    semantic, so the credit its own episodes earn cannot help the semantic
    condition (semantic ranking ignores utility anyway). A failed task scores
-   0 (ScienceWorld reports -100 internally); success = score 100.
+   0 (ScienceWorld reports -100 internally); success = score 100. The means
+   (``score_*``) are over every episode; ``score_diff_<a>_<b>`` (with ``_se``, its
+   standard error, and ``episodes_<a>_won_<b>`` / ``_lost_``) is the paired
+   difference over the same (task, variation, repeat) episodes, which is what
+   says whether a gap between conditions is more than one episode's luck.
 
 Coverage counts distinct critical events: a critical step is covered when it, or
 a step with the same (task, variation, observation, action), is stored.
@@ -96,6 +101,9 @@ class SciConfig:
     test_variations: int = 2
     random_steps: int = 20
     loop_max_steps: int = 30
+    #: closed-loop episodes per test variation and condition; repeat r > 0 draws its
+    #: random actions from its own seed, the same for every condition (paired)
+    loop_repeats: int = 2
     seed: int = 0
     encoder: str = "minilm"
     settle_s: float = 25.0
@@ -108,6 +116,8 @@ class SciConfig:
         if self.env != "sciworld" and self.env not in ENVS:
             raise ValueError(f"unknown env {self.env!r} (sciworld or one of {sorted(ENVS)})")
         allowed = TASKS if self.env == "sciworld" else (ENVS[self.env],)
+        if self.loop_repeats < 1:
+            raise ValueError("loop_repeats must be >= 1")
         bad = [t for t in self.tasks if t not in allowed]
         if bad:
             raise ValueError(f"tasks not allowed in this benchmark: {bad}")
@@ -381,19 +391,37 @@ async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: di
     return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}
 
 
+def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, int]:
+    """Paired difference of two conditions played on the same (task, variation,
+    repeat) episodes: (mean of a - b, its standard error, episodes a won, b won)."""
+    if len(a) != len(b):
+        raise ValueError("paired conditions need the same episodes")
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    n = len(d)
+    if n == 0:
+        return 0.0, 0.0, 0, 0
+    mean = sum(d) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else 0.0
+    return mean, se, sum(x > 0 for x in d), sum(x < 0 for x in d)
+
+
 # ---------------------------------------------------------------- closed loop
 
 
 async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: int,
                        lam: float | None, cfg: SciConfig, tag: str,
-                       trace: list[dict[str, Any]] | None = None) -> tuple[int, bool]:
+                       trace: list[dict[str, Any]] | None = None,
+                       repeat: int = 0) -> tuple[int, bool]:
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
-    (None: random), reward."""
+    (None: random), reward, the ranking's lambda and the served hits (id, action,
+    semantic, salience, reward). ``repeat`` r > 0 draws from its own seed (repeat 0 keeps
+    the single-repeat seeds and episode ids)."""
     sw.load(task, variation)
-    rng = rng_for(cfg.seed, "loop", task, variation)
+    extra = (repeat,) if repeat else ()
+    rng = rng_for(cfg.seed, "loop", task, variation, *extra)
     obs = sw.reset()
-    score, ep = 0, f"{task}-{variation}-loop-{tag}"
+    score, ep = 0, f"{task}-{variation}-loop-{tag}" + (f"-r{repeat}" if repeat else "")
     tried: set[tuple[str, str]] = set()
     for step in range(cfg.loop_max_steps):
         action, used, rid = None, None, f"{ep}-{step}"
@@ -433,12 +461,18 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             obs, reward, score, done, failed = sw.act("0")
         if trace is not None:
             trace.append({"step": step, "action": action, "memory": used, "reward": reward,
-                          "hits": len(hits), "failed": failed})
+                          "hits": len(hits), "failed": failed,
+                          "lambda": round(hits[0].breakdown.lambda_, 3) if hits else None,
+                          "served": [[h.memory_id, h.action, round(h.breakdown.semantic, 3),
+                                      round(h.breakdown.salience, 3), h.reward]
+                                     for h in hits]})
         if done:
             break
     final = max(score, 0)
     if c is not None:
-        await c.report_outcome(ep, reward=float(final))
+        # the loop agent's own outcomes: credit judges them against its own usual
+        # outcome (operators/credit.py), not against the explorer's gold episodes
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}")
     return final, final >= 100
 
 
@@ -454,18 +488,27 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
         for name, lam, client in (("no_memory", None, None), ("hybrid", None, c),
                                   ("semantic", 1.0, c)):
             scores, wins = [], 0
-            for task, vs in played.test_variations.items():
-                for v in vs:
-                    tr: list[dict[str, Any]] = []
-                    sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr)
-                    traces[f"{name}:{task}:{v}"] = tr
-                    scores.append(sc)
-                    wins += ok
+            for r in range(cfg.loop_repeats):
+                for task, vs in played.test_variations.items():
+                    for v in vs:
+                        tr: list[dict[str, Any]] = []
+                        sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr, r)
+                        traces[f"{name}:{task}:{v}" + (f":r{r}" if r else "")] = tr
+                        scores.append(sc)
+                        wins += ok
             per[name] = scores
             res[f"success_{name}"] = round(wins / max(len(scores), 1), 4)
             res[f"score_{name}"] = round(sum(scores) / max(len(scores), 1), 2)
             note(f"closed loop {name}: success {res[f'success_{name}']}, "
                  f"mean score {res[f'score_{name}']}")
+    res["loop_episodes"] = len(per["no_memory"])
+    res["loop_repeats"] = cfg.loop_repeats
+    for a, b in (("hybrid", "semantic"), ("hybrid", "no_memory"), ("semantic", "no_memory")):
+        mean, se, won, lost = paired(per[a], per[b])
+        res[f"score_diff_{a}_{b}"] = round(mean, 2)
+        res[f"score_diff_{a}_{b}_se"] = round(se, 2)
+        res[f"episodes_{a}_won_{b}"] = won
+        res[f"episodes_{a}_lost_{b}"] = lost
     res["loop_scores"] = per
     res["loop_traces"] = traces
     return res
@@ -559,7 +602,8 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")
         for ep in played.train:
-            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)))
+            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)),
+                                   agent_id=AGENT)
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")

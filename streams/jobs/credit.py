@@ -161,9 +161,8 @@ class CreditJob(Service):
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
         if isinstance(fb, EpisodeOutcome):
             oid = fb.outcome_id or f"{fb.episode_id}:final"
-            return self.assigner.on_outcome(
-                fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.reward, None, fb.task), now
-            )
+            rec = OutcomeRecord(oid, fb.reward, None, fb.task, fb.agent_id)
+            return self.assigner.on_outcome(fb.tenant, fb.episode_id, rec, now)
         if fb.memory_id is not None and fb.kind != "reward":
             credit = 1.0 if fb.kind == "thumbs_up" else -1.0
             fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{fb.ts}"
@@ -173,7 +172,7 @@ class CreditJob(Service):
         if fb.episode_id is not None:
             oid = fb.feedback_id or f"{fb.episode_id}:final"
             return self.assigner.on_outcome(
-                fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.value), now
+                fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.value, agent=fb.agent_id), now
             )
         return []
 

@@ -106,6 +106,7 @@ def policy_from(settings: Settings) -> RankPolicy:
         mature=r.mature,
         explore=r.explore,
         lambda_evidence=r.lambda_evidence,
+        explore_ranks=r.explore_ranks,
     )
 
 

@@ -10,8 +10,10 @@ in a worker thread. Decisions:
   plain identifiers. No client text ever becomes expression syntax.
 - The default lambda comes from the tenant's memory count (cached for
   `count_ttl_s`), per `RankPolicy.lambda_for`, then adapts to the outcome
-  evidence of the request's candidates (`RankPolicy.lambda_with_evidence`;
-  never when the request sets lambda).
+  evidence of the request's candidates (`RankPolicy.adapt`: lower only when
+  meaning's top k were tried without credit, and then only the exploration
+  window of nearest candidates can be served; never when the request sets
+  lambda).
 - Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
   served ids and their normalised score weights.
 - Time: recency and the access stamps are stream time on the memories' own
@@ -148,19 +150,20 @@ class Responder:
             consistency_level=self.consistency_level,
         )
         MILVUS_LATENCY.labels(op="search").observe(time.perf_counter() - t_search)
+        pool: list[Any] = list(cands)
         if req.lambda_ is not None:
             lam = req.lambda_
         else:  # count schedule, then outcome evidence (operators/retrieval.py)
-            lam = self.policy.lambda_with_evidence(
+            lam, pool = self.policy.adapt(
                 self.policy.lambda_for(self.tenant_size(req.tenant)), cands, req.k
             )
         vectors = None
-        if req.mmr and cands:
-            rows = self.store.get([c["id"] for c in cands], tenant=req.tenant, with_vector=True,
+        if req.mmr and pool:
+            rows = self.store.get([c["id"] for c in pool], tenant=req.tenant, with_vector=True,
                                   output_fields=["id", "vector"])
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
         stream_now = self.clock.observe(req.tenant, cands)
-        ranked = rank(cands, self.policy, lam, stream_now, req.k, vectors)
+        ranked = rank(pool, self.policy, lam, stream_now, req.k, vectors)
         folded = self.merged_ids([r.row for r in ranked])
         hits = [
             Hit(

@@ -45,6 +45,10 @@ def test_bench_sciworld_contract(tmp_path: Path) -> None:
             assert 0.0 <= out[k] <= 1.0, k
         if k.startswith("score_"):
             assert 0.0 <= out[k] <= 100.0, k
+    # two repeats per test variation and condition, paired
+    assert out["loop_episodes"] == 2 and out["loop_repeats"] == 2
+    assert out["score_diff_hybrid_no_memory"] == pytest.approx(
+        out["score_hybrid"] - out["score_no_memory"], abs=0.02)
     assert out["probes"] > 0  # the test variation's gold episode is rewarded
     # the stored set is a subset of what was published: cosine over it can't beat the ceiling
     assert out["storage_ratio_gate"] > 0

@@ -59,3 +59,17 @@ def test_seeded_draws_and_allowed_tasks() -> None:
     assert rng_for(1, "a", 2).random() == rng_for(1, "a", 2).random()
     assert rng_for(1, "a", 2).random() != rng_for(2, "a", 2).random()
     assert len(TASKS) == 20 and "boil" not in TASKS and "use-thermometer" not in TASKS
+
+
+def test_paired_difference_over_the_same_episodes() -> None:
+    from dmem.bench.sciworld import paired
+
+    mean, se, won, lost = paired([17, 0, 67, 50], [17, 17, 67, 0])
+    assert mean == pytest.approx(33 / 4)
+    d = [0, -17, 0, 50]
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
+    assert se == pytest.approx(sd / 2)
+    assert (won, lost) == (1, 1)
+    assert paired([], []) == (0.0, 0.0, 0, 0)
+    with pytest.raises(ValueError):
+        paired([1.0], [1.0, 2.0])

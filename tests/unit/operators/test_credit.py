@@ -177,3 +177,20 @@ def test_bench_briefing_is_semantically_farther_than_every_distractor() -> None:
         briefs = enc.encode([briefing(vault, s) for s in ("left", "right")]) @ q
         distract = enc.encode([d.format(v=vault) for d in DISTRACTORS]) @ q
         assert briefs.max() < distract.min(), vault
+
+
+def test_baseline_is_per_agent_a_weaker_agent_is_judged_against_itself() -> None:
+    """A guided agent's outcomes (100) do not make every episode of a weaker agent
+    (17 after 0s) a failure that blames the memories it used."""
+    ca = CreditAssigner(gamma=1.0)
+    for e in range(5):
+        ca.on_outcome("t", f"gold{e}", OutcomeRecord("o", 100.0, agent="guide"), e)
+    ca.on_outcome("t", "weak0", OutcomeRecord("o", 0.0, agent="weak"), 5)
+    ca.on_usage("t", "weak1", usage("r", 0, ["m"], [1.0]), 6)
+    (up,) = ca.on_outcome("t", "weak1", OutcomeRecord("o", 17.0, agent="weak"), 7)
+    assert up.credit == pytest.approx(17.0)  # against the weak agent's own 0, not 100
+    assert ca.baseline("t", None, "guide") == pytest.approx(100.0)
+    assert ca.baseline("t", None) == 0.0  # outcomes without an agent have their own
+    ca.on_usage("t", "anon", usage("r", 0, ["m"], [1.0]), 8)
+    (up,) = ca.on_outcome("t", "anon", OutcomeRecord("o", 17.0), 9)
+    assert up.credit == pytest.approx(17.0)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from operators.retrieval import RankPolicy, rank
+from operators.retrieval import RankPolicy, explore_window, rank
 
 
-def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict:
+def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0, core: bool = False) -> dict:
     return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
-            "created_ts": 0}
+            "created_ts": 0, "partition": "core" if core else "buffer"}
 
 
 def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
@@ -22,32 +22,81 @@ def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
 
 
 def test_lambda_moves_to_lambda_evidence_as_the_semantic_top_k_get_credited() -> None:
-    p = RankPolicy.hybrid(lambda_evidence=0.2)
-    cands = [row("a", 0.9, uses=2), row("b", 0.8, uses=0), row("c", 0.7, uses=1),
-             row("z", 0.1, uses=0)]
-    assert p.lambda_with_evidence(0.9, cands, 3) == pytest.approx(0.9 + (2 / 3) * (0.2 - 0.9))
+    p = RankPolicy.hybrid(lambda_evidence=0.5)
+    cands = [row("a", 0.9, uses=2), row("b", 0.5, uses=0), row("c", 0.1, uses=1),
+             row("z", 0.05, uses=0)]
+    assert p.lambda_with_evidence(0.9, cands, 3) == pytest.approx(0.9 + (2 / 3) * (0.5 - 0.9))
     assert p.lambda_with_evidence(0.9, [row("a", 0.9), row("b", 0.8)], 2) == 0.9
     assert p.lambda_with_evidence(0.1, cands, 3) == 0.1  # never raises lambda
     assert p.lambda_with_evidence(0.9, [], 3) == 0.9
 
 
-def test_untried_far_memory_gets_served_once_near_ones_proved_useless() -> None:
-    """Meaning alone never serves 'far'; once the near ones were tried without
-    credit, the evidence-adapted lambda plus the bonus lets it in, and after it
-    earned credit it stays ahead of them."""
+def test_lambda_never_falls_below_the_spread_floor_of_the_top_k() -> None:
+    """A lift of at most the cosine spread of meaning's top k: 1 / (1 + spread)."""
+    p = RankPolicy.hybrid(lambda_evidence=0.1)
+    tried = [row("a", 0.9, uses=2), row("b", 0.8, uses=1), row("c", 0.7, uses=1)]
+    assert p.lambda_with_evidence(0.97, tried, 3) == pytest.approx(1 / 1.2)
+    ties = [row(f"t{i}", 1.0, uses=1) for i in range(5)]
+    assert p.lambda_with_evidence(0.97, ties, 5) == 0.97  # exact ties: salience re-orders them
+    assert p.lambda_with_evidence(0.8, ties, 5) == 0.8  # the floor never raises lambda
+
+
+def test_untried_neighbour_within_the_spread_is_explored_a_far_one_never() -> None:
+    """Once meaning's top k were tried without credit, an untried memory a little
+    less similar than them is served; one far below them is not, even with credit."""
     p = RankPolicy.hybrid()
-    near = [row(f"n{i}", 0.55 - 0.02 * i) for i in range(3)]
-    far = row("far", 0.35)
-    lam0 = p.lambda_with_evidence(p.lambda_for(10), [*near, far], 2)
-    assert "far" not in [r.row["id"] for r in rank([*near, far], p, lam0, 0, 2)]
-    tried = [row(f"n{i}", 0.55 - 0.02 * i, uses=2) for i in range(3)]
-    lam1 = p.lambda_with_evidence(p.lambda_for(10), [*tried, far], 2)
-    assert lam1 == pytest.approx(p.lambda_evidence)
-    assert rank([*tried, far], p, lam1, 0, 2)[0].row["id"] == "far"
+    near = [row("n0", 0.9), row("n1", 0.8)]
+    nxt, far = row("next", 0.79), row("far", 0.35)
+    lam0 = p.lambda_with_evidence(p.lambda_for(10), [*near, nxt, far], 2)
+    assert [r.row["id"] for r in rank([*near, nxt, far], p, lam0, 0, 2)] == ["n0", "n1"]
+    tried = [row("n0", 0.9, uses=2), row("n1", 0.8, uses=2)]
+    lam1, pool = p.adapt(p.lambda_for(10), [*tried, nxt, far], 2)
+    assert lam1 == pytest.approx(1 / 1.1)
+    assert [r.row["id"] for r in rank(pool, p, lam1, 0, 2)] == ["n0", "next"]
     proven = row("far", 0.35, utility=0.5, uses=3)
-    assert rank([*tried, proven], p, lam1, 0, 2)[0].row["id"] == "far"
-    # a pure semantic request (lambda = 1) is never adapted and never serves it
-    assert "far" not in [r.row["id"] for r in rank([*tried, proven], p, 1.0, 0, 2)]
+    lam2, pool = p.adapt(p.lambda_for(10), [*tried, nxt, proven], 2)
+    assert "far" not in [r.row["id"] for r in rank(pool, p, lam2, 0, 2)]
+    # a pure semantic request (lambda = 1) is never adapted
+    assert [r.row["id"] for r in rank([*tried, nxt], p, 1.0, 0, 2)] == ["n0", "n1"]
+
+
+def test_positive_evidence_keeps_lambda_only_the_unhelpful_share_lowers_it() -> None:
+    p = RankPolicy.hybrid(lambda_evidence=0.5)
+    helped = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.1, utility=0.01, uses=1)]
+    assert p.lambda_with_evidence(0.9, helped, 2) == 0.9
+    mixed = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.1, utility=-0.4, uses=1)]
+    assert p.lambda_with_evidence(0.9, mixed, 2) == pytest.approx(0.9 + 0.5 * (0.5 - 0.9))
+
+
+def test_explore_window_keeps_the_nearest_and_every_tie_at_the_cut() -> None:
+    cands = [row("far", 0.2), row("t1", 0.7), row("top", 0.9), row("t2", 0.7), row("t3", 0.7),
+             row("mid", 0.5)]
+    assert [r["id"] for r in explore_window(cands, 2)] == ["top", "t1", "t2", "t3"]
+    assert [r["id"] for r in explore_window(cands, 5)] == ["top", "t1", "t2", "t3", "mid"]
+    assert len(explore_window(cands, 10)) == 6
+
+
+def test_a_blamed_exact_match_is_never_traded_for_untried_memories_of_another_state() -> None:
+    """The ScienceWorld case (find-animal, hybrid, second repeat, step 0): the query's
+    exact match (cosine 1.0) was used in a below-average episode and blamed; untried
+    core memories of cosine ~0.56 (another observation) stood in the pool. With
+    lambda at lambda_evidence they took all the served slots; with the spread floor
+    and the window the exact match stays first, and the evidence still re-orders
+    the rest of the top k."""
+    p = RankPolicy.hybrid()
+    exact = row("exact", 1.0, utility=-4.0, uses=1, core=True)
+    top = [exact, row("b", 0.839, utility=-4.0, uses=1, core=True),
+           row("c", 0.7, utility=-4.0, uses=1, core=True), row("d", 0.7, uses=1),
+           row("e", 0.57, utility=-4.0, uses=1, core=True)]
+    focus = [row(f"focus{i}", 0.557 - 0.001 * i, core=True) for i in range(4)]
+    cands = [*top, *focus]
+    lam, pool = p.adapt(p.lambda_for(50), cands, 5)
+    assert lam == pytest.approx(1 / (1 + 0.43))
+    served = [r.row["id"] for r in rank(pool, p, lam, 0, 5)]
+    assert served[0] == "exact"
+    assert served != [r.row["id"] for r in rank(cands, p, 1.0, 0, 5)]  # evidence still acts
+    old = [r.row["id"] for r in rank(cands, p, p.lambda_evidence, 0, 5)]
+    assert "exact" not in old[:4]  # what the unbounded lambda did
 
 
 def test_policy_validation() -> None:
@@ -55,6 +104,8 @@ def test_policy_validation() -> None:
         RankPolicy.hybrid(explore=-1.0)
     with pytest.raises(ValueError):
         RankPolicy.hybrid(lambda_evidence=1.5)
+    with pytest.raises(ValueError):
+        RankPolicy.hybrid(explore_ranks=0)
 
 
 def test_recency_is_stream_time_on_each_agents_clock() -> None:

@@ -1,0 +1,56 @@
+"""The responder's default lambda adapts to outcome evidence within the
+exploration window (operators.retrieval `RankPolicy.adapt`), with a fake store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operators import PassthroughEncoder
+from schemas import RetrievalRequest
+from streams.respond.responder import Responder
+
+
+class FakeStore:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def count(self, tenant: str) -> int:
+        return len(self.rows)
+
+    def search(self, vec: Any, *, k: int, **kw: Any) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows[:k]]
+
+
+def mem(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict[str, Any]:
+    """A buffer-tier row (surprise from its rpe)."""
+    return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
+            "created_ts": 0, "partition": "buffer", "agent_id": "a", "text": mid}
+
+
+def served(rows: list[dict[str, Any]], lam: float | None = None) -> list[tuple[str, float]]:
+    r = Responder(FakeStore(rows), PassthroughEncoder(2))
+    req = RetrievalRequest.model_validate(
+        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2, "lambda": lam})
+    resp, _ = r.answer(req, now_ms=0)
+    return [(h.memory_id, h.breakdown.lambda_) for h in resp.hits]
+
+
+def test_blamed_top_k_explores_neighbours_not_far_memories() -> None:
+    blamed = [mem(f"x{i}", 0.9 - 0.1 * i, utility=-2.0, uses=1) for i in range(6)]
+    far = mem("far", 0.05)
+    hits = served([*blamed, far])
+    assert [m for m, _ in hits] == ["x0", "x1"]
+    assert hits[0][1] == 1 / 1.1  # lowered by the evidence, to the spread floor
+    # an untried neighbour within the spread is explored; the far one never
+    hits = served([blamed[0], mem("near", 0.79), *blamed[1:], far])
+    assert [m for m, _ in hits] == ["x0", "near"]
+
+
+def test_credited_top_k_keeps_the_schedule_lambda() -> None:
+    helped = [mem(f"h{i}", 0.9 - 0.01 * i, utility=0.5, uses=2) for i in range(3)]
+    hits = served([*helped, mem("far", 0.3)])
+    assert [m for m, _ in hits] == ["h0", "h1"]
+    assert hits[0][1] == Responder(FakeStore([]), PassthroughEncoder(2)).policy.lambda_for(4)
+    # an explicit lambda is never adapted
+    blamed = [mem(f"x{i}", 0.9, utility=-2.0, uses=1) for i in range(3)]
+    assert {lam for _, lam in served([*blamed, mem("far", 0.3)], lam=0.2)} == {0.2}
