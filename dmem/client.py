@@ -230,28 +230,50 @@ class DmemClient:
         """This tenant's memory counts by partition (respond role, HTTP)."""
         return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
 
-    async def _http_json(self, method: str, path: str, body: Any = None) -> Any:
+    async def _http_call(self, method: str, path: str,
+                         data: bytes | str | None) -> tuple[int, bytes]:  # fmt: skip
+        """One idempotent HTTP call (search, get, stats, forget), retried on a lost connection.
+
+        A server may close an idle keep-alive connection just as the client reuses
+        it (aiohttp's ``ServerDisconnectedError``; seen on a 10-conversation LoCoMo
+        run), and a worker restart drops connections: every call here is safe to
+        repeat, so it is tried ``retries + 1`` times (0.1 s, 0.2 s, ... apart), then
+        becomes `ServiceUnavailable` (retriable), never a raw aiohttp error.
+        """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
-        async with self._http.request(
-            method, f"{self.http_url}{path}", data=orjson.dumps(body) if body else None,
-            headers={"Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-        ) as r:
-            raw = await r.read()
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(0.1 * 2 ** (attempt - 1))
+            try:
+                async with self._http.request(
+                    method, f"{self.http_url}{path}", data=data,
+                    headers={"Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                ) as r:
+                    return r.status, await r.read()
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                last = exc
+        raise ServiceUnavailable(
+            f"{method} {path.split('?')[0]} failed after {self.retries + 1} tries: {last!r}"
+        )
+
+    async def _http_json(self, method: str, path: str, body: Any = None) -> Any:
+        status, raw = await self._http_call(method, path, orjson.dumps(body) if body else None)
         try:
             data: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             data = raw[:500].decode("utf-8", "replace")
-        if r.status == 200:
+        if status == 200:
             return data
-        if r.status == 404:
+        if status == 404:
             raise NotFound(f"HTTP 404: {data}")
-        if r.status in (401, 403):
-            raise SearchError(f"not authorised (HTTP {r.status}): {data}")
-        if 400 <= r.status < 500:
-            raise SearchError(f"HTTP {r.status}: {data}")
-        raise ServiceUnavailable(f"HTTP {r.status}: {data}")
+        if status in (401, 403):
+            raise SearchError(f"not authorised (HTTP {status}): {data}")
+        if 400 <= status < 500:
+            raise SearchError(f"HTTP {status}: {data}")
+        raise ServiceUnavailable(f"HTTP {status}: {data}")
 
     async def report_feedback(self, *, memory_id: str | None = None,
                               episode_id: str | None = None,
@@ -341,21 +363,18 @@ class DmemClient:
     async def _search_http(self, req: RetrievalRequest) -> RetrievalResponse:
         assert self._http is not None, "call start() first"
         body = req.model_dump_json(by_alias=True, exclude_none=True)
-        async with self._http.post(f"{self.http_url}/v1/search", data=body,
-                                   headers={"Content-Type": "application/json"},
-                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-            raw = await r.read()
-            if r.status == 200:  # pydantic parses the JSON itself (no dict in between)
-                return RetrievalResponse.model_validate_json(raw)
-            try:
-                data: Any = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                data = raw[:500].decode("utf-8", "replace")
-            if r.status == 422:
-                raise SearchError(f"invalid request: {data}")
-            if r.status in (401, 403):
-                raise SearchError(f"not authorised (HTTP {r.status}): {data}")
-            raise ServiceUnavailable(f"search failed: HTTP {r.status} {data}")
+        status, raw = await self._http_call("POST", "/v1/search", body)
+        if status == 200:  # pydantic parses the JSON itself (no dict in between)
+            return RetrievalResponse.model_validate_json(raw)
+        try:
+            data: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = raw[:500].decode("utf-8", "replace")
+        if status == 422:
+            raise SearchError(f"invalid request: {data}")
+        if status in (401, 403):
+            raise SearchError(f"not authorised (HTTP {status}): {data}")
+        raise ServiceUnavailable(f"search failed: HTTP {status} {data}")
 
 
 class SyncDmemClient:
