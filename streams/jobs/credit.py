@@ -57,7 +57,7 @@ from schemas import (
     encode,
     storage_key,
 )
-from streams.admin import group_consumer, kafka_client_kwargs
+from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
@@ -238,7 +238,7 @@ class UtilityApplier(Service):
                 await self.store_service.connected.wait()
                 await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
             if batch:
-                await self.consumer.commit()
+                await commit_or_replay(self.consumer, "credit applier")
             self.applying = 0
 
     def apply(self, updates: list[UtilityUpdate]) -> int:

@@ -99,7 +99,7 @@ from operators.maintenance import (
     tenant_priorities,
 )
 from schemas import MemoryEvent, encode, storage_key
-from streams.admin import group_consumer, kafka_client_kwargs
+from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
 from streams.settings import Settings
 from streams.settle import backlog, settle_states, touch_hook
@@ -520,7 +520,7 @@ class MaintenanceJob(Service):
             ):
                 await self._close_windows()
             elif batch and not self.windows:
-                await self.consumer.commit()
+                await commit_or_replay(self.consumer, "maintenance")
             # the timer, or (settling) input is quiet and a pass has something to look at:
             # passes follow each other until one finds nothing to do, then the job waits
             idle = not batch and not self.windows and self.dirty
@@ -568,7 +568,7 @@ class MaintenanceJob(Service):
                     await self._emit(events)
             assert self.producer is not None
             await self.producer.flush()
-            await self.consumer.commit()
+            await commit_or_replay(self.consumer, "maintenance")
         finally:
             self.busy = False
 
