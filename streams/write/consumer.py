@@ -250,12 +250,11 @@ class WriteConsumer(Service):
                     await self.checkpoint()  # only state whose batches are all stored
             except Exception as exc:  # noqa: BLE001 - best effort on shutdown
                 log.warning("final checkpoint failed: %s", exc)
-        for c in (self.consumer,):
-            if c is not None:
-                try:
-                    await c.stop()
-                except Exception as exc:  # noqa: BLE001 - shutting down anyway
-                    log.warning("consumer stop: %s", exc)
+        if self.consumer is not None:  # the forget follower stops as a child service
+            try:
+                await self.consumer.stop()
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.warning("consumer stop: %s", exc)
         await self.checkpoints.stop()
         if self.producer is not None:
             try:
