@@ -24,17 +24,20 @@ from schemas.topics import TOPICS
 from streams.settings import KafkaSettings, Settings
 
 
-async def commit_or_replay(consumer: AIOKafkaConsumer, what: str) -> bool:
+async def commit_or_replay(
+    consumer: AIOKafkaConsumer, what: str, offsets: dict[Any, Any] | None = None
+) -> bool:
     """Commit; a commit the group refused (it rebalanced meanwhile) is a warning, not a crash.
 
     A job slow enough to miss its poll interval (dedup searches on a loaded Milvus
     Lite, seen on a 10-conversation LoCoMo run) loses its partitions; the commit
     then raises and, unhandled, took the whole worker down. The records are not
     lost: the partitions' next owner re-reads them from the last commit, and every
-    job's step is idempotent (dedup merges by id, credit updates by update id).
+    job's step is idempotent (dedup merges by id, credit updates by update id, the
+    write path's upserts by storage key). ``offsets`` as for ``consumer.commit``.
     """
     try:
-        await consumer.commit()
+        await consumer.commit(offsets)
     except (CommitFailedError, IllegalStateError) as exc:
         logging.getLogger("dmem.admin").warning(
             "%s: commit refused (%s); the next owner re-reads the records", what, exc

@@ -780,8 +780,9 @@ def forget_scope(
         found = _unique(rows)
         if not found:
             break
-        with WRITE_LOCK:  # tombstoned: no write in flight can bring them back
-            store.forget(sorted(found), tenant=tenant, at=now / 1000.0)
+        # tombstoned under the store's exclusive guard: no write in flight (this
+        # module's read-modify-writes included) can bring them back
+        store.forget(sorted(found), tenant=tenant, at=now / 1000.0)
         events += [_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
                    for r in found.values()]  # fmt: skip
     return events

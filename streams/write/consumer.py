@@ -69,12 +69,12 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
 from schemas import DeadLetter, MemoryEvent, encode, storage_key
-from streams.admin import group_consumer, kafka_client_kwargs
+from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.backoff import Backoff
 from streams.control import ForgetFollower, echo_to_store
 from streams.metrics import record_batch
@@ -601,12 +601,10 @@ class WriteConsumer(Service):
         todo = {tp: OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in mine}
         if not todo:
             return
-        try:
-            await self.consumer.commit(todo)
+        if await commit_or_replay(self.consumer, "write consumer", todo):
             self.committed.update((tp, om.offset) for tp, om in todo.items())
-        except (CommitFailedError, IllegalStateError) as exc:
+        else:
             self.commit_failures += 1
-            log.warning("commit refused (%s); the new owner replays the batch", exc)
 
     # -- forget broadcast (`streams.control`) -----------------------------------
     def _forget(self, events: list[MemoryEvent]) -> None:
