@@ -74,7 +74,7 @@ def test_bench_encoders_pipeline_tiny(locomo_dir: Path, milvus_server_uri: str,
         assert v["pipeline_transitions"] == 300, name
         assert v["pipeline_tps"] > 0 and v["pipeline_raw_encoder_tps"] > 0
         assert v["pipeline_vs_raw_encoder"] == pytest.approx(
-            v["pipeline_tps"] / v["pipeline_raw_encoder_tps"], rel=0.01, abs=6e-4)  # rounded to 3 places
+            v["pipeline_tps"] / v["pipeline_raw_encoder_tps"], rel=0.01, abs=6e-4)  # 3 places
         assert len(v["pipeline_per_repeat"]) == 1
     assert out["default_pipeline_tps"] == out["encoders"]["minilm-static"]["pipeline_tps"]
     assert "default_hit_at_5_delta" not in out  # torch MiniLM was not measured
