@@ -169,7 +169,9 @@ def play_all(sw: World, cfg: SciConfig, progress: Progress | None) -> Played:
 
 
 def _key(cfg: SciConfig) -> dict[str, Any]:
-    env = {} if cfg.env == "sciworld" else {"env": cfg.env}  # older caches: ScienceWorld
+    # older caches: ScienceWorld with HotSpot's default identity hashes, whose episodes
+    # depended on the ones before them (`sciworld_env.FIXED_IDENTITY_HASH`): not reused
+    env = {"jvm": "fixed-hash"} if cfg.env == "sciworld" else {"env": cfg.env}
     return {**env, "tasks": list(cfg.tasks), "train": cfg.train_variations,
             "test": cfg.test_variations,
             "random_steps": cfg.random_steps, "seed": cfg.seed}
@@ -607,6 +609,12 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")
+        # the most rows one task holds: a task-filtered search sees all of them when
+        # this is within its ANN pool (max(4k, 32)), so no cut through exact ties
+        per_task: dict[str, int] = defaultdict(int)
+        for i in final_rows:
+            if i in steps:
+                per_task[steps[i].task] += 1
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
         async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
@@ -634,6 +642,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         "stored_core_final": final["core"],
         "stored_buffer_final": final["buffer"],
         "precision_core_final": round(final["precision_core"], 4),
+        "stored_max_per_task": max(per_task.values(), default=0),
         "probes": len(probes),
         **ranking,
         **loop,
