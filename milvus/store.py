@@ -1072,5 +1072,8 @@ class MemoryStore:
                 prev = best.get(h[ID_FIELD])
                 if prev is None or h["distance"] > prev["distance"]:
                     best[h[ID_FIELD]] = h
-        hits = sorted(best.values(), key=lambda h: h["distance"], reverse=True)
+        # equal distances by id: Milvus returns ties in an order that varies between
+        # calls (segments are searched in parallel), and a cut through them here
+        # (one request per partition) would keep a varying subset
+        hits = sorted(best.values(), key=lambda h: (-h["distance"], str(h[ID_FIELD])))
         return hits[:k]

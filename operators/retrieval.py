@@ -91,6 +91,12 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - MMR (optional): greedy maximal marginal relevance on the re-ranked list,
   ``mmr_score = score - mu * max cosine to already-selected``.
 - Weights of the served hits (for credit) are the scores normalised to sum 1.
+- Ties: wherever candidates are ordered (the final score, meaning's top k of the
+  evidence-adaptive lambda, the exploration window), exactly equal values are
+  ordered by memory id (`tie_key`), never by the order the store returned them in
+  (which varies between calls): the same query over the same store gets the same
+  answer, and two rankings whose scores tie in the same places (semantic and
+  hybrid where evidence does not distinguish candidates) order the ties alike.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ __all__ = [
     "StreamClock",
     "explore_window",
     "rank",
+    "tie_key",
     "tried_without_credit",
     "usage_weights",
 ]
@@ -206,9 +213,18 @@ def similarity(row: Mapping[str, Any]) -> float:
     return float(row.get("similarity", row.get("distance", 0.0)))
 
 
+def tie_key(row: Mapping[str, Any]) -> str:
+    """The stable order among exactly equal scores: the memory id. The store returns
+    equal similarities in an order that varies from call to call (segments searched
+    in parallel), so without it the same query could see another "top k" of tied
+    memories (and another evidence-adapted lambda) and serve them in another order."""
+    return str(row.get("id", ""))
+
+
 def by_meaning(candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Candidates most similar first (stable: equal similarities keep their order)."""
-    return sorted(candidates, key=lambda r: -similarity(r))
+    """Candidates most similar first; equal similarities by `tie_key`, not by the
+    order the store happened to return them in."""
+    return sorted(candidates, key=lambda r: (-similarity(r), tie_key(r)))
 
 
 def tried_without_credit(row: Mapping[str, Any]) -> bool:
@@ -305,7 +321,7 @@ def rank(
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
         score = lam * sem + (1.0 - lam) * sal * rec
         scored.append(Ranked(row, sem, sal, rec, lam, score))
-    scored.sort(key=lambda r: (-r.score, str(r.row.get("id", ""))))
+    scored.sort(key=lambda r: (-r.score, tie_key(r.row)))  # exact ties: by memory id
     if not vectors:
         return scored[:k]
     chosen: list[Ranked] = []

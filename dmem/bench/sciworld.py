@@ -30,9 +30,13 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
    already in the episode, and no retrieved memory records it failing (a hit
    with reward < 0 is a warning: its action is neither replayed nor drawn at
    random; the no-memory agent has no such warnings). No
-   memory / semantic (lambda = 1) / hybrid (default). Hybrid runs before
-   semantic, so the credit its own episodes earn cannot help the semantic
-   condition (semantic ranking ignores utility anyway). A failed task scores
+   memory / semantic (lambda = 1) / hybrid (default). Semantic is the baseline
+   "cosine over the stored set": it runs before hybrid and reports neither usage
+   nor outcomes, so it sees the store as the loop found it and leaves it so.
+   (When hybrid ran first, the credit of its episodes made maintenance demote and
+   evict blamed memories, and semantic then searched a store without them:
+   ``loop_store_removed_<condition>`` counts the rows each condition's episodes
+   removed.) A failed task scores
    0 (ScienceWorld reports -100 internally); success = score 100. The means
    (``score_*``) are over every episode; ``score_diff_<a>_<b>`` (with ``_se``, its
    standard error, and ``episodes_<a>_won_<b>`` / ``_lost_``) is the paired
@@ -169,7 +173,9 @@ def play_all(sw: World, cfg: SciConfig, progress: Progress | None) -> Played:
 
 
 def _key(cfg: SciConfig) -> dict[str, Any]:
-    env = {} if cfg.env == "sciworld" else {"env": cfg.env}  # older caches: ScienceWorld
+    # older caches: ScienceWorld with HotSpot's default identity hashes, whose episodes
+    # depended on the ones before them (`sciworld_env.FIXED_IDENTITY_HASH`): not reused
+    env = {"jvm": "fixed-hash"} if cfg.env == "sciworld" else {"env": cfg.env}
     return {**env, "tasks": list(cfg.tasks), "train": cfg.train_variations,
             "test": cfg.test_variations,
             "random_steps": cfg.random_steps, "seed": cfg.seed}
@@ -411,12 +417,13 @@ def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, i
 async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: int,
                        lam: float | None, cfg: SciConfig, tag: str,
                        trace: list[dict[str, Any]] | None = None,
-                       repeat: int = 0) -> tuple[int, bool]:
+                       repeat: int = 0, credit: bool = True) -> tuple[int, bool]:
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
     (None: random), reward, the ranking's lambda and the served hits (id, action,
     semantic, salience, reward). ``repeat`` r > 0 draws from its own seed (repeat 0 keeps
-    the single-repeat seeds and episode ids)."""
+    the single-repeat seeds and episode ids). ``credit=False``: searches only (no
+    episode id, usage or outcome), so the episode leaves no credit in the store."""
     sw.load(task, variation)
     extra = (repeat,) if repeat else ()
     rng = rng_for(cfg.seed, "loop", task, variation, *extra)
@@ -427,8 +434,8 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         action, used, rid = None, None, f"{ep}-{step}"
         hits = []
         if c is not None:
-            hits = await c.search(obs, 5, lambda_=lam, episode_id=ep, step=step, request_id=rid,
-                                  metadata_equals={"task": task})
+            hits = await c.search(obs, 5, lambda_=lam, episode_id=ep if credit else None,
+                                  step=step, request_id=rid, metadata_equals={"task": task})
         # a memory of a failure (reward < 0: it ended or set back the task) is a
         # warning, not a recipe: its action is not valid for this agent, neither
         # replayed nor drawn at random (the no-memory agent knows no such warning)
@@ -451,7 +458,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             action = rng.choice([a for a in valid if a not in avoid] or valid)
             result = sw.act(action)
         tried.add((obs, str(action)))
-        if c is not None and hits:
+        if c is not None and hits and credit:
             # usage = what the agent considered, in rank order, up to the memory it acted
             # on (1); the hits below it were never looked at and are not reported as
             # tried (this record replaces the responder's score-weighted one)
@@ -469,7 +476,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         if done:
             break
     final = max(score, 0)
-    if c is not None:
+    if c is not None and credit:
         # the loop agent's own outcomes: credit judges them against its own usual
         # outcome (operators/credit.py), not against the explorer's gold episodes
         await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}")
@@ -477,7 +484,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
 
 
 async def closed_loop(sw: World, stack: LocalStack, played: Played,
-                      cfg: SciConfig) -> dict[str, Any]:
+                      cfg: SciConfig, dim: int) -> dict[str, Any]:
     s = stack.settings
     res: dict[str, Any] = {}
     per: dict[str, list[int]] = {}
@@ -485,17 +492,26 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
     assert stack.bootstrap is not None
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
-        for name, lam, client in (("no_memory", None, None), ("hybrid", None, c),
-                                  ("semantic", 1.0, c)):
+        # semantic first and credit-free: the baseline searches the stored set as the
+        # loop found it, and leaves nothing that could change hybrid's store
+        for name, lam, client, credit in (("no_memory", None, None, False),
+                                          ("semantic", 1.0, c, False),
+                                          ("hybrid", None, c, True)):
+            before = set(await asyncio.to_thread(scan, stack, dim)) if client else set()
             scores, wins = [], 0
             for r in range(cfg.loop_repeats):
                 for task, vs in played.test_variations.items():
                     for v in vs:
                         tr: list[dict[str, Any]] = []
-                        sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr, r)
+                        sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr, r,
+                                                    credit=credit)
                         traces[f"{name}:{task}:{v}" + (f":r{r}" if r else "")] = tr
                         scores.append(sc)
                         wins += ok
+            if client is not None:  # rows the condition's episodes removed (demoted
+                # and evicted after blame; a later condition would not find them)
+                after = set(await asyncio.to_thread(scan, stack, dim))
+                res[f"loop_store_removed_{name}"] = len(before - after)
             per[name] = scores
             res[f"success_{name}"] = round(wins / max(len(scores), 1), 4)
             res[f"score_{name}"] = round(sum(scores) / max(len(scores), 1), 2)
@@ -607,6 +623,12 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")
+        # the most rows one task holds: a task-filtered search sees all of them when
+        # this is within its ANN pool (max(4k, 32)), so no cut through exact ties
+        per_task: dict[str, int] = defaultdict(int)
+        for i in final_rows:
+            if i in steps:
+                per_task[steps[i].task] += 1
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
         async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
@@ -614,7 +636,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
             dump: list[dict[str, Any]] = []
             ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)
         (cfg.out_dir / f"{cfg.env}-probes.json").write_text(json.dumps(dump, indent=1))
-    loop = await closed_loop(sw, stack, played, cfg)
+    loop = await closed_loop(sw, stack, played, cfg, encoder.dim)
     n = len(steps)
     return {
         "env": cfg.env,
@@ -634,6 +656,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         "stored_core_final": final["core"],
         "stored_buffer_final": final["buffer"],
         "precision_core_final": round(final["precision_core"], 4),
+        "stored_max_per_task": max(per_task.values(), default=0),
         "probes": len(probes),
         **ranking,
         **loop,

@@ -10,15 +10,19 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   which also computes look/inventory/task text and the full valid-action list on
   every step (~1 s each on these machines); the valid actions are asked for only
   where a policy needs them.
-- Determinism: two JVM runs of the same (task, variation, actions) gave
-  byte-identical observations here (checked by hashing observations and the
-  valid-action list across runs; `-XX:hashCode=2` changed nothing that matters and
-  made the simulator ~3x slower, so it is not used). The valid-action list is
-  sorted before a random policy draws from it, so hash-set order cannot reach a
-  policy's choice; every draw comes from a ``random.Random`` seeded by
-  (seed, task, variation, policy). A trajectory does depend on the episodes
-  played before it in the same JVM (``reset`` does not restore all simulator
-  state), so episodes are always played in one fixed order (BENCHMARKS.md).
+- Determinism: the JVM runs with every identity hash code the same constant
+  (``FIXED_IDENTITY_HASH``, ``-XX:hashCode=2``). The simulator keeps its objects in
+  hash sets keyed by identity; with HotSpot's default (a per-thread pseudo-random
+  sequence) the codes an episode's objects get depend on how many objects the JVM
+  hashed before, so the same episode (same task, variation and actions) listed
+  other objects and valid actions after other episodes, and even when replayed
+  right after itself (``reset`` and ``load`` rebuild the world and reseed the
+  simulator's ``Random``; they cannot rewind the JVM's hash sequence). With a
+  constant code, set order is insertion order: an episode is the same whatever was
+  played before it in the JVM, and the same across JVMs (BENCHMARKS.md
+  "Determinism": checked, and what it costs). The valid-action list is also
+  sorted before a random policy draws from it, and every draw comes from a
+  ``random.Random`` seeded by (seed, task, variation, policy).
 - Score and reward: the simulator's score is 0..100 (or negative when the task
   fails); reward = score delta, so +1..+25 for progress and about -100 for a
   failure. A step is *critical* when its reward is non-zero or it fails the task.
@@ -33,9 +37,11 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +61,10 @@ DEFAULT_TASKS: tuple[str, ...] = (
     "chemistry-mix-paint-secondary-color", "lifespan-shortest-lived",
 )
 POLICIES = ("gold", "noisy", "random")
+#: HotSpot options of the simulator's JVM: one constant identity hash code, so the
+#: simulator's identity-keyed hash sets iterate in insertion order and an episode does
+#: not depend on what the JVM hashed before it (module docstring)
+FIXED_IDENTITY_HASH = "-XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 _RUBRIC = re.compile(r"^(\d+)\t(true|false)\t\s*(\S+)\t(.*)$")
 
 
@@ -153,16 +163,38 @@ class JvmWorld:
             pass
 
 
+@contextmanager
+def java_tool_options(opts: str) -> Iterator[None]:
+    """Add `opts` to ``JAVA_TOOL_OPTIONS`` while a JVM is launched (the ScienceWorld
+    wrapper has no parameter for JVM options; the launched JVM inherits the
+    environment, and a later option overrides an earlier one of the same name)."""
+    if not opts:
+        yield
+        return
+    old = os.environ.get("JAVA_TOOL_OPTIONS")
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{old} {opts}" if old else opts
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JAVA_TOOL_OPTIONS", None)
+        else:
+            os.environ["JAVA_TOOL_OPTIONS"] = old
+
+
 class SciWorld(JvmWorld):
     """One ScienceWorld JVM, reused for every task and variation of a run."""
 
     #: the simulator's answer to an input it cannot parse (no move, nothing changes)
     invalid_prefixes: tuple[str, ...] = ("No known action matches",)
 
-    def __init__(self, step_limit: int = 100) -> None:
+    def __init__(self, step_limit: int = 100, fixed_hash: bool = True) -> None:
+        """``fixed_hash=False`` keeps HotSpot's default identity hash codes (episodes
+        then depend on the episodes played before them in this JVM; for checks)."""
         from scienceworld import ScienceWorldEnv
 
-        self.env = ScienceWorldEnv("", envStepLimit=step_limit)
+        with java_tool_options(FIXED_IDENTITY_HASH if fixed_hash else ""):
+            self.env = ScienceWorldEnv("", envStepLimit=step_limit)
         self.srv = self.env.server
         self.step_limit = step_limit
         self.loaded: tuple[str, int] | None = None

@@ -73,3 +73,19 @@ def test_paired_difference_over_the_same_episodes() -> None:
     assert paired([], []) == (0.0, 0.0, 0, 0)
     with pytest.raises(ValueError):
         paired([1.0], [1.0, 2.0])
+
+
+def test_metrics_do_not_depend_on_the_served_order_of_ties() -> None:
+    """The responder orders exact ties by memory id (operators/retrieval.py): the hit
+    metrics already take the expectation over ties, so that order cannot move them."""
+    scores = [0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.5]
+    rel = [False, False, False, True, False, True, False, True]
+    want = (hit_prob(scores, rel, 3), mrr(scores, rel, 10))
+    shuffler = random.Random(7)
+    for _ in range(20):
+        order = list(range(len(scores)))
+        shuffler.shuffle(order)
+        got = (hit_prob([scores[i] for i in order], [rel[i] for i in order], 3),
+               mrr([scores[i] for i in order], [rel[i] for i in order], 10))
+        assert got == pytest.approx(want)
+    assert 0.0 < want[0] < 1.0  # the cut at 3 goes through the tied group

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
 from operators.retrieval import RankPolicy, explore_window, rank
@@ -178,3 +181,43 @@ def test_core_memories_of_equal_meaning_tie_whatever_their_reward_or_ms_age() ->
     old = {**big, "id": "old", "created_ts": 2_000 - int(p.half_life_ms)}
     assert rank([old, small], p, lam, 2_000, 1)[0].row["id"] == "small"
     assert p.recency(0, p.half_life_ms) == pytest.approx(0.5)
+
+
+def test_exact_ties_get_one_order_whatever_order_the_store_returned() -> None:
+    """The store returns equal similarities in a varying order; the ranking orders
+    exact ties by memory id, so the same query gets the same answer, and semantic and
+    hybrid ranking order the ties alike where evidence does not tell them apart."""
+    p = RankPolicy.hybrid()
+    base = {"rpe": 0.1, "rpe_smoothed": 0.1, "utility": 0.0, "uses": 0, "created_ts": 0,
+            "partition": "core"}
+    cands = [{**base, "id": f"m{i}", "similarity": 0.8} for i in (3, 7, 1, 5, 2)]
+    cands += [{**base, "id": "best", "similarity": 0.9},
+              {**base, "id": "far", "similarity": 0.5},
+              {**base, "id": "m9", "similarity": 0.8, "utility": 1.0, "uses": 2}]
+    shuffler = random.Random(13)
+    for lam, want in ((1.0, ["best", "m1", "m2", "m3", "m5", "m7"]),
+                      (p.lambda_for(100), ["best", "m9", "m1", "m2", "m3", "m5"])):
+        for _ in range(20):
+            order = cands[:]
+            shuffler.shuffle(order)
+            assert [r.row["id"] for r in rank(order, p, lam, 0, 6)] == want
+    # where evidence distinguishes (m9 helped) hybrid lifts it over its ties; the
+    # rest (equal evidence) keep the same id order in both rankings
+    hybrid = [r.row["id"] for r in rank(cands, p, p.lambda_for(100), 0, 8)]
+    semantic = [r.row["id"] for r in rank(cands, p, 1.0, 0, 8)]
+    assert semantic.index("m9") > semantic.index("m7") and hybrid.index("m9") < hybrid.index("m1")
+    assert [i for i in hybrid if i != "m9"] == [i for i in semantic if i != "m9"]
+
+
+def test_evidence_lambda_does_not_depend_on_the_order_of_tied_candidates() -> None:
+    """Meaning's top k ends inside a group of exact ties: which of them count as "tried
+    without credit" is decided by id, not by the store's order (which changed the
+    adapted lambda, and so the answer, from one call of the same query to the next)."""
+    p = RankPolicy.hybrid(lambda_evidence=0.1)
+    cands = [row("a", 0.9, uses=1), row("b", 0.3), row("c", 0.3), row("y", 0.3, uses=1),
+             row("z", 0.3, uses=1)]
+    want = 0.97 + (1 / 3) * (0.1 - 0.97)  # top 3 = a, b, c: one of three tried
+    for order in itertools.permutations(cands):
+        lam, pool = p.adapt(0.97, list(order), 3)
+        assert lam == pytest.approx(want)
+        assert [r["id"] for r in pool] == ["a", "b", "c", "y", "z"]
