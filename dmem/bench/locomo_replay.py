@@ -127,7 +127,7 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
         q = enc.encode([x for x, _, _ in qs])
         published = {it.dia_id for it in real if it.dia_id}
 
-        def top(items: Sequence[Item], k: int) -> list[set[str]]:
+        def top(items: Sequence[Item], k: int, q: np.ndarray = q) -> list[set[str]]:
             emb = (enc.encode([it.transition.text() for it in items]) if items
                    else np.zeros((0, enc.dim), np.float32))
             return topk_labels(emb, [it.dia_id for it in items], q, k)
