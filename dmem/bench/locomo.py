@@ -402,10 +402,10 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
     stack = LocalStack(tmp, roles=("all",), extra_env=worker_env(cfg), milvus=cfg.milvus)
     failed = True
     try:
+        milvus_mode = stack.milvus_mode()  # before start: a started server reads "external"
+        note(f"locomo: {milvus_mode} Milvus")
         stack.start()
         settings = stack.settings
-        milvus_mode = stack.milvus_mode()
-        note(f"locomo: {milvus_mode} Milvus")
 
         async def publish_and_settle() -> dict[str, Any]:
             async with DmemClient(stack.bootstrap or "", tenant="locomo") as client:
