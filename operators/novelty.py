@@ -580,7 +580,8 @@ class IntrinsicState:
         if cfg.lookahead == 0:
             self.contamination.add((fit0 - mu) / sd, None if null is None else (null - mu) / sd)
         else:
-            pend.append([vec, fit0, null, cfg.lookahead, mu, sd])
+            # a copy: a row view would keep the whole batch array alive
+            pend.append([np.array(vec, dtype=np.float32), fit0, null, cfg.lookahead, mu, sd])
 
     # ------------------------------------------------------------------- API
     def score_batch(
