@@ -414,9 +414,21 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
 @click.option("--baseline-cache", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="keep the store-all baseline's embeddings in this .npz "
               "between runs (bench side only; the worker always encodes)")
+@click.option("--milvus", type=click.Choice(["auto", "lite", "server"]), default="auto",
+              show_default=True, help="Milvus of the embedded stack (auto: the server when "
+              "installed, else Lite)")
+@click.option("--replay", is_flag=True,
+              help="offline: the real write pipeline over cached embeddings, exact cosine "
+              "over what it kept (no broker, no Milvus; minutes; `dmem.bench.locomo_replay`)")
+@click.option("--replay-cache", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".dmem-bench"), show_default=True,
+              help="--replay: folder of the embedding cache (locomo-embed-<encoder>.npz)")
+@click.option("--replay-batch", type=click.IntRange(1), default=64, show_default=True,
+              help="--replay: turns per write batch")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: int, turns: int,
                  questions: int, seed: int, plot: Path, baseline_cache: Path | None,
+                 milvus: str, replay: bool, replay_cache: Path, replay_batch: int,
                  as_json: bool) -> None:
     """Reward-free conversational memory on LoCoMo: evidence recall vs store-all cosine."""
     from dmem.bench.locomo import DEFAULT_DATA, LocomoConfig
@@ -425,7 +437,12 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
     try:
         cfg = LocomoConfig(data=data or DEFAULT_DATA, noise=noise, encoder=encoder,
                            conversations=conversations, turns=turns, questions=questions,
-                           seed=seed, plot=plot, baseline_cache=baseline_cache)
+                           seed=seed, plot=plot, baseline_cache=baseline_cache, milvus=milvus)
+        if replay:
+            from dmem.bench.locomo_replay import main as run_replay
+
+            run_replay(cfg, as_json, cache=replay_cache, batch=replay_batch)
+            return
         run_locomo(cfg, as_json)
     except (DmemError, FileNotFoundError, ValueError) as exc:
         _fail(exc)

@@ -210,6 +210,10 @@ class IntrinsicSettings(BaseModel):
     reward_rate_full: float = Field(default=0.01, gt=0.0, le=1.0,
                                     description="share of rewarded transitions that turns "
                                     "intrinsic surprise fully off")
+    off_posterior: float = Field(default=2.0 / 3.0, gt=0.0, le=1.0,
+                                 description="off-context also where the estimated posterior "
+                                 "of 'injected' exceeds this (contamination-adaptive cut; "
+                                 "2/3: injected twice as likely as real; 1 = off)")
 
 
 class GateSettings(BaseModel):

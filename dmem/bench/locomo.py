@@ -1,8 +1,10 @@
 """`dmem bench locomo`: conversational memory without rewards, scored by evidence recall.
 
 What runs (embedded, in a temp dir removed at the end): the Tansu broker and one
-worker with every role (write, respond, jobs: as `dmem up` runs it) on Milvus
-Lite, with the encoder the benchmark names (MiniLM by default).
+worker with every role (write, respond, jobs: as `dmem up` runs it) on the
+embedded Milvus server where its wheel is installed, else Milvus Lite (``--milvus``,
+`LocalStack`; reported as ``milvus_mode``), with the encoder the benchmark names
+(MiniLM by default).
 
 1. Every turn of each LoCoMo conversation (`--data`, default
    ``../shared/data/locomo10``; one tenant per conversation, agent = the
@@ -78,10 +80,16 @@ class LocomoConfig:
     # longest stall of the write path (no new decision): one 512-turn batch of MiniLM
     # encodes takes minutes on a loaded 2-core machine
     settle_timeout_s: float = 900.0
+    #: Milvus of the embedded stack (`LocalStack`): "auto" = the embedded server when its
+    #: wheel is installed (a search in a few ms), else Lite, whose unindexed search
+    #: grows with the rows it holds (~1 question/s at 3,000 memories)
+    milvus: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.noise <= 4.0:
             raise ValueError(f"noise must be in [0, 4], got {self.noise}")
+        if self.milvus not in ("auto", "lite", "server"):
+            raise ValueError(f"milvus must be auto, lite or server, got {self.milvus!r}")
         if min(self.conversations, self.turns, self.questions) < 0:
             raise ValueError("conversations, turns and questions must be >= 0")
 
@@ -391,9 +399,11 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
     note(f"locomo: {len(convs)} conversations, {len(all_items)} turns "
          f"({sum(it.noise for it in all_items)} noise), encoder {cfg.encoder}")
     tmp = Path(tempfile.mkdtemp(prefix="dmem-locomo-"))
-    stack = LocalStack(tmp, roles=("all",), extra_env=worker_env(cfg))
+    stack = LocalStack(tmp, roles=("all",), extra_env=worker_env(cfg), milvus=cfg.milvus)
     failed = True
     try:
+        milvus_mode = stack.milvus_mode()  # before start: a started server reads "external"
+        note(f"locomo: {milvus_mode} Milvus")
         stack.start()
         settings = stack.settings
 
@@ -493,6 +503,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         "store_all_noisy_recall_at_10": (mean(all_scores["store_all_noisy_at_10"])
                                          if cfg.noise > 0 else None),
         "merged": len(merged),
+        "milvus_mode": milvus_mode,
         "worker_env": worker_env(cfg),
         "per_category": per_cat,
         "routes": dict(sorted(reasons.items())),

@@ -295,7 +295,7 @@ class TenantState:
 def intrinsic_config(settings: Settings) -> IntrinsicConfig:
     i = settings.intrinsic
     return IntrinsicConfig(fit_k=i.fit_k, repeat_cos=i.repeat_cos,
-                           reward_rate_full=i.reward_rate_full)
+                           reward_rate_full=i.reward_rate_full, off_posterior=i.off_posterior)
 
 
 def intrinsic_scores(

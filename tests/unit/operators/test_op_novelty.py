@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import orjson
 import pytest
 
 from operators.encoders import HashingEncoder
 from operators.novelty import (
+    Contamination,
     IntrinsicConfig,
     IntrinsicState,
     RewardMix,
@@ -237,3 +240,70 @@ def test_checkpoint_of_an_earlier_config_loads() -> None:
     d["config"] |= {"ctx_alpha": 0.2, "off_streak_max": 3}  # knobs of an earlier version
     back = IntrinsicState.from_dict(d)
     assert back.config == st.config
+
+
+def _fill(c: Contamination, share: float, n: int = 2000, seed: int = 0) -> None:
+    """In std units of the unrelated level: real fits ~ N(2.5, 1), off-context (and
+    null) fits ~ N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        off = rng.random() < share
+        c.add(float(rng.normal(0.0 if off else 2.5, 1.0)), float(rng.normal(0.0, 1.0)))
+
+
+def test_contamination_estimates_the_off_context_share() -> None:
+    clean, dirty = Contamination(40, 0.005, 100), Contamination(40, 0.005, 100)
+    _fill(clean, 0.0)
+    _fill(dirty, 0.4)
+    assert clean.pi0() < 0.1
+    assert 0.3 < dirty.pi0() < 0.5
+    # the cut rises with the contamination (Bayes cut of this mixture: z = 1.09); a
+    # clean stream gets none, and the mean + k std rule decides alone
+    assert clean.cut(0.5) == -math.inf
+    assert 0.8 < dirty.cut(0.5) < 1.6
+    assert dirty.cut(1.0) == -math.inf  # 1 switches it off
+
+
+def test_contamination_waits_for_its_warmup_and_survives_a_checkpoint() -> None:
+    c = Contamination(40, 0.005, 100)
+    _fill(c, 0.4, n=99)
+    assert c.cut(0.5) == -math.inf
+    _fill(c, 0.4, n=400, seed=1)
+    back = Contamination(40, 0.005, 100)
+    back.load(orjson.loads(orjson.dumps(c.to_dict())))
+    assert c.cut(0.5) > -math.inf
+    assert back.cut(0.5) == pytest.approx(c.cut(0.5), abs=1e-3)  # 6-digit checkpoint
+
+
+def test_contaminated_stream_gets_a_stricter_guard() -> None:
+    """Loosely coherent talk (a topic per 12 turns) with unrelated turns injected: the
+    cut rises above fit_k and vetoes injected turns that fit_k alone lets through."""
+    rng = np.random.default_rng(11)
+    dim = 64
+    topics = rng.normal(size=(30, dim))
+
+    def stream(share: float, posterior: float = 2 / 3) -> tuple[IntrinsicState, int, int]:
+        cfg = IntrinsicConfig(warmup=5, hist_warmup=50, lookahead=3, off_posterior=posterior)
+        st = IntrinsicState(dim, cfg)
+        g = np.random.default_rng(2)
+        vetoed = injected = 0
+        for t in range(30):
+            for _ in range(12):
+                vecs = [(topics[t] + 1.6 * g.normal(size=dim), False)]
+                if g.random() < share:
+                    vecs.append((g.normal(size=dim) * 1.2, True))
+                for v, inj in vecs:
+                    v = (v / np.linalg.norm(v)).astype(np.float32)[None, :]
+                    [x] = st.score_batch(["a"], [f"word{g.integers(500)} x{g.integers(500)}"],
+                                         v, v, [False])
+                    if inj and t >= 10:
+                        injected += 1
+                        vetoed += x.off_context
+        return st, vetoed, injected
+
+    (clean, _, _), (dirty, vetoed, injected) = stream(0.0), stream(0.5)
+    assert clean.contamination.pi0() < dirty.contamination.pi0()
+    assert clean.contamination.cut(2 / 3) < dirty.contamination.cut(2 / 3)
+    assert dirty.contamination.cut(2 / 3) > dirty.config.fit_k, dirty.contamination.cut(2 / 3)
+    _, vetoed_off, _ = stream(0.5, posterior=1.0)  # the cut switched off
+    assert vetoed > vetoed_off, (vetoed, vetoed_off, injected)

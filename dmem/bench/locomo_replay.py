@@ -1,0 +1,200 @@
+"""`dmem bench locomo --replay`: the write path's decisions on LoCoMo, offline, in minutes.
+
+What it measures: the gate (value model, intrinsic score, percentile gate, repeat
+keys, context guard and its suspects: the real `streams.write.WritePipeline`, with
+`Settings()` read from the environment as the worker reads it, so any
+``DMEM_INTRINSIC__*`` knob can be varied) on the same streams as the live bench
+(`dmem.bench.locomo.build_streams`: the same seed, noise drawn from the other
+conversations loaded), and evidence recall by exact cosine top-k over what it kept.
+
+What it leaves out, and why that is acceptable for developing the gate: no broker,
+no Milvus, no dedup job and no hybrid ranking (live, these moved recall by ~0.02;
+BENCHMARKS.md "LoCoMo"); the turns are fed one conversation (tenant) after the other
+in batches of ``batch`` (64: the live worker's batches are smaller; the intrinsic
+score is per turn and batch-independent, the gate's thresholds are fixed per batch).
+
+Embeddings are cached on disk (`BaselineCache`, default
+``.dmem-bench/locomo-embed-<encoder>.npz``, checked by a probe text), so after
+the first run (MiniLM encodes ~15k texts: minutes on 2 cores) a replay of all ten
+conversations is the pipeline's own CPU time. Nothing is read that the write path
+would not see: the noise labels are used only to count what was stored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dmem.bench.locomo import (
+    BaselineCache,
+    Conversation,
+    Item,
+    LocomoConfig,
+    build_streams,
+    load,
+    questions,
+)
+
+DEFAULT_CACHE = Path(".dmem-bench")
+
+
+class CacheEncoder:
+    """The `Encoder` protocol over a `BaselineCache` (exact text -> cached unit row)."""
+
+    def __init__(self, cache: BaselineCache, name: str) -> None:
+        self.cache, self.name = cache, name
+        self.dim = int(cache.vecs[cache.PROBE].shape[-1])
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.cache.encode(list(texts))
+
+
+def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, str]:
+    """Feed one conversation's turns through ``pipe``; memory id -> final route reason.
+
+    The last ``written``/``dropped`` event wins: a ``referred`` write supersedes the
+    ``dropped: off_context`` event of a suspect, as in the live `memories` topic.
+    """
+    from streams.write.pipeline import RawRecord
+
+    out: dict[str, str] = {}
+    for lo in range(0, len(stream), batch):
+        raws = [RawRecord(value=it.transition.model_dump_json().encode(), key=None,
+                          topic="transitions", partition=0, offset=lo + j)
+                for j, it in enumerate(stream[lo: lo + batch])]
+        res = pipe.process(raws, now_ms=0)
+        if res.dead:
+            raise RuntimeError(f"replay: {len(res.dead)} records dead-lettered")
+        for ev in res.events:
+            if ev.kind in ("written", "dropped"):
+                out[ev.memory_id] = f"{ev.kind}:{ev.reason}"
+    return out
+
+
+def topk_labels(emb: np.ndarray, labels: Sequence[str | None], q: np.ndarray,
+                k: int) -> list[set[str]]:
+    """Exact cosine top-k over ``emb`` (rows of the kept turns), as label sets."""
+    if emb.shape[0] == 0:
+        return [set() for _ in range(q.shape[0])]
+    order = np.argsort(-(q @ emb.T), axis=1, kind="stable")[:, :k]
+    return [{labels[j] for j in row if labels[j]} for row in order.tolist()]
+
+
+def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
+           convs: Sequence[Conversation] | None = None) -> dict[str, Any]:
+    """One replay of ``cfg``'s streams; the live bench's keys plus ``recall_ratio``."""
+    from operators.encoders import build_encoder
+    from streams.settings import Settings
+    from streams.write.pipeline import WritePipeline
+
+    t0 = time.monotonic()
+    convs = list(convs) if convs is not None else load(cfg.data, cfg.conversations)
+    streams = build_streams(convs, cfg)
+    path = (cache or DEFAULT_CACHE) / f"locomo-embed-{cfg.encoder}.npz"
+    emb_cache = BaselineCache(build_encoder(cfg.encoder, cache_size=0), path)
+    enc = CacheEncoder(emb_cache, cfg.encoder)
+    # every text the pipeline and the scoring will ask for, encoded in one batched call
+    texts = [x for s in streams.items.values() for it in s
+             for x in (it.transition.text(), it.transition.next_text())]
+    texts += [q for c in convs for q, _, _ in questions(c, cfg.questions)]
+    enc.encode(texts)
+    emb_cache.save()
+    settings = Settings()
+    pipe = WritePipeline(settings, enc)
+    reasons: dict[str, int] = defaultdict(int)
+    scores: dict[str, list[float]] = defaultdict(list)
+    n_real = n_noise = kept_real = kept_noise = 0
+    for conv in convs:
+        stream = streams.items[conv.cid]
+        final = replay_stream(pipe, stream, batch)
+        for r in final.values():
+            reasons[r] += 1
+        kept = [it for it in stream if final.get(it.transition.memory_id, "").startswith("written")]
+        real = [it for it in stream if not it.noise]
+        n_real += len(real)
+        n_noise += len(stream) - len(real)
+        kept_real += sum(not it.noise for it in kept)
+        kept_noise += sum(it.noise for it in kept)
+        qs = questions(conv, cfg.questions)
+        if not qs:
+            continue
+        q = enc.encode([x for x, _, _ in qs])
+        published = {it.dia_id for it in real if it.dia_id}
+
+        def top(items: Sequence[Item], k: int, q: np.ndarray = q) -> list[set[str]]:
+            emb = (enc.encode([it.transition.text() for it in items]) if items
+                   else np.zeros((0, enc.dim), np.float32))
+            return topk_labels(emb, [it.dia_id for it in items], q, k)
+
+        got5, got10 = top(kept, 5), top(kept, 10)
+        all5, all10 = top(real, 5), top(real, 10)
+        noisy10 = top(stream, 10) if cfg.noise > 0 else None
+        for j, (_, _, ev) in enumerate(qs):
+            evid = set(ev) & published
+            if not evid:
+                continue
+            n = len(evid)
+            scores["at5"].append(len(got5[j] & evid) / n)
+            scores["at10"].append(len(got10[j] & evid) / n)
+            scores["all5"].append(len(all5[j] & evid) / n)
+            scores["all10"].append(len(all10[j] & evid) / n)
+            if noisy10 is not None:
+                scores["noisy10"].append(len(noisy10[j] & evid) / n)
+    emb_cache.save()
+
+    def mean(key: str) -> float | None:
+        return float(np.mean(scores[key])) if scores[key] else None
+
+    r10, a10 = mean("at10"), mean("all10")
+    return {
+        "mode": "replay",
+        "conversations": len(convs),
+        "turns": n_real,
+        "published": n_real + n_noise,
+        "questions": len(scores["at10"]),
+        "encoder": cfg.encoder,
+        "batch": batch,
+        "storage_ratio": (kept_real + kept_noise) / max(n_real + n_noise, 1),
+        "real_storage_ratio": kept_real / max(n_real, 1),
+        "evidence_recall_at_5": mean("at5"),
+        "evidence_recall_at_10": r10,
+        "store_all_recall_at_5": mean("all5"),
+        "store_all_recall_at_10": a10,
+        "recall_ratio": (r10 / a10) if r10 is not None and a10 else None,
+        "noise_ratio": cfg.noise,
+        "noise_turns": n_noise,
+        "noise_storage_ratio": kept_noise / n_noise if n_noise else None,
+        "noise_evidence_recall_at_10": r10 if cfg.noise > 0 else None,
+        "store_all_noisy_recall_at_10": mean("noisy10"),
+        "intrinsic": settings.intrinsic.model_dump(),
+        "routes": dict(sorted(reasons.items())),
+        "elapsed_s": time.monotonic() - t0,
+        "seed": cfg.seed,
+    }
+
+
+def main(cfg: LocomoConfig, as_json: bool, cache: Path | None = None,
+         batch: int = 64) -> dict[str, Any]:
+    """The replay of ``cfg`` (clean when ``cfg.noise`` is 0), printed as the live bench's."""
+    from dmem.bench.common import emit_json, note, print_table
+
+    res = replay(cfg, cache=cache, batch=batch)
+
+    def f(x: float | None) -> float:
+        return math.nan if x is None else x
+
+    print_table(f"LoCoMo replay (noise {cfg.noise}, {res['conversations']} conversations)",
+                ["storage", "noise stored", "recall@10", "store-all@10", "ratio"],
+                [[res["storage_ratio"], f(res["noise_storage_ratio"]),
+                  f(res["evidence_recall_at_10"]), f(res["store_all_recall_at_10"]),
+                  f(res["recall_ratio"])]])
+    note(f"routes: {res['routes']}")
+    if as_json:
+        emit_json(res)
+    return res
