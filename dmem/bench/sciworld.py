@@ -506,8 +506,11 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     final = max(score, 0)
     if c is not None and credit:
         # the loop agent's own outcomes: credit judges them against its own usual
-        # outcome (operators/credit.py), not against the explorer's gold episodes
-        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}")
+        # outcome on this task (operators/credit.py), not against the explorer's gold
+        # episodes nor its outcomes on other tasks (without the task, find-animal's
+        # +17, the most that task's loop earned, ran below the find-plant episodes'
+        # +67 before it and blamed "go to hallway", the step that earned it: sci13e)
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task)
     return final, final >= 100
 
 
@@ -647,7 +650,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         note(f"gate: {gate}")
         for ep in played.train:
             await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)),
-                                   agent_id=AGENT)
+                                   agent_id=AGENT, task=ep.task)
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")

@@ -61,6 +61,11 @@ class OneHint:
 
     def __init__(self, action: str) -> None:
         self.action = action
+        self.outcomes: list[tuple[str, float, dict[str, Any]]] = []
+
+    async def report_usage(self, *_: Any, **__: Any) -> None: ...
+    async def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
+        self.outcomes.append((episode_id, reward, kw))
 
     async def search(self, obs: str, k: int, **_: Any) -> list[Any]:
         if not obs.startswith("You are at the start"):
@@ -116,3 +121,14 @@ def test_avoiding_other_actions_keeps_the_draw() -> None:
         assert fallback_action(0, "find-plant", 1, 0, obs, HALL, {free}, 0) != free
         # everything warned against: the draw is still one of the valid actions
         assert fallback_action(0, "find-plant", 1, 0, obs, HALL, set(HALL), 0) in HALL
+
+
+def test_loop_outcome_names_the_task_for_its_credit_baseline() -> None:
+    """The credit baseline is per (tenant, agent, task): without the task, one loop
+    agent's outcomes on every task share one running mean (sci13e)."""
+    client = OneHint("go to hall")
+    cfg = SciConfig(tasks=("find-plant",), loop_max_steps=5)
+    score, _ = asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
+                                        cfg, "hybrid"))
+    assert client.outcomes == [("find-plant-1-loop-hybrid", float(score),
+                                {"agent_id": "loop-hybrid", "task": "find-plant"})]
