@@ -6,14 +6,7 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
 - Returns: the outcome reward R arrives at the episode's end step T (the
   outcome's step if given, else the last usage step); the return at a usage
   step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
-  path's business; credit is about the late outcome). When the outcome names
-  its step (the step that earned it, e.g. the last reward), a usage after it
-  has return 0 (reward to go: nothing it led to is in R), so A_t = -b. Why: an
-  agent that wanders after its last reward until a step limit used those
-  memories closest to the end, and with G_t discounted from the last usage
-  they got the *largest* share of a good outcome (issue 13, sci13e: on
-  ScienceWorld "go to kitchen", replayed while wandering after find-plant's
-  +67, outranked "go to greenhouse", the step that earned it).
+  path's business; credit is about the late outcome).
 - Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
   defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
   that ends as usual *for its agent* gives ~0 credit to everything it used; a
@@ -191,12 +184,8 @@ class CreditAssigner:
             end = max(u.step for u in ep.usages.values())
         sums: dict[str, float] = {}
         uses: dict[str, int] = {}
-        after_end = ep.outcome.step is not None
         for u in todo:
-            if after_end and u.step > end:
-                g = 0.0  # used after the step that earned the outcome
-            else:
-                g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
+            g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
                 sums[mid] = sums.get(mid, 0.0) + adv * w

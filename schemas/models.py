@@ -179,9 +179,6 @@ class EpisodeOutcome(Model):
     reward: FiniteFloat
     success: bool | None = None
     ts: int | None = Field(default=None, ge=0)
-    #: the step at which the outcome was earned (its last reward), if the agent knows
-    #: it: memories used after it cannot have contributed (operators/credit.py)
-    step: int | None = Field(default=None, ge=0)
 
 
 class Feedback(Model):

@@ -456,7 +456,6 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     score, ep = 0, f"{task}-{variation}-loop-{tag}" + (f"-r{repeat}" if repeat else "")
     tried: set[tuple[str, str]] = set()
     visits: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
-    earned: int | None = None  # the step of the last score change (the outcome's step)
     for step in range(cfg.loop_max_steps):
         action, used, rid = None, None, f"{ep}-{step}"
         hits = []
@@ -495,8 +494,6 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         obs, reward, score, done, failed = result
         if obs.startswith(AMBIGUOUS):
             obs, reward, score, done, failed = sw.act("0")
-        if reward != 0:
-            earned = step
         if trace is not None:
             trace.append({"step": step, "action": action, "memory": used, "reward": reward,
                           "hits": len(hits), "failed": failed,
@@ -512,11 +509,8 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         # outcome on this task (operators/credit.py), not against the explorer's gold
         # episodes nor its outcomes on other tasks (without the task, find-animal's
         # +17, the most that task's loop earned, ran below the find-plant episodes'
-        # +67 before it and blamed "go to hallway", the step that earned it: sci13e);
-        # and the step of its last score change: memories used after it (wandering
-        # until the step limit) did not earn the outcome and get no share of it
-        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task,
-                               step=earned)
+        # +67 before it and blamed "go to hallway", the step that earned it: sci13e)
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task)
     return final, final >= 100
 
 
