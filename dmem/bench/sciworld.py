@@ -22,11 +22,13 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
    of equal scores; the server lists are asked for 20 hits so ties at the cut
    are visible).
 5. Closed loop (no LLM) on each test variation, ``loop_repeats`` times (2), same
-   seeds per condition (repeat r > 0 has its own): before
+   seeds per condition (repeat r has its own): before
    each step ask dmem for k = 5 memories of the same task with the observation
    as query, take the action of the best-ranked hit that is valid now, else a
-   random valid action; report which memory was used and the outcome. "Valid
-   now": the simulator accepts it here, it was not tried from this observation
+   random valid action drawn with common random numbers (`fallback_action`: seeded
+   by the decision point, so conditions in the same state draw the same action,
+   whatever happened earlier in their episodes); report which memory was used and
+   the outcome. "Valid now": the simulator accepts it here, it was not tried from this observation
    already in the episode, and no retrieved memory records it failing (a hit
    with reward < 0 is a warning: its action is neither replayed nor drawn at
    random; the no-memory agent has no such warnings). No
@@ -105,8 +107,8 @@ class SciConfig:
     test_variations: int = 2
     random_steps: int = 20
     loop_max_steps: int = 30
-    #: closed-loop episodes per test variation and condition; repeat r > 0 draws its
-    #: random actions from its own seed, the same for every condition (paired)
+    #: closed-loop episodes per test variation and condition; repeat r draws its
+    #: random actions from its own seeds, the same for every condition (paired)
     loop_repeats: int = 2
     seed: int = 0
     encoder: str = "minilm"
@@ -397,6 +399,30 @@ async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: di
     return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}
 
 
+def fallback_action(seed: int, task: str, variation: int, repeat: int, obs: str,
+                    valid: Sequence[str], avoid: set[str], visit: int) -> str:
+    """The closed-loop agent's random valid action, drawn with common random numbers.
+
+    The draw is seeded by the decision point alone: (seed, task, variation, repeat,
+    observation, sorted valid actions, visit), where ``visit`` counts the earlier
+    fallbacks of this episode at the same (observation, valid actions). So two
+    conditions (or two episodes) that stand in the same state draw the same action,
+    whatever happened before; with one random stream per episode, one different step
+    made every later draw differ, and the paired hybrid - semantic difference
+    measured the draws' luck as much as the memories (BENCHMARKS.md "sci13e"). The
+    visit count keeps a revisited state from replaying its draw forever (a fixed
+    state -> action map can cycle). Not the step index: paths that reach the same
+    state one step apart would draw differently again. The seeded order is over
+    every valid action and the first not in ``avoid`` is taken (all avoided: the
+    first), so a condition whose memories warn against some other action still
+    draws the same one; over one ``avoid`` it is uniform among the allowed actions.
+    """
+    ordered = sorted(valid)
+    rng = rng_for(seed, "loop", task, variation, repeat, obs, "\n".join(ordered), visit)
+    order = rng.sample(ordered, len(ordered))
+    return next((a for a in order if a not in avoid), order[0])
+
+
 def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, int]:
     """Paired difference of two conditions played on the same (task, variation,
     repeat) episodes: (mean of a - b, its standard error, episodes a won, b won)."""
@@ -421,15 +447,15 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
     (None: random), reward, the ranking's lambda and the served hits (id, action,
-    semantic, salience, reward). ``repeat`` r > 0 draws from its own seed (repeat 0 keeps
-    the single-repeat seeds and episode ids). ``credit=False``: searches only (no
-    episode id, usage or outcome), so the episode leaves no credit in the store."""
+    semantic, salience, reward). ``repeat`` r is part of every fallback draw's seed
+    (`fallback_action`; repeat 0 keeps the single-repeat episode ids).
+    ``credit=False``: searches only (no episode id, usage or outcome), so the episode
+    leaves no credit in the store."""
     sw.load(task, variation)
-    extra = (repeat,) if repeat else ()
-    rng = rng_for(cfg.seed, "loop", task, variation, *extra)
     obs = sw.reset()
     score, ep = 0, f"{task}-{variation}-loop-{tag}" + (f"-r{repeat}" if repeat else "")
     tried: set[tuple[str, str]] = set()
+    visits: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
     for step in range(cfg.loop_max_steps):
         action, used, rid = None, None, f"{ep}-{step}"
         hits = []
@@ -454,8 +480,10 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
                 action, used, result = h.action, h.memory_id, attempt
                 break
         if result is None:
-            valid = sw.valid()
-            action = rng.choice([a for a in valid if a not in avoid] or valid)
+            valid = tuple(sw.valid())
+            action = fallback_action(cfg.seed, task, variation, repeat, obs, valid, avoid,
+                                     visits[(obs, valid)])
+            visits[(obs, valid)] += 1
             result = sw.act(action)
         tried.add((obs, str(action)))
         if c is not None and hits and credit:
@@ -478,8 +506,11 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     final = max(score, 0)
     if c is not None and credit:
         # the loop agent's own outcomes: credit judges them against its own usual
-        # outcome (operators/credit.py), not against the explorer's gold episodes
-        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}")
+        # outcome on this task (operators/credit.py), not against the explorer's gold
+        # episodes nor its outcomes on other tasks (without the task, find-animal's
+        # +17, the most that task's loop earned, ran below the find-plant episodes'
+        # +67 before it and blamed "go to hallway", the step that earned it: sci13e)
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task)
     return final, final >= 100
 
 
@@ -619,7 +650,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         note(f"gate: {gate}")
         for ep in played.train:
             await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)),
-                                   agent_id=AGENT)
+                                   agent_id=AGENT, task=ep.task)
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")

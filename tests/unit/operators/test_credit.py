@@ -194,3 +194,17 @@ def test_baseline_is_per_agent_a_weaker_agent_is_judged_against_itself() -> None
     ca.on_usage("t", "anon", usage("r", 0, ["m"], [1.0]), 8)
     (up,) = ca.on_outcome("t", "anon", OutcomeRecord("o", 17.0), 9)
     assert up.credit == pytest.approx(17.0)
+
+
+def test_baseline_is_per_task_a_low_scoring_task_is_judged_against_itself() -> None:
+    """One agent, two tasks on different score scales (sci13e: find-plant's 67 before
+    find-animal's 17): the low task's outcome is judged against its own history, so
+    the memory that earned it is not blamed because another task scores higher."""
+    ca = CreditAssigner(gamma=1.0)
+    ca.on_outcome("t", "plant0", OutcomeRecord("o", 67.0, task="find-plant", agent="loop"), 0)
+    ca.on_usage("t", "animal0", usage("r", 0, ["hallway"], [1.0]), 1)
+    (up,) = ca.on_outcome("t", "animal0",
+                          OutcomeRecord("o", 17.0, task="find-animal", agent="loop"), 2)
+    assert up.credit == pytest.approx(17.0)  # not 17 - 67
+    assert ca.baseline("t", "find-plant", "loop") == pytest.approx(67.0)
+    assert ca.baseline("t", "find-animal", "loop") == pytest.approx(17.0)
