@@ -419,7 +419,8 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
               "installed, else Lite)")
 @click.option("--replay", is_flag=True,
               help="offline: the real write pipeline over cached embeddings, exact cosine "
-              "over what it kept (no broker, no Milvus; minutes; `dmem.bench.locomo_replay`)")
+              "over what it kept (no broker, no Milvus; minutes; `dmem.bench.locomo_replay`; "
+              "--plot, --milvus and --baseline-cache are the live run's and do not apply)")
 @click.option("--replay-cache", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".dmem-bench"), show_default=True,
               help="--replay: folder of the embedding cache (locomo-embed-<encoder>.npz)")

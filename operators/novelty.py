@@ -409,6 +409,9 @@ class Contamination:
         self.obs = np.zeros(self.bins)
         self.null = np.zeros(self.bins)
         self.count = 0
+        #: null draws seen (a draw needs a bank of older memories, so it starts later
+        #: than the observed fits and the warm-up must count it on its own)
+        self.null_count = 0
 
     def _bin(self, x: float) -> int:
         return min(self.bins - 1, max(0, int((x - self.LO) / (self.HI - self.LO) * self.bins)))
@@ -419,8 +422,10 @@ class Contamination:
         self.obs *= 1.0 - a
         self.obs[self._bin(fit)] += a
         if null is not None:
-            self.null *= 1.0 - a
-            self.null[self._bin(null)] += a
+            self.null_count += 1
+            b = max(1.0 / self.null_count, self.alpha)
+            self.null *= 1.0 - b
+            self.null[self._bin(null)] += b
 
     def pi0(self) -> float:
         n0 = self.null.sum()
@@ -433,7 +438,8 @@ class Contamination:
 
     def cut(self, posterior: float) -> float:
         """The fit below which a turn is off-context (-inf until warmed up)."""
-        if posterior >= 1.0 or self.count < self.warmup or self.null.sum() <= 0.0:
+        if (posterior >= 1.0 or self.null_count == 0
+                or min(self.count, self.null_count) < self.warmup):
             return -math.inf  # 1 switches the cut off
         pi0 = self.pi0()
         if pi0 <= 0.0:
@@ -443,10 +449,13 @@ class Contamination:
         f0 = (self.null / self.null.sum() + eps)
         f = (self.obs / self.obs.sum() + eps)
         lfdr = pi0 * f0 / f
-        # from the top down, over the bins that hold observed fits (empty bins say
-        # nothing): the cut is the upper edge of the first bin whose posterior is high
+        # from the top down, over the bins that hold observed fits: a bin holding less
+        # than the smoothing (half a count at the warm-up's scale; decayed counts never
+        # reach 0, so a bin hit once long ago would otherwise count forever) says
+        # nothing; the cut is the upper edge of the first bin whose posterior is high
+        held = self.obs / self.obs.sum() >= eps
         edge = self.bins
-        while edge > 0 and (lfdr[edge - 1] <= posterior or self.obs[edge - 1] <= 0.0):
+        while edge > 0 and (lfdr[edge - 1] <= posterior or not held[edge - 1]):
             edge -= 1
         if edge == 0:
             return -math.inf
@@ -465,12 +474,14 @@ class Contamination:
 
     def to_dict(self) -> dict[str, Any]:
         return {"obs": self.obs.round(6).tolist(), "null": self.null.round(6).tolist(),
-                "count": self.count}
+                "count": self.count, "null_count": self.null_count}
 
     def load(self, d: dict[str, Any]) -> None:
         obs, null = np.asarray(d["obs"], float), np.asarray(d["null"], float)
         if obs.shape == self.obs.shape and null.shape == self.null.shape:
             self.obs, self.null, self.count = obs, null, int(d["count"])
+            # checkpoints before the separate count: every judged turn had its draw
+            self.null_count = int(d.get("null_count", d["count"]))
 
 
 def _bounded(d: OrderedDict[str, Any], agent: str, make: Any, limit: int) -> Any:
@@ -504,7 +515,8 @@ class IntrinsicState:
         c = self.config
         self.contamination = Contamination(c.hist_bins, c.hist_alpha, c.hist_warmup)
         self._rng = np.random.default_rng(seed)
-        #: per agent: [vec, best cosine so far, null draw, later turns still to see]
+        #: per agent: [vec, best cosine so far, null draw, later turns still to see,
+        #: the unrelated level's mean and std when it was judged]
         self.pending: OrderedDict[str, deque[list[Any]]] = OrderedDict()
 
     # ------------------------------------------------------------------ parts
@@ -546,14 +558,16 @@ class IntrinsicState:
         return hit
 
     def _window_stats(self, agent: str, vec: np.ndarray, cos: np.ndarray | None,
-                      judged: bool) -> None:
+                      fit0: float | None) -> None:
         """Feed `Contamination` the statistic the guard decides by, once it is complete.
 
         A turn's final fit is its best cosine to the ``window`` turns before it and the
         ``lookahead`` turns after it (the veto plus the suspects' vindication); it is
         counted when the last of those has arrived, with its null draw: the best cosine
         to a run of as many consecutive older memories of the agent (not among the
-        last 2 x window), drawn at decision time.
+        last 2 x window), drawn at decision time. ``fit0``: the fit the guard judged the
+        turn by (its previous turns and next observation); None where the guard could
+        not judge it (no previous turn: it is never vetoed then).
         """
         cfg = self.config
         pend = _bounded(self.pending, agent, deque, cfg.max_agents)
@@ -564,7 +578,7 @@ class IntrinsicState:
             _, fit, null, _, mu, sd = pend.popleft()
             self.contamination.add((fit - mu) / sd, None if null is None else (null - mu) / sd)
         unrel = self._unrelated()
-        if not judged or unrel is None:
+        if fit0 is None or unrel is None:
             return
         mu, sd = unrel[0], max(unrel[1], 1e-6)
         m = cfg.window + cfg.lookahead
@@ -575,8 +589,6 @@ class IntrinsicState:
             # one by one would cover several and fit better than an unrelated window
             start = int(self._rng.integers(old.size - m + 1))
             null = float(old[start:start + m].max())
-        recent = self.recent.get(agent)
-        fit0 = max((float(r @ vec) for r in recent), default=-1.0) if recent else -1.0
         if cfg.lookahead == 0:
             self.contamination.add((fit0 - mu) / sd, None if null is None else (null - mu) / sd)
         else:
@@ -651,7 +663,7 @@ class IntrinsicState:
             # typical turns' worth (a fact announced out of the blue)
             off = bool(recent) and fit < threshold and raw < cfg.fit_exempt
             vind = self._vindicated(agent, vec)
-            self._window_stats(agent, vec, cos, bool(fits))
+            self._window_stats(agent, vec, cos, fit if recent else None)
             if off and ids is not None and cfg.lookahead > 0:
                 pend = _bounded(self.suspects, agent, list, cfg.max_agents)
                 pend.append(_Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead))
@@ -687,16 +699,21 @@ class IntrinsicState:
         return {"info": self.info_mean, "unrel": self.unrel_mean, "unrel_sq": self.unrel_sq}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IntrinsicState:
+    def from_dict(cls, d: dict[str, Any], config: IntrinsicConfig | None = None
+                  ) -> IntrinsicState:
+        """``config``: the operator's current knobs, which win over the checkpointed
+        ones (a restart with a changed ``DMEM_INTRINSIC__*`` applies it); without it
+        the checkpoint's own."""
         if d.get("format") != _MIX_FORMAT:
             raise ValueError(f"unknown intrinsic state format {d.get('format')}")
         known = IntrinsicConfig.__dataclass_fields__
         # knobs of earlier versions (ctx_alpha, off_streak_max) are ignored
-        st = cls(int(d["dim"]), IntrinsicConfig(**{k: v for k, v in d["config"].items()
-                                                   if k in known}))
+        cfg = config or IntrinsicConfig(**{k: v for k, v in d["config"].items() if k in known})
+        st = cls(int(d["dim"]), cfg)
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
         st.rnd = RndNovelty.from_dict(d["rnd"])
         st.mix = RewardMix.from_dict(d["mix"])
+        st.mix.rate_full = cfg.reward_rate_full
         for name, r in st._runnings().items():
             r.mean, r.count = float(d["running"][name][0]), int(d["running"][name][1])
         if "contamination" in d:  # absent in checkpoints of earlier versions

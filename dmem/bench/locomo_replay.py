@@ -70,7 +70,7 @@ def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, st
                 for j, it in enumerate(stream[lo: lo + batch])]
         res = pipe.process(raws, now_ms=0)
         if res.dead:
-            raise RuntimeError(f"replay: {len(res.dead)} records dead-lettered")
+            raise ValueError(f"replay: {len(res.dead)} records dead-lettered")
         for ev in res.events:
             if ev.kind in ("written", "dropped"):
                 out[ev.memory_id] = f"{ev.kind}:{ev.reason}"
@@ -146,7 +146,6 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
             scores["all10"].append(len(all10[j] & evid) / n)
             if noisy10 is not None:
                 scores["noisy10"].append(len(noisy10[j] & evid) / n)
-    emb_cache.save()
 
     def mean(key: str) -> float | None:
         return float(np.mean(scores[key])) if scores[key] else None

@@ -18,8 +18,9 @@ Decisions (see BENCHMARKS.md "ScienceWorld"):
   other objects and valid actions after other episodes, and even when replayed
   right after itself (``reset`` and ``load`` rebuild the world and reseed the
   simulator's ``Random``; they cannot rewind the JVM's hash sequence). With a
-  constant code, set order is insertion order: an episode is the same whatever was
-  played before it in the JVM, and the same across JVMs (BENCHMARKS.md
+  constant code, set order is a function of insertion order alone: an episode is
+  the same whatever was played before it in the JVM, and the same across JVMs
+  (BENCHMARKS.md
   "Determinism": checked, and what it costs). The valid-action list is also
   sorted before a random policy draws from it, and every draw comes from a
   ``random.Random`` seeded by (seed, task, variation, policy).
@@ -62,8 +63,8 @@ DEFAULT_TASKS: tuple[str, ...] = (
 )
 POLICIES = ("gold", "noisy", "random")
 #: HotSpot options of the simulator's JVM: one constant identity hash code, so the
-#: simulator's identity-keyed hash sets iterate in insertion order and an episode does
-#: not depend on what the JVM hashed before it (module docstring)
+#: simulator's identity-keyed hash sets iterate in an order fixed by insertion, and an
+#: episode does not depend on what the JVM hashed before it (module docstring)
 FIXED_IDENTITY_HASH = "-XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 _RUBRIC = re.compile(r"^(\d+)\t(true|false)\t\s*(\S+)\t(.*)$")
 

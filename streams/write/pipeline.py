@@ -287,8 +287,10 @@ class TenantState:
         )
         # checkpoints from before the intrinsic score start it fresh
         intr = header.get("intrinsic")
-        self.intrinsic = (IntrinsicState.from_dict(intr) if intr is not None
-                          else IntrinsicState(learner.dim, intrinsic_config(settings)))
+        # the settings' knobs win over the checkpoint's (a changed setting applies)
+        icfg = intrinsic_config(settings)
+        self.intrinsic = (IntrinsicState.from_dict(intr, icfg) if intr is not None
+                          else IntrinsicState(learner.dim, icfg))
         return self
 
 

@@ -39,7 +39,10 @@ def test_replay_is_reproducible_and_counts_noise(tmp_path: Path) -> None:
     cfg = LocomoConfig(data=data, noise=0.5, encoder="hash")
     a = replay(cfg, cache=tmp_path / "cache", batch=16)
     assert (tmp_path / "cache" / "locomo-embed-hash.npz").exists()
+    npz = tmp_path / "cache" / "locomo-embed-hash.npz"
+    before = npz.stat().st_mtime_ns
     b = replay(cfg, cache=tmp_path / "cache", batch=16)  # from the cache, same decisions
+    assert npz.stat().st_mtime_ns == before  # every text was in it: nothing new was saved
     for key in ("storage_ratio", "noise_storage_ratio", "evidence_recall_at_10", "routes"):
         assert a[key] == b[key]
     assert a["turns"] == 120 and a["published"] == 120 + a["noise_turns"] > 120

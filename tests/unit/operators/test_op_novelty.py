@@ -307,3 +307,39 @@ def test_contaminated_stream_gets_a_stricter_guard() -> None:
     assert dirty.contamination.cut(2 / 3) > dirty.config.fit_k, dirty.contamination.cut(2 / 3)
     _, vetoed_off, _ = stream(0.5, posterior=1.0)  # the cut switched off
     assert vetoed > vetoed_off, (vetoed, vetoed_off, injected)
+
+
+def test_contamination_warmup_counts_null_draws_on_their_own() -> None:
+    """A null draw needs a bank of older memories, so it starts later than the fits: a
+    cut from a handful of draws would be noise, and the warm-up waits for the draws."""
+    c = Contamination(40, 0.005, 100)
+    rng = np.random.default_rng(3)
+    for i in range(500):
+        off = rng.random() < 0.4
+        null = float(rng.normal(0.0, 1.0)) if i >= 450 else None  # 50 draws < warm-up
+        c.add(float(rng.normal(0.0 if off else 2.5, 1.0)), null)
+    assert c.count == 500 and c.null_count == 50
+    assert c.cut(0.5) == -math.inf
+    for _ in range(60):
+        c.add(float(rng.normal(0.0, 1.0)), float(rng.normal(0.0, 1.0)))
+    assert c.cut(0.5) > -math.inf
+
+
+def test_a_bin_hit_long_ago_does_not_set_the_cut() -> None:
+    """Decayed counts never reach 0: one fit far up the range, followed by a long clean
+    stream, must not leave a high-posterior bin at the top that the cut stops at."""
+    c = Contamination(40, 0.005, 100)
+    _fill(c, 0.8, n=400)  # contaminated beyond the posterior: pi0 > 2/3
+    c.add(5.9, None)  # the top bin, once
+    _fill(c, 0.8, n=3000, seed=4)
+    assert c.obs[-1] > 0.0  # still there, decayed
+    assert c.cut(2 / 3) < 3.0  # from the mixture (2.1), not from that bin (5.9 before)
+
+
+def test_settings_win_over_the_checkpointed_knobs() -> None:
+    st = IntrinsicState(64, IntrinsicConfig(off_posterior=2 / 3, fit_k=1.0))
+    d = orjson.loads(orjson.dumps(st.to_dict()))
+    new = IntrinsicConfig(off_posterior=1.0, fit_k=1.25, reward_rate_full=0.05)
+    back = IntrinsicState.from_dict(d, new)
+    assert back.config == new and back.mix.rate_full == 0.05
+    assert IntrinsicState.from_dict(d).config == st.config  # without one: the checkpoint's
