@@ -34,7 +34,10 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
    random; the no-memory agent has no such warnings). No
    memory / semantic (lambda = 1) / hybrid (default). Semantic is the baseline
    "cosine over the stored set": it runs before hybrid and reports neither usage
-   nor outcomes, so it sees the store as the loop found it and leaves it so.
+   nor outcomes, so it sees the store as the loop found it and leaves no credit
+   (its searches still stamp the hits' access count and time, as every search does;
+   those feed maintenance's priority and promotion, so the store hybrid searches may
+   differ from semantic's by what maintenance did with them; not measured apart).
    (When hybrid ran first, the credit of its episodes made maintenance demote and
    evict blamed memories, and semantic then searched a store without them:
    ``loop_store_removed_<condition>`` counts the rows each condition's episodes
@@ -450,7 +453,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     semantic, salience, reward). ``repeat`` r is part of every fallback draw's seed
     (`fallback_action`; repeat 0 keeps the single-repeat episode ids).
     ``credit=False``: searches only (no episode id, usage or outcome), so the episode
-    leaves no credit in the store."""
+    leaves no credit in the store (the searches' access stamps remain)."""
     sw.load(task, variation)
     obs = sw.reset()
     score, ep = 0, f"{task}-{variation}-loop-{tag}" + (f"-r{repeat}" if repeat else "")
@@ -524,7 +527,7 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         # semantic first and credit-free: the baseline searches the stored set as the
-        # loop found it, and leaves nothing that could change hybrid's store
+        # loop found it, and leaves no credit (only the access stamps of its searches)
         for name, lam, client, credit in (("no_memory", None, None, False),
                                           ("semantic", 1.0, c, False),
                                           ("hybrid", None, c, True)):
