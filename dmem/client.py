@@ -185,16 +185,18 @@ class DmemClient:
 
     async def report_outcome(self, episode_id: str, reward: float, *,
                              agent_id: str | None = None, success: bool | None = None,
-                             task: str | None = None) -> None:
+                             task: str | None = None, step: int | None = None) -> None:
         """The episode's final result on the feedback topic (credit). ``task``: the
         credit baseline is the running mean outcome per (tenant, agent, task), so an
         agent that plays tasks on different score scales should name the task, or a
         good outcome of a low-scoring task is judged against the others' and blames
-        the memories that earned it (README "Delayed credit")."""
+        the memories that earned it (README "Delayed credit"). ``step``: the step
+        that earned the outcome (its last reward), if known: memories used after it
+        get return 0, not a share of it."""
         assert self._producer is not None, "call start() first"
         out = EpisodeOutcome(tenant=self.tenant, episode_id=episode_id, agent_id=agent_id,
-                             task=task, reward=reward, success=success, ts=int(time.time() * 1000),
-                             outcome_id=f"{episode_id}:final")
+                             task=task, step=step, reward=reward, success=success,
+                             ts=int(time.time() * 1000), outcome_id=f"{episode_id}:final")
         await self._producer.send_and_wait(self.topic("feedback"), encode(out),
                                            key=episode_id.encode())
 

@@ -6,7 +6,16 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
 - Returns: the outcome reward R arrives at the episode's end step T (the
   outcome's step if given, else the last usage step); the return at a usage
   step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
-  path's business; credit is about the late outcome).
+  path's business; credit is about the late outcome). When the outcome names
+  its step (the step that earned it, e.g. the last reward), a usage after it
+  carries no evidence: it counts as a use with weight 0 (no credit, no blame,
+  the utility stays; see "Served vs used"). Why: an agent that wanders after
+  its last reward until a step limit used those memories closest to the end,
+  and with G_t discounted from the last usage they got the *largest* share of
+  a good outcome (issue 13: on ScienceWorld "go to kitchen", replayed while
+  wandering after find-plant's +67, reached utility 9.9 and outranked "go to
+  greenhouse", the step that earned it). Not return 0 ("reward to go", tried
+  in sci13e and reverted): A_t = -b blamed them for a good episode.
 - Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
   defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
   that ends as usual *for its agent* gives ~0 credit to everything it used; a
@@ -33,9 +42,10 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   decision, so it may report its own record for the same request
   (``source="agent"``: its own split, 0 for memories it ignored). The agent's
   record replaces the served one whichever arrives first; a served record
-  after an agent one is ignored. Memories with weight 0 get a use with zero
-  credit: evidence that they were tried and did not help (the ranking's
-  exploration bonus shrinks with uses), not blame. Without such reports
+  after an agent one is ignored. Memories with weight 0 get a use and no
+  credit (``evidence=False``: the ranking's exploration bonus shrinks with
+  uses, the utility stays where it was), not blame and not an EMA step
+  towards 0. Without such reports
   co-served memories share credit by score ("hitchhikers" of a decisive
   memory are credited with it). An agent record that arrives after its
   request was already credited cannot be re-split; it is counted in
@@ -77,6 +87,9 @@ class CreditUpdate:
     episode_id: str
     credit: float  # mean advantage-weighted credit per use in this episode
     uses: int
+    #: False when every use in this batch had weight 0 (served or tried, not acted on):
+    #: the uses count (the exploration bonus shrinks) but the utility does not move
+    evidence: bool = True
 
 
 @dataclass
@@ -184,12 +197,19 @@ class CreditAssigner:
             end = max(u.step for u in ep.usages.values())
         sums: dict[str, float] = {}
         uses: dict[str, int] = {}
+        acted: set[str] = set()
+        named_end = ep.outcome.step is not None
         for u in todo:
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
+            # used after the step that earned the outcome: no evidence either way
+            late = named_end and u.step > end
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
+                w = 0.0 if late else w
                 sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1
+                if w > 0:
+                    acted.add(mid)
             ep.credited.add(u.request_id)
         batch_key = ",".join(sorted(u.request_id for u in todo))
         return [
@@ -200,6 +220,7 @@ class CreditAssigner:
                 episode_id=episode_id,
                 credit=sums[mid] / uses[mid],
                 uses=uses[mid],
+                evidence=mid in acted,
             )
             for mid in sorted(sums)
         ]
@@ -221,10 +242,15 @@ def apply_utility(
     uses: int,
     beta: float = 0.2,
     remember: int = 64,
+    evidence: bool = True,
 ) -> bool:
     """Fold one update into a stored row in place; False if it was applied before.
 
-    utility <- (1 - beta) * utility + beta * credit, uses += uses. The last
+    utility <- (1 - beta) * utility + beta * credit, uses += uses. An update without
+    ``evidence`` (every use had weight 0: the memory was served or considered and not
+    acted on) adds its uses and leaves the utility alone: the outcome says nothing
+    about a memory nobody followed, so it neither earns nor loses credit (an EMA step
+    towards 0 would erode what it earned where it was followed; issue 13). The last
     `remember` update ids live in the row's metadata (``credit_ids``), which is
     what makes a replayed update a no-op.
     """
@@ -233,7 +259,10 @@ def apply_utility(
     applied: list[str] = list(meta.get("credit_ids", []))
     if update_id in applied:
         return False
-    row["utility"] = (1.0 - beta) * float(row.get("utility", 0.0)) + beta * float(credit)
+    if evidence:
+        row["utility"] = (1.0 - beta) * float(row.get("utility", 0.0)) + beta * float(credit)
+    else:
+        row["utility"] = float(row.get("utility", 0.0))
     row["uses"] = int(row.get("uses", 0)) + int(uses)
     applied.append(update_id)
     meta["credit_ids"] = applied[-remember:]

@@ -179,6 +179,9 @@ class EpisodeOutcome(Model):
     reward: FiniteFloat
     success: bool | None = None
     ts: int | None = Field(default=None, ge=0)
+    #: the step at which the outcome was earned (its last reward), if the agent knows
+    #: it: memories used after it cannot have contributed (operators/credit.py)
+    step: int | None = Field(default=None, ge=0)
 
 
 class Feedback(Model):
@@ -367,6 +370,8 @@ class UtilityUpdate(Model):
     credit: FiniteFloat
     uses: int = Field(default=1, ge=0)
     ts: int = Field(ge=0)
+    #: False: uses only (the memory was served, not acted on); the utility stays
+    evidence: bool = True
 
 
 class DeadLetter(Model):

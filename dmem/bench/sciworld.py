@@ -450,7 +450,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
     (None: random), reward, the ranking's lambda and the served hits (id, action,
-    semantic, salience, reward). ``repeat`` r is part of every fallback draw's seed
+    semantic, salience, reward, utility). ``repeat`` r is part of every fallback draw's seed
     (`fallback_action`; repeat 0 keeps the single-repeat episode ids).
     ``credit=False``: searches only (no episode id, usage or outcome), so the episode
     leaves no credit in the store (the searches' access stamps remain)."""
@@ -459,6 +459,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
     score, ep = 0, f"{task}-{variation}-loop-{tag}" + (f"-r{repeat}" if repeat else "")
     tried: set[tuple[str, str]] = set()
     visits: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    earned: int | None = None  # the step of the last score change (the outcome's step)
     for step in range(cfg.loop_max_steps):
         action, used, rid = None, None, f"{ep}-{step}"
         hits = []
@@ -470,9 +471,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         # replayed nor drawn at random (the no-memory agent knows no such warning)
         avoid = {h.action for h in hits if h.reward < 0}
         result = None
-        considered: list[str] = []
         for h in hits:
-            considered.append(h.memory_id)
             # a memory's action if the simulator accepts it here (an input it cannot
             # parse costs no move and changes nothing) and it was not already tried from
             # this very observation in this episode (no loops on a useless action)
@@ -490,19 +489,26 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             result = sw.act(action)
         tried.add((obs, str(action)))
         if c is not None and hits and credit:
-            # usage = what the agent considered, in rank order, up to the memory it acted
-            # on (1); the hits below it were never looked at and are not reported as
-            # tried (this record replaces the responder's score-weighted one)
-            await c.report_usage(ep, rid, {m: float(m == used) for m in considered}, step=step)
+            # usage = the memory the agent acted on (weight 1), or nothing: a hit whose
+            # action the simulator refused here, a warning it heeded or an action it had
+            # already tried from this observation was not followed, and the outcome says
+            # nothing about it (reported with weight 0 it would lose its exploration
+            # bonus for a state it does not apply to). The record is sent even when
+            # empty: it replaces the responder's score-weighted one, which would share
+            # the outcome among all five hits (operators/credit.py)
+            await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step)
         obs, reward, score, done, failed = result
         if obs.startswith(AMBIGUOUS):
             obs, reward, score, done, failed = sw.act("0")
+        if reward != 0:
+            earned = step
         if trace is not None:
             trace.append({"step": step, "action": action, "memory": used, "reward": reward,
                           "hits": len(hits), "failed": failed,
                           "lambda": round(hits[0].breakdown.lambda_, 3) if hits else None,
                           "served": [[h.memory_id, h.action, round(h.breakdown.semantic, 3),
-                                      round(h.breakdown.salience, 3), h.reward]
+                                      round(h.breakdown.salience, 3), h.reward,
+                                      round(h.utility, 3)]
                                      for h in hits]})
         if done:
             break
@@ -512,8 +518,11 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         # outcome on this task (operators/credit.py), not against the explorer's gold
         # episodes nor its outcomes on other tasks (without the task, find-animal's
         # +17, the most that task's loop earned, ran below the find-plant episodes'
-        # +67 before it and blamed "go to hallway", the step that earned it: sci13e)
-        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task)
+        # +67 before it and blamed "go to hallway", the step that earned it: sci13e);
+        # and the step of its last score change: memories used after it (wandering
+        # until the step limit) did not earn the outcome and get no share of it
+        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task,
+                               step=earned)
     return final, final >= 100
 
 

@@ -161,7 +161,7 @@ class CreditJob(Service):
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
         if isinstance(fb, EpisodeOutcome):
             oid = fb.outcome_id or f"{fb.episode_id}:final"
-            rec = OutcomeRecord(oid, fb.reward, None, fb.task, fb.agent_id)
+            rec = OutcomeRecord(oid, fb.reward, fb.step, fb.task, fb.agent_id)
             return self.assigner.on_outcome(fb.tenant, fb.episode_id, rec, now)
         if fb.memory_id is not None and fb.kind != "reward":
             credit = 1.0 if fb.kind == "thumbs_up" else -1.0
@@ -186,6 +186,7 @@ class CreditJob(Service):
                 credit=u.credit,
                 uses=u.uses,
                 ts=now,
+                evidence=u.evidence,
             )
             await self.producer.send(
                 self.settings.topic("credit"), encode(msg), key=u.memory_id.encode()
@@ -269,7 +270,8 @@ class UtilityApplier(Service):
                 self.skipped += 1
                 continue
             if apply_utility(
-                row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta
+                row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta,
+                evidence=u.evidence,
             ):
                 touched[target] = row
                 self.applied += 1

@@ -70,7 +70,7 @@ class OneHint:
     async def search(self, obs: str, k: int, **_: Any) -> list[Any]:
         if not obs.startswith("You are at the start"):
             return []
-        return [SimpleNamespace(memory_id="m1", action=self.action, reward=1.0,
+        return [SimpleNamespace(memory_id="m1", action=self.action, reward=1.0, utility=0.0,
                                 breakdown=SimpleNamespace(lambda_=1.0, semantic=1.0,
                                                           salience=0.5))]
 
@@ -123,12 +123,17 @@ def test_avoiding_other_actions_keeps_the_draw() -> None:
         assert fallback_action(0, "find-plant", 1, 0, obs, HALL, set(HALL), 0) in HALL
 
 
-def test_loop_outcome_names_the_task_for_its_credit_baseline() -> None:
+def test_loop_outcome_names_its_task_and_the_step_that_earned_it() -> None:
     """The credit baseline is per (tenant, agent, task): without the task, one loop
-    agent's outcomes on every task share one running mean (sci13e)."""
-    client = OneHint("go to hall")
-    cfg = SciConfig(tasks=("find-plant",), loop_max_steps=5)
-    score, _ = asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
-                                        cfg, "hybrid"))
-    assert client.outcomes == [("find-plant-1-loop-hybrid", float(score),
-                                {"agent_id": "loop-hybrid", "task": "find-plant"})]
+    agent's outcomes on every task share one running mean; and memories used after
+    the last score change get no share of the outcome (sci13e)."""
+    for seed in range(3):
+        client = OneHint("go to kitchen")
+        cfg = SciConfig(tasks=("find-plant",), loop_max_steps=5, seed=seed)
+        trace: list[dict[str, Any]] = []
+        score, _ = asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
+                                            cfg, "hybrid", trace))
+        rewarded = [s["step"] for s in trace if s["reward"] != 0]
+        assert client.outcomes == [("find-plant-1-loop-hybrid", float(score), {
+            "agent_id": "loop-hybrid", "task": "find-plant",
+            "step": rewarded[-1] if rewarded else None})]

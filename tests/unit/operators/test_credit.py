@@ -88,6 +88,25 @@ def test_apply_utility_is_idempotent() -> None:
     assert row["utility"] == pytest.approx(-0.25) and row["uses"] == 3
 
 
+def test_a_memory_not_acted_on_keeps_the_credit_it_earned() -> None:
+    """Served (weight 0) in a failed episode: its uses grow, its utility does not move;
+    before, the zero-credit EMA step eroded what it had earned where it was followed."""
+    ca = CreditAssigner(gamma=1.0)
+    row: dict = {"utility": 0.0, "uses": 0}
+    ca.on_usage("t", "e1", UsageRecord("r1", 0, ("m",), (1.0,), "agent"), 0)
+    for u in ca.on_outcome("t", "e1", OutcomeRecord("o", 10.0), 1):
+        assert u.evidence
+        apply_utility(row, u.update_id, u.credit, u.uses, evidence=u.evidence)
+    earned = row["utility"]
+    assert earned == pytest.approx(2.0)
+    ca.on_usage("t", "e2", UsageRecord("r2", 0, ("m", "x"), (0.0, 1.0), "agent"), 2)
+    for u in ca.on_outcome("t", "e2", OutcomeRecord("o", 0.0), 3):
+        if u.memory_id == "m":
+            assert not u.evidence
+            apply_utility(row, u.update_id, u.credit, u.uses, evidence=u.evidence)
+    assert row["utility"] == earned and row["uses"] == 2
+
+
 def test_validation() -> None:
     with pytest.raises(ValueError):
         CreditAssigner(gamma=1.5)
@@ -107,6 +126,7 @@ def test_agent_report_beats_served_record_in_either_order() -> None:
         assert ups["b"].credit == pytest.approx(2.0), order
         # ignored memory: a use without credit (evidence it was tried), not blame
         assert ups["a"].credit == 0.0 and ups["a"].uses == 1, order
+        assert not ups["a"].evidence and ups["b"].evidence, order
         assert ca.late_agent_reports == 0
 
 
@@ -208,3 +228,21 @@ def test_baseline_is_per_task_a_low_scoring_task_is_judged_against_itself() -> N
     assert up.credit == pytest.approx(17.0)  # not 17 - 67
     assert ca.baseline("t", "find-plant", "loop") == pytest.approx(67.0)
     assert ca.baseline("t", "find-animal", "loop") == pytest.approx(17.0)
+
+
+def test_usage_after_the_step_that_earned_the_outcome_carries_no_evidence() -> None:
+    """An outcome earned at step 2 owes nothing to memories used while the agent
+    wandered after it, and blames them for nothing (sci13e tried return 0 there: it
+    blamed them with -b); without a step, nothing changes."""
+    ca = CreditAssigner(gamma=0.5)
+    ca.on_outcome("t", "e0", OutcomeRecord("o", 10.0, task="x"), 0)  # baseline 10
+    ca.on_usage("t", "e1", usage("r0", 1, ["decisive"], [1.0]), 1)
+    ca.on_usage("t", "e1", usage("r1", 5, ["wander"], [1.0]), 2)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "e1", OutcomeRecord("o", 40.0, 2, "x"), 3)}
+    assert ups["decisive"].credit == pytest.approx(0.5 * 40.0 - 10.0)
+    assert ups["wander"].credit == 0.0 and not ups["wander"].evidence  # not 40 - 10
+    assert ups["wander"].uses == 1 and ups["decisive"].evidence
+    ca.on_usage("t", "e2", usage("r0", 1, ["decisive"], [1.0]), 4)
+    ca.on_usage("t", "e2", usage("r1", 5, ["wander"], [1.0]), 5)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "e2", OutcomeRecord("o", 40.0, task="x"), 6)}
+    assert ups["wander"].credit > ups["decisive"].credit  # end = last usage: the old rule
