@@ -285,7 +285,7 @@ class UtilityApplier(Service):
         for part, part_rows in by_part.items():
             store.upsert(part_rows, part)
         if touched and self.on_applied is not None:
-            self.on_applied([(str(r["tenant"]), mid) for mid, r in touched.items()])
+            self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
         return len(touched)
 
 

@@ -37,3 +37,24 @@ def test_credit_for_a_shared_id_reaches_only_its_tenant(
     assert rows("alpha") == alpha_before
     (b,) = rows("beta").values()
     assert b["utility"] == pytest.approx(-0.36) and b["uses"] == 2 and b["partition"] == "buffer"
+
+
+def test_applier_reports_the_rows_it_changed_by_tenant_and_id(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """The maintenance job re-reads the (tenant, id)s the applier names; it once got
+    (tenant, (tenant, id)) pairs, and every decay pass after a credit failed on them.
+    An update without evidence adds uses and leaves the utility where it was."""
+    store = store_factory(dim=8)
+    store.upsert([make_record(m, tenant="alpha", utility=0.5) for m in ("a", "b")], "core")
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    seen: list[list[tuple[str, str]]] = []
+    applier.on_applied = seen.append
+    ups = [UtilityUpdate(update_id="u1", memory_id="a", tenant="alpha", credit=1.0, ts=1),
+           UtilityUpdate(update_id="u2", memory_id="b", tenant="alpha", credit=0.0, uses=3,
+                         ts=1, evidence=False)]  # fmt: skip
+    assert applier.apply(ups) == 2
+    assert seen == [[("alpha", "a"), ("alpha", "b")]]
+    got = {r["id"]: r for r in store.get(["a", "b"], tenant="alpha")}
+    assert got["a"]["utility"] == pytest.approx(0.6) and got["a"]["uses"] == 1
+    assert got["b"]["utility"] == pytest.approx(0.5) and got["b"]["uses"] == 3
