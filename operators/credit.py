@@ -8,11 +8,13 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
   path's business; credit is about the late outcome). When the outcome names
   its step (the step that earned it, e.g. the last reward), a usage after it
-  carries no evidence: it counts as a use with weight 0 (no credit, no blame,
-  the utility stays; see "Served vs used"). Why: an agent that wanders after
-  its last reward until a step limit used those memories closest to the end,
-  and with G_t discounted from the last usage they got the *largest* share of
-  a good outcome (issue 13: on ScienceWorld "go to kitchen", replayed while
+  is outside the outcome: no credit, no blame and no use (a use would end the
+  memory's exploration bonus as if it had been tried and had not helped; with
+  the outcome's own window closed nothing it led to could count). Why: an
+  agent that wanders after its last reward until a step limit used those
+  memories closest to the end, and with G_t discounted from the last usage
+  they got the *largest* share of a good outcome (issue 13: on ScienceWorld
+  "go to kitchen", replayed while
   wandering after find-plant's +67, reached utility 9.9 and outranked "go to
   greenhouse", the step that earned it). Not return 0 ("reward to go", tried
   in sci13e and reverted): A_t = -b blamed them for a good episode.
@@ -202,15 +204,14 @@ class CreditAssigner:
         for u in todo:
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
-            # used after the step that earned the outcome: no evidence either way
-            late = named_end and u.step > end
+            ep.credited.add(u.request_id)
+            if named_end and u.step > end:
+                continue  # used after the step that earned the outcome: outside it
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
-                w = 0.0 if late else w
                 sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1
                 if w > 0:
                     acted.add(mid)
-            ep.credited.add(u.request_id)
         batch_key = ",".join(sorted(u.request_id for u in todo))
         return [
             CreditUpdate(
