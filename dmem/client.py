@@ -191,8 +191,8 @@ class DmemClient:
         agent that plays tasks on different score scales should name the task, or a
         good outcome of a low-scoring task is judged against the others' and blames
         the memories that earned it (README "Delayed credit"). ``step``: the step
-        that earned the outcome (its last reward), if known: memories used after it
-        get return 0, not a share of it."""
+        that earned the outcome (its last reward), if known: usages after it are
+        outside the outcome (no credit, no blame, not counted as uses)."""
         assert self._producer is not None, "call start() first"
         out = EpisodeOutcome(tenant=self.tenant, episode_id=episode_id, agent_id=agent_id,
                              task=task, step=step, reward=reward, success=success,

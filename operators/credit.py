@@ -14,10 +14,10 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   agent that wanders after its last reward until a step limit used those
   memories closest to the end, and with G_t discounted from the last usage
   they got the *largest* share of a good outcome (issue 13: on ScienceWorld
-  "go to kitchen", replayed while
-  wandering after find-plant's +67, reached utility 9.9 and outranked "go to
-  greenhouse", the step that earned it). Not return 0 ("reward to go", tried
-  in sci13e and reverted): A_t = -b blamed them for a good episode.
+  "go to kitchen", replayed while wandering after find-plant's +67, reached
+  utility 9.9 and outranked "go to greenhouse", the step that earned it). Not
+  return 0 ("reward to go", tried in sci13e and reverted): A_t = -b blamed them
+  for a good episode.
 - Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
   defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
   that ends as usual *for its agent* gives ~0 credit to everything it used; a
