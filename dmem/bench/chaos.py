@@ -476,9 +476,14 @@ class Chaos:
                 pass
 
 
-def scale_out(logs: list[Path], events: list[dict[str, Any]]) -> dict[str, Any]:
+def scale_out(logs: list[Path], events: list[dict[str, Any]],
+              workers: int | None = None) -> dict[str, Any]:
     """``rebalances``, ``state_restores``, ``state_seeds``, ``core_burst_ratio`` (see the
-    module doc) from the write workers' logs and the MemoryEvents (dicts)."""
+    module doc) from the write workers' logs and the MemoryEvents (dicts). ``workers``:
+    the most members one rebalance can have (the group's size: a kill replaces one
+    worker at a time). Without it, a single worker's restart that joins the emptied group
+    at generation 0 within REBALANCE_SPAN_MS of the previous one was taken for another
+    member of that rebalance (a CI run counted 0 rebalances after 2 kills)."""
     found: list[dict[str, Any]] = []
     for i, path in enumerate(logs):
         try:
@@ -493,7 +498,8 @@ def scale_out(logs: list[Path], events: list[dict[str, Any]]) -> dict[str, Any]:
     for a in sorted(found, key=lambda a: a["at_ms"]):
         open_ = next((r for r in reversed(rebalances) if r["generation"] == a["generation"]
                       and a["at_ms"] - r["at_ms"] <= REBALANCE_SPAN_MS
-                      and a["worker"] not in r["workers"]), None)  # fmt: skip
+                      and a["worker"] not in r["workers"]
+                      and (workers is None or len(r["workers"]) < workers)), None)  # fmt: skip
         if open_ is None:
             rebalances.append({"generation": a["generation"], "at_ms": a["at_ms"],
                                "workers": {a["worker"]}})  # fmt: skip
@@ -897,7 +903,7 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     events_raw = await read_topic(settings, "memories")
     dead_raw = await read_topic(settings, "deadletter")
     events = [orjson.loads(m.value) for m in events_raw]
-    scale = scale_out([w.log_path for w in chaos.started], events)
+    scale = scale_out([w.log_path for w in chaos.started], events, cfg.workers)
 
     # memory ids are unique per tenant only: everything is keyed by (tenant, id)
     Key = tuple[str, str]

@@ -53,3 +53,14 @@ def test_generation_numbers_reused_after_the_group_emptied_are_new_rebalances(
         p.write_text(line(0, 100_000 * i, [0, 1, 2, 3], i))
     out = scale_out(logs, [])
     assert out["rebalances"] == 2 and out["state_restores"] == 3
+
+
+def test_a_single_worker_restarted_soon_after_is_a_new_rebalance(tmp_path: Path) -> None:
+    """One worker killed twice within REBALANCE_SPAN_MS: each restart joins the emptied
+    group at generation 0 again, seconds apart; a one-worker group has one member per
+    rebalance, so they are not one rebalance of three members (CI saw 0)."""
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    for i, p in enumerate(logs):
+        p.write_text(line(0, 1_000_000 + 5_000 * i, [0, 1, 2, 3], 0))
+    assert scale_out(logs, [], workers=1)["rebalances"] == 2
+    assert scale_out(logs, [])["rebalances"] == 0  # without the group size: merged
