@@ -202,11 +202,11 @@ class CreditAssigner:
         acted: set[str] = set()
         named_end = ep.outcome.step is not None
         for u in todo:
-            g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
-            adv = g - ep.advantage_base
             ep.credited.add(u.request_id)
             if named_end and u.step > end:
                 continue  # used after the step that earned the outcome: outside it
+            g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
+            adv = g - ep.advantage_base
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
                 sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1
