@@ -299,7 +299,7 @@ class DmemClient:
 
     async def report_usage(self, episode_id: str, request_id: str,
                            weights: Mapping[str, float], *, step: int = 0,
-                           agent_id: str | None = None) -> None:
+                           agent_id: str | None = None, reward: float | None = None) -> None:
         """Tell the credit job which served memories the agent actually used.
 
         `weights` maps each memory the search `request_id` served to the share
@@ -307,6 +307,10 @@ class DmemClient:
         to sum 1 here). This record replaces the responder's score-weighted
         one for that request, so credit goes to what was used, and ignored
         memories collect uses without credit (operators/credit.py).
+        `reward` (optional) is the reward observed right after acting on this
+        decision: an outcome whose sign contradicts it neither credits nor blames
+        the memories used here (a directly rewarded step is not blamed for a
+        failure that came later from elsewhere).
         """
         assert self._producer is not None, "call start() first"
         ids = list(weights)
@@ -314,7 +318,7 @@ class DmemClient:
         w = [max(0.0, float(weights[m])) / total if total > 0 else 0.0 for m in ids]
         usage = MemoryUsage(tenant=self.tenant, episode_id=episode_id, request_id=request_id,
                             agent_id=agent_id, step=step, memory_ids=ids, weights=w,
-                            ts=int(time.time() * 1000), source="agent")
+                            ts=int(time.time() * 1000), source="agent", reward=reward)
         await self._producer.send_and_wait(self.topic("usage"), encode(usage),
                                            key=episode_id.encode())
 

@@ -52,6 +52,19 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   memory are credited with it). An agent record that arrives after its
   request was already credited cannot be re-split; it is counted in
   ``late_agent_reports`` and ignored.
+- Step evidence: an agent record may carry the reward the agent observed right
+  after acting on that decision. Where its sign contradicts the use's advantage
+  (a directly rewarded step in an episode that ended below its baseline, or a
+  directly punished step in one that ended above it) the outcome says nothing
+  about that use: it counts as a use with weight 0 (no credit, no blame, the
+  utility stays). Only the sign is used, so this is free of the reward's scale.
+  Why: an outcome alone cannot tell which decision failed the episode. On
+  ScienceWorld (issue 13, sci13f run R8) a random fallback failed find-plant
+  after "go to greenhouse" had earned its +8; the outcome's -42 advantage took
+  that memory's utility from 9.7 to -0.6, it fell out of the five served in the
+  next variation, and that episode was lost three repeats in a row. A use with
+  reward 0 (or no reward reported) is judged by the outcome as before, and a
+  use whose reward agrees with the outcome takes the outcome's full advantage.
 """
 
 from __future__ import annotations
@@ -70,6 +83,8 @@ class UsageRecord:
     memory_ids: tuple[str, ...]
     weights: tuple[float, ...]
     source: str = "served"  # "served" (responder) or "agent" (what was actually used)
+    #: the reward the agent saw right after acting on this decision (step evidence), if known
+    reward: float | None = None
 
 
 @dataclass(frozen=True)
@@ -207,10 +222,12 @@ class CreditAssigner:
                 continue  # used after the step that earned the outcome: outside it
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
+            contradicted = u.reward is not None and u.reward * adv < 0
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
-                sums[mid] = sums.get(mid, 0.0) + adv * w
+                wt = 0.0 if contradicted else w  # step evidence vetoes the outcome's sign
+                sums[mid] = sums.get(mid, 0.0) + adv * wt
                 uses[mid] = uses.get(mid, 0) + 1
-                if w > 0:
+                if wt > 0:
                     acted.add(mid)
         batch_key = ",".join(sorted(u.request_id for u in todo))
         return [

@@ -310,6 +310,10 @@ class MemoryUsage(Model):
     used may publish its own record for the same request with
     ``source="agent"`` (weights = its own split, 0 for memories it ignored);
     the credit job then credits that one instead (operators/credit.py).
+    An agent record may also carry ``reward``: the reward the agent observed
+    right after acting on this decision (its step evidence). Credit uses only
+    its sign, so the outcome cannot blame a decision that was directly rewarded
+    nor credit one that was directly punished.
     """
 
     tenant: Ident
@@ -321,6 +325,7 @@ class MemoryUsage(Model):
     weights: list[FiniteFloat]
     ts: int = Field(ge=0)
     source: Literal["served", "agent"] = "served"
+    reward: FiniteFloat | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> MemoryUsage:

@@ -488,6 +488,9 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             visits[(obs, valid)] += 1
             result = sw.act(action)
         tried.add((obs, str(action)))
+        obs, reward, score, done, failed = result
+        if obs.startswith(AMBIGUOUS):
+            obs, reward, score, done, failed = sw.act("0")
         if c is not None and hits and credit:
             # usage = the memory the agent acted on (weight 1), or nothing: a hit whose
             # action the simulator refused here, a warning it heeded or an action it had
@@ -495,11 +498,11 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             # nothing about it (reported with weight 0 it would lose its exploration
             # bonus for a state it does not apply to). The record is sent even when
             # empty: it replaces the responder's score-weighted one, which would share
-            # the outcome among all five hits (operators/credit.py)
-            await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step)
-        obs, reward, score, done, failed = result
-        if obs.startswith(AMBIGUOUS):
-            obs, reward, score, done, failed = sw.act("0")
+            # the outcome among all five hits (operators/credit.py). With the step's
+            # reward as evidence: a failure the random fallback caused later does not
+            # blame a memory whose action was just rewarded (sci13g)
+            await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step,
+                                 reward=float(reward))
         if reward != 0:
             earned = step
         if trace is not None:

@@ -143,7 +143,8 @@ class CreditJob(Service):
                     u.tenant,
                     u.episode_id,
                     UsageRecord(
-                        u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights), u.source
+                        u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights), u.source,
+                        u.reward,
                     ),
                     now,
                 )

@@ -62,8 +62,11 @@ class OneHint:
     def __init__(self, action: str) -> None:
         self.action = action
         self.outcomes: list[tuple[str, float, dict[str, Any]]] = []
+        self.usages: list[tuple[str, dict[str, float], dict[str, Any]]] = []
 
-    async def report_usage(self, *_: Any, **__: Any) -> None: ...
+    async def report_usage(self, episode_id: str, request_id: str, weights: dict[str, float],
+                           **kw: Any) -> None:
+        self.usages.append((request_id, dict(weights), kw))
     async def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
         self.outcomes.append((episode_id, reward, kw))
 
@@ -137,3 +140,22 @@ def test_loop_outcome_names_its_task_and_the_step_that_earned_it() -> None:
         assert client.outcomes == [("find-plant-1-loop-hybrid", float(score), {
             "agent_id": "loop-hybrid", "task": "find-plant",
             "step": rewarded[-1] if rewarded else None})]
+
+
+def test_loop_usage_carries_the_reward_that_followed_the_decision() -> None:
+    """Each usage record names the step's reward as step evidence (operators/credit.py:
+    an outcome of the opposite sign then neither credits nor blames that use)."""
+    class RewardingHint(OneHint):
+        async def search(self, obs: str, k: int, **kw: Any) -> list[Any]:
+            if not obs.startswith("You are in the hall"):
+                return await super().search(obs, k, **kw)
+            hits = await super().search("You are at the start.", k, **kw)
+            return [SimpleNamespace(**{**vars(h), "action": "go to room 7"}) for h in hits]
+
+    client = RewardingHint("go to hall")
+    trace: list[dict[str, Any]] = []
+    asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
+                             SciConfig(tasks=("find-plant",), loop_max_steps=5), "hybrid", trace))
+    assert [(u[1], u[2]["reward"]) for u in client.usages] == [({"m1": 1.0}, 0.0),
+                                                               ({"m1": 1.0}, 7.0)]
+    assert [s["reward"] for s in trace] == [0.0, 7.0]

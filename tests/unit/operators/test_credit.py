@@ -246,3 +246,29 @@ def test_usage_after_the_step_that_earned_the_outcome_is_outside_it() -> None:
     ca.on_usage("t", "e2", usage("r1", 5, ["wander"], [1.0]), 5)
     ups = {u.memory_id: u for u in ca.on_outcome("t", "e2", OutcomeRecord("o", 40.0, task="x"), 6)}
     assert ups["wander"].credit > ups["decisive"].credit  # end = last usage: the old rule
+
+
+def test_step_evidence_vetoes_an_outcome_of_the_opposite_sign() -> None:
+    """A use directly rewarded is not blamed for a failure that came later, a use
+    directly punished is not credited by a success, and a use with reward 0 (or none
+    reported) is judged by the outcome; only the sign counts (any reward scale)."""
+    ca = CreditAssigner(gamma=1.0)
+    ca.on_outcome("t", "warm", OutcomeRecord("o0", 40.0, 0, task="k"), 0)  # baseline 40
+
+    def rec(rid: str, step: int, mid: str, reward: float | None) -> UsageRecord:
+        return UsageRecord(rid, step, (mid,), (1.0,), "agent", reward)
+
+    ca.on_usage("t", "fail", rec("f1", 1, "earned", 8.0), 1)
+    ca.on_usage("t", "fail", rec("f2", 2, "idle", 0.0), 2)
+    ca.on_usage("t", "fail", rec("f3", 3, "silent", None), 3)
+    ca.on_usage("t", "fail", rec("f4", 4, "culprit", -100.0), 4)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "fail", OutcomeRecord("o1", 0.0, 4, "k"), 5)}
+    assert ups["earned"].evidence is False and ups["earned"].credit == 0.0
+    assert ups["earned"].uses == 1  # still a use: its exploration bonus shrinks
+    for mid in ("idle", "silent", "culprit"):
+        assert ups[mid].evidence is True and ups[mid].credit == pytest.approx(-40.0)
+    ca.on_usage("t", "win", rec("w1", 1, "punished", -0.001), 6)
+    ca.on_usage("t", "win", rec("w2", 2, "helped", 0.001), 7)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "win", OutcomeRecord("o2", 99.0, 2, "k"), 8)}
+    assert ups["punished"].evidence is False and ups["punished"].credit == 0.0
+    assert ups["helped"].evidence is True and ups["helped"].credit > 0
