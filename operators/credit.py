@@ -56,11 +56,14 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   after acting on that decision. Where its sign contradicts the use's advantage
   (a directly rewarded step in an episode that ended below its baseline, or a
   directly punished step in one that ended above it) the outcome says nothing
-  about that use: it counts as a use with weight 0 (no credit, no blame, the
-  utility stays). Only the sign is used, so this is free of the reward's scale.
+  about that use: like a use after the outcome's step it is left out (no
+  credit, no blame and no use: counted as a use with utility 0, a memory whose
+  first use was rewarded would look "tried without credit" to the ranking and
+  lose its exploration bonus). Only the sign is used, so this is free of the
+  reward's scale.
   Why: an outcome alone cannot tell which decision failed the episode. On
   ScienceWorld (issue 13, sci13f run R8) a random fallback failed find-plant
-  after "go to greenhouse" had earned its +8; the outcome's -42 advantage took
+  after "go to greenhouse" had earned its reward; the outcome's -42 advantage took
   that memory's utility from 9.7 to -0.6, it fell out of the five served in the
   next variation, and that episode was lost three repeats in a row. A use with
   reward 0 (or no reward reported) is judged by the outcome as before, and a
@@ -222,12 +225,12 @@ class CreditAssigner:
                 continue  # used after the step that earned the outcome: outside it
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
-            contradicted = u.reward is not None and u.reward * adv < 0
+            if u.reward is not None and u.reward * adv < 0:
+                continue  # the step's own reward contradicts the outcome: outside it
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
-                wt = 0.0 if contradicted else w  # step evidence vetoes the outcome's sign
-                sums[mid] = sums.get(mid, 0.0) + adv * wt
+                sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1
-                if wt > 0:
+                if w > 0:
                     acted.add(mid)
         batch_key = ",".join(sorted(u.request_id for u in todo))
         return [
