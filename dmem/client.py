@@ -308,9 +308,10 @@ class DmemClient:
         one for that request, so credit goes to what was used, and ignored
         memories collect uses without credit (operators/credit.py).
         `reward` (optional) is the reward observed right after acting on this
-        decision: an outcome whose sign contradicts it neither credits nor blames
-        the memories used here (a directly rewarded step is not blamed for a
-        failure that came later from elsewhere).
+        decision: where its sign contradicts the sign of this step's advantage
+        (outcome minus baseline) the outcome neither credits nor blames the
+        memories used here (a directly rewarded step is not blamed for a failure
+        that came later from elsewhere).
         """
         assert self._producer is not None, "call start() first"
         ids = list(weights)

@@ -53,14 +53,14 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   request was already credited cannot be re-split; it is counted in
   ``late_agent_reports`` and ignored.
 - Step evidence: an agent record may carry the reward the agent observed right
-  after acting on that decision. Where its sign contradicts the use's advantage
-  (a directly rewarded step in an episode that ended below its baseline, or a
-  directly punished step in one that ended above it) the outcome says nothing
-  about that use: like a use after the outcome's step it is left out (no
-  credit, no blame and no use: counted as a use with utility 0, a memory whose
-  first use was rewarded would look "tried without credit" to the ranking and
-  lose its exploration bonus). Only the sign is used, so this is free of the
-  reward's scale.
+  after acting on that decision. Where its sign contradicts the sign of the
+  use's advantage A_t (the discounted outcome minus the baseline, above: a
+  directly rewarded step with A_t < 0, or a directly punished step with
+  A_t > 0) the outcome says nothing about that use, and like a use after the
+  outcome's step it is left out: no credit, no blame and not counted as a use
+  (a use with utility 0 would make a memory whose first use was rewarded look
+  "tried without credit" to the ranking and end its exploration bonus). Only
+  the sign is used, so this is free of the reward's scale.
   Why: an outcome alone cannot tell which decision failed the episode. On
   ScienceWorld (issue 13, sci13f run R8) a random fallback failed find-plant
   after "go to greenhouse" had earned its reward; the outcome's -42 advantage took

@@ -312,8 +312,8 @@ class MemoryUsage(Model):
     the credit job then credits that one instead (operators/credit.py).
     An agent record may also carry ``reward``: the reward the agent observed
     right after acting on this decision (its step evidence). Credit uses only
-    its sign, so the outcome cannot blame a decision that was directly rewarded
-    nor credit one that was directly punished.
+    its sign: an advantage of the opposite sign neither blames a decision that
+    was directly rewarded nor credits one that was directly punished.
     """
 
     tenant: Ident

@@ -152,10 +152,21 @@ def test_loop_usage_carries_the_reward_that_followed_the_decision() -> None:
             hits = await super().search("You are at the start.", k, **kw)
             return [SimpleNamespace(**{**vars(h), "action": "go to room 7"}) for h in hits]
 
-    client = RewardingHint("go to hall")
-    trace: list[dict[str, Any]] = []
-    asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
-                             SciConfig(tasks=("find-plant",), loop_max_steps=5), "hybrid", trace))
-    assert [(u[1], u[2]["reward"]) for u in client.usages] == [({"m1": 1.0}, 0.0),
-                                                               ({"m1": 1.0}, 7.0)]
-    assert [s["reward"] for s in trace] == [0.0, 7.0]
+    class AmbiguousWorld(GraphWorld):
+        """The room's action first asks which one was meant; "0" resolves it."""
+
+        def act(self, action: str) -> tuple[str, float, int, bool, bool]:
+            if action == "go to room 7":
+                return "Ambiguous request: which one?", 0.0, 0, False, False
+            return super().act("go to room 7" if action == "0" else action)
+
+    for world in (GraphWorld(), AmbiguousWorld()):
+        client = RewardingHint("go to hall")
+        trace: list[dict[str, Any]] = []
+        asyncio.run(loop_episode(world, client, "find-plant", 1, None,  # type: ignore[arg-type]
+                                 SciConfig(tasks=("find-plant",), loop_max_steps=5), "hybrid",
+                                 trace))
+        # the reward of the action as resolved (after an ambiguous request too)
+        assert [(u[1], u[2]["reward"]) for u in client.usages] == [({"m1": 1.0}, 0.0),
+                                                                   ({"m1": 1.0}, 7.0)]
+        assert [s["reward"] for s in trace] == [0.0, 7.0]

@@ -271,3 +271,21 @@ def test_step_evidence_vetoes_an_outcome_of_the_opposite_sign() -> None:
     ups = {u.memory_id: u for u in ca.on_outcome("t", "win", OutcomeRecord("o2", 99.0, 2, "k"), 8)}
     assert "punished" not in ups
     assert ups["helped"].evidence is True and ups["helped"].credit > 0
+
+
+def test_step_evidence_on_an_agent_record_that_replaces_a_served_one_and_arrives_late() -> None:
+    """The served record carries no reward; the agent's record for the same request
+    (with its step reward) replaces it, also when it arrives after the outcome; a
+    memory with one contradicted and one agreeing use is credited for the latter only."""
+    ca = CreditAssigner(gamma=1.0)
+    ca.on_outcome("t", "warm", OutcomeRecord("o0", 10.0, 0, task="k"), 0)  # baseline 10
+    ca.on_usage("t", "e", UsageRecord("r1", 1, ("m", "x"), (0.7, 0.3), "served"), 1)
+    ca.on_usage("t", "e", UsageRecord("r1", 1, ("m",), (1.0,), "agent", 5.0), 2)
+    ca.on_usage("t", "e", UsageRecord("r2", 2, ("m",), (1.0,), "agent", 0.0), 3)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "e", OutcomeRecord("o1", 0.0, 3, "k"), 4)}
+    assert set(ups) == {"m"}  # the served split (with "x") was replaced
+    assert ups["m"].uses == 1 and ups["m"].credit == pytest.approx(-10.0)  # r2 only
+    # a late agent record with a contradicting reward: outside the outcome, no update
+    assert ca.on_usage("t", "e", UsageRecord("r3", 3, ("y",), (1.0,), "agent", 2.0), 5) == []
+    late = ca.on_usage("t", "e", UsageRecord("r4", 3, ("z",), (1.0,), "agent", -2.0), 6)
+    assert [(u.memory_id, u.credit) for u in late] == [("z", pytest.approx(-10.0))]

@@ -89,6 +89,16 @@ def test_usage_weights_align() -> None:
         )
 
 
+def test_usage_step_reward_is_optional_finite_and_round_trips() -> None:
+    base = {"tenant": "t", "episode_id": "e", "request_id": "r", "memory_ids": ["a"],
+            "weights": [1.0], "ts": 0, "source": "agent"}
+    assert MemoryUsage(**base).reward is None
+    u = MemoryUsage(**base, reward=-2.5)
+    assert decode(MemoryUsage, encode(u)).reward == -2.5
+    with pytest.raises(ValidationError, match="finite"):
+        MemoryUsage(**base, reward=float("nan"))
+
+
 def test_json_schema_export(tmp_path: Path) -> None:
     paths = export_json_schemas(tmp_path)
     names = {p.name for p in paths}
