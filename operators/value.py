@@ -13,14 +13,33 @@ Design decisions:
   (updated after every gradient step) and a small reservoir replay (uniform
   over everything seen, seeded numpy RNG) so a burst from one agent does not
   wipe out what was learned from others.
+- Update cadence (``update_every``, ``observe``): the write path trains once per
+  ``update_every`` transitions of a tenant (state per tenant and partition), on
+  exactly those transitions (plus replay), and computes every TD error with the
+  model as of the last update; it splits a micro-batch at update boundaries. So
+  the model, and with it every RPE and gate decision, is the same however the
+  stream was cut into micro-batches: an agent publishing one step at a time and
+  an importer sending thousands at once keep the same memories. Why (issue 13,
+  BENCHMARKS.md "sci13g"): training once per micro-batch made the memory depend
+  on the client's publishing pattern. The 890-step ScienceWorld stream stored
+  17.3 % of its steps when it arrived in batches of 512 (one update per batch,
+  as every benchmark had published), but 25.8 % when it arrived one step at a time
+  (890 updates), the extra rows mundane (core precision 0.99 -> 0.87): on a
+  sparse-reward stream a value model fitted step by step turns its own changing
+  predictions into TD noise. The default of 256 transitions per update is the
+  cadence the gate was measured with (the demo's batches of 256, the benches'
+  bulk batches of 256-512); on that stream 128 gave 20.9 % and 64 gave 22.7 %.
+  ``update`` (one TD step on what it is given) remains for direct use.
 - ``update`` folds the batch's rewards into the std *before* the gradient step,
   so a tenant's very first batch is already trained at the right scale.
   ``td_errors`` never mutates anything: call it before ``update``.
 - Checkpoints (``state_bytes``) hold config, both nets, the optimiser, the
   reward std, the numpy RNG and at most ``CHECKPOINT_REPLAY_ROWS`` replay rows
   in float16, so a checkpoint stays well under Kafka's default 1 MB message
-  size for 384-d states. Predictions after ``from_bytes`` are bit-identical;
-  later training differs only through the truncated/float16 replay.
+  size for 384-d states. The transitions waiting for the next update are kept
+  too (float16, taking the place of as many replay rows, so the size bound
+  holds). Predictions after ``from_bytes`` are bit-identical; later training
+  differs only through the truncated/float16 replay and pending rows.
 - Threads: ``torch.set_num_threads`` is the worker's business, never set here.
 """
 
@@ -39,7 +58,8 @@ __all__ = ["CHECKPOINT_REPLAY_ROWS", "RunningStd", "TDValueLearner"]
 
 #: replay rows kept in a checkpoint (a uniform subsample of the reservoir).
 CHECKPOINT_REPLAY_ROWS = 256
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+_READABLE_FORMATS = (1, 2)  # 1: no update cadence, no pending rows
 
 
 class RunningStd:
@@ -154,6 +174,7 @@ class TDValueLearner:
         replay_batch: int = 64,
         replay_steps: int = 1,
         seed: int = 0,
+        update_every: int = 1,
     ) -> None:
         if dim <= 0 or hidden <= 0:
             raise ValueError("dim and hidden must be positive")
@@ -165,6 +186,8 @@ class TDValueLearner:
             raise ValueError("lr and huber_delta must be positive")
         if replay_size < 0 or replay_batch < 0 or replay_steps < 0:
             raise ValueError("replay_size, replay_batch, replay_steps must be >= 0")
+        if update_every < 1:
+            raise ValueError(f"update_every must be >= 1, got {update_every}")
         self.dim = int(dim)
         self.hidden = int(hidden)
         self.gamma = float(gamma)
@@ -175,7 +198,10 @@ class TDValueLearner:
         self.replay_batch = int(replay_batch)
         self.replay_steps = int(replay_steps)
         self.seed = int(seed)
+        self.update_every = int(update_every)
         self.max_grad_norm = 10.0
+        #: transitions observed since the last update (trained on at the next boundary)
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
         self.net = _MLP(self.dim, self.hidden)
         self.net.reset(self.seed)
@@ -209,12 +235,23 @@ class TDValueLearner:
             "replay_batch": self.replay_batch,
             "replay_steps": self.replay_steps,
             "seed": self.seed,
+            "update_every": self.update_every,
         }
 
     @property
     def reward_scale(self) -> float:
         """Multiply V or delta by this to get back to raw reward units."""
         return self.reward_std.std
+
+    @property
+    def pending(self) -> int:
+        """Transitions observed since the last update."""
+        return sum(int(p[1].shape[0]) for p in self._pending)
+
+    @property
+    def until_update(self) -> int:
+        """How many more transitions `observe` takes before it trains (>= 1)."""
+        return max(1, self.update_every - self.pending)
 
     @property
     def replay_len(self) -> int:
@@ -314,6 +351,23 @@ class TDValueLearner:
             v = self.net(torch.from_numpy(s_a))
             return (tgt - v).numpy().astype(np.float64)
 
+    def observe(
+        self, s: np.ndarray, r: np.ndarray, s_next: np.ndarray, done: np.ndarray
+    ) -> float | None:
+        """Queue transitions; at the ``update_every`` boundary, `update` on the queued
+        ones and return its loss (else None). Takes at most `until_update` rows, so a
+        caller splits its batch at the boundary (call `td_errors` first, as before)."""
+        s_a, r_a, sn_a, d_a = self._check(s, r, s_next, done)
+        n = r_a.shape[0]
+        if n > self.until_update:
+            raise ValueError(f"{n} transitions past the update boundary ({self.until_update})")
+        if n:
+            self._pending.append((s_a, r_a, sn_a, d_a))
+        if self.pending < self.update_every:
+            return None
+        parts, self._pending = self._pending, []
+        return self.update(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+
     def update(self, s: np.ndarray, r: np.ndarray, s_next: np.ndarray, done: np.ndarray) -> float:
         """One TD step on the batch plus ``replay_steps`` replay steps; returns batch loss."""
         s_a, r_a, sn_a, d_a = self._check(s, r, s_next, done)
@@ -336,7 +390,11 @@ class TDValueLearner:
     def state_bytes(self, max_replay: int | None = CHECKPOINT_REPLAY_ROWS) -> bytes:
         """Serialise everything needed to resume (see module docstring for sizes)."""
         n_rep = self.replay_len
-        keep = n_rep if max_replay is None else min(n_rep, max(int(max_replay), 0))
+        pend = [np.concatenate([p[i] for p in self._pending]) for i in range(4)] \
+            if self._pending else None
+        n_pend = 0 if pend is None else int(pend[1].shape[0])
+        budget = None if max_replay is None else max(int(max_replay) - n_pend, 0)
+        keep = n_rep if budget is None else min(n_rep, budget)
         # Reservoir slots are already a uniform sample; any prefix of them is too.
         state = {
             "format": _FORMAT_VERSION,
@@ -355,6 +413,13 @@ class TDValueLearner:
                 "seen": keep if keep < n_rep else self._seen,
             },
         }
+        if pend is not None:
+            state["pending"] = {
+                "s": torch.from_numpy(pend[0].astype(np.float16)),
+                "s_next": torch.from_numpy(pend[2].astype(np.float16)),
+                "r": torch.from_numpy(pend[1].copy()),
+                "done": torch.from_numpy(pend[3].copy()),
+            }
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
@@ -363,7 +428,7 @@ class TDValueLearner:
     def from_bytes(cls, data: bytes) -> TDValueLearner:
         """Restore a learner; safe loader (``weights_only``), data may come from Kafka."""
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        if state.get("format") != _FORMAT_VERSION:
+        if state.get("format") not in _READABLE_FORMATS:
             raise ValueError(f"unsupported value-model checkpoint format {state.get('format')}")
         learner = cls(**state["config"])
         learner.net.load_state_dict(state["net"])
@@ -379,4 +444,9 @@ class TDValueLearner:
         learner._rr[:k] = rep["r"].numpy()
         learner._rdone[:k] = rep["done"].numpy()
         learner._seen = int(rep["seen"])
+        pend = state.get("pending")
+        if pend is not None:
+            learner._pending = [(pend["s"].numpy().astype(np.float32), pend["r"].numpy(),
+                                 pend["s_next"].numpy().astype(np.float32),
+                                 pend["done"].numpy())]
         return learner

@@ -191,6 +191,11 @@ class ValueSettings(BaseModel):
     polyak: float = Field(default=0.05, gt=0.0, le=1.0)
     replay_size: int = Field(default=4096, ge=0)
     replay_batch: int = Field(default=64, ge=1)
+    update_every: int = Field(
+        default=256, ge=1,
+        description="transitions per tenant between value-model updates, whatever the "
+                    "micro-batching (operators/value.py: the memory must not depend on how "
+                    "a client publishes)")
 
 
 class RpeSettings(BaseModel):

@@ -294,12 +294,13 @@ def store_stats(rows: dict[str, tuple[str, tuple[str, ...]]],
     }
 
 
-async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600) -> None:
+async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600,
+                         poll_s: float = 0.5) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if int(health(stack).get("write", {}).get("processed", 0)) >= target:
             return
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(poll_s)
     raise TimeoutError(f"write path did not process {target} transitions in {timeout_s} s")
 
 
@@ -656,10 +657,15 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
     encoder = build_encoder(cfg.encoder, s.encoder.dim)
     async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
-        before = int(health(stack).get("write", {}).get("processed", 0))
-        for ep in played.train:  # episode by episode, in play order
-            await c.publish_many([t for t in transitions if t.episode_id == ep.episode])
-        await wait_processed(stack, before + len(transitions))
+        # episode by episode, in play order, each one processed before the next is
+        # sent: the write path's micro-batches (and so its TD updates and gate
+        # decisions) then do not depend on how fast this machine is (as the demo's
+        # lockstep chunks; without it the same TextWorldExpress stream gave 7 to 51
+        # buffer rows, BENCHMARKS.md)
+        sent = int(health(stack).get("write", {}).get("processed", 0))
+        for ep in played.train:
+            sent += await c.publish_many([t for t in transitions if t.episode_id == ep.episode])
+            await wait_processed(stack, sent, poll_s=0.05)
         gate_rows = await asyncio.to_thread(scan, stack, encoder.dim)
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")

@@ -199,6 +199,7 @@ class TenantState:
             replay_size=v.replay_size,
             replay_batch=v.replay_batch,
             seed=seed,
+            update_every=v.update_every,
         )
         self.normalizer = RpeNormalizer()
         self.reward_surprise = RewardSurprise()
@@ -269,6 +270,7 @@ class TenantState:
         if header.get("format") != STATE_FORMAT:
             raise ValueError(f"unknown state format {header.get('format')}")
         learner = TDValueLearner.from_bytes(base64.b64decode(header["learner_b64"]))
+        learner.update_every = settings.value.update_every  # a changed setting applies
         self = cls.__new__(cls)
         self.settings = settings
         self.learner = learner
@@ -527,7 +529,13 @@ class WritePipeline:
         for part, t in good.values():
             by_key.setdefault((t.tenant, part), []).append(t)
         for (tenant, part), ts in by_key.items():
-            self._process_tenant(tenant, ts, now_ms, result, part)
+            # cut at the value model's update boundaries: every transition is scored
+            # by the model as of the last update, however the stream was batched
+            learner, i = self.state(tenant, part).learner, 0
+            while i < len(ts):
+                n = learner.until_update
+                self._process_tenant(tenant, ts[i : i + n], now_ms, result, part)
+                i += n
         self.processed += len(raws)
         return result
 
@@ -546,7 +554,9 @@ class WritePipeline:
         done = np.array([t.done for t in ts], dtype=bool)
         deltas = st.learner.td_errors(s, r, s2, done)
         values = st.learner.values(s)
-        st.last_loss = st.learner.update(s, r, s2, done)
+        loss = st.learner.observe(s, r, s2, done)
+        if loss is not None:
+            st.last_loss = loss
         z = st.normalizer.normalize(deltas)
         novelty = self.settings.rpe.novelty
         reward_scores = st.reward_surprise.score_many(r)
