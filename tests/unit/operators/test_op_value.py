@@ -148,3 +148,58 @@ def test_running_std_capped_count_follows_drift() -> None:
     exact.update(rng.normal(0.0, 1.0, 10_000))
     exact.update(rng.normal(0.0, 10.0, 5000))
     assert exact.std < 7.0
+
+
+def test_observe_trains_once_per_update_every_whatever_the_cut() -> None:
+    """The same 40 transitions observed in pieces of 1, 3 or 40 (cut at the boundary)
+    give the same updates and a bit-identical model; nothing trains before a boundary."""
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 5, 40)
+
+    def run(piece: int) -> TDValueLearner:
+        learner = TDValueLearner(5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2,
+                                 update_every=16)
+        i = 0
+        while i < len(idx):
+            n = min(piece, learner.until_update, len(idx) - i)
+            j = idx[i : i + n]
+            loss = learner.observe(S[j], R[j], S_NEXT[j], DONE[j])
+            assert (loss is not None) == ((i + n) % 16 == 0)
+            i += n
+        return learner
+
+    a, b, c = run(1), run(3), run(40)
+    assert a.updates == b.updates == c.updates == 2 and a.pending == 8
+    np.testing.assert_array_equal(a.values(S), b.values(S))
+    np.testing.assert_array_equal(a.values(S), c.values(S))
+    fresh = TDValueLearner(5, gamma=GAMMA, update_every=16, seed=2)
+    assert fresh.observe(S, R, S_NEXT, DONE) is None and fresh.updates == 0
+    np.testing.assert_array_equal(fresh.values(S), np.zeros(5))  # untrained: V = 0
+    with pytest.raises(ValueError, match="past the update boundary"):
+        fresh.observe(np.tile(S, (3, 1)), np.tile(R, 3), np.tile(S_NEXT, (3, 1)),
+                      np.tile(DONE, 3))
+    with pytest.raises(ValueError, match="update_every"):
+        TDValueLearner(5, update_every=0)
+
+
+def test_checkpoint_keeps_pending_transitions_within_the_size_bound() -> None:
+    learner = TDValueLearner(5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2,
+                             update_every=16)
+    learner.observe(S, R, S_NEXT, DONE)  # 5 pending, nothing trained yet
+    clone = TDValueLearner.from_bytes(learner.state_bytes())
+    assert clone.pending == 5 and clone.update_every == 16 and clone.until_update == 11
+    for m in (learner, clone):  # the boundary trains on the restored pending rows too
+        for _ in range(2):
+            m.observe(S, R, S_NEXT, DONE)
+        m.observe(S[:1], R[:1], S_NEXT[:1], DONE[:1])
+    assert learner.updates == clone.updates == 1
+    np.testing.assert_array_equal(clone.values(S), learner.values(S))
+    big = TDValueLearner(384, seed=5, update_every=256)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4096, 384)).astype(np.float32)
+    big.update(x, rng.normal(size=4096), x, np.zeros(4096, dtype=bool))
+    big.observe(x[:255], np.zeros(255), x[:255], np.zeros(255, dtype=bool))
+    data = big.state_bytes()  # 255 pending rows take the place of replay rows
+    assert len(data) < 1_000_000
+    restored = TDValueLearner.from_bytes(data)
+    assert restored.pending == 255 and restored.replay_len == 1
