@@ -528,10 +528,14 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--play-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON file of played episodes to reuse (written when absent)")
+@click.option("--publish", type=click.Choice(["episode", "step"]), default="episode",
+              show_default=True,
+              help="stored stream in lockstep per episode, or per step as a live agent sends it")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test_variations: int,
                    random_steps: int, loop_max_steps: int, loop_repeats: int, encoder: str,
-                   settle_s: float, seed: int, play_cache: Path | None, as_json: bool) -> None:
+                   settle_s: float, seed: int, play_cache: Path | None, publish: str,
+                   as_json: bool) -> None:
     """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
     from dmem.bench.sciworld import SciConfig
     from dmem.bench.sciworld import main as run_sci
@@ -543,7 +547,8 @@ def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test
         cfg = SciConfig(tasks=tuple(tasks) or default, env=env, train_variations=train_variations,
                         test_variations=test_variations, random_steps=random_steps,
                         loop_max_steps=loop_max_steps, loop_repeats=loop_repeats,
-                        encoder=encoder, settle_s=settle_s, seed=seed, play_cache=play_cache)
+                        encoder=encoder, settle_s=settle_s, seed=seed, play_cache=play_cache,
+                        publish=publish)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     try:

@@ -120,8 +120,13 @@ class SciConfig:
     #: reuse the played train/test episodes of an earlier run with the same settings
     #: (JSON written there on first use); the closed loop is always played afresh
     play_cache: Path | None = None
+    #: the stored stream in lockstep per "episode", or per "step" (one transition, then
+    #: wait for the worker: how a live agent publishes; micro-batches of one)
+    publish: str = "episode"
 
     def __post_init__(self) -> None:
+        if self.publish not in ("episode", "step"):
+            raise ValueError(f"publish must be 'episode' or 'step', got {self.publish!r}")
         if self.env != "sciworld" and self.env not in ENVS:
             raise ValueError(f"unknown env {self.env!r} (sciworld or one of {sorted(ENVS)})")
         allowed = TASKS if self.env == "sciworld" else (ENVS[self.env],)
@@ -664,8 +669,10 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         # buffer rows, BENCHMARKS.md)
         sent = int(health(stack).get("write", {}).get("processed", 0))
         for ep in played.train:
-            sent += await c.publish_many([t for t in transitions if t.episode_id == ep.episode])
-            await wait_processed(stack, sent, poll_s=0.05)
+            mine = [t for t in transitions if t.episode_id == ep.episode]
+            for part in ([[t] for t in mine] if cfg.publish == "step" else [mine]):
+                sent += await c.publish_many(part)
+                await wait_processed(stack, sent, poll_s=0.02)
         gate_rows = await asyncio.to_thread(scan, stack, encoder.dim)
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")
@@ -692,6 +699,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
     n = len(steps)
     return {
         "env": cfg.env,
+        "publish": cfg.publish,
         "tasks": len(cfg.tasks),
         "episodes": len(played.train),
         "published": n,

@@ -33,8 +33,9 @@ def test_bench_sciworld_contract(tmp_path: Path) -> None:
 
     cfg = SciConfig(tasks=("find-plant",), train_variations=1, test_variations=1,
                     random_steps=4, loop_max_steps=4, encoder="hash", settle_s=2.0,
-                    out_dir=tmp_path)
+                    out_dir=tmp_path, publish="step")  # a live agent's micro-batches of one
     out = main(cfg, as_json=False)
+    assert out["publish"] == "step"
     for k in KEYS:
         assert k in out, k
     assert out["tasks"] == 1 and out["episodes"] == 3

@@ -170,3 +170,11 @@ def test_loop_usage_carries_the_reward_that_followed_the_decision() -> None:
         assert [(u[1], u[2]["reward"]) for u in client.usages] == [({"m1": 1.0}, 0.0),
                                                                    ({"m1": 1.0}, 7.0)]
         assert [s["reward"] for s in trace] == [0.0, 7.0]
+
+
+def test_publish_mode_is_validated() -> None:
+    import pytest
+
+    assert SciConfig(tasks=("find-plant",), publish="step").publish == "step"
+    with pytest.raises(ValueError, match="publish"):
+        SciConfig(tasks=("find-plant",), publish="bulk")
