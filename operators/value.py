@@ -17,9 +17,10 @@ Design decisions:
   ``update_every`` transitions of a tenant (state per tenant and partition), on
   exactly those transitions (plus replay), and computes every TD error with the
   model as of the last update; it splits a micro-batch at update boundaries. So
-  the model, and with it every RPE and gate decision, is the same however the
-  stream was cut into micro-batches: an agent publishing one step at a time and
-  an importer sending thousands at once keep the same memories. Why (issue 13,
+  the model and every TD error are the same however the stream was cut into
+  micro-batches (what still depends on the cut is read once per micro-batch
+  downstream: the RPE normaliser's sigma and the gate's thresholds, worth
+  0.2 points of storage on the stream below). Why (issue 13,
   BENCHMARKS.md "sci13g"): training once per micro-batch made the memory depend
   on the client's publishing pattern. The 890-step ScienceWorld stream stored
   17.3 % of its steps when it arrived in batches of 512 (one update per batch,
@@ -29,16 +30,19 @@ Design decisions:
   predictions into TD noise. The default of 256 transitions per update is the
   cadence the gate was measured with (the demo's batches of 256, the benches'
   bulk batches of 256-512); on that stream 128 gave 20.9 % and 64 gave 22.7 %.
-  ``update`` (one TD step on what it is given) remains for direct use.
+  ``update`` (one TD step on what it is given) remains for direct use. Until a
+  tenant's first update its TD errors use reward std 1 (nothing folded yet); the
+  write path divides them by its own running sigma anyway.
 - ``update`` folds the batch's rewards into the std *before* the gradient step,
-  so a tenant's very first batch is already trained at the right scale.
+  so a tenant's very first update is already trained at the right scale.
   ``td_errors`` never mutates anything: call it before ``update``.
 - Checkpoints (``state_bytes``) hold config, both nets, the optimiser, the
   reward std, the numpy RNG and at most ``CHECKPOINT_REPLAY_ROWS`` replay rows
   in float16, so a checkpoint stays well under Kafka's default 1 MB message
   size for 384-d states. The transitions waiting for the next update are kept
   too (float16, taking the place of as many replay rows, so the size bound
-  holds). Predictions after ``from_bytes`` are bit-identical; later training
+  holds while ``update_every`` <= ``CHECKPOINT_REPLAY_ROWS``, which the settings
+  enforce). Predictions after ``from_bytes`` are bit-identical; later training
   differs only through the truncated/float16 replay and pending rows.
 - Threads: ``torch.set_num_threads`` is the worker's business, never set here.
 """
@@ -248,6 +252,11 @@ class TDValueLearner:
         """Transitions observed since the last update."""
         return sum(int(p[1].shape[0]) for p in self._pending)
 
+    def drop_pending(self) -> None:
+        """Forget the queued transitions (a state copied to another partition must
+        not train on its source's transitions a second time)."""
+        self._pending = []
+
     @property
     def until_update(self) -> int:
         """How many more transitions `observe` takes before it trains (>= 1)."""
@@ -350,6 +359,15 @@ class TDValueLearner:
             )
             v = self.net(torch.from_numpy(s_a))
             return (tgt - v).numpy().astype(np.float64)
+
+    def loss_of(self, deltas: np.ndarray) -> float:
+        """The training loss (mean Huber) of these TD errors, without training: what
+        `update` would report before its step (a per-batch metric between updates)."""
+        d = np.abs(np.asarray(deltas, dtype=np.float64).reshape(-1))
+        if d.shape[0] == 0:
+            return 0.0
+        h = self.huber_delta
+        return float(np.where(d <= h, 0.5 * d * d, h * (d - 0.5 * h)).mean())
 
     def observe(
         self, s: np.ndarray, r: np.ndarray, s_next: np.ndarray, done: np.ndarray

@@ -192,10 +192,11 @@ class ValueSettings(BaseModel):
     replay_size: int = Field(default=4096, ge=0)
     replay_batch: int = Field(default=64, ge=1)
     update_every: int = Field(
-        default=256, ge=1,
-        description="transitions per tenant between value-model updates, whatever the "
-                    "micro-batching (operators/value.py: the memory must not depend on how "
-                    "a client publishes)")
+        default=256, ge=1, le=256,
+        description="transitions per (tenant, input partition) between value-model updates, "
+                    "whatever the micro-batching (operators/value.py: the memory must not "
+                    "depend on how a client publishes); at most 256, the checkpoint's row "
+                    "budget (pending transitions are checkpointed)")
 
 
 class RpeSettings(BaseModel):

@@ -186,7 +186,7 @@ def validation_reason(exc: Exception) -> str:
 class TenantState:
     """Everything the write path learns about one tenant."""
 
-    last_loss: float | None = None  # TD loss of the latest batch (metrics)
+    last_loss: float | None = None  # TD loss (mean Huber) of the latest batch (metrics)
 
     def __init__(self, settings: Settings, dim: int, seed: int = 0) -> None:
         v = settings.value
@@ -413,6 +413,7 @@ class WritePipeline:
             seed = siblings[0].to_bytes() if siblings else self.seeds.get(tenant)
             st = (TenantState.from_bytes(self.settings, seed) if seed is not None
                   else TenantState(self.settings, self.encoder.dim))  # fmt: skip
+            st.learner.drop_pending()  # the source's own transitions, trained on there
             self.states[(tenant, partition)] = st
         return st
 
@@ -554,9 +555,8 @@ class WritePipeline:
         done = np.array([t.done for t in ts], dtype=bool)
         deltas = st.learner.td_errors(s, r, s2, done)
         values = st.learner.values(s)
-        loss = st.learner.observe(s, r, s2, done)
-        if loss is not None:
-            st.last_loss = loss
+        st.last_loss = st.learner.loss_of(deltas)  # before any step, as `update` reports
+        st.learner.observe(s, r, s2, done)
         z = st.normalizer.normalize(deltas)
         novelty = self.settings.rpe.novelty
         reward_scores = st.reward_surprise.score_many(r)

@@ -203,3 +203,40 @@ def test_checkpoint_keeps_pending_transitions_within_the_size_bound() -> None:
     assert len(data) < 1_000_000
     restored = TDValueLearner.from_bytes(data)
     assert restored.pending == 255 and restored.replay_len == 1
+
+
+def test_a_format_1_checkpoint_still_loads_and_trains_per_call() -> None:
+    """Checkpoints from before the cadence (no pending rows, no update_every) restore
+    with identical predictions; the write path then sets the cadence from settings."""
+    import io
+
+    import torch
+
+    learner = TDValueLearner(5, gamma=GAMMA, lr=1e-2, replay_size=64, replay_batch=16, seed=4)
+    _train(learner, 20)
+    state = torch.load(io.BytesIO(learner.state_bytes()), weights_only=True)
+    state["format"] = 1
+    del state["config"]["update_every"]
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    old = TDValueLearner.from_bytes(buf.getvalue())
+    np.testing.assert_array_equal(old.values(S), learner.values(S))
+    assert old.update_every == 1 and old.pending == 0
+    assert old.observe(S[:1], R[:1], S_NEXT[:1], DONE[:1]) is not None  # one update a row
+    state["format"] = 7
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with pytest.raises(ValueError, match="format"):
+        TDValueLearner.from_bytes(buf.getvalue())
+
+
+def test_loss_of_matches_the_training_loss_before_a_step() -> None:
+    """With zero rewards the reward std plays no part, so the loss `update` reports
+    (before its step) is exactly `loss_of` the TD errors computed just before."""
+    learner = TDValueLearner(5, gamma=GAMMA, lr=1e-2, replay_size=0, seed=4, huber_delta=0.05)
+    _train(learner, 20)  # V > 0 now: zero-reward TD errors are not all 0
+    zero = np.zeros(5, dtype=np.float32)
+    d = learner.td_errors(S, zero, S_NEXT, DONE)
+    assert np.abs(d).max() > 0.05 > np.abs(d).min()  # errors on each side of the knee
+    assert learner.loss_of(d) == pytest.approx(learner.update(S, zero, S_NEXT, DONE), rel=1e-5)
+    assert learner.loss_of(np.zeros(0)) == 0.0
