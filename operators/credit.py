@@ -226,7 +226,7 @@ class CreditAssigner:
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
             adv = g - ep.advantage_base
             if u.reward is not None and u.reward * adv < 0:
-                continue  # the step's own reward contradicts the outcome: outside it
+                continue  # the step's own reward contradicts its advantage: outside it
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
                 sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1

@@ -8,9 +8,10 @@ What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
 2. Starts the embedded stack (broker + one ``all`` worker + Milvus Lite) and
    publishes the train stream with the SDK, one transition per step: observation
    = the step's observation text, action, reward = score delta, metadata
-   ``{"task", "variation"}`` (the structured task context). It waits until the
-   write path has processed everything and scans the store: the ``*_gate``
-   numbers (before any outcome).
+   ``{"task", "variation"}`` (the structured task context), in lockstep: each
+   episode (``--publish step``: each transition) is processed before the next is
+   sent, so the write path's micro-batches do not depend on the machine's speed.
+   Then it scans the store: the ``*_gate`` numbers (before any outcome).
 3. Sends each train episode's outcome (its final score) on the feedback topic and
    waits until the store settles (hindsight writes, dedup, decay): ``*_final``.
 4. Probes over HTTP: the observation just before each rewarded gold step of a test
