@@ -5,6 +5,6 @@ directory and started by ``EmbeddedMilvusServer`` (see ``milvus.server``).
 """
 
 from milvus.server import EmbeddedMilvusServer, milvus_lite_uri
-from milvus.store import MemoryStore, Partition
+from milvus.store import MemoryStore
 
-__all__ = ["EmbeddedMilvusServer", "MemoryStore", "Partition", "milvus_lite_uri"]
+__all__ = ["EmbeddedMilvusServer", "MemoryStore", "milvus_lite_uri"]

@@ -67,7 +67,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 from pymilvus import DataType, MilvusClient
@@ -95,13 +95,12 @@ from schemas.errors import (
     StoreError,
     StoreUnavailable,
 )
-from schemas.models import storage_key
+from schemas.models import Partition, storage_key
 
-__all__ = ["MemoryStore", "Partition"]
+__all__ = ["MemoryStore"]
 
 log = logging.getLogger(__name__)
 
-Partition = Literal["core", "buffer"]
 _SPECS: dict[str, FieldSpec] = {s.name: s for s in field_specs()}
 _ANY_ROW = f'{PRIMARY_FIELD} != ""'
 #: every write stamps the row's partition into ``metadata[PART_KEY]`` (stripped again

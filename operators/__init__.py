@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         PassthroughEncoder,
         build_encoder,
     )
-    from operators.gate import Gate, GateDecision, GateState, Reason, Route
+    from operators.gate import Gate, GateDecision, GateState, Reason
     from operators.rpe import (
         AgentSmoother,
         OutcomeBaseline,
@@ -49,7 +49,6 @@ __all__ = [
     "OutcomeBaseline",
     "PassthroughEncoder",
     "Reason",
-    "Route",
     "RewardSurprise",
     "RpeNormalizer",
     "RunningStd",
@@ -72,7 +71,6 @@ _MODULE_OF = {
     "GateDecision": "gate",
     "GateState": "gate",
     "Reason": "gate",
-    "Route": "gate",
     "AgentSmoother": "rpe",
     "OutcomeBaseline": "rpe",
     "RewardSurprise": "rpe",

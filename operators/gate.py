@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from operators.sketch import DecayedQuantileSketch
+from schemas.models import Route
 
-__all__ = ["Gate", "GateDecision", "GateState", "Reason", "Route", "sigmoid"]
+__all__ = ["Gate", "GateDecision", "GateState", "Reason", "sigmoid"]
 
-Route = Literal["core", "buffer", "drop"]
 Reason = Literal[
     "above_high", "outlier", "between", "above_bulk", "below_low", "below_floor", "warmup"
 ]
