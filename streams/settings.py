@@ -202,11 +202,10 @@ class ValueSettings(BaseModel):
 class RpeSettings(BaseModel):
     smoother_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
     smoother_kappa: float = Field(default=0.25, ge=0.0)
-    novelty: bool = Field(default=True, description="drop exact repeats already in core")
 
 
 class IntrinsicSettings(BaseModel):
-    """Reward-free surprise mixed into the gate score (`operators.novelty`)."""
+    """Reward-free surprise mixed into the gate score (`operators.surprise`)."""
 
     enabled: bool = True
     fit_k: float = Field(default=1.0, description="off-context below unrelated mean + k std "
@@ -231,6 +230,7 @@ class GateSettings(BaseModel):
     beta: float = 2.0
     half_life: float = Field(default=5000.0, gt=0.0)
     warmup: int = Field(default=50, ge=0)
+    drop_exact_repeats: bool = Field(default=True, description="drop exact repeats already in core")
 
     @model_validator(mode="after")
     def _order(self) -> GateSettings:

@@ -166,7 +166,7 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
         "DMEM_LOG_LEVEL": "info",
         # exact repeats reach the store, as they would without any dedup: the
         # write path's exact-repeat drop is itself a dedup (see the module doc)
-        "DMEM_RPE__NOVELTY": "false",
+        "DMEM_GATE__DROP_EXACT_REPEATS": "false",
     }
     stack = LocalStack(tmp, roles=("all",), extra_env=env)
     t0 = time.monotonic()

@@ -12,13 +12,12 @@ Decisions (see README "Write path"):
 - ``rpe`` stored with a memory is the tenant-normalised delta z (scale free, so
   thresholds and ranking work across tenants with rewards of any scale);
   ``rpe_smoothed`` is the gate score s; ``valence`` is sign(delta).
-- Novelty: an exact repeat (same tenant, agent, observation, action, reward,
-  metadata) of
-  a transition already routed to core, or to buffer when the new route is
-  buffer, is dropped with reason ``repeat`` instead of writing a second
-  identical row; the sketch still sees its score. Near-duplicates are the
-  dedup job's business.
-- Reward-free surprise (`operators.novelty`): the gate score is
+- Exact repeats (``gate.drop_exact_repeats``): an exact repeat (same tenant,
+  agent, observation, action, reward, metadata) of a transition already routed
+  to core, or to buffer when the new route is buffer, is dropped with reason
+  ``repeat`` instead of writing a second identical row; the sketch still sees
+  its score. Near-duplicates are the dedup job's business.
+- Reward-free surprise (`operators.surprise`): the gate score is
   ``gate_score(s_extrinsic, s_intrinsic, w)`` = max(s_ext, w * s_int), with w from
   the tenant's share of rewarded transitions (0 for Gymnasium/ScienceWorld-like
   streams, which then route exactly as before and skip the intrinsic work; 1 for
@@ -84,7 +83,7 @@ from operators import (
     extrinsic_score,
     valence,
 )
-from operators.novelty import IntrinsicConfig, IntrinsicScore, IntrinsicState, gate_score
+from operators.surprise import IntrinsicConfig, IntrinsicScore, IntrinsicState, gate_score
 from schemas import DeadLetter, MemoryEvent, Partition, Transition
 from streams.settings import Settings
 
@@ -558,7 +557,7 @@ class WritePipeline:
         st.last_loss = st.learner.loss_of(deltas)  # before any step, as `update` reports
         st.learner.observe(s, r, s2, done)
         z = st.normalizer.normalize(deltas)
-        novelty = self.settings.rpe.novelty
+        drop_exact_repeats = self.settings.gate.drop_exact_repeats
         reward_scores = st.reward_surprise.score_many(r)
         scores = [
             extrinsic_score(st.smoother(t.agent_id).smooth(float(z[i])), float(reward_scores[i]))
@@ -579,7 +578,7 @@ class WritePipeline:
             route: str = d.route
             reason: str = d.reason
             key = content_key(t)
-            if novelty and route != "drop":
+            if drop_exact_repeats and route != "drop":
                 prev = st.repeats.get(key)
                 if prev == "core" or (prev == "buffer" and route == "buffer"):
                     route, reason = "drop", "repeat"
@@ -659,7 +658,7 @@ class WritePipeline:
 
         The veto only set their score to 0; a turn of the same agent within
         ``lookahead`` turns whose cosine to one clears the off-context threshold
-        shows it belonged to the conversation (`operators.novelty`). It is routed by
+        shows it belonged to the conversation (`operators.surprise`). It is routed by
         its pre-veto score under the gate's current plan (a drop stays a drop; the
         sketch already saw it once, as 0) and the repeat rule; its ``dropped`` event
         is superseded by this ``written`` one, as a retrospective write is.

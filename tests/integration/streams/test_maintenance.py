@@ -287,7 +287,7 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
         DMEM_MAINTENANCE__DEDUP_WINDOW_S="0.5",
         DMEM_MAINTENANCE__DECAY_INTERVAL_S="1",
         DMEM_GATE__WARMUP="1000",  # the warm-up rule stores (nearly) everything
-        DMEM_RPE__NOVELTY="false",  # exact repeats reach the store: dedup's job here
+        DMEM_GATE__DROP_EXACT_REPEATS="false",  # exact repeats reach the store: dedup's job here
     )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
     stack.start()

@@ -45,7 +45,7 @@ def test_jobs_settle_and_say_so(tmp_path: Path, broker: str, topic_prefix: str,
         DMEM_MAINTENANCE__BUFFER_CAPACITY="6",
         DMEM_GATE__WARMUP="1000",
         DMEM_GATE__FLOOR="0.0",
-        DMEM_RPE__NOVELTY="false",
+        DMEM_GATE__DROP_EXACT_REPEATS="false",
     )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
     stack.start()

@@ -54,7 +54,7 @@ def replay(tmp: Path, trs: list[Transition], policy: MaintenancePolicy) -> dict[
     store = MemoryStore(milvus_lite_uri(tmp, name="m"), collection="t", dim=DIM).connect()
     try:
         # exact repeats reach the store (dedup's job) and the buffer band is wide
-        settings = Settings(rpe={"novelty": False}, gate={"floor": 0.0})
+        settings = Settings(gate={"floor": 0.0, "drop_exact_repeats": False})
         pipe = WritePipeline(settings, HashingEncoder(dim=DIM))
         engine = MaintenanceEngine(store, policy, dedup_k=4)
         routes: dict[str, str] = {}

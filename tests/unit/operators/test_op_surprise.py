@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from operators.encoders import HashingEncoder
-from operators.novelty import (
+from operators.surprise import (
     Contamination,
     IntrinsicConfig,
     IntrinsicState,
     RewardMix,
-    RndNovelty,
+    RndSurprise,
     TokenSurprisal,
     gate_score,
 )
@@ -70,16 +70,16 @@ def test_rnd_error_falls_where_it_has_trained() -> None:
     seen = rng.normal(size=(64, 16)).astype(np.float32)
     seen /= np.linalg.norm(seen, axis=1, keepdims=True)
     unseen = -seen  # the opposite region of the sphere
-    rnd = RndNovelty(dim=16, lr=0.05, seed=1)
+    rnd = RndSurprise(dim=16, lr=0.05, seed=1)
     before = rnd.errors(seen).mean()
     for _ in range(300):
         rnd.learn(seen)
     assert rnd.errors(seen).mean() < 0.5 * before
     assert rnd.errors(unseen).mean() > rnd.errors(seen).mean()
-    back = RndNovelty.from_dict(orjson.loads(orjson.dumps(rnd.to_dict())))
+    back = RndSurprise.from_dict(orjson.loads(orjson.dumps(rnd.to_dict())))
     np.testing.assert_allclose(back.errors(seen), rnd.errors(seen), rtol=0.05, atol=1e-3)
-    fresh = RndNovelty.from_dict(RndNovelty(dim=16, seed=1).to_dict())  # untrained: from seed
-    np.testing.assert_allclose(fresh.errors(seen), RndNovelty(dim=16, seed=1).errors(seen))
+    fresh = RndSurprise.from_dict(RndSurprise(dim=16, seed=1).to_dict())  # untrained: from seed
+    np.testing.assert_allclose(fresh.errors(seen), RndSurprise(dim=16, seed=1).errors(seen))
 
 
 ENC = HashingEncoder(dim=128)

@@ -19,7 +19,7 @@ the end-to-end numbers `dmem bench locomo`'s, BENCHMARKS.md "LoCoMo"):
   conversations (MiniLM), evidence turns vs the rest: AUC 0.76; keeping the top
   half by it retrieves *more* evidence than storing everything (fewer
   distractors). Transitions without text (state vectors) use the error of a
-  random-network-distillation predictor on the embedding instead (`RndNovelty`,
+  random-network-distillation predictor on the embedding instead (`RndSurprise`,
   torch, trained online; AUC 0.54 on LoCoMo's text, which is why text uses
   surprisal).
 - **Novelty against what is stored**: 1 - max cosine to the agent's stored
@@ -114,7 +114,7 @@ __all__ = [
     "IntrinsicScore",
     "IntrinsicState",
     "RewardMix",
-    "RndNovelty",
+    "RndSurprise",
     "TokenSurprisal",
     "gate_score",
 ]
@@ -239,7 +239,7 @@ def _net(dim: int, hidden: int, out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, out))
 
 
-class RndNovelty:
+class RndSurprise:
     """Random network distillation: error of a trained net imitating a fixed random one.
 
     The target net is rebuilt from ``seed`` (never stored); the predictor is
@@ -289,7 +289,7 @@ class RndNovelty:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RndNovelty:
+    def from_dict(cls, d: dict[str, Any]) -> RndSurprise:
         r = cls(dim=int(d["dim"]), hidden=int(d["hidden"]), out=int(d["out"]),
                 lr=float(d["lr"]), seed=int(d["seed"]))
         r.updates = int(d.get("updates", 0))
@@ -503,7 +503,7 @@ class IntrinsicState:
         self.dim = int(dim)
         self.config = config or IntrinsicConfig()
         self.tokens = TokenSurprisal()
-        self.rnd = RndNovelty(self.dim, seed=seed)
+        self.rnd = RndSurprise(self.dim, seed=seed)
         self.mix = RewardMix(rate_full=self.config.reward_rate_full)
         a = self.config.stats_alpha
         self.info_mean = _Running(a)  # mean information of a scored turn
@@ -711,7 +711,7 @@ class IntrinsicState:
         cfg = config or IntrinsicConfig(**{k: v for k, v in d["config"].items() if k in known})
         st = cls(int(d["dim"]), cfg)
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
-        st.rnd = RndNovelty.from_dict(d["rnd"])
+        st.rnd = RndSurprise.from_dict(d["rnd"])
         st.mix = RewardMix.from_dict(d["mix"])
         st.mix.rate_full = cfg.reward_rate_full
         for name, r in st._runnings().items():
