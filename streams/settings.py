@@ -116,10 +116,11 @@ class JobsSettings(BaseModel):
 
 
 class MaintenanceSettings(BaseModel):
-    """Dedup/merge, decay and capacities (see `streams.jobs.maintenance`, `operators.maintenance`).
+    """Dedup/merge, decay and capacities (see `streams.jobs.maintenance`, `operators.dedup`,
+    `operators.decay`).
 
     ``dedup_tau`` is encoder dependent; unset, it is the encoder's default
-    (`operators.maintenance.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
+    (`operators.dedup.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
     distinct grid cells of the demo apart: max cross-cell cosine 0.92), 0.98 for
     MiniLM and minilm-static, which rate different short sentences closer (false
     merges measured on real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
@@ -148,7 +149,7 @@ class MaintenanceSettings(BaseModel):
     buffer_capacity: int = Field(default=50_000, ge=0, description="per tenant")
     max_actions_per_pass: int = Field(default=5000, ge=1)
     # ages (decay, TTL, capacity priorities) are stream time: the watermark of the
-    # memory's clock, one per (tenant, agent) or one per tenant (operators.maintenance)
+    # memory's clock, one per (tenant, agent) or one per tenant (operators.decay)
     stream_clock: Literal["agent", "tenant"] = Field(
         default="agent", description="whose highest event time a memory's age is measured to")
     refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")

@@ -131,7 +131,7 @@ async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
 def _duplicate_pairs(rows: list[dict[str, Any]], tau: float, reward_tol: float) -> int:
     """Pairs the dedup job should have merged: same merge scope, rewards that agree,
     cosine >= tau (the merge rules of `operators.maintenance`), by brute force."""
-    from operators.maintenance import merge_scope, reward_span, rewards_agree
+    from operators.dedup import merge_scope, reward_span, rewards_agree
 
     scopes: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
@@ -266,7 +266,7 @@ def scale_run(sizes: list[int], passes: int, milvus_uri: str | None) -> dict[str
     import uuid
 
     from milvus import EmbeddedMilvusServer, MemoryStore, milvus_lite_uri
-    from operators.maintenance import MaintenancePolicy, plan_decay
+    from operators.decay import MaintenancePolicy, plan_decay
     from schemas.errors import ConfigError
     from streams.jobs.maintenance import MaintenanceEngine
 

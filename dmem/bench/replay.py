@@ -52,8 +52,9 @@ from dmem.bench.common import (
 )
 from dmem.importer import wait_committed
 from dmem.wait import wait_settled
+from operators.decay import DAY_MS
+from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
-from operators.maintenance import DAY_MS, is_critical, rewards_agree
 from schemas import EpisodeOutcome, Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs

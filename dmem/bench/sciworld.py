@@ -87,7 +87,7 @@ from dmem.bench.sciworld_env import (
 )
 from dmem.bench.twx_env import ENVS, TWXWorld
 from dmem.client import DmemClient
-from operators.maintenance import DEDUP_TAU_BY_ENCODER
+from operators.dedup import DEDUP_TAU_BY_ENCODER
 from schemas import Transition
 from streams.local.stack import LocalStack
 

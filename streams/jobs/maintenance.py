@@ -81,22 +81,24 @@ from pydantic import ValidationError
 from milvus import MemoryStore
 from milvus import expr as E
 from milvus.schema import VECTOR_FIELD, search_params
-from operators.maintenance import (
+from operators.decay import (
     CORE,
-    DEDUP_TAU_BY_ENCODER,
     PART_NAME,
     Entry,
     MaintenancePolicy,
-    MergeGroup,
     PriorityIndex,
     TenantIndex,
     entry_from_row,
+    plan_decay,
+    tenant_priorities,
+)
+from operators.dedup import (
+    DEDUP_TAU_BY_ENCODER,
+    MergeGroup,
     merge_rows,
     merge_scope,
-    plan_decay,
     plan_merges,
     reward_span,
-    tenant_priorities,
 )
 from schemas import MemoryEvent, encode, storage_key
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs

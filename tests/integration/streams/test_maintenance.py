@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from milvus import MemoryStore
-from operators.maintenance import DAY_MS, MaintenancePolicy
+from operators.decay import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
 from streams.jobs.maintenance import MaintenanceEngine, flush_access, forget_scope
 from streams.local.stack import REPO_ROOT, LocalStack

@@ -16,7 +16,7 @@ import pytest
 from dmem.demo import q_learning_transitions
 from milvus import MemoryStore, milvus_lite_uri
 from operators import HashingEncoder
-from operators.maintenance import DAY_MS, MaintenancePolicy
+from operators.decay import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
 from streams.clock import now_ms
 from streams.jobs.maintenance import MaintenanceEngine

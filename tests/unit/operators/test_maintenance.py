@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from operators.maintenance import (
+from operators.decay import (
     BUFFER,
     CORE,
     DAY_MS,
@@ -15,14 +15,10 @@ from operators.maintenance import (
     MaintenancePolicy,
     TenantIndex,
     entry_from_row,
-    is_critical,
-    merge_rows,
-    merge_scope,
     plan_decay,
-    plan_merges,
     priority,
-    rewards_agree,
 )
+from operators.dedup import is_critical, merge_rows, merge_scope, plan_merges, rewards_agree
 from streams.jobs.maintenance import AccessTracker
 
 NOW = 1_800_000_000_000

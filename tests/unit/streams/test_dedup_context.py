@@ -1,6 +1,6 @@
 """The dedup job's ANN filter for a merge scope's user metadata (`context_filter`)."""
 
-from operators.maintenance import merge_scope
+from operators.dedup import merge_scope
 from streams.jobs.maintenance import context_filter
 
 
