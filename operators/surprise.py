@@ -5,92 +5,55 @@ Most agent traffic carries no reward (chats, tool calls), so the extrinsic RPE i
 reward, per tenant, learned online; `gate_score` mixes it with the extrinsic
 score. Time is never read here; everything is a function of the stream.
 
-Components (why each; the AUCs below were measured while designing this on the
-ten LoCoMo conversations' MiniLM embeddings; offline replays are
-``dmem bench locomo --replay`` (the real write pipeline over cached embeddings),
-the end-to-end numbers `dmem bench locomo`'s, BENCHMARKS.md "LoCoMo"):
+The intrinsic score is ``info * novelty_factor`` divided by the tenant's running
+mean information (1 = a typical turn, so the gate's floor 0.5 means "half of what
+a typical turn says"), and 0 when the turn is off-context:
 
-- **Information** (how much a turn says): the Shannon surprisal of the text's
-  tokens under the tenant's online unigram model (hashed counts, add-a
-  smoothing), summed over tokens, in nats. Greetings and back-channel ("Wow,
-  that's great!") are a few frequent tokens: little information; a turn that
-  introduces people, places and events is many rare ones. Summed, not averaged:
-  a long specific turn carries more than a short one. Measured on the ten LoCoMo
-  conversations (MiniLM), evidence turns vs the rest: AUC 0.76; keeping the top
-  half by it retrieves *more* evidence than storing everything (fewer
-  distractors). Transitions without text (state vectors) use the error of a
-  random-network-distillation predictor on the embedding instead (`RndSurprise`,
-  torch, trained online; AUC 0.54 on LoCoMo's text, which is why text uses
-  surprisal).
-- **Novelty against what is stored**: 1 - max cosine to the agent's stored
-  memories (a bounded in-memory bank of the embeddings this write path stored).
-  A near-repeat of a memory is worth little however informative it was the first
-  time: the score is scaled by ``min(1, (1 - max_cos) / (1 - repeat_cos))``,
-  so only turns closer than ``repeat_cos`` to a memory are discounted.
+- **Information** (`TokenSurprisal`): the Shannon surprisal of the text's tokens
+  under the tenant's online unigram model (hashed counts, add-a smoothing), summed
+  over tokens, in nats. Greetings and back-channel are a few frequent tokens; a
+  turn that introduces people, places and events is many rare ones; summed, so a
+  long specific turn carries more than a short one. Transitions without text use
+  the error of a random-network-distillation predictor on the embedding
+  (`RndSurprise`).
+- **Novelty against what is stored**: 1 - max cosine to the agent's bank of
+  stored embeddings. A near-repeat of a memory is worth little however
+  informative it was the first time: the score is scaled by
+  ``min(1, (1 - max_cos) / (1 - repeat_cos))``.
 - **Context fit (the noisy-TV guard)**: prediction-error curiosity is drawn to
   noise, which is maximally novel. A real turn is related to its neighbourhood
-  (``fit`` = the largest cosine to the agent's last ``window`` (4) turns and its
-  next observation); an injected turn from another conversation is related to
-  none of them. The yardstick is the agent's own "unrelated" level: the running
-  mean and std of the cosine between a turn and the agent's bank (cosines of
-  near-repeats, >= ``repeat_cos``, left out: a repeat is not "unrelated"). A turn
-  whose fit is below mean + ``fit_k`` * std (default 1.0) is off-context and scores
-  0 (reason ``off_context``), unless its score before the veto is ``fit_exempt``
-  (3) typical turns' worth or more: a fact announced out of the blue is kept
-  however unrelated it is to the chit-chat around it (0.3 % of LoCoMo turns).
-  A fixed quantile veto was measured first and rejected: in a clean conversation
-  the least-coherent 20 % of turns hold much of the evidence (topic openers).
+  (``fit`` = the largest cosine to the agent's last ``window`` turns and its next
+  observation); an injected one is not. The yardstick is the agent's own
+  "unrelated" level: the running mean and std of the cosine between a turn and
+  the bank (near-repeats, >= ``repeat_cos``, left out). A turn whose fit is below
+  mean + ``fit_k`` * std is off-context and scores 0 (reason ``off_context``),
+  unless its score before the veto is ``fit_exempt`` typical turns' worth or more
+  (a fact announced out of the blue).
 - **Suspects and vindication**: a vetoed turn waits for the agent's next
-  ``lookahead`` (4) turns; the first whose cosine to it clears the threshold it
-  failed refers back to it (`IntrinsicScore.vindicates`) and the write path
-  writes it then (reason ``referred``). A topic opener whose reply came after an
-  interleaved turn is recovered; an injected turn, which nothing refers to,
-  stays dropped. Measured on LoCoMo (offline replay, MiniLM, 10 conversations,
-  same threshold): evidence recall@10 0.918 x store-all without the look-ahead,
-  0.974 x with it.
-- **Contamination-adaptive cut** (`Contamination`): ``fit_k`` is a fixed
-  margin, and a fixed margin cannot be right for a clean stream and a
-  contaminated one at once (offline replay, 10 LoCoMo conversations: fit_k 1.0
-  keeps clean recall at 0.974 x store-all but stores 28 % of LoCoMo-Noise's
-  injected turns; 1.25 stores 22 % but clean recall falls to 0.919 x). So the
-  guard also estimates, per tenant, how much of its stream is off-context
-  (Storey's pi0 of the window fit against a null of windows of older memories)
-  and the posterior that a turn with a given fit is off-context (local false
-  discovery rate), and vetoes below max(``fit_k``, the fit where that posterior
-  reaches ``off_posterior``). Default 2/3: only where injected is at least twice
-  as likely as real (losing a real turn costs more than keeping a distractor).
-  In a clean stream the estimated share is small and the cut sits below
-  ``fit_k`` (clean recall 0.972 x); with one injected turn per two real ones it
-  rises (injected turns stored 0.197, recall 0.909 x). Measured with
-  ``dmem bench locomo --replay``; the sensitivity to ``off_posterior`` is in
-  BENCHMARKS.md "LoCoMo" (0.6: 0.180 / 0.877 x; 0.7: 0.204 / 0.921 x): both noise
-  targets hold only in a narrow band around the default. Rejected on the way:
-  "skipped by the reply" (the turns after X fit the turns before X better than X:
-  AUC 0.79 against noise among written turns, but it drops evidence turns at
-  their base rate, since informative turns are often followed by short
-  reactions that resemble the context more), a longer window (8 + 8: AUC 0.85 vs
-  0.87 for 4 + 4), the same cut in raw cosine instead of the yardstick's std
-  units (a worse trade: 0.198 / 0.884 x at 0.7), and a tail-area FDR (pi0 is
-  overestimated, topic openers look like null turns, so it vetoed most turns).
+  ``lookahead`` turns; the first whose cosine to it clears the threshold it failed
+  refers back to it (`IntrinsicScore.vindicates`) and the write path writes it
+  then (reason ``referred``). A topic opener whose reply came late is recovered;
+  an injected turn, which nothing refers to, stays dropped.
+- **Contamination-adaptive cut** (`Contamination`): a fixed margin cannot suit a
+  clean stream and a contaminated one at once, so the guard also estimates, per
+  tenant, how much of its stream is off-context and the posterior that a turn
+  with a given fit is, and vetoes below max(``fit_k``, the fit where that
+  posterior reaches ``off_posterior``). Default 2/3: only where injected is at
+  least twice as likely as real (losing a real turn costs more than keeping a
+  distractor).
 - **Batch independence**: every part is decided per turn in stream order; the
-  bank is the turns this state rates as memories (score >= ``bank_min``, half a
-  typical turn, vindicated suspects included), not the gate's later routes, so a
-  turn scores the same whatever batch it arrived in (tested).
+  bank is the turns this state rates as memories (score >= ``bank_min``,
+  vindicated suspects included), not the gate's later routes, so a turn scores
+  the same whatever batch it arrived in.
 
-The intrinsic score is ``info * novelty_factor`` (0 when off-context), divided by
-the tenant's running mean information, so 1 is a typical turn and the gate's
-floor (0.5) means "half of what a typical turn says".
+Checkpoints (`IntrinsicState.to_dict`) hold the token counts (float16), the RND
+predictor, the running means, the mix's reward rate and the contamination
+histograms. The bank, the recent turns, the suspects and the turns whose window
+is still open are rebuilt by live traffic: after a restart novelty is measured
+against what came since, the guard waits for context (it never vetoes without
+one), and a suspect pending at the restart stays dropped.
 
-State (`IntrinsicState`): the token counts, the RND predictor, the running means
-and the mix's reward rate are checkpointed with the write path's state
-(`to_dict`/`from_dict`: float16 counts, 44 KB in base64, plus 71 KB for a
-trained RND predictor; the value model's checkpoint is the large part;
-checkpoints of the previous version load, their retired knobs ignored). The
-bank, the recent turns and the suspects are not: they are rebuilt by live
-traffic, so for the first turns after a restart novelty is measured against what
-came since, the context guard waits for context (it never vetoes without one),
-and a suspect pending at the restart stays dropped. The contamination histograms
-are checkpointed (2 x 40 floats); the turns whose window is still open are not.
+Measurements and rejected alternatives: docs/design/2026-12-02-ops-surprise.md.
 """
 
 from __future__ import annotations
@@ -127,8 +90,8 @@ MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkp
 def gate_score(extrinsic: float, intrinsic: float, w_intrinsic: float) -> float:
     """The one gate score: max(extrinsic, w * intrinsic).
 
-    Why max and not a sum: a reward-driven stream (w = 0) routes exactly as
-    before, bit for bit; a reward-free one (extrinsic = 0) routes by intrinsic
+    Why max and not a sum: a reward-driven stream (w = 0) routes by the
+    extrinsic score alone, bit for bit; a reward-free one (extrinsic = 0) routes by intrinsic
     surprise alone; in between, a transition is kept if either channel finds it
     surprising, and neither channel's scale dilutes the other's. ``w`` comes from
     `RewardMix` (it adapts to how much of the stream carries rewards).
@@ -142,8 +105,8 @@ class RewardMix:
     ``rate`` is the decayed share of the tenant's transitions with a non-zero
     reward (exact mean for the first 1/alpha, then EMA with horizon ~1/alpha).
     A Gymnasium or ScienceWorld stream pays or costs reward on many steps (rate
-    far above ``rate_full`` = 1 %), so w = 0 and routing is the extrinsic RPE's,
-    unchanged; a chat publishes reward 0 (its thumbs arrive as `Feedback` and
+    far above ``rate_full`` = 1 %), so w = 0 and routing is the extrinsic RPE's
+    alone; a chat publishes reward 0 (its thumbs arrive as `Feedback` and
     become credit, not transition rewards), so w = 1. The batch's rewards are
     folded in before w is read, so a tenant's first batch is already judged.
     """
@@ -480,7 +443,7 @@ class Contamination:
         obs, null = np.asarray(d["obs"], float), np.asarray(d["null"], float)
         if obs.shape == self.obs.shape and null.shape == self.null.shape:
             self.obs, self.null, self.count = obs, null, int(d["count"])
-            # checkpoints before the separate count: every judged turn had its draw
+            # a checkpoint without the separate count: every judged turn had its draw
             self.null_count = int(d.get("null_count", d["count"]))
 
 
@@ -707,7 +670,7 @@ class IntrinsicState:
         if d.get("format") != _MIX_FORMAT:
             raise ValueError(f"unknown intrinsic state format {d.get('format')}")
         known = IntrinsicConfig.__dataclass_fields__
-        # knobs of earlier versions (ctx_alpha, off_streak_max) are ignored
+        # knobs this version does not know (retired ones: ctx_alpha, off_streak_max) are ignored
         cfg = config or IntrinsicConfig(**{k: v for k, v in d["config"].items() if k in known})
         st = cls(int(d["dim"]), cfg)
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
@@ -716,6 +679,6 @@ class IntrinsicState:
         st.mix.rate_full = cfg.reward_rate_full
         for name, r in st._runnings().items():
             r.mean, r.count = float(d["running"][name][0]), int(d["running"][name][1])
-        if "contamination" in d:  # absent in checkpoints of earlier versions
+        if "contamination" in d:  # absent from older checkpoints
             st.contamination.load(d["contamination"])
         return st

@@ -1,4 +1,4 @@
-"""Payload models for every topic in DESIGN.md, plus the Milvus row model.
+"""Payload models for every topic (docs/architecture.md), plus the Milvus row model.
 
 Decisions:
 - Every model carries ``schema_version``; only versions in ``SUPPORTED`` are
@@ -13,7 +13,7 @@ Decisions:
 - Memory ids are chosen by clients and are only unique *within a tenant*: two
   tenants may both use ``episode-1:3``. Storage is therefore keyed by
   `storage_key` (tenant, memory id), and the client-facing memory id stays the
-  plain id in every payload, response and event (issue 21).
+  plain id in every payload, response and event.
 - ``action`` is text: integer actions are accepted and rendered as strings so
   RL and LLM agents share one field.
 """
