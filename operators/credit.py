@@ -7,26 +7,20 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   outcome's step if given, else the last usage step); the return at a usage
   step t is G_t = gamma^(T - t) * R (the usage step's own rewards are the write
   path's business; credit is about the late outcome). When the outcome names
-  its step (the step that earned it, e.g. the last reward), a usage after it
-  is outside the outcome: no credit, no blame and no use (a use would end the
-  memory's exploration bonus as if it had been tried and had not helped; with
-  the outcome's own window closed nothing it led to could count). Why: an
-  agent that wanders after its last reward until a step limit used those
-  memories closest to the end, and with G_t discounted from the last usage
-  they got the *largest* share of a good outcome (issue 13: on ScienceWorld
-  "go to kitchen", replayed while wandering after find-plant's +67, reached
-  utility 9.9 and outranked "go to greenhouse", the step that earned it). Not
-  return 0 ("reward to go", tried in sci13e and reverted): A_t = -b blamed them
-  for a good episode.
+  the step that earned it, a usage after that step is outside the outcome: no
+  credit, no blame and no use (a use would end the memory's exploration bonus
+  as if it had been tried without helping). Why: an agent that wanders after
+  its last reward until a step limit uses memories closest to the end, and
+  discounting from the last usage would give them the largest share of a good
+  outcome; a return of 0 after the earning step ("reward to go") would blame
+  them for a good episode instead.
 - Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
   defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
   that ends as usual *for its agent* gives ~0 credit to everything it used; a
   surprising success or failure credits (or blames) the memories that were
   used. Per agent because the baseline is the policy's own usual outcome: with
-  one baseline for every agent of a tenant, a weaker agent's episodes all end
-  below it and every memory it uses is blamed, however much it helped (issue
-  13: a memory-driven agent's outcomes judged against a guided agent's gold
-  episodes blamed the memories that had earned its only rewards).
+  one baseline for a tenant, a weaker agent's episodes all end below it and
+  every memory it uses is blamed, however much it helped.
 - Credit to memory i: c_i = sum_t A_t * w_i,t, and the update carries the mean
   per use, c_i / n_i (n_i = number of steps that served i). The store's utility
   is an EMA of that per-use credit (the applier does the EMA), so a memory is
@@ -40,34 +34,25 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   on arrival with the stored outcome; outcomes that never arrive expire with the
   window (``ttl_ms`` after the episode's last activity) and credit nothing.
 - Served vs used: the responder records what a response *served*, weighted by
-  normalised score. Only the agent knows what it actually *used* for its
-  decision, so it may report its own record for the same request
-  (``source="agent"``: its own split, 0 for memories it ignored). The agent's
-  record replaces the served one whichever arrives first; a served record
-  after an agent one is ignored. Memories with weight 0 get a use and no
-  credit (``evidence=False``: the ranking's exploration bonus shrinks with
-  uses, the utility stays where it was), not blame and not an EMA step
-  towards 0. Without such reports
-  co-served memories share credit by score ("hitchhikers" of a decisive
-  memory are credited with it). An agent record that arrives after its
-  request was already credited cannot be re-split; it is counted in
-  ``late_agent_reports`` and ignored.
+  normalised score. Only the agent knows what it actually *used*, so it may
+  report its own record for the same request (``source="agent"``: its own
+  split, 0 for memories it ignored). The agent's record replaces the served one
+  whichever arrives first; a served record after an agent one is ignored.
+  Memories with weight 0 get a use and no credit (``evidence=False``: the
+  ranking's exploration bonus shrinks with uses, the utility stays), not blame.
+  Without such reports co-served memories share credit by score. An agent
+  record that arrives after its request was already credited cannot be
+  re-split; it is counted in ``late_agent_reports`` and ignored.
 - Step evidence: an agent record may carry the reward the agent observed right
   after acting on that decision. Where its sign contradicts the sign of the
-  use's advantage A_t (the discounted outcome minus the baseline, above: a
-  directly rewarded step with A_t < 0, or a directly punished step with
-  A_t > 0) the outcome says nothing about that use, and like a use after the
-  outcome's step it is left out: no credit, no blame and not counted as a use
-  (a use with utility 0 would make a memory whose first use was rewarded look
-  "tried without credit" to the ranking and end its exploration bonus). Only
-  the sign is used, so this is free of the reward's scale.
-  Why: an outcome alone cannot tell which decision failed the episode. On
-  ScienceWorld (issue 13, sci13f run R8) a random fallback failed find-plant
-  after "go to greenhouse" had earned its reward; the outcome's -42 advantage took
-  that memory's utility from 9.7 to -0.6, it fell out of the five served in the
-  next variation, and that episode was lost three repeats in a row. A use with
-  reward 0 (or no reward reported) is judged by the outcome as before, and a
-  use whose reward agrees with the outcome takes the outcome's full advantage.
+  use's advantage A_t (a directly rewarded step with A_t < 0, or a directly
+  punished one with A_t > 0) the outcome says nothing about that use, and like a
+  use after the outcome's step it is left out: no credit, no blame, no use.
+  Only the sign is used, so this is free of the reward's scale. Why: an outcome
+  alone cannot tell which decision failed the episode, and one late mistake
+  would otherwise wipe out the utility of the step that earned a reward.
+
+Cases behind these rules: docs/design/2026-12-02-ops-credit.md.
 """
 
 from __future__ import annotations
@@ -271,7 +256,7 @@ def apply_utility(
     ``evidence`` (every use had weight 0: the memory was served or considered and not
     acted on) adds its uses and leaves the utility alone: the outcome says nothing
     about a memory nobody followed, so it neither earns nor loses credit (an EMA step
-    towards 0 would erode what it earned where it was followed; issue 13). The last
+    towards 0 would erode what it earned where it was followed). The last
     `remember` update ids live in the row's metadata (``credit_ids``), which is
     what makes a replayed update a no-op.
     """

@@ -1,7 +1,5 @@
 """The dopamine gate: route a transition to core, buffer or drop by its smoothed |RPE|.
 
-Design decisions:
-
 - Policy and state are separate. ``Gate`` is an immutable, validated policy
   (built by ``Gate.percentile`` or ``Gate.fixed``); ``GateState`` holds the
   per-tenant decayed quantile sketch and is what a changelogged table stores.
@@ -12,20 +10,17 @@ Design decisions:
   theta_high = max(Q(q_high), floor, theta_low). The absolute floor stops a
   quiet tenant (all scores tiny) from filling core with noise just because some
   score is always in its top decile.
-- The floor cannot drop what the stream clearly separates from its mundane
-  bulk (issue 13): floor' = min(floor, bulk edge), bulk edge = median +
-  max(outlier_k * 1.4826 * MAD, min_separation). In a sparse-reward stream
-  (most steps mundane) Q(q_low) and Q(q_high) both sit inside the bulk, so
-  theta_low = theta_high = floor and the buffer band was empty (the three-way
-  route degenerated to keep/drop, measured on ScienceWorld and the Gymnasium
-  demos). Now scores past the bulk edge but below the floor go to the buffer
-  (reason ``above_bulk``): the middle tier, kept short-lived by maintenance's
-  buffer TTL and floor. Core is unchanged: theta_high and the outlier rule are
-  the same as before, so a score reaches core exactly when it did. In a
-  dense stream (bulk edge above the floor) nothing changes at all.
-  ``min_separation`` (0.1 of the tenant's RPE scale, scale free like every
-  threshold here) keeps a near-constant stream (MAD ~ 0) from calling tiny
-  wiggles "separated".
+- Bulk edge: floor' = min(floor, median + max(outlier_k * 1.4826 * MAD,
+  min_separation)). In a sparse-reward stream (most steps mundane) Q(q_low) and
+  Q(q_high) both sit inside the mundane bulk, so with the floor alone
+  theta_low = theta_high = floor, the buffer band is empty and the three-way
+  route degenerates to keep/drop. Scores past the bulk edge but below the floor
+  therefore go to the buffer (reason ``above_bulk``): the middle tier, kept
+  short-lived by maintenance's buffer TTL and floor. Core routing does not
+  depend on the bulk edge, and in a dense stream (bulk edge above the floor) it
+  changes nothing. ``min_separation`` (0.1 of the tenant's RPE scale, scale free
+  like every threshold here) keeps a near-constant stream (MAD ~ 0) from calling
+  tiny wiggles "separated".
 - Robust outlier rule: s >= median + max(outlier_k * 1.4826 * MAD, floor) and
   s >= floor goes to core even below theta_high. Frequent real surprises (a
   cliff hit in 20-30 % of steps) pull q_high into their own mass, which would
@@ -41,6 +36,8 @@ Design decisions:
   above 1.5 sigma.
 - Gate strength g = sigmoid(alpha * s - beta) is reported with every decision
   (it is stored with the memory), independent of the route.
+
+Why the bulk edge: docs/design/2026-12-02-ops-gate-bulk-edge.md.
 """
 
 from __future__ import annotations
