@@ -6,97 +6,67 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   are unit; negative cosine means unrelated, not "anti-relevant").
 - salience: how much the memory mattered, in [0, 1]:
   ``(1 - w_u) * surprise + w_u * (0.5 + 0.5 * tanh(u))``
-  with the optimistic utility ``u = utility + explore / (1 + uses)^2``.
-  surprise is the write path's verdict, scale free (issue 13): 1 for a core
-  memory (the gate, hindsight or credit judged that it matters, each against
-  this tenant's own distribution), else ``1 - exp(-s / rpe_scale)`` with
-  s = max(|rpe|, rpe_smoothed): the stored tenant-normalised RPE (a z-score)
-  or the gate's score, which also carries the reward's surprise against the
-  tenant's usual reward (operators/rpe.py). ``rpe_scale`` = 2 puts a 2-sigma
-  surprise at 0.63. Why not the magnitude for core memories: a larger reward
-  is not evidence that a memory is more relevant to a query (on ScienceWorld,
-  among identical "The door is now open." rows, the +17 of one subgoal
-  outranked the +8 of the subgoal the query needed, deterministically, where
-  cosine left them tied); what separates equally similar memories is whether
-  they mattered at all (core vs the buffer tier vs mundane) and what using
-  them earned (utility). Utility is the credit job's EMA of
-  advantage per use; 0 sits at the neutral 0.5, so credit raises or lowers a
-  memory relative to uncredited ones. w_u defaults to 0.5.
-- exploration (optimistic initial values, count-based): ``uses`` is how
-  many credited uses a memory has (the credit applier adds them, also for
-  uses with zero credit). A memory nobody has tried yet gets the bonus
-  ``explore`` (default 1.0); it shrinks as 1/(1 + uses)^2, so a memory that
-  was served without earning credit loses its head start to untried ones, and
-  an untried memory gets its chance to earn credit. The fast decay (rather
-  than UCB's 1/sqrt(n)) is deliberate: after one fruitless try the bonus is
-  explore/4, below the utility a memory that helped earns in one or two uses
-  (an EMA step is utility_beta * advantage, ~0.1-0.2 for a clear success), so
-  a memory that helped keeps its place by its utility and one that did not
-  makes room quickly. In a store nobody credits, every memory has the same
-  bonus: the credit half of salience is a constant 0.88 instead of 0.5
-  (ranking changes only through the recency factor it multiplies).
+  with the optimistic utility ``u = utility + explore / (1 + uses)^2``
+  (w_u defaults to 0.5). surprise is the write path's verdict, scale free: 1
+  for a core memory (the gate, hindsight or credit judged that it matters,
+  each against this tenant's own distribution), else ``1 - exp(-s / rpe_scale)``
+  with s = max(|rpe|, rpe_smoothed) (``rpe_scale`` = 2 puts a 2-sigma surprise
+  at 0.63). Not the reward's magnitude for core memories: a larger reward is no
+  evidence that a memory is more relevant to a query; what separates equally
+  similar memories is whether they mattered at all (core vs buffer vs mundane)
+  and what using them earned. Utility is the credit job's EMA of advantage per
+  use; 0 sits at the neutral 0.5.
+- exploration (optimistic initial values, count-based): ``uses`` counts a
+  memory's credited uses. An untried memory gets the bonus ``explore`` (default
+  1.0), shrinking as 1/(1 + uses)^2: after one fruitless try it is explore/4,
+  below what a memory that helped earns in one or two uses, so a memory that
+  helped keeps its place by its utility and one that did not makes room quickly
+  (faster than UCB's 1/sqrt(n) on purpose). In a store nobody credits every
+  memory has the same bonus, so the ranking changes only through recency.
 - evidence-adaptive lambda (``adapt``, ``lambda_with_evidence``): the count
-  schedule below keeps meaning dominant while a store is young, which also
-  means a semantically weaker memory could never be served and so never prove
-  itself. Once the memories that meaning alone would serve (the semantic top k
-  of this request's candidates) have been tried without earning credit (uses
-  > 0 and utility <= 0), meaning has had its say for this query: lambda moves
-  towards ``lambda_evidence`` (default 0.1) in proportion to the share of
-  those top-k memories that were tried and did not help. Two limits keep this
-  an exploration of *neighbours* and never a trade of proven meaning for a
-  bonus (issue 13: on ScienceWorld one below-average episode blamed the
-  memories it used, lambda fell to 0.1, and untried memories of cosine 0.56
-  outranked the query's exact match, cosine 1.0):
-  - positive evidence does not lower lambda: a top-k memory that earned
-    credit is meaning's pick *and* the outcome's, so exploiting it is right
-    (with a low lambda an untried memory's bonus could push it aside, by how
-    much depending on the reward scale the utility is on);
-  - the spread floor: lambda never falls below 1 / (1 + spread), spread =
-    the cosine of meaning's best candidate minus that of its k-th. Salience
-    times recency lies in [0, 1], so a memory can then climb only over
-    memories that are more similar by less than the spread of meaning's own
-    top k: among exact ties (spread 0) evidence re-orders the ties and
-    nothing else, and an exact match is never traded for a memory of another
-    observation because that one's evidence is better. The spread is measured
-    per query, in the encoder's own cosine scale;
-  - the exploration window: when the evidence lowered lambda, only the
+  schedule below keeps meaning dominant while a store is young, so a
+  semantically weaker memory could never be served and prove itself. Once the
+  memories meaning alone would serve (the semantic top k of this request's
+  candidates) have been tried without earning credit (uses > 0, utility <= 0),
+  lambda moves towards ``lambda_evidence`` (default 0.1) in proportion to the
+  share of them that did not help. Three limits keep this an exploration of
+  *neighbours*, never a trade of proven meaning for a bonus:
+  - positive evidence does not lower lambda: a top-k memory that earned credit
+    is meaning's pick *and* the outcome's, so exploiting it is right;
+  - the spread floor: lambda never falls below 1 / (1 + spread), spread = the
+    cosine of meaning's best candidate minus that of its k-th, per query. A
+    memory can then climb only over memories more similar by less than that
+    spread: among exact ties evidence re-orders the ties and nothing else, and
+    an exact match is never traded for another observation's better evidence;
+  - the exploration window: when evidence lowered lambda, only the
     ``explore_ranks * k`` candidates nearest in meaning (and every candidate
-    tied with the last of them) can be served, so evidence can promote a
-    memory by at most that many semantic ranks, whatever the pool size (the
-    ANN top-C) or the cosine scale of the encoder.
-  A request that sets lambda explicitly (e.g. 1.0 for pure semantic search)
-  is never adapted.
+    tied with the last of them) can be served, whatever the pool size or the
+    encoder's cosine scale.
+  A request that sets lambda explicitly (e.g. 1.0 for pure semantic search) is
+  never adapted.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
-  (1000: 43 minutes for the default 30 days, recency moves by < 0.07 % within
-  one step), so milliseconds between two memories of one session are not a
-  difference in age: equal evidence stays an exact tie (a replay whose clock
-  jitters by a few ms ranks the same). On the memory's own clock, never the wall clock: the
-  responder passes, per agent, the highest event time it has read from that
-  agent's memories (`StreamClock`). A replayed or shifted stream therefore ranks
-  as it did live, and one agent's skewed clock does not make another agent's
-  memories look old.
-- lambda schedule: young memory stores are ranked mostly by meaning (a handful
-  of memories carry little salience signal yet); as the tenant's store grows,
-  salience weighs more. lambda(n) interpolates log-linearly from ``hi`` (0.97) at
-  ``young`` memories to ``lo`` (0.9) at ``mature`` memories. A request may
-  override it. Why so high (issue 13; it was 0.9 -> 0.4): salience * recency is
-  in [0, 1], so it can lift a memory over one at most (1 - lambda) / lambda
-  more similar: 0.03 of cosine in a young store, 0.11 in a mature one. Surprise,
-  outcome evidence and recency then break near-ties of meaning (identical
-  observation strings above all) and never trade a clearly closer memory for a
-  surprising one: on ScienceWorld a salience-heavy mix retrieved worse than
-  cosine over the same stored set. Credited evidence still moves lambda
-  towards ``lambda_evidence`` (below), where outcomes have shown what helps.
+  (1000: 43 minutes for the default 30 days), so milliseconds between two
+  memories of one session are not a difference in age and equal evidence stays
+  an exact tie. On the memory's own clock, never the wall clock: the responder
+  passes, per agent, the highest event time it has read from that agent's
+  memories (`StreamClock`), so a replayed or shifted stream ranks as it did
+  live and one agent's skewed clock does not age another's memories.
+- lambda schedule: lambda(n) interpolates log-linearly from ``hi`` (0.97) at
+  ``young`` memories to ``lo`` (0.9) at ``mature`` memories of the tenant; a
+  request may override it. Why so high: salience * recency is in [0, 1], so it
+  can lift a memory over one at most (1 - lambda) / lambda more similar (0.03
+  of cosine in a young store, 0.11 in a mature one). Surprise, outcome evidence
+  and recency break near-ties of meaning (identical observations above all) and
+  never trade a clearly closer memory for a surprising one.
 - MMR (optional): greedy maximal marginal relevance on the re-ranked list,
   ``mmr_score = score - mu * max cosine to already-selected``.
 - Weights of the served hits (for credit) are the scores normalised to sum 1.
-- Ties: wherever candidates are ordered (the final score, meaning's top k of the
-  evidence-adaptive lambda, the exploration window), exactly equal values are
-  ordered by memory id (`tie_key`), never by the order the store returned them in
-  (which varies between calls): the same query over the same store gets the same
-  answer, and two rankings whose scores tie in the same places (semantic and
-  hybrid where evidence does not distinguish candidates) order the ties alike.
+- Ties: wherever candidates are ordered, exactly equal values are ordered by
+  memory id (`tie_key`), never by the order the store returned them in, so the
+  same query over the same store gets the same answer.
+
+Cases behind these choices: docs/design/2026-12-02-ops-ranking.md.
 """
 
 from __future__ import annotations
