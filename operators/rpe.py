@@ -21,33 +21,28 @@ The smoothing choice, and why:
    size. kappa (default 0.25) bounds the discount: with ema ~ 4 a |z| is only
    halved, so genuinely large errors still reach the gate; kappa = 0 disables
    agent context (s = |z|). The EMA is updated after scoring, again so an
-   observation is not judged against itself.
+   observation is not judged against itself. The ratio form is O(1) state per
+   agent and monotone in |z| for a given history, which keeps the gate's
+   ordering intuitive.
 
-   Alternatives considered: a per-agent percentile rank of |z| (loses the
-   magnitude the gate's strength g needs, costs a sketch per agent, and is
-   meaningless for an agent's first transitions); a per-agent z-score of |z|
-   (goes negative and explodes when an agent's errors are nearly constant).
-   The ratio form is O(1) state per agent and monotone in |z| for a given
-   history, which keeps the gate's ordering intuitive.
-
-3. Reward surprise (issue 13). ``RewardSurprise`` scores how far a reward is
-   from the tenant's *usual* reward, in units of the mean absolute deviation
-   from it: s_r = |r - usual| / E|r - usual|. The TD error alone cannot carry
-   sparse, heavy-tailed rewards: on ScienceWorld (+1..+25 for progress, -100
-   for failing, 84 % of steps 0) an online value model over text embeddings
-   errs on mundane steps by about as much as a +8 reward, and the RMS scale is
-   set by the -100s, so a rewarded step's |z| sat inside the mundane bulk
-   (measured: median 0.04 vs 0.03). Against the usual reward a mundane step
-   scores exactly 0 and any reward stands out; the mean absolute deviation,
-   unlike an RMS, grows only linearly with a tail (one -100 among +5s does not
-   blind the +5s). The usual reward is the value holding at least half of the
+3. Reward surprise. ``RewardSurprise`` scores how far a reward is from the
+   tenant's *usual* reward, in units of the mean absolute deviation from it:
+   s_r = |r - usual| / E|r - usual|. The TD error alone cannot carry sparse,
+   heavy-tailed rewards: an online value model over text embeddings errs on
+   mundane steps by about as much as a small reward, and the RMS scale is set
+   by the rare large penalties, so a rewarded step's |z| sits inside the
+   mundane bulk. Against the usual reward a mundane step scores exactly 0 and
+   any reward stands out; the mean absolute deviation, unlike an RMS, grows
+   only linearly with a tail (one -100 among +5s does not blind the +5s). The usual reward is the value holding at least half of the
    decayed weight of recent rewards (0 in sparse tasks, -1 per step in Taxi
    or CliffWalking). When no value does (dense, continuous rewards) the score
-   is 0 and the gate runs on the TD error alone, as before.
+   is 0 and the gate runs on the TD error alone.
    ``extrinsic_score`` = max(smoothed |z|, s_r) is the write path's one
    extrinsic gate score (a reward-free intrinsic surprise combines with it).
 
 Valence keeps the sign of delta: +1 a pleasant surprise, -1 a painful lesson.
+
+Measurements and rejected alternatives: docs/design/2026-12-02-ops-rpe.md.
 """
 
 from __future__ import annotations

@@ -19,17 +19,12 @@ Design decisions:
   model as of the last update; it splits a micro-batch at update boundaries. So
   the model and every TD error are the same however the stream was cut into
   micro-batches (what still depends on the cut is read once per micro-batch
-  downstream: the RPE normaliser's sigma and the gate's thresholds, worth
-  0.2 points of storage on the stream below). Why (issue 13,
-  BENCHMARKS.md "sci13g"): training once per micro-batch made the memory depend
-  on the client's publishing pattern. The 890-step ScienceWorld stream stored
-  17.3 % of its steps when it arrived in batches of 512 (one update per batch,
-  as every benchmark had published), but 25.8 % when it arrived one step at a time
-  (890 updates), the extra rows mundane (core precision 0.99 -> 0.87): on a
-  sparse-reward stream a value model fitted step by step turns its own changing
-  predictions into TD noise. The default of 256 transitions per update is the
-  cadence the gate was measured with (the demo's batches of 256, the benches'
-  bulk batches of 256-512); on that stream 128 gave 20.9 % and 64 gave 22.7 %.
+  downstream: the RPE normaliser's sigma and the gate's thresholds). Why:
+  training once per micro-batch makes the memory depend on the client's
+  publishing pattern, and on a sparse-reward stream a value model fitted step
+  by step turns its own changing predictions into TD noise that the gate
+  stores as surprise. 256 transitions per update is the cadence the gate's
+  defaults were tuned at (docs/design/2026-12-02-ops-value-cadence.md).
   ``update`` (one TD step on what it is given) remains for direct use. Until a
   tenant's first update its TD errors use reward std 1 (nothing folded yet); the
   write path divides them by its own running sigma anyway.
