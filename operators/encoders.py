@@ -23,10 +23,9 @@ Design decisions:
   frequency from its vocabulary rank: no corpus), and a text is the mean of its
   tokens' rows, so encoding is a table lookup (thousands of texts/s on one core)
   instead of a transformer pass. No PCA: the rows keep MiniLM's 384 dims and are
-  not centred. model2vec's default (PCA to 256 dims, which centres the rows) lost
-  0.07 hit@5 on real text against this recipe (BENCHMARKS.md "Encoders": LoCoMo,
-  all ten conversations); the recipe is model2vec's defaults except ``pca_dims``,
-  chosen without tuning any weight on the evaluation set. Distilled once
+  not centred (model2vec's default PCA to 256 dims retrieves worse on real text,
+  docs/design/2026-12-02-ops-encoders.md); otherwise the recipe is model2vec's
+  defaults, no weight tuned on an evaluation set. Distilled once
   (``scripts/setup.sh``, or lazily on first use with a progress line; minutes on
   2 cores) into ``static_path`` (default ``~/.cache/dmem/minilm-static-384``; the
   directory name carries the recipe's dim, so a model of an older recipe is never
@@ -316,9 +315,9 @@ def remove_common_component(vectors: np.ndarray) -> np.ndarray:
     the vocabulary rank that model2vec's SIF weights use (no corpus). Without it
     every pair of texts sits at cosine ~0.88 (LoCoMo turns: median 0.88, nearest
     neighbour 0.95), which crushes what the pipeline compares to absolute levels
-    (the dedup tau, novelty's ``repeat_cos``, the semantic term of the ranking);
+    (the dedup tau, the surprise's ``repeat_cos``, the semantic term of the ranking);
     with it the medians are 0.55 and 0.80 (MiniLM: 0.27 and 0.74), at a cost in
-    retrieval (BENCHMARKS.md "Encoders").
+    retrieval (docs/design/2026-12-02-ops-encoders.md).
     """
     inv_rank = 1.0 / np.arange(2, vectors.shape[0] + 2)
     mu = (inv_rank / inv_rank.sum()) @ vectors.astype(np.float64)

@@ -369,7 +369,7 @@ class TDValueLearner:
     ) -> float | None:
         """Queue transitions; at the ``update_every`` boundary, `update` on the queued
         ones and return its loss (else None). Takes at most `until_update` rows, so a
-        caller splits its batch at the boundary (call `td_errors` first, as before)."""
+        caller splits its batch at the boundary (call `td_errors` on it first)."""
         s_a, r_a, sn_a, d_a = self._check(s, r, s_next, done)
         n = r_a.shape[0]
         if n > self.until_update:
