@@ -33,10 +33,11 @@ The smoothing choice, and why:
    by the rare large penalties, so a rewarded step's |z| sits inside the
    mundane bulk. Against the usual reward a mundane step scores exactly 0 and
    any reward stands out; the mean absolute deviation, unlike an RMS, grows
-   only linearly with a tail (one -100 among +5s does not blind the +5s). The usual reward is the value holding at least half of the
-   decayed weight of recent rewards (0 in sparse tasks, -1 per step in Taxi
-   or CliffWalking). When no value does (dense, continuous rewards) the score
-   is 0 and the gate runs on the TD error alone.
+   only linearly with a tail (one -100 among +5s does not blind the +5s). The
+   usual reward is the value holding at least half of the decayed weight of
+   recent rewards (0 in sparse tasks, -1 per step in Taxi or CliffWalking).
+   When no value does (dense, continuous rewards) the score is 0 and the gate
+   runs on the TD error alone.
    ``extrinsic_score`` = max(smoothed |z|, s_r) is the write path's one
    extrinsic gate score (a reward-free intrinsic surprise combines with it).
 
