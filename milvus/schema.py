@@ -19,10 +19,10 @@ stays correct if a caller forgets to normalise). Milvus Lite gets ``AUTOINDEX``
 server gets HNSW (M=16, efConstruction=200). ``tenant`` gets a scalar index:
 INVERTED (Lite, Milvus >= 2.4), falling back to Trie (Milvus 2.3).
 
-Primary key (issue 21): ``key`` = ``tenant|id``, not the memory id. Memory ids
-are client-chosen and unique only within a tenant; with the id as the primary
-key, tenant B's upsert of A's id overwrote A's row (Lite: pk unique per
-collection) and every delete/move by id reached all tenants. ``id`` stays an
+Primary key: ``key`` = ``tenant|id``, not the memory id. Memory ids are
+client-chosen and unique only within a tenant; with the id as the primary key,
+tenant B's upsert of A's id would overwrite A's row (Lite: pk unique per
+collection) and every delete/move by id would reach all tenants. ``id`` stays an
 ordinary VARCHAR field holding the client-facing memory id.
 """
 

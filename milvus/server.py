@@ -92,7 +92,7 @@ try:
         # restart on the same ports: the wheel's probe bind (no SO_REUSEADDR) fails
         # for ~60 s while old connections sit in TIME_WAIT and then scans upward to
         # another port; milvus itself (Go) binds with SO_REUSEADDR, so probe alike
-        # (measured: even with SO_REUSEADDR the probe can fail on a pinned port
+        # (even with SO_REUSEADDR the probe can fail on a pinned port
         # right after a stop, and one component scanning upward onto another's
         # port moves the proxy); every pinned port is therefore trusted as long as
         # nothing listens on it, and milvus reports a real conflict itself

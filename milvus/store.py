@@ -7,14 +7,14 @@ A file URI (``*.db``) means Milvus Lite, ``http(s)://host:port`` a Milvus server
 
 Invariant: a memory (tenant, id) lives in exactly ONE partition.
 
-Tenant isolation of writes (issue 21): memory ids are client-chosen and unique
+Tenant isolation of writes: memory ids are client-chosen and unique
 only within a tenant, so the primary key is the storage key ``tenant|id``
 (``schemas.storage_key``, field ``key``), computed here on every write (a
 caller's ``key`` is ignored) and never returned by a read. Every operation on
 rows by id takes the tenant (``get``, ``move``, ``delete``, ``update_fields``)
 and addresses keys only, so no call can read, overwrite, move or delete another
 tenant's row whatever ids it names. ``upsert`` takes the tenant from each
-record. A collection created before this layout (primary key ``id``) is refused
+record. A collection keyed by memory id alone (primary key ``id``) is refused
 at connect with a one-line error naming ``dmem migrate``
 (`MemoryStore.migrate_storage_keys`).
 
@@ -218,7 +218,7 @@ MAX_JSON_BYTES = 65_536
 
 
 def legacy_layout_message(collection: str, uri: str) -> str:
-    """The one-line refusal for a collection keyed by memory id alone (pre issue 21)."""
+    """The one-line refusal for a collection keyed by memory id alone (no storage keys)."""
     return (
         f"collection {collection!r} at {uri} is keyed by memory id alone (created before "
         "tenant-scoped storage keys): run `dmem migrate` (DMEM_MILVUS__URI and "
@@ -469,10 +469,9 @@ class MemoryStore:
         After ``flush`` a Milvus server still builds HNSW over every sealed
         segment and auto-compacts the segments that carry deletes (every server
         ``upsert`` deletes its ids from the other partition first), re-indexing
-        the compacted ones. On 2 cores that is 100 % of a core for a minute at
-        100k rows, and a search issued meanwhile competes with it (measured p99
-        100-300 ms instead of ~20). So: trigger one manual compaction, wait for
-        it, then wait until every row is indexed on two consecutive polls.
+        the compacted ones, and a search issued meanwhile competes with it
+        (docs/design/2026-12-02-ops-store.md). So: trigger one manual compaction,
+        wait for it, then wait until every row is indexed on two consecutive polls.
         Returns ``{"compact_s", "index_s"}``; a timeout raises ``StoreUnavailable``.
         """
         out = {"compact_s": 0.0, "index_s": 0.0}
@@ -1003,10 +1002,9 @@ class MemoryStore:
 
         Several partitions: ONE search over all of them; each hit's partition
         comes from the stamp every write puts into ``metadata`` (``PART_KEY``;
-        Milvus does not report a hit's partition). Measured at 20k rows on the
-        2-core machine: one call 6.1 ms p50 / 15 ms p99 and 4.6 ms of server CPU,
-        two parallel per-partition calls 10.3 / 43 ms and 7.2 ms CPU. If any hit
-        lacks a valid stamp (a row written before stamping, or by another
+        Milvus does not report a hit's partition): one call costs less latency
+        and server CPU than one per partition (docs/design/2026-12-02-ops-store.md).
+        If any hit lacks a valid stamp (a row written before stamping, or by another
         client), the search falls back to one call per partition, which labels
         hits by construction.
         """

@@ -4,7 +4,7 @@ Several writers rewrite rows they read a moment earlier (the credit applier, the
 access flush, dedup merges, decay moves, hindsight re-scores, a redelivered write
 batch). Without a guard, a forget that lands between such a read and its write is
 undone: the writer upserts the row it read and the forgotten memory is back
-(seen in CI: a thumbs-up applied right after ``forget`` resurrected the memory).
+(a thumbs-up applied right after ``forget`` would resurrect the memory).
 
 The guard has two halves:
 
