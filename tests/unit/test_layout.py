@@ -1,4 +1,4 @@
-"""The house rules of the layout (DESIGN.md "Layout"), checked on the source itself.
+"""The house rules of the layout (docs/architecture.md "Layout"), checked on the source itself.
 
 Every import of the project's packages is read from the AST, module-level and
 lazy (inside functions) alike: a lazy import is still a dependency and can still
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "operators", "milvus", "streams", "dmem")
-#: which top-level packages each package may import (DESIGN.md's table)
+#: which top-level packages each package may import (the table in docs/architecture.md)
 ALLOWED = {
     "schemas": {"schemas"},
     "operators": {"schemas", "operators"},
