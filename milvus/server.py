@@ -330,8 +330,11 @@ class EmbeddedMilvusServer:
             )
         self.port = int(msg["port"])
         if isinstance(msg.get("ports"), dict):  # what the wheel really used: restart() pins it
-            self._ports = {**ports, "ports": {k: int(v) for k, v in msg["ports"].items()},
-                           "web_port": int(msg.get("web_port") or ports["web_port"])}
+            self._ports = {
+                **ports,
+                "ports": {k: int(v) for k, v in msg["ports"].items()},
+                "web_port": int(msg.get("web_port") or ports["web_port"]),
+            }
         self.start_s = time.monotonic() - t0
         return self.uri
 

@@ -422,9 +422,15 @@ class MemoryStore:
                     rows: dict[str, int] = {}
                     keys: set[str] = set()
                     for part in PARTITIONS:
-                        it = c.query_iterator(old, batch_size=page, filter='id != ""',
-                                              output_fields=fields, partition_names=[part],
-                                              timeout=t, consistency_level="Strong")
+                        it = c.query_iterator(
+                            old,
+                            batch_size=page,
+                            filter='id != ""',
+                            output_fields=fields,
+                            partition_names=[part],
+                            timeout=t,
+                            consistency_level="Strong",
+                        )
                         n = 0
                         try:
                             while batch := it.next():
@@ -437,8 +443,10 @@ class MemoryStore:
                     # one row per (tenant, id): a server copy left in both partitions by
                     # an interrupted move ends up once, in the partition copied last
                     if self.count() != len(keys):
-                        raise StoreError(f"migration copy of {old!r} has {self.count()} rows, "
-                                         f"expected {len(keys)}")
+                        raise StoreError(
+                            f"migration copy of {old!r} has {self.count()} rows, "
+                            f"expected {len(keys)}"
+                        )
                 finally:
                     self.collection, self._client = old, None
                 c.release_collection(tmp, timeout=t)
@@ -462,8 +470,9 @@ class MemoryStore:
         _unstamp(out)
         return out
 
-    def wait_indexed(self, timeout_s: float = 600.0, *, compact: bool = True,
-                     poll_s: float = 1.0) -> dict[str, float]:
+    def wait_indexed(
+        self, timeout_s: float = 600.0, *, compact: bool = True, poll_s: float = 1.0
+    ) -> dict[str, float]:
         """Block until the background work of a bulk load is done (server only).
 
         After ``flush`` a Milvus server still builds HNSW over every sealed
@@ -490,14 +499,17 @@ class MemoryStore:
         with self._errors("compact"):
             if compact:
                 job = c.compact(name, timeout=self.timeout_s)
-                wait("compaction", lambda: str(c.get_compaction_state(
-                    job, timeout=self.timeout_s)) == "Completed")
+                wait(
+                    "compaction",
+                    lambda: str(c.get_compaction_state(job, timeout=self.timeout_s)) == "Completed",
+                )
             out["compact_s"] = time.monotonic() - t0
 
             def indexed() -> bool:
                 d = c.describe_index(name, VECTOR_FIELD, timeout=self.timeout_s)
                 return int(d.get("pending_index_rows", 0)) == 0 and int(
-                    d.get("indexed_rows", 0)) >= int(d.get("total_rows", 0))
+                    d.get("indexed_rows", 0)
+                ) >= int(d.get("total_rows", 0))
 
             def indexed_twice() -> bool:  # a compaction may re-open index work
                 if not indexed():
@@ -587,8 +599,9 @@ class MemoryStore:
             else:
                 raise InvalidRecord(f"missing field {name!r}", key=key)
             row[name] = self._coerce(spec, value, key)
-        row[PRIMARY_FIELD] = self._coerce(_SPECS[PRIMARY_FIELD],
-                                          _key(row["tenant"], row[ID_FIELD]), key)
+        row[PRIMARY_FIELD] = self._coerce(
+            _SPECS[PRIMARY_FIELD], _key(row["tenant"], row[ID_FIELD]), key
+        )
         return row
 
     def _coerce(self, spec: FieldSpec, value: Any, key: str | None) -> Any:
@@ -686,8 +699,12 @@ class MemoryStore:
             for batch in self._batches(rows):
                 if not self.is_lite:  # server: pk unique per partition (see module doc)
                     self._delete_keys([r[PRIMARY_FIELD] for r in batch], _other(part))
-                c.upsert(self.collection, _stamped(batch, part), partition_name=part,
-                         timeout=self.timeout_s)
+                c.upsert(
+                    self.collection,
+                    _stamped(batch, part),
+                    partition_name=part,
+                    timeout=self.timeout_s,
+                )
         return len(rows)
 
     def _alive(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -711,8 +728,12 @@ class MemoryStore:
             return 0
         with self.tombstones.lock.exclusive():
             self.tombstones.add(keys, at)
-            found = sorted({_key(r["tenant"], r[ID_FIELD])
-                            for r in self._fetch(keys, list(PARTITIONS), fields=["tenant"])})
+            found = sorted(
+                {
+                    _key(r["tenant"], r[ID_FIELD])
+                    for r in self._fetch(keys, list(PARTITIONS), fields=["tenant"])
+                }
+            )
             if found:
                 with self._errors("delete"):
                     self._delete_keys(found, None)
@@ -738,10 +759,19 @@ class MemoryStore:
         with self.tombstones.lock.shared(), self._errors("move"):
             rows = self._fetch(_tenant_keys(tenant, ids), [src], with_vector=True)
             for batch in self._batches(rows):
-                clean = [{**{k: v for k, v in r.items() if k != "partition"},
-                          PRIMARY_FIELD: _key(r["tenant"], r[ID_FIELD])} for r in batch]
-                c.upsert(self.collection, _stamped(clean, target), partition_name=target,
-                         timeout=self.timeout_s)
+                clean = [
+                    {
+                        **{k: v for k, v in r.items() if k != "partition"},
+                        PRIMARY_FIELD: _key(r["tenant"], r[ID_FIELD]),
+                    }
+                    for r in batch
+                ]
+                c.upsert(
+                    self.collection,
+                    _stamped(clean, target),
+                    partition_name=target,
+                    timeout=self.timeout_s,
+                )
                 if not self.is_lite:
                     self._delete_keys([_key(r["tenant"], r[ID_FIELD]) for r in batch], src)
         return len(rows)
@@ -751,8 +781,10 @@ class MemoryStore:
         wanted = _tenant_keys(tenant, ids)
         if not wanted:
             return 0
-        found = {_key(r["tenant"], r[ID_FIELD])
-                 for r in self._fetch(wanted, list(PARTITIONS), fields=["tenant"])}
+        found = {
+            _key(r["tenant"], r[ID_FIELD])
+            for r in self._fetch(wanted, list(PARTITIONS), fields=["tenant"])
+        }
         if found:
             with self._errors("delete"):
                 self._delete_keys(sorted(found), None)
@@ -790,8 +822,12 @@ class MemoryStore:
                 prow = self._alive(prow)
                 written += len(prow)
                 for batch in self._batches(prow):
-                    c.upsert(self.collection, _stamped(batch, part), partition_name=part,
-                             timeout=self.timeout_s)
+                    c.upsert(
+                        self.collection,
+                        _stamped(batch, part),
+                        partition_name=part,
+                        timeout=self.timeout_s,
+                    )
         return written
 
     # -- reads ---------------------------------------------------------------------
@@ -904,8 +940,12 @@ class MemoryStore:
         with self._errors("query"):
             for part in PARTITIONS:
                 for chunk in _chunks(want, self.batch_size):
-                    flt = E.and_all([E.build_filter(tenant=tenant),
-                                     E.json_contains_any("metadata.merge.ids", list(chunk))])
+                    flt = E.and_all(
+                        [
+                            E.build_filter(tenant=tenant),
+                            E.json_contains_any("metadata.merge.ids", list(chunk)),
+                        ]
+                    )
                     res = c.query(self.collection, filter=flt, output_fields=fields,
                                   partition_names=[part], timeout=self.timeout_s,
                                   consistency_level=self.consistency_level)  # fmt: skip

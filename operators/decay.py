@@ -74,7 +74,6 @@ PART_NAME = ("core", "buffer")
 DAY_MS = 24 * 3600 * 1000
 
 
-
 @dataclass(frozen=True)
 class MaintenancePolicy:
     """Every knob of the maintenance jobs: decay's, and dedup's ``tau`` and

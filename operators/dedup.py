@@ -72,7 +72,6 @@ CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "minilm-static": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 
-
 @dataclass(frozen=True)
 class MergeGroup:
     survivor: str

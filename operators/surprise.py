@@ -133,8 +133,12 @@ class RewardMix:
         return max(0.0, 1.0 - self.rate / self.rate_full)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "rate_full": self.rate_full, "rate": self.rate,
-                "count": self.count}
+        return {
+            "alpha": self.alpha,
+            "rate_full": self.rate_full,
+            "rate": self.rate,
+            "count": self.count,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardMix:
@@ -184,8 +188,12 @@ class TokenSurprisal:
 
     def to_dict(self) -> dict[str, Any]:
         # float16 (counts stay below MAX_COUNT): 32 KB for 2^14 buckets
-        return {"buckets": self.buckets, "smoothing": self.smoothing, "total": self.total,
-                "counts_b64": base64.b64encode(self.counts.astype(np.float16).tobytes()).decode()}
+        return {
+            "buckets": self.buckets,
+            "smoothing": self.smoothing,
+            "total": self.total,
+            "counts_b64": base64.b64encode(self.counts.astype(np.float16).tobytes()).decode(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TokenSurprisal:
@@ -211,8 +219,9 @@ class RndSurprise:
     state to checkpoint.
     """
 
-    def __init__(self, dim: int, hidden: int = 64, out: int = 32, lr: float = 0.05,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, dim: int, hidden: int = 64, out: int = 32, lr: float = 0.05, seed: int = 0
+    ) -> None:
         if dim <= 0 or hidden <= 0 or out <= 0 or lr <= 0:
             raise ValueError("dim, hidden, out and lr must be positive")
         self.dim, self.hidden, self.out, self.lr, self.seed = dim, hidden, out, lr, seed
@@ -243,8 +252,14 @@ class RndSurprise:
         self.updates += 1
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"dim": self.dim, "hidden": self.hidden, "out": self.out,
-                             "lr": self.lr, "seed": self.seed, "updates": self.updates}
+        d: dict[str, Any] = {
+            "dim": self.dim,
+            "hidden": self.hidden,
+            "out": self.out,
+            "lr": self.lr,
+            "seed": self.seed,
+            "updates": self.updates,
+        }
         if self.updates:  # an untrained predictor is rebuilt from the seed
             buf = io.BytesIO()
             torch.save({k: v.half() for k, v in self.predictor.state_dict().items()}, buf)
@@ -253,12 +268,20 @@ class RndSurprise:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RndSurprise:
-        r = cls(dim=int(d["dim"]), hidden=int(d["hidden"]), out=int(d["out"]),
-                lr=float(d["lr"]), seed=int(d["seed"]))
+        r = cls(
+            dim=int(d["dim"]),
+            hidden=int(d["hidden"]),
+            out=int(d["out"]),
+            lr=float(d["lr"]),
+            seed=int(d["seed"]),
+        )
         r.updates = int(d.get("updates", 0))
         if "predictor_b64" in d:
-            sd = torch.load(io.BytesIO(base64.b64decode(d["predictor_b64"])),
-                            map_location="cpu", weights_only=True)
+            sd = torch.load(
+                io.BytesIO(base64.b64decode(d["predictor_b64"])),
+                map_location="cpu",
+                weights_only=True,
+            )
             r.predictor.load_state_dict({k: v.float() for k, v in sd.items()})
         return r
 
@@ -401,16 +424,19 @@ class Contamination:
 
     def cut(self, posterior: float) -> float:
         """The fit below which a turn is off-context (-inf until warmed up)."""
-        if (posterior >= 1.0 or self.null_count == 0
-                or min(self.count, self.null_count) < self.warmup):
+        if (
+            posterior >= 1.0
+            or self.null_count == 0
+            or min(self.count, self.null_count) < self.warmup
+        ):
             return -math.inf  # 1 switches the cut off
         pi0 = self.pi0()
         if pi0 <= 0.0:
             return -math.inf
         # densities with half a count of smoothing per bin at the warm-up's scale
         eps = 0.5 / max(self.warmup, 1)
-        f0 = (self.null / self.null.sum() + eps)
-        f = (self.obs / self.obs.sum() + eps)
+        f0 = self.null / self.null.sum() + eps
+        f = self.obs / self.obs.sum() + eps
         lfdr = pi0 * f0 / f
         # from the top down, over the bins that hold observed fits: a bin holding less
         # than the smoothing (half a count at the warm-up's scale; decayed counts never
@@ -436,8 +462,12 @@ class Contamination:
         return centre + w * (hi - posterior) / (hi - lo)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"obs": self.obs.round(6).tolist(), "null": self.null.round(6).tolist(),
-                "count": self.count, "null_count": self.null_count}
+        return {
+            "obs": self.obs.round(6).tolist(),
+            "null": self.null.round(6).tolist(),
+            "count": self.count,
+            "null_count": self.null_count,
+        }
 
     def load(self, d: dict[str, Any]) -> None:
         obs, null = np.asarray(d["obs"], float), np.asarray(d["null"], float)
@@ -493,8 +523,7 @@ class IntrinsicState:
         """Add ``vec`` to ``agent``'s bank (novelty and the unrelated level are measured
         against it). `score_batch` adds every turn it rates as a memory itself."""
         cfg = self.config
-        dq = _bounded(self.bank, agent, lambda: deque(maxlen=cfg.bank_per_agent),
-                      cfg.max_agents)
+        dq = _bounded(self.bank, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents)
         dq.append(np.asarray(vec, dtype=np.float32).copy())
 
     def _unrelated(self) -> tuple[float, float] | None:
@@ -520,8 +549,9 @@ class IntrinsicState:
         self.suspects[agent] = keep
         return hit
 
-    def _window_stats(self, agent: str, vec: np.ndarray, cos: np.ndarray | None,
-                      fit0: float | None) -> None:
+    def _window_stats(
+        self, agent: str, vec: np.ndarray, cos: np.ndarray | None, fit0: float | None
+    ) -> None:
         """Feed `Contamination` the statistic the guard decides by, once it is complete.
 
         A turn's final fit is its best cosine to the ``window`` turns before it and the
@@ -551,7 +581,7 @@ class IntrinsicState:
             # a contiguous run: a window of turns is about one topic; memories picked
             # one by one would cover several and fit better than an unrelated window
             start = int(self._rng.integers(old.size - m + 1))
-            null = float(old[start:start + m].max())
+            null = float(old[start : start + m].max())
         if cfg.lookahead == 0:
             self.contamination.add((fit0 - mu) / sd, None if null is None else (null - mu) / sd)
         else:
@@ -605,8 +635,7 @@ class IntrinsicState:
                     self.unrel_mean.add(float(far.mean()))
                     self.unrel_sq.add(float((far * far).mean()))
             # fit: the best cosine to the agent's last `window` turns and the next one
-            recent = _bounded(self.recent, agent, lambda: deque(maxlen=cfg.window),
-                              cfg.max_agents)
+            recent = _bounded(self.recent, agent, lambda: deque(maxlen=cfg.window), cfg.max_agents)
             fits = [float(r @ vec) for r in recent]
             if has_next[i]:
                 fits.append(float(s_next[i] @ vec))
@@ -631,8 +660,17 @@ class IntrinsicState:
                 pend = _bounded(self.suspects, agent, list, cfg.max_agents)
                 pend.append(_Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead))
             score = 0.0 if off else raw
-            out.append(IntrinsicScore(float(score), float(info), novelty, fit, off, float(raw),
-                                      tuple((v.memory_id, v.raw, v.vec) for v in vind)))
+            out.append(
+                IntrinsicScore(
+                    float(score),
+                    float(info),
+                    novelty,
+                    fit,
+                    off,
+                    float(raw),
+                    tuple((v.memory_id, v.raw, v.vec) for v in vind),
+                )
+            )
             recent.append(np.asarray(vec, dtype=np.float32).copy())
             # the bank: what the agent would remember (decided here, per turn, so the
             # score never depends on batch boundaries or on the gate's routes)
@@ -662,8 +700,7 @@ class IntrinsicState:
         return {"info": self.info_mean, "unrel": self.unrel_mean, "unrel_sq": self.unrel_sq}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], config: IntrinsicConfig | None = None
-                  ) -> IntrinsicState:
+    def from_dict(cls, d: dict[str, Any], config: IntrinsicConfig | None = None) -> IntrinsicState:
         """``config``: the operator's current knobs, which win over the checkpointed
         ones (a restart with a changed ``DMEM_INTRINSIC__*`` applies it); without it
         the checkpoint's own."""

@@ -403,8 +403,11 @@ class TDValueLearner:
     def state_bytes(self, max_replay: int | None = CHECKPOINT_REPLAY_ROWS) -> bytes:
         """Serialise everything needed to resume (see module docstring for sizes)."""
         n_rep = self.replay_len
-        pend = [np.concatenate([p[i] for p in self._pending]) for i in range(4)] \
-            if self._pending else None
+        pend = (
+            [np.concatenate([p[i] for p in self._pending]) for i in range(4)]
+            if self._pending
+            else None
+        )
         n_pend = 0 if pend is None else int(pend[1].shape[0])
         budget = None if max_replay is None else max(int(max_replay) - n_pend, 0)
         keep = n_rep if budget is None else min(n_rep, budget)
@@ -459,7 +462,12 @@ class TDValueLearner:
         learner._seen = int(rep["seen"])
         pend = state.get("pending")
         if pend is not None:
-            learner._pending = [(pend["s"].numpy().astype(np.float32), pend["r"].numpy(),
-                                 pend["s_next"].numpy().astype(np.float32),
-                                 pend["done"].numpy())]
+            learner._pending = [
+                (
+                    pend["s"].numpy().astype(np.float32),
+                    pend["r"].numpy(),
+                    pend["s_next"].numpy().astype(np.float32),
+                    pend["done"].numpy(),
+                )
+            ]
         return learner

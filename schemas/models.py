@@ -403,8 +403,7 @@ class MemoryRecord(BaseModel):
     is the client-facing memory id, unique only within its tenant.
     """
 
-    key: str = Field(default="", json_schema_extra={"milvus": {"primary": True,
-                                                                "max_length": 257}})
+    key: str = Field(default="", json_schema_extra={"milvus": {"primary": True, "max_length": 257}})
     id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
     tenant: str = Field(json_schema_extra={"milvus": {"max_length": 128}})
     agent_id: str = Field(json_schema_extra={"milvus": {"max_length": 128}})

@@ -216,8 +216,12 @@ def test_update_fields(store_factory: Factory) -> None:
     store = store_factory(dim=DIM)
     v = unit_vector(DIM, 3)
     store.upsert([make_record("u", vector=v)], "core")
-    assert store.update_fields([{"id": "u", "utility": 0.75, "uses": 3}, {"id": "nope"}],
-                               tenant="acme") == 1
+    assert (
+        store.update_fields(
+            [{"id": "u", "utility": 0.75, "uses": 3}, {"id": "nope"}], tenant="acme"
+        )
+        == 1
+    )
     (row,) = store.get(["u"], tenant="acme", with_vector=True)
     assert row["utility"] == 0.75 and row["uses"] == 3 and row["partition"] == "core"
     assert row["text"] == "memory u"

@@ -76,8 +76,9 @@ def test_store_key_is_derived_not_taken_from_the_caller(store_factory: Factory) 
 OPS = st.lists(
     st.tuples(
         st.sampled_from(TENANTS),
-        st.sampled_from(["upsert_core", "upsert_buffer", "move_core", "move_buffer", "delete",
-                         "update"]),  # fmt: skip
+        st.sampled_from(
+            ["upsert_core", "upsert_buffer", "move_core", "move_buffer", "delete", "update"]
+        ),  # fmt: skip
         st.sampled_from(IDS),
         st.integers(-5, 5),
     ),
@@ -100,8 +101,9 @@ def test_interleaved_writes_with_colliding_ids(store_factory: Factory, ops: list
         if op.startswith("upsert"):
             part = op.split("_")[1]
             text = f"{tenant} write {n}"
-            store.upsert([make_record(mid, tenant=tenant, seed=n, reward=float(value),
-                                      text=text)], part)  # type: ignore[arg-type]
+            store.upsert(
+                [make_record(mid, tenant=tenant, seed=n, reward=float(value), text=text)], part
+            )  # type: ignore[arg-type]
             model[(tenant, mid)] = (part, float(value), text)
         elif op.startswith("move"):
             part = op.split("_")[1]

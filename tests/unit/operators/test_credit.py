@@ -223,8 +223,9 @@ def test_baseline_is_per_task_a_low_scoring_task_is_judged_against_itself() -> N
     ca = CreditAssigner(gamma=1.0)
     ca.on_outcome("t", "plant0", OutcomeRecord("o", 67.0, task="find-plant", agent="loop"), 0)
     ca.on_usage("t", "animal0", usage("r", 0, ["hallway"], [1.0]), 1)
-    (up,) = ca.on_outcome("t", "animal0",
-                          OutcomeRecord("o", 17.0, task="find-animal", agent="loop"), 2)
+    (up,) = ca.on_outcome(
+        "t", "animal0", OutcomeRecord("o", 17.0, task="find-animal", agent="loop"), 2
+    )
     assert up.credit == pytest.approx(17.0)  # not 17 - 67
     assert ca.baseline("t", "find-plant", "loop") == pytest.approx(67.0)
     assert ca.baseline("t", "find-animal", "loop") == pytest.approx(17.0)

@@ -30,10 +30,12 @@ def unit(v: list[float]) -> np.ndarray:
 
 
 def test_priority_formula() -> None:
-    pol = MaintenancePolicy(half_life_ms=1000, access_half_life_ms=500, utility_weight=2.0,
-                            access_weight=0.5)
-    p, earned = priority(np.array([2.0]), np.array([1000]), np.array([0.3]), np.array([3]),
-                         np.array([500]), pol)
+    pol = MaintenancePolicy(
+        half_life_ms=1000, access_half_life_ms=500, utility_weight=2.0, access_weight=0.5
+    )
+    p, earned = priority(
+        np.array([2.0]), np.array([1000]), np.array([0.3]), np.array([3]), np.array([500]), pol
+    )
     want_earned = 2.0 * math.tanh(0.3) + 0.5 * math.log2(4) * 0.5
     assert earned[0] == pytest.approx(want_earned)
     assert p[0] == pytest.approx(2.0 * 0.5 + want_earned)
@@ -79,23 +81,35 @@ def test_plan_merges_never_merges_across_rewards() -> None:
     spans = [(0.0, 0.0), (25.0, 25.0), (0.0, 0.0), (25.1, 25.1), (25.3, 25.3), (-25.0, -25.0)]
     groups = plan_merges(ids, [1, 2, 3, 4, 5, 6], vecs, 0.95, spans, reward_tol=0.01)
     # within 1 % of every reward in the group: 25.3 would stretch {25, 25.1} to 1.2 %
-    assert [(g.survivor, g.members) for g in groups] == [("zero", ("zero2",)),
-                                                          ("r25", ("r25b",))]
+    assert [(g.survivor, g.members) for g in groups] == [("zero", ("zero2",)), ("r25", ("r25b",))]
     # an existing survivor's span counts (complete linkage across windows)
-    groups = plan_merges(["old", "new"], [1, 2], vecs[:2], 0.95,
-                         [(24.8, 25.0), (25.2, 25.2)], reward_tol=0.01)
+    groups = plan_merges(
+        ["old", "new"], [1, 2], vecs[:2], 0.95, [(24.8, 25.0), (25.2, 25.2)], reward_tol=0.01
+    )
     assert groups == []
     assert rewards_agree(0.0, 0.0, 0.01) and not rewards_agree(-1e-9, 1e-9, 0.5)
     assert not rewards_agree(0.0, 1e-12, 0.01)
 
 
 def test_merge_scope_separates_route_terminal_and_reward_sign() -> None:
-    base = {"agent_id": "a", "action": "go", "valence": 1, "partition": "core", "reward": 2.0,
-            "metadata": {"done": False}}
+    base = {
+        "agent_id": "a",
+        "action": "go",
+        "valence": 1,
+        "partition": "core",
+        "reward": 2.0,
+        "metadata": {"done": False},
+    }
     assert merge_scope(base) == merge_scope({**base, "reward": 3.0})
-    for other in ({"partition": "buffer"}, {"metadata": {"done": True}}, {"reward": 0.0},
-                  {"reward": -2.0}, {"valence": -1}, {"action": "stay"},
-                  {"metadata": {"done": False, "user": {"task": "melt"}}}):
+    for other in (
+        {"partition": "buffer"},
+        {"metadata": {"done": True}},
+        {"reward": 0.0},
+        {"reward": -2.0},
+        {"valence": -1},
+        {"action": "stay"},
+        {"metadata": {"done": False, "user": {"task": "melt"}}},
+    ):
         assert merge_scope(base) != merge_scope({**base, **other})
     # the agent's declared context is compared whole, key order aside
     a = {**base, "metadata": {"user": {"task": "melt", "variation": 1}, "merge": {"ids": ["x"]}}}
@@ -107,19 +121,50 @@ def test_merge_scope_separates_route_terminal_and_reward_sign() -> None:
 
 
 def row(mid: str, **kw: object) -> dict[str, object]:
-    base: dict[str, object] = {"id": mid, "tenant": "t", "reward": 0.0, "rpe": 0.0,
-                               "rpe_smoothed": 0.0, "gate": 0.0, "utility": 0.0, "uses": 0,
-                               "merged_count": 1, "created_ts": 0, "last_access_ts": 0,
-                               "metadata": {"user": {"k": 1}}, "partition": "buffer"}
+    base: dict[str, object] = {
+        "id": mid,
+        "tenant": "t",
+        "reward": 0.0,
+        "rpe": 0.0,
+        "rpe_smoothed": 0.0,
+        "gate": 0.0,
+        "utility": 0.0,
+        "uses": 0,
+        "merged_count": 1,
+        "created_ts": 0,
+        "last_access_ts": 0,
+        "metadata": {"user": {"k": 1}},
+        "partition": "buffer",
+    }
     base.update(kw)
     return base
 
 
 def test_merge_arithmetic_and_idempotency() -> None:
-    s = row("s", reward=1.0, rpe=0.5, merged_count=2, created_ts=100, last_access_ts=100,
-            utility=0.2, uses=1, gate=0.3, rpe_smoothed=0.4)
-    m1 = row("m1", reward=4.0, rpe=-3.0, created_ts=300, last_access_ts=350, utility=0.8, uses=3,
-             partition="core", gate=0.9, rpe_smoothed=2.0)
+    s = row(
+        "s",
+        reward=1.0,
+        rpe=0.5,
+        merged_count=2,
+        created_ts=100,
+        last_access_ts=100,
+        utility=0.2,
+        uses=1,
+        gate=0.3,
+        rpe_smoothed=0.4,
+    )
+    m1 = row(
+        "m1",
+        reward=4.0,
+        rpe=-3.0,
+        created_ts=300,
+        last_access_ts=350,
+        utility=0.8,
+        uses=3,
+        partition="core",
+        gate=0.9,
+        rpe_smoothed=2.0,
+    )
     m2 = row("m2", reward=-2.0, rpe=1.0, created_ts=200, last_access_ts=50)
     new, folded = merge_rows(s, [m1, m2])
     assert folded == ["m1", "m2"]
@@ -143,8 +188,10 @@ def test_merge_arithmetic_and_idempotency() -> None:
     merge = third["metadata"]["merge"]
     assert (merge["reward_min"], merge["reward_max"]) == (-2.0, 4.0)
     # a survivor folded into another brings the ids it stood for, and its credit ids
-    top, folded = merge_rows(row("top", metadata={"credit_ids": ["c0"]}),
-                             [{**third, "metadata": {**third["metadata"], "credit_ids": ["c1"]}}])
+    top, folded = merge_rows(
+        row("top", metadata={"credit_ids": ["c0"]}),
+        [{**third, "metadata": {**third["metadata"], "credit_ids": ["c1"]}}],
+    )
     assert folded == ["s", "m1", "m2", "m3"]
     assert top["metadata"]["merge"]["ids"] == folded and top["merged_count"] == 6
     assert top["metadata"]["credit_ids"] == ["c0", "c1"]
@@ -159,21 +206,30 @@ def index_of(entries: dict[str, Entry]) -> TenantIndex:
 
 def e(part: int, age_days: float, rpe: float, **kw: float) -> Entry:
     ts = int(NOW - age_days * DAY_MS)
-    return Entry(part, ts, ts, rpe, kw.get("utility", 0.0), int(kw.get("hits", 0)),
-                 int(NOW - kw.get("access_age_days", age_days) * DAY_MS))
+    return Entry(
+        part,
+        ts,
+        ts,
+        rpe,
+        kw.get("utility", 0.0),
+        int(kw.get("hits", 0)),
+        int(NOW - kw.get("access_age_days", age_days) * DAY_MS),
+    )
 
 
 def test_decay_ttl_floor_fade_promote() -> None:
     pol = MaintenancePolicy()
-    t = index_of({
-        "old-buf": e(BUFFER, 20, 5.0),            # past TTL (14 d)
-        "weak-buf": e(BUFFER, 1, 0.03),           # below floor
-        "ok-buf": e(BUFFER, 1, 1.0),
-        "faded-core": e(CORE, 30, 1.0),           # 1 * 2^-30/7 ~ 0.05 < 0.3
-        "fresh-core": e(CORE, 0.5, 2.0),
-        "useful-buf": e(BUFFER, 3, 0.2, utility=0.9),  # earned tanh(.9)=0.72 >= 0.5
-        "used-buf": e(BUFFER, 3, 0.2, hits=15, access_age_days=0.01),
-    })
+    t = index_of(
+        {
+            "old-buf": e(BUFFER, 20, 5.0),  # past TTL (14 d)
+            "weak-buf": e(BUFFER, 1, 0.03),  # below floor
+            "ok-buf": e(BUFFER, 1, 1.0),
+            "faded-core": e(CORE, 30, 1.0),  # 1 * 2^-30/7 ~ 0.05 < 0.3
+            "fresh-core": e(CORE, 0.5, 2.0),
+            "useful-buf": e(BUFFER, 3, 0.2, utility=0.9),  # earned tanh(.9)=0.72 >= 0.5
+            "used-buf": e(BUFFER, 3, 0.2, hits=15, access_age_days=0.01),
+        }
+    )
     plan = plan_decay(t, pol, NOW)
     got = {(a.memory_id, a.kind, a.reason) for a in plan.actions}
     assert got == {
@@ -190,10 +246,16 @@ def test_decay_ttl_floor_fade_promote() -> None:
 
 def test_capacities_pick_lowest_priority() -> None:
     pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3)
-    t = index_of({
-        "c-hi": e(CORE, 0, 5.0), "c-mid": e(CORE, 0, 3.0), "c-lo": e(CORE, 0, 1.0),
-        "b1": e(BUFFER, 0, 0.9), "b2": e(BUFFER, 0, 0.8), "b3": e(BUFFER, 0, 0.7),
-    })
+    t = index_of(
+        {
+            "c-hi": e(CORE, 0, 5.0),
+            "c-mid": e(CORE, 0, 3.0),
+            "c-lo": e(CORE, 0, 1.0),
+            "b1": e(BUFFER, 0, 0.9),
+            "b2": e(BUFFER, 0, 0.8),
+            "b3": e(BUFFER, 0, 0.7),
+        }
+    )
     plan = plan_decay(t, pol, NOW)
     assert [(a.memory_id, a.kind, a.reason) for a in plan.actions] == [
         ("b3", "evicted", "buffer_capacity"),
@@ -247,9 +309,12 @@ def test_ages_are_stream_time_per_agent_clock() -> None:
                       st.integers(0, 20), st.integers(0, 40 * DAY_MS))  # fmt: skip
 
     @settings(max_examples=60, deadline=None)
-    @given(st.lists(entry, min_size=1, max_size=40),
-           st.dictionaries(st.sampled_from(["a", "b", "c"]),
-                           st.integers(-3 * 365 * DAY_MS, 3 * 365 * DAY_MS)))
+    @given(
+        st.lists(entry, min_size=1, max_size=40),
+        st.dictionaries(
+            st.sampled_from(["a", "b", "c"]), st.integers(-3 * 365 * DAY_MS, 3 * 365 * DAY_MS)
+        ),
+    )
     def check(entries: list[tuple], shift: dict[str, int]) -> None:
         pol = MaintenancePolicy(core_capacity=8, buffer_capacity=12)
         base = 10 * 365 * DAY_MS
@@ -258,8 +323,19 @@ def test_ages_are_stream_time_per_agent_clock() -> None:
             t = TenantIndex()
             for i, (agent, part, seen, rpe, util, hits, acc) in enumerate(entries):
                 ts = base + seen + by.get(agent, 0)
-                t.upsert(f"m{i}", Entry(part, ts, ts, rpe, util, hits,
-                                        base + min(acc, seen) + by.get(agent, 0), agent))
+                t.upsert(
+                    f"m{i}",
+                    Entry(
+                        part,
+                        ts,
+                        ts,
+                        rpe,
+                        util,
+                        hits,
+                        base + min(acc, seen) + by.get(agent, 0),
+                        agent,
+                    ),
+                )
             return t
 
         def plan(t: TenantIndex) -> list[tuple[str, str, str]]:

@@ -83,7 +83,9 @@ def test_hashing_independent_of_pythonhashseed() -> None:
         capture_output=True,
         text=True,
         check=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+        cwd=os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        ),
     )
     here = HashingEncoder(32).encode(["hello world foo"]).round(6).tolist()
     assert res.stdout.strip() == str(here)
@@ -204,8 +206,11 @@ def test_static_encoder_distilled_from_minilm_is_unit_norm_deterministic_and_sem
     from operators.encoders import StaticEncoder
 
     enc = StaticEncoder()  # distilled by scripts/setup.sh (or here, on first use)
-    texts = ["the cat sat on the mat", "a cat was sitting on the mat",
-             "stock prices fell sharply today"]
+    texts = [
+        "the cat sat on the mat",
+        "a cat was sitting on the mat",
+        "stock prices fell sharply today",
+    ]
     e = enc.encode(texts)
     assert e.shape == (3, 384) and e.dtype == np.float32
     assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)

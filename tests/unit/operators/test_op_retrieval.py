@@ -11,8 +11,15 @@ from operators.retrieval import RankPolicy, explore_window, rank
 
 
 def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0, core: bool = False) -> dict:
-    return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
-            "created_ts": 0, "partition": "core" if core else "buffer"}
+    return {
+        "id": mid,
+        "similarity": sim,
+        "rpe": 3.0,
+        "utility": utility,
+        "uses": uses,
+        "created_ts": 0,
+        "partition": "core" if core else "buffer",
+    }
 
 
 def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
@@ -21,13 +28,18 @@ def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
     assert untried > once > often > p.salience(3.0, -0.5, 10)
     assert p.salience(3.0, 1.0, 10) > untried  # proven utility beats mere optimism
     assert RankPolicy.hybrid(explore=0.0).salience(3.0, 0.0, 0) == pytest.approx(
-        RankPolicy.hybrid(explore=0.0).salience(3.0, 0.0, 50))
+        RankPolicy.hybrid(explore=0.0).salience(3.0, 0.0, 50)
+    )
 
 
 def test_lambda_moves_to_lambda_evidence_as_the_semantic_top_k_get_credited() -> None:
     p = RankPolicy.hybrid(lambda_evidence=0.5)
-    cands = [row("a", 0.9, uses=2), row("b", 0.5, uses=0), row("c", 0.1, uses=1),
-             row("z", 0.05, uses=0)]
+    cands = [
+        row("a", 0.9, uses=2),
+        row("b", 0.5, uses=0),
+        row("c", 0.1, uses=1),
+        row("z", 0.05, uses=0),
+    ]
     assert p.lambda_with_evidence(0.9, cands, 3) == pytest.approx(0.9 + (2 / 3) * (0.5 - 0.9))
     assert p.lambda_with_evidence(0.9, [row("a", 0.9), row("b", 0.8)], 2) == 0.9
     assert p.lambda_with_evidence(0.1, cands, 3) == 0.1  # never raises lambda
@@ -72,8 +84,14 @@ def test_positive_evidence_keeps_lambda_only_the_unhelpful_share_lowers_it() -> 
 
 
 def test_explore_window_keeps_the_nearest_and_every_tie_at_the_cut() -> None:
-    cands = [row("far", 0.2), row("t1", 0.7), row("top", 0.9), row("t2", 0.7), row("t3", 0.7),
-             row("mid", 0.5)]
+    cands = [
+        row("far", 0.2),
+        row("t1", 0.7),
+        row("top", 0.9),
+        row("t2", 0.7),
+        row("t3", 0.7),
+        row("mid", 0.5),
+    ]
     assert [r["id"] for r in explore_window(cands, 2)] == ["top", "t1", "t2", "t3"]
     assert [r["id"] for r in explore_window(cands, 5)] == ["top", "t1", "t2", "t3", "mid"]
     assert len(explore_window(cands, 10)) == 6
@@ -88,9 +106,13 @@ def test_a_blamed_exact_match_is_never_traded_for_untried_memories_of_another_st
     the rest of the top k."""
     p = RankPolicy.hybrid()
     exact = row("exact", 1.0, utility=-4.0, uses=1, core=True)
-    top = [exact, row("b", 0.839, utility=-4.0, uses=1, core=True),
-           row("c", 0.7, utility=-4.0, uses=1, core=True), row("d", 0.7, uses=1),
-           row("e", 0.57, utility=-4.0, uses=1, core=True)]
+    top = [
+        exact,
+        row("b", 0.839, utility=-4.0, uses=1, core=True),
+        row("c", 0.7, utility=-4.0, uses=1, core=True),
+        row("d", 0.7, uses=1),
+        row("e", 0.57, utility=-4.0, uses=1, core=True),
+    ]
     focus = [row(f"focus{i}", 0.557 - 0.001 * i, core=True) for i in range(4)]
     cands = [*top, *focus]
     lam, pool = p.adapt(p.lambda_for(50), cands, 5)
@@ -142,10 +164,27 @@ def test_identical_texts_are_won_by_outcome_evidence() -> None:
     """Many observations are identical strings: among equally similar candidates the
     rewarded one (its gate score carries the reward's surprise) ranks first."""
     p = RankPolicy.hybrid()
-    mundane = [{"id": f"m{i}", "similarity": 0.97, "rpe": 0.05, "rpe_smoothed": 0.05,
-                "utility": 0.0, "uses": 0, "created_ts": 0} for i in range(6)]
-    rewarded = {"id": "r", "similarity": 0.97, "rpe": 0.04, "rpe_smoothed": 2.5,
-                "utility": 0.0, "uses": 0, "created_ts": 0}
+    mundane = [
+        {
+            "id": f"m{i}",
+            "similarity": 0.97,
+            "rpe": 0.05,
+            "rpe_smoothed": 0.05,
+            "utility": 0.0,
+            "uses": 0,
+            "created_ts": 0,
+        }
+        for i in range(6)
+    ]
+    rewarded = {
+        "id": "r",
+        "similarity": 0.97,
+        "rpe": 0.04,
+        "rpe_smoothed": 2.5,
+        "utility": 0.0,
+        "uses": 0,
+        "created_ts": 0,
+    }
     top = rank([*mundane, rewarded], p, p.lambda_for(100), 0, 3)
     assert top[0].row["id"] == "r"
     # pure semantic ranking (lambda = 1) cannot tell them apart: ties by id
@@ -155,10 +194,24 @@ def test_identical_texts_are_won_by_outcome_evidence() -> None:
 def test_young_store_does_not_trade_meaning_for_salience() -> None:
     """A clearly closer memory keeps its place against a far, very surprising one."""
     p = RankPolicy.hybrid()
-    near = {"id": "near", "similarity": 0.9, "rpe": 0.0, "rpe_smoothed": 0.0,
-            "utility": 0.0, "uses": 0, "created_ts": 0}
-    far = {"id": "far", "similarity": 0.7, "rpe": 8.0, "rpe_smoothed": 8.0,
-           "utility": 0.0, "uses": 0, "created_ts": 0}
+    near = {
+        "id": "near",
+        "similarity": 0.9,
+        "rpe": 0.0,
+        "rpe_smoothed": 0.0,
+        "utility": 0.0,
+        "uses": 0,
+        "created_ts": 0,
+    }
+    far = {
+        "id": "far",
+        "similarity": 0.7,
+        "rpe": 8.0,
+        "rpe_smoothed": 8.0,
+        "utility": 0.0,
+        "uses": 0,
+        "created_ts": 0,
+    }
     assert rank([far, near], p, p.lambda_for(100), 0, 1)[0].row["id"] == "near"
 
 
@@ -170,8 +223,14 @@ def test_core_memories_of_equal_meaning_tie_whatever_their_reward_or_ms_age() ->
     base = {"similarity": 1.0, "utility": 0.0, "uses": 0, "partition": "core"}
     big = {**base, "id": "big", "rpe": 0.1, "rpe_smoothed": 6.0, "created_ts": 1_000}
     small = {**base, "id": "small", "rpe": 0.1, "rpe_smoothed": 1.1, "created_ts": 1_007}
-    tier = {**base, "id": "tier", "rpe": 0.1, "rpe_smoothed": 6.0, "partition": "buffer",
-            "created_ts": 1_003}
+    tier = {
+        **base,
+        "id": "tier",
+        "rpe": 0.1,
+        "rpe_smoothed": 6.0,
+        "partition": "buffer",
+        "created_ts": 1_003,
+    }
     lam = p.lambda_for(100)
     got = {r.row["id"]: r.score for r in rank([big, small, tier], p, lam, 2_000, 3)}
     assert got["big"] == got["small"] > got["tier"]
@@ -188,15 +247,25 @@ def test_exact_ties_get_one_order_whatever_order_the_store_returned() -> None:
     exact ties by memory id, so the same query gets the same answer, and semantic and
     hybrid ranking order the ties alike where evidence does not tell them apart."""
     p = RankPolicy.hybrid()
-    base = {"rpe": 0.1, "rpe_smoothed": 0.1, "utility": 0.0, "uses": 0, "created_ts": 0,
-            "partition": "core"}
+    base = {
+        "rpe": 0.1,
+        "rpe_smoothed": 0.1,
+        "utility": 0.0,
+        "uses": 0,
+        "created_ts": 0,
+        "partition": "core",
+    }
     cands = [{**base, "id": f"m{i}", "similarity": 0.8} for i in (3, 7, 1, 5, 2)]
-    cands += [{**base, "id": "best", "similarity": 0.9},
-              {**base, "id": "far", "similarity": 0.5},
-              {**base, "id": "m9", "similarity": 0.8, "utility": 1.0, "uses": 2}]
+    cands += [
+        {**base, "id": "best", "similarity": 0.9},
+        {**base, "id": "far", "similarity": 0.5},
+        {**base, "id": "m9", "similarity": 0.8, "utility": 1.0, "uses": 2},
+    ]
     shuffler = random.Random(13)
-    for lam, want in ((1.0, ["best", "m1", "m2", "m3", "m5", "m7"]),
-                      (p.lambda_for(100), ["best", "m9", "m1", "m2", "m3", "m5"])):
+    for lam, want in (
+        (1.0, ["best", "m1", "m2", "m3", "m5", "m7"]),
+        (p.lambda_for(100), ["best", "m9", "m1", "m2", "m3", "m5"]),
+    ):
         for _ in range(20):
             order = cands[:]
             shuffler.shuffle(order)
@@ -214,8 +283,13 @@ def test_evidence_lambda_does_not_depend_on_the_order_of_tied_candidates() -> No
     without credit" is decided by id, not by the store's order (which changed the
     adapted lambda, and so the answer, from one call of the same query to the next)."""
     p = RankPolicy.hybrid(lambda_evidence=0.1)
-    cands = [row("a", 0.9, uses=1), row("b", 0.3), row("c", 0.3), row("y", 0.3, uses=1),
-             row("z", 0.3, uses=1)]
+    cands = [
+        row("a", 0.9, uses=1),
+        row("b", 0.3),
+        row("c", 0.3),
+        row("y", 0.3, uses=1),
+        row("z", 0.3, uses=1),
+    ]
     want = 0.97 + (1 / 3) * (0.1 - 0.97)  # top 3 = a, b, c: one of three tried
     for order in itertools.permutations(cands):
         lam, pool = p.adapt(0.97, list(order), 3)

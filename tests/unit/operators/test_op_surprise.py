@@ -85,30 +85,44 @@ def test_rnd_error_falls_where_it_has_trained() -> None:
 ENC = HashingEncoder(dim=128)
 
 
-def score_stream(st: IntrinsicState, texts: list[str], agent: str = "a",
-                 next_texts: list[str | None] | None = None, first_id: int = 0) -> list:
+def score_stream(
+    st: IntrinsicState,
+    texts: list[str],
+    agent: str = "a",
+    next_texts: list[str | None] | None = None,
+    first_id: int = 0,
+) -> list:
     vecs = ENC.encode(texts)
     nxt = next_texts or [texts[i + 1] if i + 1 < len(texts) else None for i in range(len(texts))]
     nvec = ENC.encode([n or t for n, t in zip(nxt, texts, strict=True)])
     out = []
     for i in range(len(texts)):  # batches of one (a batch gives the same scores)
-        out += st.score_batch([agent], [texts[i]], vecs[i : i + 1], nvec[i : i + 1],
-                              [nxt[i] is not None], [f"{agent}-{first_id + i}"])
+        out += st.score_batch(
+            [agent],
+            [texts[i]],
+            vecs[i : i + 1],
+            nvec[i : i + 1],
+            [nxt[i] is not None],
+            [f"{agent}-{first_id + i}"],
+        )
     return out
 
 
 def test_repeats_score_low_and_informative_turns_high() -> None:
     st = IntrinsicState(128)
     filler = ["hey how are you", "good thanks and you", "that's great", "wow that's great"]
-    facts = ["my dog rex is a three year old beagle who loves swimming in the lake",
-             "i start a new job as a nurse at the city hospital on monday",
-             "my sister anna moved to lisbon last spring to study architecture"]
+    facts = [
+        "my dog rex is a three year old beagle who loves swimming in the lake",
+        "i start a new job as a nurse at the city hospital on monday",
+        "my sister anna moved to lisbon last spring to study architecture",
+    ]
     texts = (filler + facts[:1] + filler + facts[1:2] + filler + facts[2:]) * 2
     scores = score_stream(st, texts)
     first = len(texts) // 2
     fact_scores = [scores[texts.index(f)].score for f in facts]
-    later_filler = [s.score for t, s in zip(texts[4:first], scores[4:first], strict=True)
-                    if t in filler]
+    later_filler = [
+        s.score for t, s in zip(texts[4:first], scores[4:first], strict=True) if t in filler
+    ]
     assert max(later_filler) < 1.0 < min(fact_scores)
     # the second time round the facts are repeats of stored memories
     repeat_scores = [scores[first + texts[first:].index(f)] for f in facts]
@@ -120,16 +134,17 @@ def test_off_context_turn_is_vetoed_only_against_an_established_context() -> Non
     cfg = IntrinsicConfig(warmup=5, fit_k=1.0)
     st = IntrinsicState(128, cfg)
     rng = np.random.default_rng(5)
-    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
-             "sunflowers watering can harvest mulch beds pots").split()
+    words = (
+        "garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+        "sunflowers watering can harvest mulch beds pots"
+    ).split()
     talk = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
     score_stream(st, talk)
     intruder = "quarterly earnings of the semiconductor company beat analyst forecasts"
     reply = " ".join(talk[-1].split()[:4]) + " basil compost"
     [x] = score_stream(st, [intruder], next_texts=[reply])
     assert x.off_context and x.score == 0.0
-    [y] = score_stream(st, [" ".join(talk[-1].split()[2:]) + " fence"],
-                       next_texts=[reply])
+    [y] = score_stream(st, [" ".join(talk[-1].split()[2:]) + " fence"], next_texts=[reply])
     assert not y.off_context and y.score > 0.0
     # a fresh state has no context: nothing is vetoed
     [z] = score_stream(IntrinsicState(128, cfg), [intruder], next_texts=[reply])
@@ -172,8 +187,10 @@ def test_config_is_validated() -> None:
 def garden_state() -> tuple[IntrinsicState, list[str]]:
     st = IntrinsicState(128, IntrinsicConfig(warmup=5, fit_k=1.0, lookahead=3))
     rng = np.random.default_rng(5)
-    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
-             "sunflowers watering can harvest mulch beds pots").split()
+    words = (
+        "garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+        "sunflowers watering can harvest mulch beds pots"
+    ).split()
     talk = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
     score_stream(st, talk)
     return st, talk
@@ -184,13 +201,11 @@ def test_a_vetoed_turn_that_a_later_turn_refers_to_is_vindicated() -> None:
     opener = "we booked a ferry to the greek islands santorini and naxos in july"
     filler = " ".join(talk[-1].split()[:6])
     # the opener fits nothing before it; its reply is noise-like too (unrelated)
-    [x] = score_stream(st, [opener], next_texts=["quarterly earnings beat forecasts"],
-                       first_id=100)
+    [x] = score_stream(st, [opener], next_texts=["quarterly earnings beat forecasts"], first_id=100)
     assert x.off_context and x.score == 0.0 and x.raw > 0.0
     [f] = score_stream(st, [filler], first_id=101)
     assert "a-100" not in [v[0] for v in f.vindicates]
-    [back] = score_stream(st, ["the ferry to santorini and naxos in july was booked"],
-                          first_id=102)
+    [back] = score_stream(st, ["the ferry to santorini and naxos in july was booked"], first_id=102)
     assert [v[0] for v in back.vindicates] == ["a-100"]
     assert back.vindicates[0][1] == pytest.approx(x.raw)
     # vindicated once: a second reference finds no suspect left
@@ -205,8 +220,7 @@ def test_a_suspect_nothing_refers_to_expires_after_the_lookahead() -> None:
     assert x.off_context
     later = score_stream(st, talk[:3], first_id=101)  # lookahead 3: all unrelated
     assert all(v.vindicates == () for v in later)
-    [late] = score_stream(st, ["semiconductor company quarterly earnings forecasts"],
-                          first_id=104)
+    [late] = score_stream(st, ["semiconductor company quarterly earnings forecasts"], first_id=104)
     assert late.vindicates == ()  # too late: the veto is final
 
 
@@ -224,10 +238,10 @@ def test_scores_do_not_depend_on_batch_boundaries() -> None:
         for b in range(0, len(texts), batch):
             sl = slice(b, b + batch)
             ids = [f"m{i}" for i in range(b, min(b + batch, len(texts)))]
-            out += st.score_batch(["a"] * len(ids), texts[sl], vecs[sl], nxt[sl],
-                                  [True] * len(ids), ids)
-        return [(round(x.score, 6), x.off_context, tuple(v[0] for v in x.vindicates))
-                for x in out]
+            out += st.score_batch(
+                ["a"] * len(ids), texts[sl], vecs[sl], nxt[sl], [True] * len(ids), ids
+            )
+        return [(round(x.score, 6), x.off_context, tuple(v[0] for v in x.vindicates)) for x in out]
 
     one = run(1)
     assert any(off for _, off, _ in one)  # the guard is exercised
@@ -294,8 +308,9 @@ def test_contaminated_stream_gets_a_stricter_guard() -> None:
                     vecs.append((g.normal(size=dim) * 1.2, True))
                 for v, inj in vecs:
                     v = (v / np.linalg.norm(v)).astype(np.float32)[None, :]
-                    [x] = st.score_batch(["a"], [f"word{g.integers(500)} x{g.integers(500)}"],
-                                         v, v, [False])
+                    [x] = st.score_batch(
+                        ["a"], [f"word{g.integers(500)} x{g.integers(500)}"], v, v, [False]
+                    )
                     if inj and t >= 10:
                         injected += 1
                         vetoed += x.off_context

@@ -157,8 +157,9 @@ def test_observe_trains_once_per_update_every_whatever_the_cut() -> None:
     idx = rng.integers(0, 5, 40)
 
     def run(piece: int) -> TDValueLearner:
-        learner = TDValueLearner(5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2,
-                                 update_every=16)
+        learner = TDValueLearner(
+            5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2, update_every=16
+        )
         i = 0
         while i < len(idx):
             n = min(piece, learner.until_update, len(idx) - i)
@@ -176,15 +177,15 @@ def test_observe_trains_once_per_update_every_whatever_the_cut() -> None:
     assert fresh.observe(S, R, S_NEXT, DONE) is None and fresh.updates == 0
     np.testing.assert_array_equal(fresh.values(S), np.zeros(5))  # untrained: V = 0
     with pytest.raises(ValueError, match="past the update boundary"):
-        fresh.observe(np.tile(S, (3, 1)), np.tile(R, 3), np.tile(S_NEXT, (3, 1)),
-                      np.tile(DONE, 3))
+        fresh.observe(np.tile(S, (3, 1)), np.tile(R, 3), np.tile(S_NEXT, (3, 1)), np.tile(DONE, 3))
     with pytest.raises(ValueError, match="update_every"):
         TDValueLearner(5, update_every=0)
 
 
 def test_checkpoint_keeps_pending_transitions_within_the_size_bound() -> None:
-    learner = TDValueLearner(5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2,
-                             update_every=16)
+    learner = TDValueLearner(
+        5, gamma=GAMMA, replay_size=64, replay_batch=8, seed=2, update_every=16
+    )
     learner.observe(S, R, S_NEXT, DONE)  # 5 pending, nothing trained yet
     clone = TDValueLearner.from_bytes(learner.state_bytes())
     assert clone.pending == 5 and clone.update_every == 16 and clone.until_update == 11

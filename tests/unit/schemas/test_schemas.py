@@ -90,8 +90,15 @@ def test_usage_weights_align() -> None:
 
 
 def test_usage_step_reward_is_optional_finite_and_round_trips() -> None:
-    base = {"tenant": "t", "episode_id": "e", "request_id": "r", "memory_ids": ["a"],
-            "weights": [1.0], "ts": 0, "source": "agent"}
+    base = {
+        "tenant": "t",
+        "episode_id": "e",
+        "request_id": "r",
+        "memory_ids": ["a"],
+        "weights": [1.0],
+        "ts": 0,
+        "source": "agent",
+    }
     assert MemoryUsage(**base).reward is None
     u = MemoryUsage(**base, reward=-2.5)
     assert decode(MemoryUsage, encode(u)).reward == -2.5

@@ -19,8 +19,15 @@ def test_keys_equal_only_for_equal_pairs(t1: str, i1: str, t2: str, i2: str) -> 
 @given(IDENT, IDENT)
 def test_key_fits_the_models_limits(tenant: str, mid: str) -> None:
     # every tenant and memory id a Transition accepts has a key (no "|" in a tenant)
-    t = Transition(tenant=tenant, agent_id="a", episode_id="e", step=0, observation="x",
-                   action="a", transition_id=mid)
+    t = Transition(
+        tenant=tenant,
+        agent_id="a",
+        episode_id="e",
+        step=0,
+        observation="x",
+        action="a",
+        transition_id=mid,
+    )
     key = storage_key(t.tenant, t.memory_id)
     assert key.startswith(tenant + "|") and key.endswith("|" + mid)
 
