@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-MARKERS = ("settings", "cli", "openapi", "topics", "schemas")
+MARKERS = ("settings", "cli", "openapi", "topics", "schemas", "design")
+DESIGN_DIR = ROOT / "docs" / "design"
+DESIGN_NAV = "Design records"
 OPENAPI_JSON = "reference/openapi.json"
 log = logging.getLogger("mkdocs.hooks.references")
 
@@ -492,16 +494,48 @@ def render_schemas() -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- design records
+
+
+def _design_records() -> list[Path]:
+    """Every dated record, oldest first (``YYYY-MM-DD-topic.md``)."""
+    return sorted(p for p in DESIGN_DIR.glob("*.md") if p.name[:4].isdigit())
+
+
+def _title(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    raise PluginError(f"design record {path.name} has no '# title' line")
+
+
+def render_design() -> str:
+    rows = ["| date | record |", "|---|---|"]
+    for path in _design_records():
+        rows.append(f"| {path.name[:10]} | [{_cell(_title(path))}]({path.name}) |")
+    return "\n".join(rows) + "\n"
+
+
 RENDER = {
     "settings": render_settings,
     "cli": render_cli,
     "openapi": render_openapi,
     "topics": render_topics,
     "schemas": render_schemas,
+    "design": render_design,
 }
 
 
 # --------------------------------------------------------------------------- mkdocs events
+
+
+def on_config(config: Any) -> Any:
+    """List every design record under its nav section, so a new record needs no nav edit."""
+    for item in config.nav or []:
+        if isinstance(item, dict) and DESIGN_NAV in item:
+            item[DESIGN_NAV] = ["design/index.md"] + [f"design/{p.name}" for p in _design_records()]
+            return config
+    raise PluginError(f"mkdocs.yml nav has no '{DESIGN_NAV}' section")
 
 
 def on_files(files: Files, config: Any) -> Files:
