@@ -347,6 +347,18 @@ def render_cli() -> str:
     ctx = click.Context(main, info_name="dmem", max_content_width=96, terminal_width=96)
     out: list[str] = []
     _walk(main, ctx, "dmem", out)
+    listed = set(main.list_commands(ctx)) if isinstance(main, click.Group) else set()
+    missing = [name for name in getattr(cli, "HARNESS_COMMANDS", ()) if name not in listed]
+    if missing:
+        names = ", ".join(f"`dmem {name}`" for name in missing)
+        out += [
+            "## Commands of the benchmark harness",
+            "",
+            f"{names}: not installed where this site was built. They come from the "
+            "harness of a checkout (`pip install -e ./bench`, done by "
+            "`scripts/setup.sh`); run them with `--help` there.",
+            "",
+        ]
     return "\n".join(out)
 
 
