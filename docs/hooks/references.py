@@ -54,7 +54,7 @@ def _import(module: str) -> Any:
         raise PluginError(
             f"docs/hooks/references.py: cannot import {module} ({type(exc).__name__}: {exc}); "
             "build the docs from the repository root with the project's dependencies "
-            "installed (`pip install -e '.[server,docs]'` or scripts/setup.sh)"
+            "installed (`pip install -e '.[docs]'`, or scripts/setup.sh)"
         ) from exc
 
 
