@@ -27,6 +27,7 @@ import importlib
 import inspect
 import json
 import logging
+import re
 import sys
 import types
 import typing
@@ -59,17 +60,19 @@ def _import(module: str) -> Any:
 
 
 def _cell(text: Any) -> str:
-    """One Markdown table cell: no newlines, pipes escaped."""
+    """One Markdown table cell: no newlines, pipes escaped outside code spans (inside
+    them Python-Markdown keeps a pipe as it is, and would show the backslash)."""
     s = " ".join(str(text).split())
-    return s.replace("|", "\\|")
+    parts = re.split(r"(`+[^`]*`+)", s)
+    return "".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def _code(text: Any) -> str:
-    s = str(text)
+    s = " ".join(str(text).split())
     if not s:
         return '`""`'
     tick = "``" if "`" in s else "`"
-    return f"{tick}{_cell(s)}{tick}"
+    return f"{tick}{s}{tick}"
 
 
 # --------------------------------------------------------------------------- settings
