@@ -121,7 +121,7 @@ def demo(
     env_name: str, steps: int, seed: int, encoder: str | None, data_dir: Path | None, as_json: bool
 ) -> None:
     """Embedded end-to-end run: broker + Milvus Lite + write worker + a Gymnasium agent."""
-    from dmem.demo import run_demo
+    from dmem_bench.demo import run_demo
 
     if steps < 1:
         raise click.BadParameter("must be >= 1", param_hint="--steps")
@@ -226,7 +226,7 @@ def up(data_dir: Path, as_json: bool, milvus: str) -> None:
 def report(out: Path, bench_json: tuple[Path, ...], bench_dir: Path, max_events: int,
            up_dir: Path | None, as_json: bool) -> None:
     """Self-contained HTML report of a running `dmem up` or a deployment (DMEM_* settings)."""
-    from dmem.report import build_report, locate
+    from dmem_bench.report import build_report, locate
     from streams.admin import check_broker
 
     _settings()  # a bad DMEM_* setting is a usage error
@@ -243,7 +243,7 @@ def report(out: Path, bench_json: tuple[Path, ...], bench_dir: Path, max_events:
         click.echo(f"wrote {out} ({summary['events']} events, {summary['images']} plots)")
 
 
-from dmem.deploycheck import deploycheck  # noqa: E402 - heavy imports are lazy inside
+from dmem_bench.deploycheck import deploycheck  # noqa: E402 - heavy imports are lazy inside
 
 main.add_command(deploycheck)
 
@@ -284,8 +284,8 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
                     envs: tuple[str, ...], steps: int, seed: int, warmup: int,
                     embedded: bool, backend: str, as_json: bool) -> None:
     """Read-path latency (Kafka, HTTP, raw Milvus) and critical-event probe quality."""
-    from dmem.bench.retrieval import BenchConfig
-    from dmem.bench.retrieval import main as run_bench
+    from dmem_bench.retrieval import BenchConfig
+    from dmem_bench.retrieval import main as run_bench
 
     cfg = BenchConfig(memories=memories, requests=requests, repeats=repeats, encoder=encoder,
                       envs=envs or ("cliffwalking", "taxi"), steps=steps, seed=seed,
@@ -313,8 +313,8 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
 def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch: int,
                    encoder: str | None, milvus: str, as_json: bool) -> None:
     """The `dmem up` stack: HTTP ingest, search latency, librdkafka clients, OpenAPI, page."""
-    from dmem.bench.embedded import EmbeddedConfig
-    from dmem.bench.embedded import main as run_embedded
+    from dmem_bench.embedded import EmbeddedConfig
+    from dmem_bench.embedded import main as run_embedded
 
     cfg = EmbeddedConfig(memories=memories, queries=queries, repeats=repeats, warmup=warmup,
                          batch=batch, encoder=encoder, milvus=milvus)
@@ -344,7 +344,7 @@ def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batc
                 batch_within: float, latency_transitions: int | None, milvus_uri: str | None,
                 backend: str, as_json: bool) -> None:
     """Write-path throughput and latency vs raw Kafka, encoder and Milvus baselines."""
-    from dmem.bench import write as bw
+    from dmem_bench import write as bw
 
     try:
         counts = [int(x) for x in workers.split(",") if x.strip()]
@@ -383,7 +383,7 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
                    data: Path | None, conversations: int | None, minilm_transitions: int,
                    no_pipeline: bool, as_json: bool) -> None:
     """Encoders: raw speed, write-path speed and real-text retrieval quality, in one run."""
-    from dmem.bench import encoders as be
+    from dmem_bench import encoders as be
 
     names = [x.strip() for x in encoders.split(",") if x.strip()]
     try:
@@ -419,7 +419,7 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
               "installed, else Lite)")
 @click.option("--replay", is_flag=True,
               help="offline: the real write pipeline over cached embeddings, exact cosine "
-              "over what it kept (no broker, no Milvus; minutes; `dmem.bench.locomo_replay`; "
+              "over what it kept (no broker, no Milvus; minutes; `dmem_bench.locomo_replay`; "
               "--plot, --milvus and --baseline-cache are the live run's and do not apply)")
 @click.option("--replay-cache", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".dmem-bench"), show_default=True,
@@ -432,15 +432,15 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
                  milvus: str, replay: bool, replay_cache: Path, replay_batch: int,
                  as_json: bool) -> None:
     """Reward-free conversational memory on LoCoMo: evidence recall vs store-all cosine."""
-    from dmem.bench.locomo import DEFAULT_DATA, LocomoConfig
-    from dmem.bench.locomo import main as run_locomo
+    from dmem_bench.locomo import DEFAULT_DATA, LocomoConfig
+    from dmem_bench.locomo import main as run_locomo
 
     try:
         cfg = LocomoConfig(data=data or DEFAULT_DATA, noise=noise, encoder=encoder,
                            conversations=conversations, turns=turns, questions=questions,
                            seed=seed, plot=plot, baseline_cache=baseline_cache, milvus=milvus)
         if replay:
-            from dmem.bench.locomo_replay import main as run_replay
+            from dmem_bench.locomo_replay import main as run_replay
 
             run_replay(cfg, as_json, cache=replay_cache, batch=replay_batch)
             return
@@ -479,8 +479,8 @@ def bench_chaos(transitions: int, tenants: int, kills: int, workers: int, outage
                 hostile_feedback: int, hostile_episodes: int, hostile_forgets: int, seed: int,
                 as_json: bool) -> None:
     """Crash (kill -9), Milvus outage and fuzzed input against the real stack; counts loss."""
-    from dmem.bench.chaos import ChaosConfig
-    from dmem.bench.chaos import main as run_chaos
+    from dmem_bench.chaos import ChaosConfig
+    from dmem_bench.chaos import main as run_chaos
 
     cfg = ChaosConfig(transitions=transitions, tenants=tenants, kills=kills, outage_s=outage_s,
                       broker_pause_s=broker_pause_s, rate=rate, bad_every=bad_every,
@@ -500,8 +500,8 @@ def bench_chaos(transitions: int, tenants: int, kills: int, workers: int, outage
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> None:
     """Delayed-credit task through the real pipeline: hybrid vs semantic ranking."""
-    from dmem.bench.credit import CreditConfig
-    from dmem.bench.credit import main as run_credit
+    from dmem_bench.credit import CreditConfig
+    from dmem_bench.credit import main as run_credit
 
     try:
         run_credit(CreditConfig(episodes=episodes, scenarios=scenarios, seed=seed), as_json)
@@ -537,10 +537,10 @@ def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test
                    settle_s: float, seed: int, play_cache: Path | None, publish: str,
                    as_json: bool) -> None:
     """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
-    from dmem.bench.sciworld import SciConfig
-    from dmem.bench.sciworld import main as run_sci
-    from dmem.bench.sciworld_env import DEFAULT_TASKS
-    from dmem.bench.twx_env import ENVS
+    from dmem_bench.sciworld import SciConfig
+    from dmem_bench.sciworld import main as run_sci
+    from dmem_bench.sciworld_env import DEFAULT_TASKS
+    from dmem_bench.twx_env import ENVS
 
     default = DEFAULT_TASKS if env == "sciworld" else (ENVS[env],)
     try:
@@ -752,7 +752,7 @@ def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool
 def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None,
                  as_json: bool) -> None:
     """One stream live and shifted 400 days back, every job on: same store, nothing lost."""
-    import dmem.bench.replay as br
+    import dmem_bench.replay as br
 
     try:
         out = br.run(steps=steps, env_name=env_name, seed=seed, encoder=encoder)
@@ -782,7 +782,7 @@ def bench_maintenance(steps: int, env_name: str, seed: int, core_capacity: int,
                       buffer_capacity: int, scale: str, passes: int, milvus_uri: str | None,
                       as_json: bool) -> None:
     """Dedup/decay/capacity through the real pipeline, and decay-pass cost vs size."""
-    import dmem.bench.maintenance as bm
+    import dmem_bench.maintenance as bm
 
     try:
         sizes = [int(x) for x in scale.split(",") if x.strip()]

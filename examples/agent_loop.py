@@ -52,7 +52,7 @@ if str(REPO_ROOT) not in sys.path:  # runnable as a plain script from a checkout
 
 from dmem.adapter import DmemMemory  # noqa: E402
 from dmem.client import SyncDmemClient  # noqa: E402
-from dmem.demo import describe  # noqa: E402
+from dmem_bench.demo import describe  # noqa: E402
 from streams.local.stack import LocalStack, tail  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")  # CliffWalking's action ids 0..3

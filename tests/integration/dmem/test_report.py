@@ -25,7 +25,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from schemas import encode
 from streams.local.stack import REPO_ROOT, LocalStack
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dmem.bench.locomo import LocomoConfig, build_streams, evidence_ids, load, parse_date
+from dmem_bench.locomo import LocomoConfig, build_streams, evidence_ids, load, parse_date
 from dmem.client import ChatTurn, chat_transitions
 
 

@@ -2,7 +2,7 @@
 embedded stack with every job enabled; nothing may be lost to the clock or to a merge.
 
 The stream: an epsilon-greedy Q-learning agent in a Gymnasium toy_text world
-(`dmem.demo.q_learning_transitions`, fixed seed; CliffWalking by default) with an
+(`dmem_bench.demo.q_learning_transitions`, fixed seed; CliffWalking by default) with an
 `EpisodeOutcome` (the episode's return) after each episode. Run 1 (live) stamps
 every transition with the wall clock when it is published and records the stamps;
 run 2 (shifted) publishes the same transitions with those stamps minus 400 days (a
@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     Progress,
     emit_json,
     machine_info,
@@ -69,7 +69,7 @@ SHIFT_MS = -400 * DAY_MS
 
 def make_stream(env_name: str, steps: int, seed: int) -> list[Transition | EpisodeOutcome]:
     """The transitions with each episode's outcome (its return) right after its last step."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     out: list[Transition | EpisodeOutcome] = []
     ret = 0.0

@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.bench.common import teardown
+from dmem_bench.common import teardown
 from operators.encoders import encoder_dim
 from schemas import Transition, encode
 from schemas.errors import ServiceUnavailable

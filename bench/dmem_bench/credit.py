@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.common import Progress, emit_json, note
+from dmem_bench.common import Progress, emit_json, note
 from dmem.client import DmemClient
 from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack

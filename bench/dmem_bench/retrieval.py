@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     NOTE_OBJECTS,
     NOTE_SUBJECTS,
     NOTE_VERBS,
@@ -98,7 +98,7 @@ class BenchConfig:
     load_batch: int = 2000
     timeout_s: float = 10.0
     backend: str = "embedded"  # or "containers": Apache Kafka + Milvus standalone
-    embedded: bool = False  # also measure `dmem up`'s default stack (dmem.bench.embedded)
+    embedded: bool = False  # also measure `dmem up`'s default stack (dmem_bench.embedded)
 
     @property
     def dim(self) -> int:
@@ -129,7 +129,7 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 
 def _env_observations(n: int, seed: int) -> Iterator[tuple[str, str, float]]:
     """(text, action, reward) from Q-learning runs, round-robin over three envs."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     if n <= 0:
         return
@@ -233,7 +233,7 @@ class QualityData:
 
 def quality_data(env: str, steps: int, seed: int, encoder: Any, now_ms: int) -> QualityData:
     """Run the Gymnasium agent through the real write-path operators (in-process)."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
     from schemas import encode
     from streams.settings import Settings
     from streams.write.pipeline import RawRecord, WritePipeline
@@ -321,7 +321,7 @@ def _upsert_all(store: Any, batches: Iterator[tuple[list[dict[str, Any]], list[d
 
 def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole benchmark; returns the result dict (the JSON line)."""
-    from dmem.bench.backends import bench_services
+    from dmem_bench.backends import bench_services
     from dmem.client import DmemClient
     from milvus import EmbeddedMilvusServer, MemoryStore
     from operators import build_encoder
@@ -665,8 +665,8 @@ EMBEDDED_KEYS = ("milvus_mode", "memories", "ingest_per_s", "search_p50_ms", "se
 
 def run_embedded_block(cfg: BenchConfig) -> dict[str, Any]:
     """`--embedded`: the same search load on the stack `dmem up` starts (its default
-    Milvus), loaded through HTTP ingest: `dmem.bench.embedded`, figures side by side."""
-    from dmem.bench.embedded import EmbeddedConfig, run_embedded
+    Milvus), loaded through HTTP ingest: `dmem_bench.embedded`, figures side by side."""
+    from dmem_bench.embedded import EmbeddedConfig, run_embedded
 
     r = run_embedded(EmbeddedConfig(memories=cfg.memories, queries=cfg.requests,
                                     repeats=cfg.repeats, warmup=cfg.warmup,

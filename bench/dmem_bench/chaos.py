@@ -121,7 +121,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     Progress,
     cleanup_on_signals,
     emit_json,

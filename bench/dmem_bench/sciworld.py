@@ -1,6 +1,6 @@
 """`dmem bench sciworld`: dmem on a real text environment (ScienceWorld), end to end.
 
-What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
+What it does (issue 13; the environment side is `dmem_bench.sciworld_env`):
 
 1. Plays the chosen tasks in one JVM: on each *train* variation a gold, a noisy and
    a random episode (the stored stream); on each *test* variation a gold episode
@@ -53,7 +53,7 @@ Coverage counts distinct critical events: a critical step is covered when it, or
 a step with the same (task, variation, observation, action), is stored.
 
 Outputs under ``.dmem-bench/``, named by ``--env`` (``sciworld`` or a TextWorldExpress
-game, `dmem.bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
+game, `dmem_bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
 every loop step's action, source memory and reward), ``<env>-probes.json`` (each
 probe's top hits per ranking with relevance, reward, salience, policy, subgoal) and
 ``<env>.png``.
@@ -74,8 +74,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.common import Progress, cleanup_on_signals, emit_json, note
-from dmem.bench.sciworld_env import (
+from dmem_bench.common import Progress, cleanup_on_signals, emit_json, note
+from dmem_bench.sciworld_env import (
     DEFAULT_TASKS,
     TASKS,
     Episode,
@@ -85,7 +85,7 @@ from dmem.bench.sciworld_env import (
     play,
     rng_for,
 )
-from dmem.bench.twx_env import ENVS, TWXWorld
+from dmem_bench.twx_env import ENVS, TWXWorld
 from dmem.client import DmemClient
 from operators.maintenance import DEDUP_TAU_BY_ENCODER
 from schemas import Transition
