@@ -1,7 +1,13 @@
-"""`dmem bench ...`: long-running benchmarks (not run in CI).
+"""dmem's benchmark harness, demo and deployment checks (the ``dmem-bench`` distribution
+of a checkout; not part of the ``dmem`` wheel).
 
-Each benchmark lives in its own module (``retrieval`` now; ``write``, ``credit``,
-``maintenance``, ``chaos`` later) and shares the conventions in ``common``:
-repeats with medians, progress and a human table on stderr, and exactly one
-JSON object on the last stdout line. Modules are imported lazily by the CLI.
+Its commands (``dmem bench ...``, ``dmem demo``, ``dmem report``, ``dmem deploycheck``)
+join the `dmem` CLI through the entry point group ``dmem.cli`` (`dmem_bench.cli`). Each
+benchmark lives in its own module and shares the conventions in ``common``: repeats with
+medians, progress and a human table on stderr, and exactly one JSON object on the last
+stdout line. The CLI imports the modules lazily.
 """
+
+from dmem_bench._version import __version__
+
+__all__ = ["__version__"]

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from dmem.wait import wait_settled
 from dmem_bench.common import (
     NOTE_OBJECTS,
     NOTE_SUBJECTS,
@@ -59,7 +60,6 @@ from dmem_bench.common import (
     note,
     summarize_ms,
 )
-from dmem.wait import wait_settled
 
 TENANT = "bench-embedded"
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]

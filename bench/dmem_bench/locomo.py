@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from dmem.client import ChatTurn, Client, chat_transitions
 from dmem_bench.common import Progress, emit_json, machine_info, note, print_table
-from dmem.client import ChatTurn, DmemClient, chat_transitions
 from schemas import Transition
 
 TURN_GAP_MS = 30_000
@@ -341,10 +341,10 @@ async def ask(bootstrap: str, url: str, convs: Sequence[Conversation], cfg: Loco
     done = 0
     gate = asyncio.Semaphore(in_flight)
     for conv in convs:
-        async with DmemClient(bootstrap, tenant=tenant_of(conv.cid), transport="http",
+        async with Client(bootstrap, tenant=tenant_of(conv.cid), transport="http",
                               http_url=url, timeout_s=60.0) as client:
 
-            async def one(q: str, client: DmemClient = client,
+            async def one(q: str, client: Client = client,
                           agent: str = f"conv-{conv.cid}") -> list[set[str]]:
                 nonlocal done
                 async with gate:
@@ -406,7 +406,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         settings = stack.settings
 
         async def publish_and_settle() -> dict[str, Any]:
-            async with DmemClient(stack.bootstrap or "", tenant="locomo") as client:
+            async with Client(stack.bootstrap or "", tenant="locomo") as client:
                 for s in streams.items.values():
                     await client.publish_many(it.transition for it in s)
             return await settle(settings, ids, cfg.settle_timeout_s)

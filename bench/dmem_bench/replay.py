@@ -41,6 +41,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from dmem.importer import wait_committed
+from dmem.wait import wait_settled
 from dmem_bench.common import (
     Progress,
     emit_json,
@@ -50,8 +52,6 @@ from dmem_bench.common import (
     publish_lockstep,
     teardown,
 )
-from dmem.importer import wait_committed
-from dmem.wait import wait_settled
 from operators.encoders import encoder_dim
 from operators.maintenance import DAY_MS, is_critical, rewards_agree
 from schemas import EpisodeOutcome, Transition, encode

@@ -15,7 +15,7 @@ Latency block:
   go to ``core`` (about 22 %), the rest to ``buffer``; ages are spread over 60
   days. The collection is flushed (segments sealed, HNSW built) before measuring.
 - Then, per repeat and in a rotating order: ``--requests`` sequential searches
-  (k=5) over Kafka (`DmemClient`, request/reply), the same over HTTP
+  (k=5) over Kafka (`Client`, request/reply), the same over HTTP
   (``POST /v1/search``), and the responder's candidate query issued directly by
   this process (`MemoryStore.search`, k = C = max(4k, 32), both partitions,
   Bounded) = ``milvus_raw``. Queries are observation texts and agent notes
@@ -321,8 +321,8 @@ def _upsert_all(store: Any, batches: Iterator[tuple[list[dict[str, Any]], list[d
 
 def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole benchmark; returns the result dict (the JSON line)."""
+    from dmem.client import Client
     from dmem_bench.backends import bench_services
-    from dmem.client import DmemClient
     from milvus import EmbeddedMilvusServer, MemoryStore
     from operators import build_encoder
     from streams.local.stack import LocalStack, tail
@@ -379,7 +379,7 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         info["read_config"] = {  # what the latency depends on (README "Read path")
             "search_consistency": env["DMEM_MILVUS__SEARCH_CONSISTENCY"],
             "respond_fetch_max_wait_ms": settings.respond.fetch_max_wait_ms,
-            "client_fetch_max_wait_ms": DmemClient("-", "-").fetch_max_wait_ms,
+            "client_fetch_max_wait_ms": Client("-", "-").fetch_max_wait_ms,
             "respond_concurrency": settings.respond.concurrency,
         }
         http_url = f"http://127.0.0.1:{local.web_ports[0]}"
@@ -442,8 +442,8 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         kw = {"topic_prefix": settings.kafka.topic_prefix, "timeout_s": cfg.timeout_s}
 
         async def measure() -> dict[str, Any]:
-            kc = DmemClient(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
-            hc = DmemClient(local.bootstrap or "", LOAD_TENANT, transport="http",
+            kc = Client(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
+            hc = Client(local.bootstrap or "", LOAD_TENANT, transport="http",
                             http_url=http_url, **kw)  # type: ignore[arg-type]
             await kc.start()
             await hc.start()
@@ -460,7 +460,7 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
 
 
 async def _search_took(client: Any, query: str, k: int, took: list[float]) -> list[Any]:
-    """What `DmemClient.search` does, keeping the responder's own ``took_ms``
+    """What `Client.search` does, keeping the responder's own ``took_ms``
     (encode + Milvus + rank inside the worker) to split latency into parts."""
     from dmem.client import SearchError
     from schemas import RetrievalRequest

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dmem.client import Client
 from dmem_bench.common import Progress, cleanup_on_signals, emit_json, note
 from dmem_bench.sciworld_env import (
     DEFAULT_TASKS,
@@ -86,7 +87,6 @@ from dmem_bench.sciworld_env import (
     rng_for,
 )
 from dmem_bench.twx_env import ENVS, TWXWorld
-from dmem.client import DmemClient
 from operators.maintenance import DEDUP_TAU_BY_ENCODER
 from schemas import Transition
 from streams.local.stack import LocalStack
@@ -370,7 +370,7 @@ def _dump_hit(h: Any, rel: bool, steps: dict[str, Step]) -> dict[str, Any]:
             "policy": st.policy if st else None, "subgoal": st.subgoal if st else None}
 
 
-async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: dict[str, Step],
+async def run_probes(c: Client, encoder: Any, probes: list[Probe], steps: dict[str, Step],
                      rows: dict[str, tuple[str, tuple[str, ...]]],
                      dump: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Tie-aware hit@5 / MRR@10 per ranking; ``dump`` (when given) collects, per probe,
@@ -450,7 +450,7 @@ def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, i
 # ---------------------------------------------------------------- closed loop
 
 
-async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: int,
+async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
                        lam: float | None, cfg: SciConfig, tag: str,
                        trace: list[dict[str, Any]] | None = None,
                        repeat: int = 0, credit: bool = True) -> tuple[int, bool]:
@@ -543,7 +543,7 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
     per: dict[str, list[int]] = {}
     traces: dict[str, list[dict[str, Any]]] = {}
     assert stack.bootstrap is not None
-    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         # semantic first and credit-free: the baseline searches the stored set as the
         # loop found it, and leaves no credit (only the access stamps of its searches)
@@ -661,7 +661,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
     t0_ms = int(time.time() * 1000) - 10 * len(steps)
     transitions = [to_transition(st, i, t0_ms) for i, st in enumerate(steps.values())]
     encoder = build_encoder(cfg.encoder, s.encoder.dim)
-    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         # episode by episode, in play order, each one processed before the next is
         # sent: the write path's micro-batches (and so its TD updates and gate
@@ -691,7 +691,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
                 per_task[steps[i].task] += 1
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
-        async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
+        async with Client(stack.bootstrap, TENANT, transport="http", http_url=http,
                               timeout_s=20) as h:
             dump: list[dict[str, Any]] = []
             ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)

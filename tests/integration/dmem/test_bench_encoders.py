@@ -5,8 +5,8 @@ LoCoMo's format (`test_bench_locomo.conversation`; the real data set is for
 evaluation only and stays outside the repository). One runs the CLI with every
 text encoder and no write path, one measures the write path in process against
 the session's Milvus server. Only the last test reads the real LoCoMo data (the
-folder ``DMEM_LOCOMO_DATA`` names), and skips, saying so, where it is not given. The quality targets are the full
-benchmark's (BENCHMARKS.md "Encoders").
+folder ``DMEM_LOCOMO_DATA`` names), and skips, saying so, where it is not given.
+The quality targets are the full benchmark's (BENCHMARKS.md "Encoders").
 """
 
 from __future__ import annotations

@@ -1,100 +1,23 @@
-"""The `dmem` command line.
-
-Errors are one line on stderr and a non-zero exit (2 for bad settings or an
-unreachable service), never a traceback wall; ``DMEM_DEBUG=1`` shows tracebacks.
-"""
+"""The harness commands of the `dmem` CLI: ``bench ...``, ``demo``, ``report`` and
+``deploycheck``. They join the `dmem` group through the entry point group ``dmem.cli``
+(declared in ``bench/pyproject.toml``); each imports its module when it runs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any
 
 import click
-from pydantic import ValidationError
 
+from dmem.cli.common import fail, load_settings
+from dmem_bench.deploycheck import deploycheck
 from schemas.errors import DmemError
 
-
-def _settings(**overrides: Any) -> Any:
-    from streams.settings import Settings
-
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise click.ClickException(f"bad setting {loc}: {first.get('msg')}") from None
+__all__ = ["bench", "demo", "deploycheck", "report"]
 
 
-def _fail(exc: BaseException) -> None:
-    if os.environ.get("DMEM_DEBUG"):
-        raise exc
-    click.echo(f"dmem: error: {exc}", err=True)
-    sys.exit(2)
-
-
-@click.group()
-def main() -> None:
-    """dmem: dopamine-gated, outcome-credited memory for agents, over Kafka and Milvus."""
-
-
-@main.command()
-@click.option(
-    "--role",
-    type=click.Choice(["write", "respond", "jobs", "all"]),
-    default="all",
-    show_default=True,
-)
-def worker(role: str) -> None:
-    """Run a worker (settings from DMEM_* environment variables)."""
-    from streams.worker import run_worker
-
-    settings = _settings()
-    try:
-        run_worker(settings, role)
-    except DmemError as exc:
-        _fail(exc)
-
-
-@main.group()
-def topics() -> None:
-    """Topic administration."""
-
-
-@topics.command("create")
-def topics_create() -> None:
-    """Create every dmem topic on the configured broker (idempotent)."""
-    from streams.admin import check_broker, ensure_topics
-
-    settings = _settings()
-    try:
-        asyncio.run(check_broker(settings.kafka))
-        created = asyncio.run(ensure_topics(settings))
-    except DmemError as exc:
-        _fail(exc)
-    click.echo(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
-
-
-@main.group()
-def schemas() -> None:
-    """Payload schemas."""
-
-
-@schemas.command("export")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-def schemas_export(directory: Path) -> None:
-    """Write the JSON Schema of every payload into DIRECTORY."""
-    from schemas import export_json_schemas
-
-    for p in export_json_schemas(directory):
-        click.echo(str(p))
-
-
-@main.command()
+@click.command()
 @click.option(
     "--env",
     "env_name",
@@ -135,81 +58,14 @@ def demo(
             as_json=as_json,
         )
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         from schemas import dumps
 
         click.echo(dumps(summary).decode())
 
 
-@main.command()
-@click.argument("query")
-@click.option("--tenant", required=True, help="tenant whose memories to search")
-@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
-@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
-@click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=None,
-              help="override the semantic weight")
-@click.option("--http", "http_url", default=None,
-              help="search over HTTP at this base URL instead of Kafka")
-@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
-@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
-              help="HTTP bearer token [env DMEM_API_TOKEN]")
-@click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
-def search(query: str, tenant: str, k: int, agent_id: str | None, lam: float | None,
-           http_url: str | None, timeout_s: float, token: str | None, as_json: bool) -> None:
-    """Search a running deployment (settings from DMEM_* env vars)."""
-    from dmem.client import DmemClient
-    from streams.admin import check_broker, kafka_client_kwargs
-
-    settings = _settings()
-    kw = kafka_client_kwargs(settings.kafka)
-    bootstrap = kw.pop("bootstrap_servers")
-
-    async def go() -> list[Any]:
-        if http_url is None:
-            await check_broker(settings.kafka)
-        client = DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
-                            http_url=http_url, transport="http" if http_url else "kafka",
-                            timeout_s=timeout_s, client_kwargs=kw, token=token)
-        async with client:
-            return await client.search(query, k, agent_id=agent_id, lambda_=lam)
-
-    try:
-        hits = asyncio.run(go())
-    except (DmemError, ValidationError) as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
-        return
-    if not hits:
-        click.echo("no memories found")
-    for i, h in enumerate(hits, 1):
-        click.echo(f"{i}. [{h.partition} v{h.valence:+d} score {h.score:.3f}] {h.text!r} "
-                   f"-> {h.action} (reward {h.reward:g}, rpe {h.rpe:.2f}, utility {h.utility:.2f})")
-
-
-@main.command()
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("dmem-data"),
-    show_default=True,
-)
-@click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
-@click.option("--milvus", type=click.Choice(["auto", "server", "lite"]), default="auto",
-              show_default=True,
-              help="auto: the embedded Milvus server when installed (indexed), else Lite")
-def up(data_dir: Path, as_json: bool, milvus: str) -> None:
-    """Run the local stack (embedded broker, Milvus, workers) until Ctrl-C."""
-    from streams.local.stack import run_up
-
-    try:
-        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus)
-    except DmemError as exc:
-        _fail(exc)
-
-
-@main.command()
+@click.command()
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("report.html"), show_default=True)
 @click.option("--bench-json", "bench_json", type=click.Path(dir_okay=False, path_type=Path),
@@ -229,26 +85,21 @@ def report(out: Path, bench_json: tuple[Path, ...], bench_dir: Path, max_events:
     from dmem_bench.report import build_report, locate
     from streams.admin import check_broker
 
-    _settings()  # a bad DMEM_* setting is a usage error
+    load_settings()  # a bad DMEM_* setting is a usage error
     try:
         settings, up = locate(up_dir)
         asyncio.run(check_broker(settings.kafka))
         summary = build_report(settings, out, bench_json=bench_json, bench_dir=bench_dir,
                                max_events=max_events, up=up)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         click.echo(json.dumps(summary))
     else:
         click.echo(f"wrote {out} ({summary['events']} events, {summary['images']} plots)")
 
 
-from dmem_bench.deploycheck import deploycheck  # noqa: E402 - heavy imports are lazy inside
-
-main.add_command(deploycheck)
-
-
-@main.group()
+@click.group()
 def bench() -> None:
     """Benchmarks (long; not run in CI)."""
 
@@ -293,7 +144,7 @@ def bench_retrieval(memories: int, requests: int, repeats: int, encoder: str,
     try:
         run_bench(cfg, as_json)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @bench.command("embedded")
@@ -321,7 +172,7 @@ def bench_embedded(memories: int, queries: int, repeats: int, warmup: int, batch
     try:
         run_embedded(cfg, as_json)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @bench.command("write")
@@ -359,7 +210,7 @@ def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batc
                              latency_transitions=latency_transitions, milvus_uri=milvus_uri,
                              backend=backend)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         bw.emit_json(out)
 
@@ -372,7 +223,7 @@ def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batc
               help="write-path transitions per repeat")
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              default=None, help="LoCoMo conversations [default: ../shared/data/locomo10]")
+              required=True, help="folder of the LoCoMo conversations (*.json)")
 @click.option("--conversations", type=click.IntRange(1), default=None,
               help="use only the first N conversations")
 @click.option("--minilm-transitions", type=click.IntRange(100), default=2000, show_default=True,
@@ -380,7 +231,7 @@ def bench_write(transitions: int, encoder: str, workers: str, repeats: int, batc
 @click.option("--no-pipeline", is_flag=True, help="skip the write-path measurement")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
-                   data: Path | None, conversations: int | None, minilm_transitions: int,
+                   data: Path, conversations: int | None, minilm_transitions: int,
                    no_pipeline: bool, as_json: bool) -> None:
     """Encoders: raw speed, write-path speed and real-text retrieval quality, in one run."""
     from dmem_bench import encoders as be
@@ -388,17 +239,17 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
     names = [x.strip() for x in encoders.split(",") if x.strip()]
     try:
         out = be.run(names, repeats=repeats, transitions=transitions, threads=threads,
-                     data=data or be.DEFAULT_DATA, conversations=conversations,
+                     data=data, conversations=conversations,
                      pipeline=not no_pipeline, minilm_transitions=minilm_transitions)
     except (DmemError, FileNotFoundError) as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         be.emit_json(out)
 
 
 @bench.command("locomo")
 @click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              default=None, help="LoCoMo conversations (*.json) [default: ../shared/data/locomo10]")
+              required=True, help="folder of the LoCoMo conversations (*.json)")
 @click.option("--noise", type=click.FloatRange(0.0, 4.0), default=0.0, show_default=True,
               help="noise turns from other conversations per real turn (0.5 = one per two)")
 @click.option("--encoder", type=click.Choice(["hash", "minilm"]), default="minilm",
@@ -427,16 +278,16 @@ def bench_encoders(encoders: str, repeats: int, transitions: int, threads: int,
 @click.option("--replay-batch", type=click.IntRange(1), default=64, show_default=True,
               help="--replay: turns per write batch")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: int, turns: int,
+def bench_locomo(data: Path, noise: float, encoder: str, conversations: int, turns: int,
                  questions: int, seed: int, plot: Path, baseline_cache: Path | None,
                  milvus: str, replay: bool, replay_cache: Path, replay_batch: int,
                  as_json: bool) -> None:
     """Reward-free conversational memory on LoCoMo: evidence recall vs store-all cosine."""
-    from dmem_bench.locomo import DEFAULT_DATA, LocomoConfig
+    from dmem_bench.locomo import LocomoConfig
     from dmem_bench.locomo import main as run_locomo
 
     try:
-        cfg = LocomoConfig(data=data or DEFAULT_DATA, noise=noise, encoder=encoder,
+        cfg = LocomoConfig(data=data, noise=noise, encoder=encoder,
                            conversations=conversations, turns=turns, questions=questions,
                            seed=seed, plot=plot, baseline_cache=baseline_cache, milvus=milvus)
         if replay:
@@ -446,7 +297,7 @@ def bench_locomo(data: Path | None, noise: float, encoder: str, conversations: i
             return
         run_locomo(cfg, as_json)
     except (DmemError, FileNotFoundError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @bench.command("chaos")
@@ -490,7 +341,7 @@ def bench_chaos(transitions: int, tenants: int, kills: int, workers: int, outage
     try:
         run_chaos(cfg, as_json)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @bench.command("credit")
@@ -506,7 +357,7 @@ def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> Non
     try:
         run_credit(CreditConfig(episodes=episodes, scenarios=scenarios, seed=seed), as_json)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @bench.command("sciworld")
@@ -554,190 +405,7 @@ def bench_sciworld(env: str, tasks: tuple[str, ...], train_variations: int, test
     try:
         run_sci(cfg, as_json)
     except DmemError as exc:
-        _fail(exc)
-
-
-def _store(settings: Any) -> Any:
-    """A connected MemoryStore for CLI tools (dim from the encoder settings)."""
-    from milvus import MemoryStore
-
-    m = settings.milvus
-    from operators.encoders import encoder_dim
-
-    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
-    if not m.uri:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,
-                       timeout_s=m.timeout_s).connect()
-
-
-@main.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--tenant", default=None, help="put every record into this tenant")
-@click.option("--wait", "wait_s", type=float, default=120.0, show_default=True,
-              help="seconds to wait for the write path to store the transitions before "
-              "the outcomes are published")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> None:
-    """Publish a JSONL file of historical transitions, outcomes and feedback.
-
-    Event times (`ts`) are kept; invalid lines are reported (line: reason) and make the
-    exit status 1; records are idempotent by id (re-importing stores nothing twice)."""
-    from dmem.importer import run_import
-
-    settings = _settings()
-    try:
-        rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
-    except DmemError as exc:
-        _fail(exc)
-    out = rep.as_dict()
-    if as_json:
-        click.echo(json.dumps(out))
-    else:
-        click.echo(f"imported {out['transition']} transitions, {out['outcome']} outcomes, "
-                   f"{out['feedback']} feedback from {out['lines']} lines; "
-                   f"{out['invalid']} invalid")
-    if rep.invalid:
-        sys.exit(1)
-
-
-@main.command("wait")
-@click.option("--settled", is_flag=True, required=True,
-              help="wait until every job has reached its fixed point (no pending work)")
-@click.option("--http", "http_urls", multiple=True,
-              help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT]")
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
-@click.option("--quiet", "quiet_s", type=float, default=1.0, show_default=True,
-              help="settled on every poll for this long")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def wait_cmd(settled: bool, http_urls: tuple[str, ...], timeout_s: float, quiet_s: float,
-             as_json: bool) -> None:
-    """Wait until a running deployment has settled (exit 2 on timeout)."""
-    from dmem.wait import wait_settled
-
-    _ = settled
-    settings = _settings()
-    urls = list(http_urls) or [f"http://{settings.web_host}:{settings.web_port}"]
-    try:
-        out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s)
-    except DmemError as exc:
-        _fail(exc)
-    click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def migrate(as_json: bool) -> None:
-    """Rewrite a collection created before tenant-scoped storage keys (stop the workers first).
-
-    Rows keep every field; the primary key becomes ``tenant|id`` (issue 21).
-    Safe to run again after a crash, and a no-op on a current collection.
-    """
-    from milvus import MemoryStore
-
-    settings = _settings()
-    m = settings.milvus
-    from operators.encoders import encoder_dim
-
-    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
-    try:
-        out = MemoryStore(settings.milvus_uri, collection=m.collection, dim=dim, token=m.token,
-                          timeout_s=m.timeout_s).migrate_storage_keys()
-    except DmemError as exc:
-        _fail(exc)
-    out["collection"] = m.collection
-    if as_json:
-        click.echo(json.dumps(out))
-    else:
-        click.echo(f"collection {m.collection}: {out['status']}"
-                   + (f" ({out['rows']} rows)" if out["rows"] else ""))
-
-
-@main.command("inspect")
-@click.option("--tenant", required=True, help="tenant to inspect")
-@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
-@click.option("--events/--no-events", default=True, show_default=True,
-              help="read recent merges/evictions from the memories topic (needs the broker)")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
-    """Counts, age/priority distributions, top memories, recent merges/evictions."""
-    from streams.jobs.maintenance import inspect_tenant, policy_from, recent_events
-
-    settings = _settings()
-    try:
-        store = _store(settings)
-        try:
-            report = inspect_tenant(store, tenant, policy_from(settings), top=top)
-        finally:
-            store.close()
-        report["recent"] = None
-        if events:
-            try:
-                report["recent"] = asyncio.run(asyncio.wait_for(
-                    recent_events(settings, tenant), timeout=15))
-            except Exception as exc:  # noqa: BLE001 - the store part is still useful
-                report["recent_error"] = f"{type(exc).__name__}: {exc}"
-    except DmemError as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps(report))
-        return
-    c = report["counts"]
-    click.echo(f"tenant {tenant}: core {c['core']}, buffer {c['buffer']} "
-               f"(capacity {report['capacity']['core']}/{report['capacity']['buffer']}), "
-               f"{report['merged_total']} duplicates merged into {report['merged_rows']} rows")
-    for name in ("age_s", "priority"):
-        for part, q in report[name].items():
-            click.echo(f"  {name:<8} {part:<6} " + " ".join(
-                f"{k}={v:.3g}" if v is not None else f"{k}=-" for k, v in q.items()))
-    click.echo(f"next decay pass would do: {report['next_pass'] or 'nothing'}")
-    click.echo("top by priority:")
-    for i, t in enumerate(report["top"], 1):
-        click.echo(f"  {i}. [{t['partition']} p={t['priority']:.3f} rpe={t['rpe']:+.2f} "
-                   f"x{t['merged_count']} hits={t['hits']}] {t['text']!r} -> {t['action']}")
-    if report.get("recent"):
-        click.echo("recent maintenance events:")
-        for ev in report["recent"]:
-            click.echo(f"  {ev.get('ts')} {ev.get('kind'):<9} {ev.get('memory_id')} "
-                       f"{ev.get('reason', '')}")
-    elif report.get("recent_error"):
-        click.echo(f"recent events unavailable: {report['recent_error']}")
-
-
-@main.command()
-@click.option("--tenant", required=True, help="tenant whose memories to forget")
-@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
-@click.option("--memory", "memory_id", default=None, help="only this memory")
-@click.option("--audit/--no-audit", default=True, show_default=True,
-              help="emit a forgotten MemoryEvent per deleted memory (needs the broker)")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def forget(tenant: str, agent_id: str | None, memory_id: str | None, audit: bool,
-           as_json: bool) -> None:
-    """Delete every memory of the scope from Milvus (and emit `forgotten` audit events)."""
-    from streams.admin import check_broker
-    from streams.jobs.maintenance import emit_events, forget_scope
-
-    settings = _settings()
-    try:
-        if audit:  # fail before deleting anything if the audit trail cannot be written
-            asyncio.run(check_broker(settings.kafka))
-        store = _store(settings)
-        try:
-            events = forget_scope(store, tenant, agent_id=agent_id, memory_id=memory_id)
-        finally:
-            store.close()
-        if audit and events:
-            asyncio.run(emit_events(settings, events))
-    except DmemError as exc:
-        _fail(exc)
-    out = {"tenant": tenant, "agent": agent_id, "memory": memory_id, "forgotten": len(events),
-           "audited": len(events) if audit else 0}
-    if as_json:
-        click.echo(json.dumps(out))
-    else:
-        click.echo(f"forgot {len(events)} memories of tenant {tenant}"
-                   + (f" agent {agent_id}" if agent_id else "")
-                   + (f" memory {memory_id}" if memory_id else ""))
+        fail(exc)
 
 
 @bench.command("replay")
@@ -757,7 +425,7 @@ def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None,
     try:
         out = br.run(steps=steps, env_name=env_name, seed=seed, encoder=encoder)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         br.emit_json(out)
 
@@ -793,57 +461,7 @@ def bench_maintenance(steps: int, env_name: str, seed: int, core_capacity: int,
                      buffer_capacity=buffer_capacity, sizes=sizes, passes=passes,
                      milvus_uri=milvus_uri)
     except DmemError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         bm.emit_json(out)
 
-
-@main.command()
-@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
-              show_default=True)
-@click.option("--tenant", required=True, envvar="DMEM_MCP_TENANT",
-              help="the tenant every tool acts for [env DMEM_MCP_TENANT]")
-@click.option("--agent", "agent_id", default="mcp", show_default=True,
-              help="agent_id of the transitions `remember` publishes")
-@click.option("--http", "http_url", default=None,
-              help="the deployment's HTTP API (recall over HTTP; needed by forget and stats)")
-@click.option("--token", envvar="DMEM_API_TOKEN", default=None,
-              help="bearer token for the deployment's HTTP API [env DMEM_API_TOKEN]")
-@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")
-@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
-              help="http transport only")
-@click.option("--auth-token", envvar="DMEM_MCP_TOKEN", default=None,
-              help="bearer token MCP clients must send (http transport) [env DMEM_MCP_TOKEN]")
-@click.option("--no-auth", is_flag=True, help="serve http without a token (loopback tests)")
-def mcp(transport: str, tenant: str, agent_id: str, http_url: str | None, token: str | None,
-        timeout_s: float, host: str, port: int, auth_token: str | None, no_auth: bool) -> None:
-    """MCP server (tools remember/recall/report_outcome/feedback/forget) for a deployment."""
-    try:
-        from dmem.integrations.mcp import build_server, run_http
-    except ImportError as exc:
-        raise click.ClickException(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
-    from dmem.client import DmemClient
-    from streams.admin import kafka_client_kwargs
-
-    if transport == "http" and not auth_token and not no_auth:
-        raise click.ClickException("the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
-                                   "--no-auth serves without one")
-    settings = _settings()
-    kw = kafka_client_kwargs(settings.kafka)
-    bootstrap = kw.pop("bootstrap_servers")
-
-    def make_client() -> DmemClient:
-        return DmemClient(bootstrap, tenant, topic_prefix=settings.kafka.topic_prefix,
-                          http_url=http_url, transport="http" if http_url else "kafka",
-                          timeout_s=timeout_s, client_kwargs=kw, token=token)
-
-    server = build_server(make_client, agent_id=agent_id)
-    if transport == "stdio":
-        server.run("stdio")
-    else:
-        run_http(server, host, port, None if no_auth else auth_token)
-
-
-if __name__ == "__main__":
-    main()
