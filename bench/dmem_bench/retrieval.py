@@ -655,7 +655,7 @@ def print_report(r: dict[str, Any]) -> None:
          r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_store_all"] + 0.2),
         ("hybrid >= semantic", r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_semantic"]),
     ]
-    print_table("issue targets", ["target", "met"],
+    print_table("targets", ["target", "met"],
                 [[name, "yes" if ok else "NO"] for name, ok in checks])
 
 

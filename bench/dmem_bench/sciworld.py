@@ -1,6 +1,6 @@
 """`dmem bench sciworld`: dmem on a real text environment (ScienceWorld), end to end.
 
-What it does (issue 13; the environment side is `dmem_bench.sciworld_env`):
+What it does (the environment side is `dmem_bench.sciworld_env`):
 
 1. Plays the chosen tasks in one JVM: on each *train* variation a gold, a noisy and
    a random episode (the stored stream); on each *test* variation a gold episode
@@ -419,7 +419,7 @@ def fallback_action(seed: int, task: str, variation: int, repeat: int, obs: str,
     conditions (or two episodes) that stand in the same state draw the same action,
     whatever happened before; with one random stream per episode, one different step
     made every later draw differ, and the paired hybrid - semantic difference
-    measured the draws' luck as much as the memories (BENCHMARKS.md "sci13e"). The
+    measured the draws' luck as much as the memories (BENCHMARKS.md "ScienceWorld"). The
     visit count keeps a revisited state from replaying its draw forever (a fixed
     state -> action map can cycle). Not the step index: paths that reach the same
     state one step apart would draw differently again. The seeded order is over
@@ -507,7 +507,7 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
             # empty: it replaces the responder's score-weighted one, which would share
             # the outcome among all five hits (operators/credit.py). With the step's
             # reward as evidence: a failure the random fallback caused later does not
-            # blame a memory whose action was just rewarded (sci13g)
+            # blame a memory whose action was just rewarded
             await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step,
                                  reward=float(reward))
         if reward != 0:
@@ -528,7 +528,7 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
         # outcome on this task (operators/credit.py), not against the explorer's gold
         # episodes nor its outcomes on other tasks (without the task, find-animal's
         # +17, the most that task's loop earned, ran below the find-plant episodes'
-        # +67 before it and blamed "go to hallway", the step that earned it: sci13e);
+        # +67 before it and blamed "go to hallway", the step that earned it);
         # and the step of its last score change: memories used after it (wandering
         # until the step limit) did not earn the outcome and get no share of it
         await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task,

@@ -1,4 +1,4 @@
-"""TextWorldExpress worlds for `dmem bench sciworld --env twx-...` (issue 13, second environment).
+"""TextWorldExpress worlds for `dmem bench sciworld --env twx-...` (the second environment).
 
 The same bench, policies and ground truth as ScienceWorld (`dmem_bench.sciworld_env`),
 on another reward structure, so nothing is tuned to one: TextWorldExpress (PyPI
