@@ -12,8 +12,9 @@ __all__ = ["Progress"]
 class Progress:
     """Progress on stderr: an updating bar on a terminal, a few lines otherwise."""
 
-    def __init__(self, label: str, total: int, out: TextIO | None = None,
-                 every_frac: float = 0.1) -> None:
+    def __init__(
+        self, label: str, total: int, out: TextIO | None = None, every_frac: float = 0.1
+    ) -> None:
         self.label, self.total = label, max(int(total), 1)
         self.out = out or sys.stderr
         self.tty = self.out.isatty()

@@ -32,11 +32,15 @@ def _harness_missing(name: str) -> click.Command:
     def callback(**_: Any) -> None:
         raise click.ClickException(
             f"`dmem {name}` is part of the benchmark harness, which runs from a checkout "
-            "of the repository: pip install -e ./bench")
+            "of the repository: pip install -e ./bench"
+        )
 
     return click.Command(
-        name, callback=callback, add_help_option=False,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        name,
+        callback=callback,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
 
 
 class _Main(click.Group):
@@ -52,9 +56,19 @@ def main() -> None:
     """dmem: dopamine-gated, outcome-credited memory for agents, over Kafka and Milvus."""
 
 
-for _cmd in (client.topics, client.schemas, client.search, client.wait_cmd, client.mcp,
-             server.worker, server.up, server.import_cmd, server.migrate, server.inspect_cmd,
-             server.forget):
+for _cmd in (
+    client.topics,
+    client.schemas,
+    client.search,
+    client.wait_cmd,
+    client.mcp,
+    server.worker,
+    server.up,
+    server.import_cmd,
+    server.migrate,
+    server.inspect_cmd,
+    server.forget,
+):
     main.add_command(_cmd)
 
 
@@ -64,8 +78,9 @@ def _add_plugins(group: click.Group) -> None:
         try:
             cmd = ep.load()
         except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the CLI
-            click.echo(f"dmem: warning: command {ep.name!r} ({ep.value}) did not load: {exc}",
-                       err=True)
+            click.echo(
+                f"dmem: warning: command {ep.name!r} ({ep.value}) did not load: {exc}", err=True
+            )
             continue
         group.add_command(cmd, ep.name)
 

@@ -44,4 +44,5 @@ def server_imports(command: str) -> Iterator[None]:
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"`dmem {command}` needs `pip install 'dmem[server]'` "
-            f"(module {exc.name!r} is not installed)") from None
+            f"(module {exc.name!r} is not installed)"
+        ) from None

@@ -20,8 +20,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "operators", "milvus", "streams", "dmem")
 #: what `pip install dmem` (no extras) must not pull
-SERVER_OR_HARNESS = ("torch", "faust-streaming", "pymilvus", "milvus-lite",
-                     "sentence-transformers", "gymnasium", "matplotlib")
+SERVER_OR_HARNESS = (
+    "torch",
+    "faust-streaming",
+    "pymilvus",
+    "milvus-lite",
+    "sentence-transformers",
+    "gymnasium",
+    "matplotlib",
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +38,28 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     for pkg in PACKAGES:
-        shutil.copytree(ROOT / pkg, src / pkg,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-q", "-w", str(out), str(src)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (whl,) = out.glob("dmem-*.whl")
     return whl
@@ -45,8 +67,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_no_harness_and_is_typed(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    harness = [n for n in names if n.startswith(("dmem/bench/", "dmem_bench/", "bench/"))
-               or Path(n).name in ("demo.py", "deploycheck.py")]
+    harness = [
+        n
+        for n in names
+        if n.startswith(("dmem/bench/", "dmem_bench/", "bench/"))
+        or Path(n).name in ("demo.py", "deploycheck.py")
+    ]
     assert harness == []
     assert "dmem/py.typed" in names
     assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == set(PACKAGES)

@@ -46,8 +46,11 @@ def _imported(folders: list[Path]) -> dict[str, str]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top not in OURS and top not in sys.stdlib_module_names \
-                            and top != "__future__":
+                    if (
+                        top not in OURS
+                        and top not in sys.stdlib_module_names
+                        and top != "__future__"
+                    ):
                         out.setdefault(top, str(path.relative_to(ROOT)))
     return out
 
@@ -68,8 +71,10 @@ def _undeclared(imported: dict[str, str], declared: set[str]) -> list[str]:
 
 ROOT_PROJECT = _project(ROOT / "pyproject.toml")
 CORE = {_req_name(r) for r in ROOT_PROJECT["dependencies"]}
-EXTRAS = {name: {_req_name(r) for r in reqs}
-          for name, reqs in ROOT_PROJECT["optional-dependencies"].items()}
+EXTRAS = {
+    name: {_req_name(r) for r in reqs}
+    for name, reqs in ROOT_PROJECT["optional-dependencies"].items()
+}
 
 
 def test_the_product_declares_what_it_imports() -> None:
@@ -85,7 +90,15 @@ def test_the_harness_declares_what_it_imports() -> None:
 
 
 def test_the_core_is_the_client() -> None:
-    server = {"torch", "faust-streaming", "pymilvus", "milvus-lite", "sentence-transformers",
-              "numpy", "gymnasium", "matplotlib"}
+    server = {
+        "torch",
+        "faust-streaming",
+        "pymilvus",
+        "milvus-lite",
+        "sentence-transformers",
+        "numpy",
+        "gymnasium",
+        "matplotlib",
+    }
     assert CORE & server == set()
     assert "aiohttp" in CORE  # dmem.client imports it

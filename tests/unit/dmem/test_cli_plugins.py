@@ -26,14 +26,27 @@ def hello() -> None:
 def test_help_lists_the_product_commands() -> None:
     out = CliRunner().invoke(cli.main, ["--help"])
     assert out.exit_code == 0, out.output
-    for name in ("worker", "up", "search", "wait", "schemas", "topics", "import", "migrate",
-                 "inspect", "forget", "mcp"):
+    for name in (
+        "worker",
+        "up",
+        "search",
+        "wait",
+        "schemas",
+        "topics",
+        "import",
+        "migrate",
+        "inspect",
+        "forget",
+        "mcp",
+    ):
         assert name in out.output, name
 
 
 def test_entry_points_add_commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    eps = [EntryPoint(name="hello", value=f"{__name__}:hello", group=cli.ENTRY_POINT_GROUP),
-           EntryPoint(name="broken", value="no_such_module_x:cmd", group=cli.ENTRY_POINT_GROUP)]
+    eps = [
+        EntryPoint(name="hello", value=f"{__name__}:hello", group=cli.ENTRY_POINT_GROUP),
+        EntryPoint(name="broken", value="no_such_module_x:cmd", group=cli.ENTRY_POINT_GROUP),
+    ]
     monkeypatch.setattr(cli, "entry_points", lambda group: eps if group == "dmem.cli" else [])
     group = click.Group("dmem")
     cli._add_plugins(group)
@@ -59,6 +72,9 @@ def test_a_server_command_without_the_server_extra_says_what_to_install() -> Non
 
 def test_dmem_never_names_the_harness() -> None:
     """Not even as a string for importlib: the entry points are the only way in."""
-    hits = [str(p.relative_to(ROOT)) for p in (ROOT / "dmem").rglob("*.py")
-            if "dmem_bench" in p.read_text()]
+    hits = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "dmem").rglob("*.py")
+        if "dmem_bench" in p.read_text()
+    ]
     assert hits == []
