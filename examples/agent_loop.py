@@ -9,7 +9,7 @@ CliffWalking-v1 twice, with the same per-episode seeds:
 1. WITHOUT memory: a noisy heuristic walks the short path along the cliff edge
    (right along row 2, then down to the goal); with probability ``epsilon`` it
    takes a uniformly random action instead. It publishes every transition
-   (through `DmemMemory.add_memory`) but never reads memory.
+   (through `Memory.add_memory`) but never reads memory.
 2. WITH memory, in a fresh tenant (its memory starts empty): the same policy,
    but before acting it calls ``get_relevant_memories(observation,
    valence=-1)`` and vetoes every action that a retrieved memory of the *same*
@@ -50,9 +50,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # runnable as a plain script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
-from dmem.adapter import DmemMemory  # noqa: E402
-from dmem.client import SyncDmemClient  # noqa: E402
-from dmem.demo import describe  # noqa: E402
+from dmem.adapter import Memory  # noqa: E402
+from dmem.client import SyncClient  # noqa: E402
+from dmem_bench.demo import describe  # noqa: E402
 from streams.local.stack import LocalStack, tail  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")  # CliffWalking's action ids 0..3
@@ -88,8 +88,8 @@ class Condition:
 
 def run_condition(
     name: str,
-    memory: DmemMemory | None,
-    mem: DmemMemory,
+    memory: Memory | None,
+    mem: Memory,
     episodes: int,
     seed: int,
     epsilon: float,
@@ -202,10 +202,10 @@ def run(
         for name, use_memory in (("without memory", False), ("with memory", True)):
             # a fresh tenant per condition: the with-memory agent starts with an empty memory
             tenant = f"agentloop-{run_id}-{'with' if use_memory else 'without'}"
-            client = SyncDmemClient(stack.bootstrap, tenant, topic_prefix=prefix,
+            client = SyncClient(stack.bootstrap, tenant, topic_prefix=prefix,
                                     timeout_s=5.0, retries=2)
             try:
-                mem = DmemMemory(client, tenant, agent_id="cliff-agent",
+                mem = Memory(client, tenant, agent_id="cliff-agent",
                                  new_episode_id=episode_ids(tenant))
                 print(f"agent loop: {name} (tenant {tenant})", file=log, flush=True)
                 results[name] = run_condition(

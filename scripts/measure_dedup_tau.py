@@ -1,9 +1,9 @@
 """False merges of a dedup tau on real text (BENCHMARKS.md "Dedup tau").
 
-Encodes every distinct dialogue turn of LoCoMo (default ``../shared/data/locomo10``)
+Encodes every distinct dialogue turn of LoCoMo (the folder of its ``*.json`` files)
 with each encoder and reports, per tau, how many distinct texts have another
 distinct text at cosine >= tau: each such text would be folded into a memory that
-says something else. Usage: ``.venv/bin/python scripts/measure_dedup_tau.py [DIR]``
+says something else. Usage: ``.venv/bin/python scripts/measure_dedup_tau.py DIR``
 (prints one JSON object; MiniLM on CPU takes minutes).
 """
 
@@ -45,5 +45,6 @@ def main(data: Path) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    default = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo10"
-    print(json.dumps(main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/measure_dedup_tau.py LOCOMO_DIR (the folder of its *.json)")
+    print(json.dumps(main(Path(sys.argv[1]))))

@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dmem.bench.sciworld import TENANT, Step, step_id, store_stats, to_transition
+from dmem_bench.sciworld import TENANT, Step, step_id, store_stats, to_transition
 from operators.encoders import build_encoder
 from schemas import encode
 from streams.settings import Settings

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of a fresh machine: a virtualenv in .venv with the
-# CPU build of torch, dmem and its test tools, and the Milvus 2.3.5 server wheel
-# in an isolated directory (it would shadow our top-level `milvus` package).
+# CPU build of torch, dmem with its test tools and benchmark harness, and the
+# Milvus 2.3.5 server wheel in an isolated directory (it would shadow our top-level
+# `milvus` package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,8 +12,12 @@ fi
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 # torch first, pinned to the local CPU wheel (a looser pin downloads a CUDA build).
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install torch==2.13.0
-if [ ! -f .venv/.dmem-installed ] || [ pyproject.toml -nt .venv/.dmem-installed ]; then
-  $PIP install -e '.[test]'
+# dmem with its server and test extras, and the benchmark harness beside it (bench/:
+# `dmem bench ...`, `dmem demo`, `dmem report`, `dmem deploycheck`); again when either
+# pyproject.toml changes.
+if [ ! -f .venv/.dmem-installed ] || [ pyproject.toml -nt .venv/.dmem-installed ] \
+   || [ bench/pyproject.toml -nt .venv/.dmem-installed ]; then
+  $PIP install -e '.[test]' -e ./bench
   touch .venv/.dmem-installed
 fi
 # The minilm-static encoder: distilled once from the bundled MiniLM (cached in

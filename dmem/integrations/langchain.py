@@ -23,7 +23,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from dmem.client import DmemClient, SyncDmemClient
+from dmem.client import Client, SyncClient
 from schemas import Hit
 
 
@@ -47,7 +47,7 @@ class DmemRetriever(BaseRetriever):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    client: SyncDmemClient | DmemClient
+    client: SyncClient | Client
     k: int = 5
     agent_id: str | None = None
     lambda_: float | None = None
@@ -59,14 +59,14 @@ class DmemRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
-        if not isinstance(self.client, SyncDmemClient):
+        if not isinstance(self.client, SyncClient):
             raise TypeError("invoke() needs a SyncClient; use ainvoke() with an async Client")
         return [to_document(h) for h in self.client.search(query, self.k, **self._search_kw())]
 
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
-        if isinstance(self.client, SyncDmemClient):
+        if isinstance(self.client, SyncClient):
             fut = self.client.submit(self.client.client.search(query, self.k,
                                                                **self._search_kw()))
             hits = await asyncio.wrap_future(fut)

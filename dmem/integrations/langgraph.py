@@ -51,7 +51,7 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from dmem.client import DmemClient, SyncDmemClient
+from dmem.client import Client, SyncClient
 from schemas import LIMITS, Transition
 
 TEXT_FIELDS = ("text", "content", "memory", "data")
@@ -86,7 +86,7 @@ class DmemStore(BaseStore):
 
     supports_ttl = False
 
-    def __init__(self, client: SyncDmemClient) -> None:
+    def __init__(self, client: SyncClient) -> None:
         if client.client.http_url is None:
             raise ValueError("DmemStore reads over HTTP: create the client with http_url=...")
         self.sync = client
@@ -117,7 +117,7 @@ class DmemStore(BaseStore):
                 raise TypeError(f"unsupported store operation {type(op).__name__}")
         return out
 
-    async def _put(self, c: DmemClient, op: PutOp) -> None:
+    async def _put(self, c: Client, op: PutOp) -> None:
         mid = memory_id(op.namespace, op.key)
         self.seen.add(op.namespace)
         if op.value is None:
@@ -155,7 +155,7 @@ class DmemStore(BaseStore):
         rest = json.loads(meta.get("lg_rest") or "{}")
         return {**rest, field: text}
 
-    async def _get(self, c: DmemClient, op: GetOp) -> Item | None:
+    async def _get(self, c: Client, op: GetOp) -> Item | None:
         self.seen.add(op.namespace)
         row = await c.get_memory(memory_id(op.namespace, op.key))
         if row is None:
@@ -166,7 +166,7 @@ class DmemStore(BaseStore):
         return Item(value=self._value(str(row.get("text", "")), meta), key=op.key,
                     namespace=op.namespace, created_at=ts, updated_at=updated)
 
-    async def _search(self, c: DmemClient, op: SearchOp) -> list[SearchItem]:
+    async def _search(self, c: Client, op: SearchOp) -> list[SearchItem]:
         ns = op.namespace_prefix
         if not ns:
             raise ValueError("search needs the full namespace of an agent scope")

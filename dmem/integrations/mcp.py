@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from schemas import SearchFilters, Transition
 from schemas.errors import DmemError
 from schemas.models import FiniteFloat, Ident, MetaValue, Text
@@ -66,14 +66,14 @@ def _reasons(exc: ValidationError) -> str:
 class _Session:
     """Per-server state: the lazily started client, the default episode, step counters."""
 
-    def __init__(self, make_client: Callable[[], DmemClient], agent_id: str) -> None:
+    def __init__(self, make_client: Callable[[], Client], agent_id: str) -> None:
         self.make_client = make_client
         self.agent_id = agent_id
         self.episode_id = f"mcp-{uuid.uuid4().hex[:12]}"
         self.steps: dict[str, itertools.count[int]] = {}
-        self.client: DmemClient | None = None
+        self.client: Client | None = None
 
-    async def get(self) -> DmemClient:
+    async def get(self) -> Client:
         if self.client is None:
             client = self.make_client()
             await client.start()
@@ -89,7 +89,7 @@ class _Session:
         return next(self.steps.setdefault(episode_id, itertools.count()))
 
 
-def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp") -> Any:
+def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") -> Any:
     """The MCP server; ``make_client`` builds the (unstarted) SDK client it talks through."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -105,7 +105,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
 
     server = MCPServer(name="dmem", instructions=INSTRUCTIONS, lifespan=lifespan)
 
-    async def call(what: str, fn: Callable[[DmemClient], Any]) -> Any:
+    async def call(what: str, fn: Callable[[Client], Any]) -> Any:
         """Run one SDK call; dmem's errors become tool errors with their message."""
         try:
             return await fn(await session.get())
@@ -127,7 +127,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
     ) -> dict[str, Any]:
         ep = episode_id or session.episode_id
 
-        async def go(c: DmemClient) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
             t = Transition.model_validate({
                 "tenant": c.tenant, "agent_id": session.agent_id, "episode_id": ep,
                 "step": session.next_step(ep) if step is None else step,
@@ -153,7 +153,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
         f = (filters or SearchFilters()).model_dump(exclude={"schema_version"},
                                                     exclude_none=True)
 
-        async def go(c: DmemClient) -> list[dict[str, Any]]:
+        async def go(c: Client) -> list[dict[str, Any]]:
             hits = await c.search(query, k, lambda_=lambda_, **f)
             return [h.model_dump(mode="json", by_alias=True) for h in hits]
 
@@ -163,7 +163,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
     @server.tool(description="Report how an episode ended (its return): credit flows back "
                              "to the memories that were used in it.")
     async def report_outcome(episode_id: Ident, reward: FiniteFloat) -> dict[str, Any]:
-        async def go(c: DmemClient) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
             await c.report_outcome(episode_id, reward, agent_id=session.agent_id)
             return {"episode_id": episode_id, "reward": reward, "accepted": True}
 
@@ -172,7 +172,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
 
     @server.tool(description="Thumbs up or down on one memory (from a user or a critic).")
     async def feedback(memory_id: Ident, thumbs: Literal["up", "down"]) -> dict[str, Any]:
-        async def go(c: DmemClient) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
             fb = await c.feedback(memory_id=memory_id, kind=f"thumbs_{thumbs}",
                                   value=1.0 if thumbs == "up" else -1.0,
                                   agent_id=session.agent_id)
@@ -185,7 +185,7 @@ def build_server(make_client: Callable[[], DmemClient], *, agent_id: str = "mcp"
                              "(agent_id) of this tenant.")
     async def forget(memory_id: Ident | None = None,
                      agent_id: Ident | None = None) -> dict[str, Any]:
-        async def go(c: DmemClient) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
             n = await c.forget(memory_id=memory_id, agent_id=agent_id)
             return {"forgotten": n}
 

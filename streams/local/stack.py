@@ -253,8 +253,8 @@ Publish a transition
   curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json' \\
              -d '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,
                   "observation":"door is locked","action":"use key","reward":1.0}}'
-  Python:  from dmem import SyncDmemClient, Transition
-           c = SyncDmemClient("{kafka}", tenant="t1", http_url="{http}")
+  Python:  from dmem import SyncClient, Transition
+           c = SyncClient("{kafka}", tenant="t1", http_url="{http}")
            c.publish(Transition(tenant="t1", agent_id="a1", episode_id="e1", step=0,
                                 observation="door is locked", action="use key", reward=1.0))
   kcat:    echo '{one}' \\

@@ -1,6 +1,6 @@
 """A real Kafka broker for integration tests (one per session).
 
-The backend is ``DMEM_TEST_BACKEND`` (`dmem.bench.backends`): ``embedded`` (default)
+The backend is ``DMEM_TEST_BACKEND`` (`dmem_bench.backends`): ``embedded`` (default)
 is the Tansu broker on a free loopback port, ``containers`` Apache Kafka (KRaft) from
 docker-compose.yml's image via testcontainers. A backend that cannot run here skips
 every test that needs it, with the reason.
@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.bench.backends import BackendChoice, backend_from_env, broker_service
+from dmem_bench.backends import BackendChoice, backend_from_env, broker_service
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 import pytest
 
-from dmem.bench.backends import ENV_VAR, backend_from_env
+from dmem_bench.backends import ENV_VAR, backend_from_env
 from tests.integration.broker_fixtures import *  # noqa: F403
 from tests.integration.milvus_fixtures import *  # noqa: F403
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dmem.bench.backends import BackendChoice, milvus_service
+from dmem_bench.backends import BackendChoice, milvus_service
 from milvus import MemoryStore, milvus_lite_uri
 from schemas.errors import ConfigError
 

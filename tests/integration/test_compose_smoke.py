@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dmem import SyncClient, Transition
-from dmem.bench.backends import REPO_ROOT, BackendChoice
+from dmem_bench.backends import REPO_ROOT, BackendChoice
 
 TENANT = "compose-smoke"
 

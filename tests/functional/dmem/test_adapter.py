@@ -1,4 +1,4 @@
-"""`DmemMemory` (the agent-framework adapter) against an in-memory fake client."""
+"""`Memory` (the agent-framework adapter) against an in-memory fake client."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dmem.adapter import DmemMemory, MemoryClient
+from dmem.adapter import Memory, MemoryClient
 from schemas import Hit, ScoreBreakdown, Transition
 
 
@@ -62,19 +62,19 @@ def ids() -> Any:
     return lambda: f"ep{next(n)}"
 
 
-def memory(client: Any = None, **kw: Any) -> DmemMemory:
+def memory(client: Any = None, **kw: Any) -> Memory:
     kw.setdefault("new_episode_id", ids())
     kw.setdefault("clock_ms", lambda: 1_700_000_000_000)
-    return DmemMemory(client or FakeClient(), "acme", "bot", **kw)
+    return Memory(client or FakeClient(), "acme", "bot", **kw)
 
 
 def test_protocol_is_satisfied_by_fake_and_sync_client() -> None:
-    from dmem.client import SyncDmemClient
+    from dmem.client import SyncClient
 
     assert isinstance(FakeClient(), MemoryClient)
     assert isinstance(NoOutcomeClient(), MemoryClient)
     for name in ("publish", "search"):
-        assert callable(getattr(SyncDmemClient, name))
+        assert callable(getattr(SyncClient, name))
 
 
 def test_steps_count_up_and_episode_rolls_over_on_done() -> None:
@@ -163,8 +163,8 @@ def test_clear_starts_fresh_episode_but_deletes_nothing() -> None:
     assert m.get_relevant_memories("a")  # still retrievable after clear()
     m.add_memory("a", "go", -1.0, "b")
     assert (c.published[-1].episode_id, c.published[-1].step) == ("ep1", 0)
-    assert "does NOT" in (DmemMemory.clear.__doc__ or "")
-    assert "dmem forget" in (DmemMemory.clear.__doc__ or "")
+    assert "does NOT" in (Memory.clear.__doc__ or "")
+    assert "dmem forget" in (Memory.clear.__doc__ or "")
 
 
 def test_end_episode_with_explicit_outcome_and_without_report_support() -> None:
@@ -180,30 +180,30 @@ def test_end_episode_with_explicit_outcome_and_without_report_support() -> None:
     m2.add_memory("a", "go", -1.0, "b", done=True)
     assert quiet.outcomes == []
     n = NoOutcomeClient()
-    m3 = DmemMemory(n, "acme", "bot")
+    m3 = Memory(n, "acme", "bot")
     m3.add_memory("a", "go", 1.0, "b", done=True)  # no report_outcome: no error
     assert len(n.published) == 1 and m3.step == 0
 
 
 def test_tenant_defaults_to_client_and_mismatch_is_refused() -> None:
-    assert DmemMemory(FakeClient("acme")).tenant == "acme"
+    assert Memory(FakeClient("acme")).tenant == "acme"
     with pytest.raises(ValueError, match="differs"):
-        DmemMemory(FakeClient("acme"), "other")
+        Memory(FakeClient("acme"), "other")
     with pytest.raises(ValueError, match="tenant is required"):
-        DmemMemory(NoOutcomeClient())
-    assert DmemMemory(NoOutcomeClient(), "t1").tenant == "t1"
+        Memory(NoOutcomeClient())
+    assert Memory(NoOutcomeClient(), "t1").tenant == "t1"
     with pytest.raises(ValueError):
-        DmemMemory(FakeClient(), k=0)
+        Memory(FakeClient(), k=0)
 
 
 def test_default_episode_ids_are_valid_and_fresh() -> None:
     c = FakeClient()
-    m = DmemMemory(c, agent_id="bot")
+    m = Memory(c, agent_id="bot")
     first = m.episode_id
     assert first.startswith("bot-")
     m.add_memory("a", "go", 0.0, "b", done=True)
     assert m.episode_id != first
-    assert DmemMemory(c, episode_id="mine").episode_id == "mine"
+    assert Memory(c, episode_id="mine").episode_id == "mine"
 
 
 def test_invalid_transition_is_not_published_and_step_does_not_advance() -> None:

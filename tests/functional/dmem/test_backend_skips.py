@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+#: the checkout first, then whatever the outer session was given (the harness's folder)
+PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 INNER = """
 from tests.integration.conftest import *  # noqa: F403
@@ -28,7 +30,7 @@ def test_needs_milvus(milvus_server_uri):
 def test_unavailable_containers_backend_skips_with_reason(tmp_path: Path) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)
     env = {**os.environ, "DMEM_TEST_BACKEND": "containers",
-           "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PYTHONPATH": PYTHONPATH}  # fmt: skip
     env.pop("DMEM_TEST_MILVUS_URI", None)
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
@@ -47,7 +49,7 @@ def test_auto_header_names_the_fallback(tmp_path: Path) -> None:
                                           "from tests.integration.conftest import "
                                           "pytest_report_header  # noqa\n")  # fmt: skip
     env = {**os.environ, "DMEM_TEST_BACKEND": "auto",
-           "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PYTHONPATH": PYTHONPATH}  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir",
          str(tmp_path), str(tmp_path / "test_inner.py")],

@@ -1,4 +1,4 @@
-"""`DmemClient` over HTTP survives a dropped connection (`DmemClient._http_call`).
+"""`Client` over HTTP survives a dropped connection (`Client._http_call`).
 
 A server may close a keep-alive connection just as the client reuses it; a
 10-conversation LoCoMo run died of one ``ServerDisconnectedError``. Every HTTP
@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from schemas.errors import ServiceUnavailable
 
 
@@ -45,7 +45,7 @@ def _stats(drop_first: int, retries: int) -> tuple[Any, list[str]]:
     async def go() -> tuple[Any, list[str]]:
         runner, url, seen = await _serve(drop_first)
         try:
-            c = DmemClient("127.0.0.1:1", "t", transport="http", http_url=url,
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
                            retries=retries, timeout_s=5)  # fmt: skip
             c._http = aiohttp.ClientSession()  # HTTP only: no broker in this test  # noqa: SLF001
             try:

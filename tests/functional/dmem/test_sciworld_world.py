@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from dmem.bench.sciworld_env import SciWorld, play
+from dmem_bench.sciworld_env import SciWorld, play
 
 TASK, VARIATION = "chemistry-mix-paint-secondary-color", 27  # a test variation
 

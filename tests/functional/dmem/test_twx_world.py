@@ -1,4 +1,4 @@
-"""TextWorldExpress as the bench's second environment (`dmem.bench.twx_env`), no stack.
+"""TextWorldExpress as the bench's second environment (`dmem_bench.twx_env`), no stack.
 
 Plays real CookingWorld / CoinCollector episodes (Java 17): rewards stay on TWX's own
 0..1 scale, the bench score is 0..100, and rewarded steps get a subgoal.
@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from dmem.bench.sciworld import SciConfig
-from dmem.bench.sciworld_env import play
-from dmem.bench.twx_env import TWXWorld
+from dmem_bench.sciworld import SciConfig
+from dmem_bench.sciworld_env import play
+from dmem_bench.twx_env import TWXWorld
 
 
 def test_twx_gold_episodes_keep_their_reward_scale() -> None:

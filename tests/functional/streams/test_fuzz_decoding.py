@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dmem.bench.chaos import BAD_KINDS, bad_record
+from dmem_bench.chaos import BAD_KINDS, bad_record
 from operators import HashingEncoder
 from schemas import RetrievalRequest, Transition
 from schemas.errors import InvalidRecord

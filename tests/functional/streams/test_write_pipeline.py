@@ -8,7 +8,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from operators import HashingEncoder
 from schemas import Transition, encode
 from streams.settings import Settings

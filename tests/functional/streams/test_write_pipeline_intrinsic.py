@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dmem.client import ChatTurn, chat_transitions
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from operators import HashingEncoder
 from schemas import Transition, encode
 from streams.settings import IntrinsicSettings, Settings

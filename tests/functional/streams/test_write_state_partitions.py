@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from operators import HashingEncoder
 from schemas import Transition, encode
 from streams.settings import Settings

@@ -1,12 +1,12 @@
-"""`dmem bench encoders` at a tiny scale: its JSON contract (issue 17).
+"""`dmem bench encoders` at a tiny scale: its JSON contract.
 
 The contract tests need no shared data: they write two small conversations in
 LoCoMo's format (`test_bench_locomo.conversation`; the real data set is for
 evaluation only and stays outside the repository). One runs the CLI with every
 text encoder and no write path, one measures the write path in process against
-the session's Milvus server. Only the last test reads the real LoCoMo data, and
-skips, saying so, where it is absent. The quality targets are the full
-benchmark's (BENCHMARKS.md "Encoders").
+the session's Milvus server. Only the last test reads the real LoCoMo data (the
+folder ``DMEM_LOCOMO_DATA`` names), and skips, saying so, where it is not given.
+The quality targets are the full benchmark's (BENCHMARKS.md "Encoders").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dmem.bench import encoders as be
+from dmem_bench import encoders as be
 from tests.integration.dmem.test_bench_locomo import PEOPLE, conversation
 
 pytestmark = pytest.mark.integration
@@ -81,9 +81,10 @@ def test_bench_encoders_pipeline_tiny(locomo_dir: Path, milvus_server_uri: str,
 
 
 def test_static_beats_hashing_on_real_locomo() -> None:
-    if not be.DEFAULT_DATA.is_dir():
-        pytest.skip(f"real LoCoMo data not beside the checkout ({be.DEFAULT_DATA})")
-    convs = be.load_locomo(be.DEFAULT_DATA, limit=1)
+    data = Path(os.environ.get("DMEM_LOCOMO_DATA", ""))
+    if not os.environ.get("DMEM_LOCOMO_DATA") or not data.is_dir():
+        pytest.skip("real LoCoMo data not given (DMEM_LOCOMO_DATA=<folder of its *.json>)")
+    convs = be.load_locomo(data, limit=1)
     from operators.encoders import build_encoder
 
     hit = {n: be.quality(build_encoder(n, cache_size=0), convs)[0]

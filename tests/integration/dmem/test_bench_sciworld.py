@@ -29,7 +29,7 @@ KEYS = (
 def test_bench_sciworld_contract(tmp_path: Path) -> None:
     if shutil.which("java") is None:
         pytest.fail("ScienceWorld needs Java 17: run scripts/setup.sh as root")
-    from dmem.bench.sciworld import SciConfig, main
+    from dmem_bench.sciworld import SciConfig, main
 
     cfg = SciConfig(tasks=("find-plant",), train_variations=1, test_variations=1,
                     random_steps=4, loop_max_steps=4, encoder="hash", settle_s=2.0,

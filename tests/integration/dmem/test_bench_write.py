@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dmem.bench import write as bw
+from dmem_bench import write as bw
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmem.bench.chaos import ChaosConfig, run
+from dmem_bench.chaos import ChaosConfig, run
 from milvus.server import EmbeddedMilvusServer
 from schemas.errors import ConfigError
 

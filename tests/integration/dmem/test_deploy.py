@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dmem.deploycheck import (
+from dmem_bench.deploycheck import (
     AUTH_TOKENS_FILE,
     DEFAULT_CHART,
     DEFAULT_COMPOSE,

@@ -31,6 +31,11 @@ CONTRACT = ("published", "stored_live", "stored_shifted", "same_ids_ratio", "cri
             "evicted_shifted", "settle_s")  # fmt: skip
 
 
+def _pythonpath() -> str:
+    """The checkout first, then what this session was given (where the harness may be)."""
+    return os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def test_parse_line_kinds_tenant_and_errors() -> None:
     kind, tr = parse_line(b'{"tenant":"x","agent_id":"a","episode_id":"e","step":0,'
                           b'"observation":"o","action":"go","ts":5}', tenant="t")  # fmt: skip
@@ -53,7 +58,7 @@ def test_parse_line_kinds_tenant_and_errors() -> None:
 def _cli(args: list[str], env: dict[str, str]) -> tuple[int, dict[str, Any], str]:
     out = subprocess.run([sys.executable, "-m", "dmem.cli", *args], capture_output=True,
                          text=True, timeout=300, check=False,
-                         env={**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+                         env={**os.environ, **env, "PYTHONPATH": _pythonpath()})  # fmt: skip
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
     return out.returncode, json.loads(last), out.stderr
 
@@ -125,7 +130,7 @@ def test_bench_replay_contract() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "dmem.cli", "bench", "replay", "--steps", "260", "--encoder",
          "hash", "--json"], capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+        env={**os.environ, "PYTHONPATH": _pythonpath()})  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     for key in CONTRACT:

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 
 import pytest
 
-from dmem.client import DmemClient, SyncDmemClient
+from dmem.client import Client, SyncClient
 from schemas import Transition
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import isolated_env
@@ -129,7 +129,7 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
 
     r = await client.call_tool("forget", {"memory_id": hits[0]["memory_id"]})
     assert not r.is_error and text_of(r)["forgotten"] == 1
-    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=stack.settings.kafka.topic_prefix,
+    async with Client(stack.bootstrap, TENANT, topic_prefix=stack.settings.kafka.topic_prefix,
                           http_url=http_url(stack)) as c:
         assert await c.get_memory(hits[0]["memory_id"]) is None
     lines.append(f"forget {hits[0]['memory_id']} -> {text_of(r)}")
@@ -219,7 +219,7 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
     from dmem.integrations.langgraph import DmemStore
 
     prefix = stack.settings.kafka.topic_prefix
-    sync = SyncDmemClient(stack.bootstrap, TENANT, topic_prefix=prefix,
+    sync = SyncClient(stack.bootstrap, TENANT, topic_prefix=prefix,
                           http_url=http_url(stack), timeout_s=10)
     try:
         store = DmemStore(sync)

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from schemas import encode
 from streams.local.stack import REPO_ROOT, LocalStack
 
@@ -44,6 +44,11 @@ window.addEventListener('load', function () {
   document.body.appendChild(p);
 });
 </script>"""
+
+
+def _pythonpath() -> str:
+    """The checkout first, then what this session was given (where the harness may be)."""
+    return os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 async def _run_agent(stack: LocalStack, n: int) -> None:
@@ -100,7 +105,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
         asyncio.run(_run_agent(stack, n))
         stack.stop_workers()  # release the Milvus Lite file
         child_env = {**os.environ, **stack.env(0)}
-        child_env["PYTHONPATH"] = str(REPO_ROOT)
+        child_env["PYTHONPATH"] = _pythonpath()
         proc = subprocess.run(
             [sys.executable, "-m", "dmem.cli", "report", "--out", str(out),
              "--bench-json", str(bench), "--bench-dir", str(tmp_path / "none"), "--json"],
@@ -155,7 +160,7 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
     env.update(DMEM_RUNTIME_DIR=str(tmp_path / "run"), DMEM_ENCODER__NAME="hash",
-               PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+               PYTHONPATH=_pythonpath())  # fmt: skip
     data = tmp_path / "up"
     up = subprocess.Popen([sys.executable, "-m", "dmem.cli", "up", "--data-dir", str(data),
                            "--json"], env=env, stdout=subprocess.PIPE, text=True,

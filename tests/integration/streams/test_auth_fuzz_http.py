@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmem.client import DmemClient, SearchError
+from dmem.client import Client, SearchError
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import collect, isolated_env
 from tests.integration.streams.test_read_path import transitions
@@ -69,7 +69,7 @@ def test_bearer_tokens_scope_tenants(stack: LocalStack) -> None:
     data = {t: transitions(t, n_eps=2) for t in ("alpha", "beta")}
 
     async def load() -> None:
-        async with DmemClient(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
+        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
             for ts in data.values():
                 await c.publish_many(ts)
         total = sum(len(v) for v in data.values())
@@ -106,15 +106,15 @@ def test_bearer_tokens_scope_tenants(stack: LocalStack) -> None:
     assert call("GET", base(stack) + "/health")[0] in (200, 503)
 
     async def sdk() -> None:
-        async with DmemClient(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
+        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
                               transport="http", http_url=base(stack), token="tok-alpha") as c:
             hits = await c.search("standing at the edge of crater 4", k=3)
             assert hits and {h.memory_id for h in hits} <= alpha_ids
-        async with DmemClient(stack.bootstrap, "beta", topic_prefix=s.kafka.topic_prefix,
+        async with Client(stack.bootstrap, "beta", topic_prefix=s.kafka.topic_prefix,
                               transport="http", http_url=base(stack), token="tok-alpha") as c:
             with pytest.raises(SearchError, match="403"):
                 await c.search("crater", k=3)
-        async with DmemClient(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
+        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
                               transport="http", http_url=base(stack)) as c:
             with pytest.raises(SearchError, match="401"):
                 await c.search("crater", k=3)

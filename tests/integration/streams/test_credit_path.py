@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import collect, isolated_env, produce
@@ -56,7 +56,7 @@ def test_credit_survives_restart_and_ignores_duplicate_outcomes(
         asyncio.run(collect(broker, [s.topic("memories")], lambda m: len(m) >= len(trs)))
 
         async def use() -> list:
-            async with DmemClient(broker, "acme", topic_prefix=s.kafka.topic_prefix) as c:
+            async with Client(broker, "acme", topic_prefix=s.kafka.topic_prefix) as c:
                 for _ in range(60):
                     hits = await c.search("the budget is 300 dollars", k=3,
                                           episode_id="live-1", step=2)

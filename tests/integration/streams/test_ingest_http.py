@@ -11,7 +11,7 @@ Milvus Lite, one `dmem worker --role all` with bearer tokens and a small ingest 
   after the broker resumes, ingest answers 202 again.
 - ``GET /openapi.json`` passes `openapi-spec-validator`.
 - librdkafka: the system kcat's failure is pinned when it links librdkafka < 2.2
-  (the Tansu/librdkafka tagged-field mismatch, `dmem.bench.kafka_clients`); kcat on a
+  (the Tansu/librdkafka tagged-field mismatch, `dmem_bench.kafka_clients`); kcat on a
   librdkafka >= 2.2 and confluent-kafka publish transitions that get stored, and a
   confluent-kafka consumer (session.timeout.ms 6 s) reads its group's records.
 """
@@ -253,7 +253,7 @@ def test_openapi_document_is_valid(stack: LocalStack) -> None:
 def test_librdkafka_clients_publish_to_the_embedded_broker(
     stack: LocalStack, tmp_path: Path
 ) -> None:
-    from dmem.bench import kafka_clients as kc
+    from dmem_bench import kafka_clients as kc
 
     kcat = kc.kcat_command(tmp_path / "rdk")
     if isinstance(kcat, str):

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from dmem.bench.ui import chromium_path, ui_check
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
+from dmem_bench.ui import chromium_path, ui_check
 from schemas import encode
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import isolated_env, produce

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from schemas import Transition
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import collect, decode_all, isolated_env
@@ -79,7 +79,7 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 async def load(stack: LocalStack) -> dict[str, list[Transition]]:
     data = {t: transitions(t) for t in ("alpha", "beta")}
     s = stack.settings
-    async with DmemClient(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
+    async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
         for ts in data.values():
             await c.publish_many(ts)
     total = sum(len(v) for v in data.values())
@@ -88,7 +88,7 @@ async def load(stack: LocalStack) -> dict[str, list[Transition]]:
     return data
 
 
-async def search_until(c: DmemClient, query: str, timeout_s: float = 30, **kw: Any) -> list:
+async def search_until(c: Client, query: str, timeout_s: float = 30, **kw: Any) -> list:
     deadline = time.monotonic() + timeout_s
     while True:
         hits = await c.search(query, **kw)
@@ -106,7 +106,7 @@ def test_search_kafka_http_isolation_usage_and_restart(stack: LocalStack) -> Non
     port = http_port(stack)
 
     async def kafka_checks() -> list:
-        async with DmemClient(stack.bootstrap, "alpha", topic_prefix=prefix) as c:
+        async with Client(stack.bootstrap, "alpha", topic_prefix=prefix) as c:
             hits = await search_until(c, "standing at the edge of crater 4", k=5,
                                       episode_id="alpha-live", step=3)
             assert hits
@@ -130,7 +130,7 @@ def test_search_kafka_http_isolation_usage_and_restart(stack: LocalStack) -> Non
                 res = await c.search("crater", k=10, metadata_equals={"secret": hostile})
                 assert res == [], hostile
             # unknown tenant: empty answer, not an error
-            async with DmemClient(stack.bootstrap, "nobody", topic_prefix=prefix) as other:
+            async with Client(stack.bootstrap, "nobody", topic_prefix=prefix) as other:
                 assert await other.search("crater", k=5) == []
             return hits
 
@@ -169,7 +169,7 @@ def test_search_kafka_http_isolation_usage_and_restart(stack: LocalStack) -> Non
     responder = next(w for w in stack.workers if w.role in ("all", "respond"))
 
     async def across_restart() -> list:
-        async with DmemClient(stack.bootstrap, "alpha", topic_prefix=prefix, timeout_s=4,
+        async with Client(stack.bootstrap, "alpha", topic_prefix=prefix, timeout_s=4,
                               retries=20) as c:
             responder.kill()
             task = asyncio.create_task(c.search("standing at the edge of crater 4", k=3))

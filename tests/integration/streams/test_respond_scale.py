@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from milvus import MemoryStore
 from operators import HashingEncoder
 from streams.local.stack import LocalStack
@@ -60,7 +60,7 @@ def test_two_respond_workers_share_the_request_topic(
         stack.wait_ready(w)
 
     async def ask_all(rounds: int) -> list[list[str]]:
-        c = DmemClient(broker, "acme", topic_prefix=topic_prefix, timeout_s=5.0, retries=4)
+        c = Client(broker, "acme", topic_prefix=topic_prefix, timeout_s=5.0, retries=4)
         await c.start()
         try:
             out = []

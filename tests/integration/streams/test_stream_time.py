@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dmem.demo import q_learning_transitions
+from dmem_bench.demo import q_learning_transitions
 from milvus import MemoryStore, milvus_lite_uri
 from operators import HashingEncoder
 from operators.decay import DAY_MS, MaintenancePolicy

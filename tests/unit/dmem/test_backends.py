@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmem.bench.backends import (
+from dmem_bench.backends import (
     COMPOSE_FILE,
     bench_services,
     compose_images,

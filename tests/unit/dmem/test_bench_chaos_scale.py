@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.chaos import BURST_WINDOW_MS, scale_out
+from dmem_bench.chaos import BURST_WINDOW_MS, scale_out
 from streams.write.consumer import ASSIGNMENT_LOG
 
 

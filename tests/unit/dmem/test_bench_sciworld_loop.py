@@ -1,6 +1,6 @@
 """The closed loop's random fallback uses common random numbers (no simulator, no stack).
 
-`dmem.bench.sciworld.fallback_action` seeds each draw by the decision point, so two
+`dmem_bench.sciworld.fallback_action` seeds each draw by the decision point, so two
 paired conditions that reach the same state draw the same action whatever happened
 before in their episodes (BENCHMARKS.md "sci13e"). With one random stream per
 episode (the code before), the condition that took one more step before reaching
@@ -13,7 +13,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from dmem.bench.sciworld import SciConfig, fallback_action, loop_episode
+from dmem_bench.sciworld import SciConfig, fallback_action, loop_episode
 
 HALL = [f"go to room {i}" for i in range(20)]
 

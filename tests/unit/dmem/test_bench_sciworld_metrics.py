@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from dmem.bench.sciworld import hit_prob, mrr
-from dmem.bench.sciworld_env import TASKS, newly_done, rng_for, rubric
+from dmem_bench.sciworld import hit_prob, mrr
+from dmem_bench.sciworld_env import TASKS, newly_done, rng_for, rubric
 
 
 def _brute(scores: list[float], rel: list[bool], k: int) -> tuple[float, float]:
@@ -62,7 +62,7 @@ def test_seeded_draws_and_allowed_tasks() -> None:
 
 
 def test_paired_difference_over_the_same_episodes() -> None:
-    from dmem.bench.sciworld import paired
+    from dmem_bench.sciworld import paired
 
     mean, se, won, lost = paired([17, 0, 67, 50], [17, 17, 67, 0])
     assert mean == pytest.approx(33 / 4)

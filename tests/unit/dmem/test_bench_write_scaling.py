@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dmem.bench.write import scaling_summary
+from dmem_bench.write import scaling_summary
 
 
 def result(tps: float, ratio: float) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dmem.bench.locomo import LocomoConfig, build_streams, evidence_ids, load, parse_date
 from dmem.client import ChatTurn, chat_transitions
+from dmem_bench.locomo import LocomoConfig, build_streams, evidence_ids, load, parse_date
 
 
 def test_session_maps_to_an_episode_with_next_turns() -> None:

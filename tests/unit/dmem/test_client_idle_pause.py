@@ -1,4 +1,4 @@
-"""`DmemClient`'s Kafka transport pauses its response partitions while no search waits.
+"""`Client`'s Kafka transport pauses its response partitions while no search waits.
 
 Why it matters: the response consumer fetches with a short ``fetch_max_wait_ms``
 (the embedded broker holds a fetch for its whole max wait), which would cost
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from dmem.client import DmemClient
+from dmem.client import Client
 from schemas import RetrievalRequest, RetrievalResponse
 from schemas.errors import ServiceUnavailable
 
@@ -33,7 +33,7 @@ class FakeConsumer:
 class FakeProducer:
     """Answers a request by resolving the client's waiter, as the reader task would."""
 
-    def __init__(self, client: DmemClient, log: list[str], answer: bool = True) -> None:
+    def __init__(self, client: Client, log: list[str], answer: bool = True) -> None:
         self.client, self.log, self.answer = client, log, answer
 
     async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> None:
@@ -43,8 +43,8 @@ class FakeProducer:
                 fut.set_result(RetrievalResponse(request_id=rid, tenant="t"))
 
 
-def _client(log: list[str], answer: bool = True, **kw: Any) -> DmemClient:
-    c = DmemClient("127.0.0.1:1", "t", **kw)
+def _client(log: list[str], answer: bool = True, **kw: Any) -> Client:
+    c = Client("127.0.0.1:1", "t", **kw)
     c._consumer = FakeConsumer(log)  # type: ignore[assignment]  # noqa: SLF001
     c._tps = [TopicPartition("dmem.retrieval.responses", p) for p in range(3)]  # noqa: SLF001
     c._producer = FakeProducer(c, log, answer)  # type: ignore[assignment]  # noqa: SLF001
@@ -87,5 +87,5 @@ def test_timeout_still_pauses() -> None:
 
 
 def test_fetch_wait_is_configurable() -> None:
-    assert DmemClient("h:1", "t").fetch_max_wait_ms == 5
-    assert DmemClient("h:1", "t", fetch_max_wait_ms=50).fetch_max_wait_ms == 50
+    assert Client("h:1", "t").fetch_max_wait_ms == 5
+    assert Client("h:1", "t", fetch_max_wait_ms=50).fetch_max_wait_ms == 50

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dmem.bench.locomo import LocomoConfig
-from dmem.bench.locomo_replay import replay
+from dmem_bench.locomo import LocomoConfig
+from dmem_bench.locomo_replay import replay
 
 TOPICS = ["adopted a beagle named Rex", "moved to Lisbon to study architecture",
           "started a pottery class on Thursdays", "ran the city marathon in four hours",

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dmem.report import ReportData, _fig, _time_axis, gate_overview, locate, render
+from dmem_bench.report import ReportData, _fig, _time_axis, gate_overview, locate, render
 from schemas.errors import ConfigError
 from streams.local.announce import STATE_NAME, announce, client_env, running, withdraw
 from streams.settings import Settings

@@ -188,7 +188,7 @@ def test_frequent_memory_does_not_outrank_decisive_one_with_agent_reports() -> N
 
 def test_bench_briefing_is_semantically_farther_than_every_distractor() -> None:
     """The delayed-credit bench stays honest: meaning alone never prefers the briefing."""
-    from dmem.bench.credit import DISTRACTORS, VAULTS, briefing, query
+    from dmem_bench.credit import DISTRACTORS, VAULTS, briefing, query
     from operators.encoders import build_encoder
 
     enc = build_encoder("hash", dim=256, cache_size=0)

@@ -14,7 +14,7 @@ def test_first_screen_tells_how_to_publish() -> None:
                          "milvus": "http://127.0.0.1:19530", "milvus_mode": "server",
                          "data_dir": "/d"})  # fmt: skip
     assert "curl -sX POST http://127.0.0.1:7777/v1/transitions" in text
-    assert 'SyncDmemClient("127.0.0.1:9999"' in text
+    assert 'SyncClient("127.0.0.1:9999"' in text
     assert "kcat -P -b 127.0.0.1:9999 -t dmem.transitions" in text
     assert "http://127.0.0.1:7777/openapi.json" in text and "librdkafka >= 2.2" in text
 

@@ -2,7 +2,7 @@
 
 Decisions (see BENCHMARKS.md "ScienceWorld"):
 
-- Only the tasks in ``TASKS`` are used (issue 13); the other ten ScienceWorld tasks
+- Only the tasks in ``TASKS`` are used; the other ten ScienceWorld tasks
   are kept for an evaluation this project does not see.
 - One JVM per benchmark run (``SciWorld``), reused for every task and variation
   (starting it costs ~2-3 s, loading a task ~1-9 s). The bench talks to the

@@ -2,7 +2,7 @@
 embedded stack with every job enabled; nothing may be lost to the clock or to a merge.
 
 The stream: an epsilon-greedy Q-learning agent in a Gymnasium toy_text world
-(`dmem.demo.q_learning_transitions`, fixed seed; CliffWalking by default) with an
+(`dmem_bench.demo.q_learning_transitions`, fixed seed; CliffWalking by default) with an
 `EpisodeOutcome` (the episode's return) after each episode. Run 1 (live) stamps
 every transition with the wall clock when it is published and records the stamps;
 run 2 (shifted) publishes the same transitions with those stamps minus 400 days (a
@@ -22,7 +22,7 @@ store and the memory events.
 The last stdout line (``--json``) has the contract keys: ``published``,
 ``stored_live``, ``stored_shifted``, ``same_ids_ratio`` (Jaccard of the two stored id
 sets), ``critical_live`` (stored critical memories of the live run:
-`operators.maintenance.is_critical`, reward != 0 or terminal, counted with what they
+`operators.dedup.is_critical`, reward != 0 or terminal, counted with what they
 stand for), ``critical_merged_away`` (both runs: critical transitions folded into a
 survivor that is not critical or whose reward differs beyond the tolerance),
 ``merges`` (live), ``merges_across_reward`` (both runs), ``evicted_live``,
@@ -41,7 +41,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import (
+from dmem.importer import wait_committed
+from dmem.wait import wait_settled
+from dmem_bench.common import (
     Progress,
     emit_json,
     machine_info,
@@ -50,8 +52,6 @@ from dmem.bench.common import (
     publish_lockstep,
     teardown,
 )
-from dmem.importer import wait_committed
-from dmem.wait import wait_settled
 from operators.decay import DAY_MS
 from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
@@ -70,7 +70,7 @@ SHIFT_MS = -400 * DAY_MS
 
 def make_stream(env_name: str, steps: int, seed: int) -> list[Transition | EpisodeOutcome]:
     """The transitions with each episode's outcome (its return) right after its last step."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     out: list[Transition | EpisodeOutcome] = []
     ret = 0.0

@@ -8,7 +8,7 @@ than the briefing. Every episode ends at a fork: the agent asks dmem "which way
 does the treasure lie in the <vault>?" (k = 3, scoped to the vault by a
 structured metadata filter), takes the side named by a retrieved briefing, or
 guesses when none was retrieved. It then reports which served memory its
-decision rested on (`DmemClient.report_usage`: the briefing it followed, or
+decision rested on (`Client.report_usage`: the briefing it followed, or
 none when it guessed). The outcome (+1 right, -1 wrong, ``task`` = the vault,
 so the credit baseline is the vault's own running mean) is reported *late*:
 after the next episode has started, and twice (a duplicate the credit job must
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.common import Progress, emit_json, note
-from dmem.client import DmemClient
+from dmem.client import Client
+from dmem_bench.common import Progress, emit_json, note
 from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack
 
@@ -116,7 +116,7 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
     pending: list[EpisodeOutcome] = []
     processed_before = int(health(stack).get("write", {}).get("processed", 0))
     assert stack.bootstrap is not None
-    async with DmemClient(stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix,
+    async with Client(stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=10) as c:
         producer = c._producer  # noqa: SLF001 - raw publish, duplicates included
         assert producer is not None

@@ -49,7 +49,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     Progress,
     emit_json,
     machine_info,
@@ -78,7 +78,7 @@ def _health(port: int) -> dict[str, Any]:
 
 async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
                  alive: Any) -> dict[str, Any]:  # fmt: skip
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     kw = kafka_client_kwargs(settings.kafka)
     producer = AIOKafkaProducer(linger_ms=5, **kw)
@@ -130,7 +130,7 @@ async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
 
 def _duplicate_pairs(rows: list[dict[str, Any]], tau: float, reward_tol: float) -> int:
     """Pairs the dedup job should have merged: same merge scope, rewards that agree,
-    cosine >= tau (the merge rules of `operators.maintenance`), by brute force."""
+    cosine >= tau (the merge rules of `operators.dedup`), by brute force."""
     from operators.dedup import merge_scope, reward_span, rewards_agree
 
     scopes: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -371,7 +371,7 @@ def run(steps: int = 20_000, env_name: str = "cliffwalking", seed: int = 7,
     return out
 
 
-if __name__ == "__main__":  # python -m dmem.bench.maintenance [--json]
+if __name__ == "__main__":  # python -m dmem_bench.maintenance [--json]
     import sys
 
     result = run(steps=int(sys.argv[sys.argv.index("--steps") + 1])

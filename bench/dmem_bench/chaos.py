@@ -30,7 +30,7 @@ Scenario, on a fixed seed (``--seed``):
   ``broker_pause_s`` seconds and resumed (a broker hiccup: connections hang).
 - An unexpected worker exit (not one of our kills) is counted in
   ``worker_deaths`` and the worker is restarted so the run can finish.
-- A hostile tenant (``HOSTILE``, issue 21) reuses the other tenants' memory ids:
+- A hostile tenant (``HOSTILE``) reuses the other tenants' memory ids:
   one transition per ``hostile_every`` valid ones, with ``transition_id`` set to
   an id another tenant already published (surprising rewards, so most are
   stored), through the same kills and outage. After the drain the victims'
@@ -79,7 +79,7 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` (summed over
   the workers) show backpressure: while Milvus is down the lag grows, the
   process does not.
-- Scale-out (issue 15), from the write workers' assignment log lines
+- Scale-out, from the write workers' assignment log lines
   (`streams.write.consumer.assignments_in_log`, killed workers' logs included):
   ``workers``; ``rebalances``: rebalances after the group first formed (joins of
   the starting workers, each kill, each restart; one rebalance = one generation's
@@ -121,7 +121,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     Progress,
     cleanup_on_signals,
     emit_json,
@@ -138,7 +138,7 @@ from streams.write.consumer import assignments_in_log
 AGENTS = 4
 EPISODE_LEN = 20
 DIM = 64
-#: the tenant that reuses other tenants' ids (issue 21)
+#: the tenant that reuses other tenants' ids
 HOSTILE = "intruder"
 #: window before / after a rebalance for ``core_burst_ratio``
 BURST_WINDOW_MS = 60_000

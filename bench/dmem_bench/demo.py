@@ -7,7 +7,7 @@ transitions are published in lockstep chunks of exactly the worker's batch size
 (each chunk is awaited before the next is sent, with a long take window), so
 the write path sees identical micro-batches on every run with the same seed.
 
-"Critical" follows the issue: a distinct (state, action) pair that produced the
+"Critical" means a distinct (state, action) pair that produced the
 environment's rare reward (CliffWalking -100, Taxi +20 or -10, FrozenLake
 reaching the goal or falling into a hole).
 """
@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dmem.bench.common import teardown
+from dmem_bench.common import teardown
 from operators.encoders import encoder_dim
 from schemas import Transition, encode
 from schemas.errors import ServiceUnavailable

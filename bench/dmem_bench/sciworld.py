@@ -1,6 +1,6 @@
 """`dmem bench sciworld`: dmem on a real text environment (ScienceWorld), end to end.
 
-What it does (issue 13; the environment side is `dmem.bench.sciworld_env`):
+What it does (the environment side is `dmem_bench.sciworld_env`):
 
 1. Plays the chosen tasks in one JVM: on each *train* variation a gold, a noisy and
    a random episode (the stored stream); on each *test* variation a gold episode
@@ -53,7 +53,7 @@ Coverage counts distinct critical events: a critical step is covered when it, or
 a step with the same (task, variation, observation, action), is stored.
 
 Outputs under ``.dmem-bench/``, named by ``--env`` (``sciworld`` or a TextWorldExpress
-game, `dmem.bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
+game, `dmem_bench.twx_env`): ``<env>.json`` (result, per-episode loop scores and
 every loop step's action, source memory and reward), ``<env>-probes.json`` (each
 probe's top hits per ranking with relevance, reward, salience, policy, subgoal) and
 ``<env>.png``.
@@ -74,8 +74,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmem.bench.common import Progress, cleanup_on_signals, emit_json, note
-from dmem.bench.sciworld_env import (
+from dmem.client import Client
+from dmem_bench.common import Progress, cleanup_on_signals, emit_json, note
+from dmem_bench.sciworld_env import (
     DEFAULT_TASKS,
     TASKS,
     Episode,
@@ -85,8 +86,7 @@ from dmem.bench.sciworld_env import (
     play,
     rng_for,
 )
-from dmem.bench.twx_env import ENVS, TWXWorld
-from dmem.client import DmemClient
+from dmem_bench.twx_env import ENVS, TWXWorld
 from operators.dedup import DEDUP_TAU_BY_ENCODER
 from schemas import Transition
 from streams.local.stack import LocalStack
@@ -370,7 +370,7 @@ def _dump_hit(h: Any, rel: bool, steps: dict[str, Step]) -> dict[str, Any]:
             "policy": st.policy if st else None, "subgoal": st.subgoal if st else None}
 
 
-async def run_probes(c: DmemClient, encoder: Any, probes: list[Probe], steps: dict[str, Step],
+async def run_probes(c: Client, encoder: Any, probes: list[Probe], steps: dict[str, Step],
                      rows: dict[str, tuple[str, tuple[str, ...]]],
                      dump: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Tie-aware hit@5 / MRR@10 per ranking; ``dump`` (when given) collects, per probe,
@@ -419,7 +419,7 @@ def fallback_action(seed: int, task: str, variation: int, repeat: int, obs: str,
     conditions (or two episodes) that stand in the same state draw the same action,
     whatever happened before; with one random stream per episode, one different step
     made every later draw differ, and the paired hybrid - semantic difference
-    measured the draws' luck as much as the memories (BENCHMARKS.md "sci13e"). The
+    measured the draws' luck as much as the memories (BENCHMARKS.md "ScienceWorld"). The
     visit count keeps a revisited state from replaying its draw forever (a fixed
     state -> action map can cycle). Not the step index: paths that reach the same
     state one step apart would draw differently again. The seeded order is over
@@ -450,7 +450,7 @@ def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, i
 # ---------------------------------------------------------------- closed loop
 
 
-async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: int,
+async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
                        lam: float | None, cfg: SciConfig, tag: str,
                        trace: list[dict[str, Any]] | None = None,
                        repeat: int = 0, credit: bool = True) -> tuple[int, bool]:
@@ -507,7 +507,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
             # empty: it replaces the responder's score-weighted one, which would share
             # the outcome among all five hits (operators/credit.py). With the step's
             # reward as evidence: a failure the random fallback caused later does not
-            # blame a memory whose action was just rewarded (sci13g)
+            # blame a memory whose action was just rewarded
             await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step,
                                  reward=float(reward))
         if reward != 0:
@@ -528,7 +528,7 @@ async def loop_episode(sw: World, c: DmemClient | None, task: str, variation: in
         # outcome on this task (operators/credit.py), not against the explorer's gold
         # episodes nor its outcomes on other tasks (without the task, find-animal's
         # +17, the most that task's loop earned, ran below the find-plant episodes'
-        # +67 before it and blamed "go to hallway", the step that earned it: sci13e);
+        # +67 before it and blamed "go to hallway", the step that earned it);
         # and the step of its last score change: memories used after it (wandering
         # until the step limit) did not earn the outcome and get no share of it
         await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task,
@@ -543,7 +543,7 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
     per: dict[str, list[int]] = {}
     traces: dict[str, list[dict[str, Any]]] = {}
     assert stack.bootstrap is not None
-    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         # semantic first and credit-free: the baseline searches the stored set as the
         # loop found it, and leaves no credit (only the access stamps of its searches)
@@ -661,7 +661,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
     t0_ms = int(time.time() * 1000) - 10 * len(steps)
     transitions = [to_transition(st, i, t0_ms) for i, st in enumerate(steps.values())]
     encoder = build_encoder(cfg.encoder, s.encoder.dim)
-    async with DmemClient(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
+    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
                           timeout_s=20) as c:
         # episode by episode, in play order, each one processed before the next is
         # sent: the write path's micro-batches (and so its TD updates and gate
@@ -691,7 +691,7 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
                 per_task[steps[i].task] += 1
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
-        async with DmemClient(stack.bootstrap, TENANT, transport="http", http_url=http,
+        async with Client(stack.bootstrap, TENANT, transport="http", http_url=http,
                               timeout_s=20) as h:
             dump: list[dict[str, Any]] = []
             ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)

@@ -15,7 +15,7 @@ Latency block:
   go to ``core`` (about 22 %), the rest to ``buffer``; ages are spread over 60
   days. The collection is flushed (segments sealed, HNSW built) before measuring.
 - Then, per repeat and in a rotating order: ``--requests`` sequential searches
-  (k=5) over Kafka (`DmemClient`, request/reply), the same over HTTP
+  (k=5) over Kafka (`Client`, request/reply), the same over HTTP
   (``POST /v1/search``), and the responder's candidate query issued directly by
   this process (`MemoryStore.search`, k = C = max(4k, 32), both partitions,
   Bounded) = ``milvus_raw``. Queries are observation texts and agent notes
@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     NOTE_OBJECTS,
     NOTE_SUBJECTS,
     NOTE_VERBS,
@@ -98,7 +98,7 @@ class BenchConfig:
     load_batch: int = 2000
     timeout_s: float = 10.0
     backend: str = "embedded"  # or "containers": Apache Kafka + Milvus standalone
-    embedded: bool = False  # also measure `dmem up`'s default stack (dmem.bench.embedded)
+    embedded: bool = False  # also measure `dmem up`'s default stack (dmem_bench.embedded)
 
     @property
     def dim(self) -> int:
@@ -129,7 +129,7 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 
 def _env_observations(n: int, seed: int) -> Iterator[tuple[str, str, float]]:
     """(text, action, reward) from Q-learning runs, round-robin over three envs."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     if n <= 0:
         return
@@ -233,7 +233,7 @@ class QualityData:
 
 def quality_data(env: str, steps: int, seed: int, encoder: Any, now_ms: int) -> QualityData:
     """Run the Gymnasium agent through the real write-path operators (in-process)."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
     from schemas import encode
     from streams.settings import Settings
     from streams.write.pipeline import RawRecord, WritePipeline
@@ -321,8 +321,8 @@ def _upsert_all(store: Any, batches: Iterator[tuple[list[dict[str, Any]], list[d
 
 def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole benchmark; returns the result dict (the JSON line)."""
-    from dmem.bench.backends import bench_services
-    from dmem.client import DmemClient
+    from dmem.client import Client
+    from dmem_bench.backends import bench_services
     from milvus import EmbeddedMilvusServer, MemoryStore
     from operators import build_encoder
     from streams.local.stack import LocalStack, tail
@@ -379,7 +379,7 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         info["read_config"] = {  # what the latency depends on (README "Read path")
             "search_consistency": env["DMEM_MILVUS__SEARCH_CONSISTENCY"],
             "respond_fetch_max_wait_ms": settings.respond.fetch_max_wait_ms,
-            "client_fetch_max_wait_ms": DmemClient("-", "-").fetch_max_wait_ms,
+            "client_fetch_max_wait_ms": Client("-", "-").fetch_max_wait_ms,
             "respond_concurrency": settings.respond.concurrency,
         }
         http_url = f"http://127.0.0.1:{local.web_ports[0]}"
@@ -442,8 +442,8 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         kw = {"topic_prefix": settings.kafka.topic_prefix, "timeout_s": cfg.timeout_s}
 
         async def measure() -> dict[str, Any]:
-            kc = DmemClient(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
-            hc = DmemClient(local.bootstrap or "", LOAD_TENANT, transport="http",
+            kc = Client(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
+            hc = Client(local.bootstrap or "", LOAD_TENANT, transport="http",
                             http_url=http_url, **kw)  # type: ignore[arg-type]
             await kc.start()
             await hc.start()
@@ -460,7 +460,7 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
 
 
 async def _search_took(client: Any, query: str, k: int, took: list[float]) -> list[Any]:
-    """What `DmemClient.search` does, keeping the responder's own ``took_ms``
+    """What `Client.search` does, keeping the responder's own ``took_ms``
     (encode + Milvus + rank inside the worker) to split latency into parts."""
     from dmem.client import SearchError
     from schemas import RetrievalRequest
@@ -655,7 +655,7 @@ def print_report(r: dict[str, Any]) -> None:
          r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_store_all"] + 0.2),
         ("hybrid >= semantic", r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_semantic"]),
     ]
-    print_table("issue targets", ["target", "met"],
+    print_table("targets", ["target", "met"],
                 [[name, "yes" if ok else "NO"] for name, ok in checks])
 
 
@@ -665,8 +665,8 @@ EMBEDDED_KEYS = ("milvus_mode", "memories", "ingest_per_s", "search_p50_ms", "se
 
 def run_embedded_block(cfg: BenchConfig) -> dict[str, Any]:
     """`--embedded`: the same search load on the stack `dmem up` starts (its default
-    Milvus), loaded through HTTP ingest: `dmem.bench.embedded`, figures side by side."""
-    from dmem.bench.embedded import EmbeddedConfig, run_embedded
+    Milvus), loaded through HTTP ingest: `dmem_bench.embedded`, figures side by side."""
+    from dmem_bench.embedded import EmbeddedConfig, run_embedded
 
     r = run_embedded(EmbeddedConfig(memories=cfg.memories, queries=cfg.requests,
                                     repeats=cfg.repeats, warmup=cfg.warmup,

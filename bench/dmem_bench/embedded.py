@@ -10,13 +10,13 @@ Steps, each a key of the JSON:
 2. Clients (small tenants, before the bulk load): ``kcat_ok`` = kcat published
    ``interop_n`` transitions and the write path processed all of them (each has a
    ``written``/``dropped``/``merged`` MemoryEvent); kcat runs on a librdkafka
-   >= 2.2 (`dmem.bench.kafka_clients`: the system one when new enough, else the
+   >= 2.2 (`dmem_bench.kafka_clients`: the system one when new enough, else the
    one bundled with confluent-kafka), ``kcat_librdkafka`` / ``kcat_system`` say
    which and what the system kcat does as is. ``confluent_kafka_ok`` = the same
    through a confluent-kafka producer, plus a confluent-kafka consumer group that
    reads them back (``confluent_join_s``: its first record). ``openapi_valid`` =
    ``/openapi.json`` passes `openapi-spec-validator`; ``ui_ok`` from
-   ``dmem.bench.ui.ui_check`` when that module exists.
+   ``dmem_bench.ui.ui_check`` when that module exists.
 3. Load: synthetic agent notes (distinct texts, Laplace rewards) POSTed to
    ``/v1/transitions`` in batches of ``--batch``, in rounds, until the tenant holds
    ``--memories`` memories (the gate keeps only part of what it sees) or
@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.common import (
+from dmem.wait import wait_settled
+from dmem_bench.common import (
     NOTE_OBJECTS,
     NOTE_SUBJECTS,
     NOTE_VERBS,
@@ -59,7 +60,6 @@ from dmem.bench.common import (
     note,
     summarize_ms,
 )
-from dmem.wait import wait_settled
 
 TENANT = "bench-embedded"
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
@@ -162,7 +162,7 @@ def _first_error(err: str | None) -> str | None:
 
 
 def check_clients(cfg: EmbeddedConfig, stack: Any, scratch: Path) -> dict[str, Any]:
-    from dmem.bench import kafka_clients as kc
+    from dmem_bench import kafka_clients as kc
     from schemas import Transition
 
     out: dict[str, Any] = {}
@@ -223,7 +223,7 @@ def check_openapi(base: str) -> tuple[bool, str]:
 
 def check_ui(base: str) -> tuple[bool, str]:
     try:
-        ui = importlib.import_module("dmem.bench.ui")
+        ui = importlib.import_module("dmem_bench.ui")
     except ImportError:
         return False, "ui check not available"
     ok, why = ui.ui_check(base, None, TENANT)
@@ -340,14 +340,14 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
         result.update(measure_search(cfg, base, uri, settings.milvus.collection, encoder))
         failed = False
     finally:
-        from dmem.bench.common import teardown
+        from dmem_bench.common import teardown
 
         teardown(stack, None, tmp, failed)
     return result
 
 
 def print_report(r: dict[str, Any]) -> None:
-    from dmem.bench.common import print_table
+    from dmem_bench.common import print_table
 
     rows = [[k, r.get(k)] for k in (
         "milvus_mode", "encoder", "up_s", "memories", "transitions", "ingest_per_s",

@@ -5,7 +5,7 @@ Per encoder (``hash``, ``minilm``, ``minilm-static`` by default):
   turns (LoCoMo, up to 2,048; a repeat ends after ~30 s), batches of 256, torch on
   ``--threads`` threads (2 by default); median over ``--repeats``.
 - ``pipeline_tps``: write-path transitions/s with one write worker, measured
-  exactly as ``dmem bench write`` measures it (`dmem.bench.write.run`: embedded
+  exactly as ``dmem bench write`` measures it (`dmem_bench.write.run`: embedded
   broker, Milvus 2.3.5 server shared by all encoders, the Taxi workload with
   mostly unique texts); median over ``--repeats``. The same run's raw baselines
   come with it (``pipeline_raw_encoder_tps``: the worker's encoder with its LRU
@@ -39,9 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.common import emit_json, machine_info, note, print_table, teardown
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo10"
+from dmem_bench.common import emit_json, machine_info, note, print_table, teardown
 
 
 def load_locomo(data: Path, limit: int | None = None
@@ -113,19 +111,21 @@ def cache_hit_rate(name: str, rows: Sequence[dict[str, Any]]) -> float:
 
 
 def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: int = 3,
-        transitions: int = 4000, threads: int = 2, data: Path = DEFAULT_DATA,
+        transitions: int = 4000, threads: int = 2, data: Path | None = None,
         conversations: int | None = None, pipeline: bool = True,
         minilm_transitions: int = 2000, milvus_uri: str | None = None) -> dict[str, Any]:
     """Measure every encoder in one run (module doc); ``milvus_uri``: reuse a server."""
     import torch
 
-    from dmem.bench import write as bw
+    from dmem_bench import write as bw
     from milvus.server import EmbeddedMilvusServer
     from operators.encoders import build_encoder
     from streams.settings import Settings
 
     torch.set_num_threads(threads)
     t_start = time.perf_counter()
+    if data is None:
+        raise FileNotFoundError("no LoCoMo data: pass the folder of its conversations (--data)")
     convs = load_locomo(data, conversations)
     texts = [x for turns, _ in convs for _, x in turns][:2048]
     workload = bw.make_workload(min(transitions, 4000))

@@ -73,7 +73,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dmem.bench.common import (
+from dmem_bench.common import (
     Progress,
     cleanup_on_signals,
     emit_json,
@@ -98,7 +98,7 @@ RESULTS_DIR = Path(".dmem-bench")
 
 def make_workload(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """`n` Taxi Q-learning transitions as JSON-ready dicts, agents interleaved."""
-    from dmem.demo import q_learning_transitions
+    from dmem_bench.demo import q_learning_transitions
 
     per_agent = math.ceil(n / N_AGENTS)
     streams_ = []
@@ -453,9 +453,9 @@ def run(
     """Run the benchmark; returns the result dict (also emitted by the CLI).
 
     ``backend="containers"`` runs it on Apache Kafka and Milvus standalone containers
-    (`dmem.bench.backends`) instead of the embedded broker and server.
+    (`dmem_bench.backends`) instead of the embedded broker and server.
     """
-    from dmem.bench.backends import bench_services
+    from dmem_bench.backends import bench_services
     from milvus.server import EmbeddedMilvusServer
 
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-write-"))

@@ -38,7 +38,7 @@ The last stdout line with ``--json`` is one JSON object: ``ok``,
 ``lint_errors``, ``lint_warnings``, ``env_errors``, ``auth_errors``, ``compose_valid``,
 ``compose_services``, ``compose_errors``, ``kube_versions``, ``helm_sdk``,
 ``elapsed_s``. Exit status 0 when everything passes, 1 otherwise, 2 when the
-tools are missing (install the ``deploy`` extra).
+tools are missing (``pip install -e ./bench`` installs them).
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ from typing import Any, get_origin
 
 import click
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+#: the checkout this harness runs from (``<repo>/bench/dmem_bench/deploycheck.py``): the
+#: default chart and compose file are that checkout's
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHART = REPO_ROOT / "charts" / "dmem"
 DEFAULT_COMPOSE = REPO_ROOT / "docker-compose.yml"
 DEFAULT_COMPOSE_SCHEMA = REPO_ROOT / "charts" / "compose-spec.json"
@@ -141,7 +143,7 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
 
 
 class ToolsMissing(RuntimeError):
-    """The deploy extra (helm-python-sdk, kubernetes-validate, jsonschema, PyYAML) is absent."""
+    """The deploy tools (helm-python-sdk, kubernetes-validate, jsonschema, PyYAML) is absent."""
 
 
 @dataclass
@@ -191,7 +193,8 @@ def _tools() -> tuple[Any, Any, Any, Any]:
         import yaml
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ToolsMissing(
-            f"{exc.name} is not installed; `pip install 'dmem[deploy]'` brings the deploy tools"
+            f"{exc.name} is not installed; `pip install -e ./bench` (in a checkout) "
+            "brings the deploy tools"
         ) from None
     utils = kubernetes_validate.utils
     if not hasattr(utils.schema_contents, "cache_info"):
@@ -611,6 +614,7 @@ def _human(report: Report) -> str:
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     default=DEFAULT_CHART,
     show_default=True,
+    help="the Helm chart folder (the default is the checkout's)",
 )
 @click.option(
     "--compose",
@@ -618,12 +622,14 @@ def _human(report: Report) -> str:
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=DEFAULT_COMPOSE,
     show_default=True,
+    help="the compose file (the default is the checkout's)",
 )
 @click.option(
     "--compose-schema",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=DEFAULT_COMPOSE_SCHEMA,
     show_default=True,
+    help="the Compose Specification JSON schema (the default is the checkout's)",
 )
 @click.option(
     "--kube-version",

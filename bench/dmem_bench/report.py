@@ -16,7 +16,7 @@ Data sources:
   thresholds (those of its newest decision), routing decisions over time and
   partition sizes over time (replayed from written/moved/promoted/demoted/merged/
   evicted/forgotten events). The plotted score is ``rpe_smoothed``, which the write
-  path sets to the gate score ``max(extrinsic, w * intrinsic)`` (`operators.novelty.
+  path sets to the gate score ``max(extrinsic, w * intrinsic)`` (`operators.surprise.
   gate_score`): the quantity the thresholds are compared with. Its axis ends at
   `streams.respond.live.histogram_top` (2 x theta_high or 1.2 x q90), with larger
   scores in the last bin, and counts are on a log scale: on a sparse-reward stream

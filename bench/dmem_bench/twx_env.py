@@ -1,6 +1,6 @@
-"""TextWorldExpress worlds for `dmem bench sciworld --env twx-...` (issue 13, second environment).
+"""TextWorldExpress worlds for `dmem bench sciworld --env twx-...` (the second environment).
 
-The same bench, policies and ground truth as ScienceWorld (`dmem.bench.sciworld_env`),
+The same bench, policies and ground truth as ScienceWorld (`dmem_bench.sciworld_env`),
 on another reward structure, so nothing is tuned to one: TextWorldExpress (PyPI
 ``textworld-express``, a Java 17 jar like ScienceWorld) pays rewards on its own
 0..1 scale (CookingWorld: 1/n per recipe step; CoinCollector: 1 for the coin, the
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dmem.bench.sciworld_env import JvmWorld
+from dmem_bench.sciworld_env import JvmWorld
 
 #: game -> generation parameters (TextWorldExpress ``gameParams``)
 GAMES: dict[str, str] = {

@@ -6,8 +6,8 @@ embedded Milvus server where its wheel is installed, else Milvus Lite (``--milvu
 `LocalStack`; reported as ``milvus_mode``), with the encoder the benchmark names
 (MiniLM by default).
 
-1. Every turn of each LoCoMo conversation (`--data`, default
-   ``../shared/data/locomo10``; one tenant per conversation, agent = the
+1. Every turn of each LoCoMo conversation (`--data`, the
+   folder of its ``*.json`` files; one tenant per conversation, agent = the
    conversation) is published in session order through the SDK's chat mapping
    (`dmem.chat_transitions`): ``"speaker: text"`` (plus ``[shares <caption>]``
    for a shared image), reward 0, the next turn of the session as
@@ -55,12 +55,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dmem.bench.common import Progress, emit_json, machine_info, note, print_table
-from dmem.client import ChatTurn, DmemClient, chat_transitions
+from dmem.client import ChatTurn, Client, chat_transitions
+from dmem_bench.common import Progress, emit_json, machine_info, note, print_table
 from schemas import Transition
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "locomo10"
 TURN_GAP_MS = 30_000
 SETTLE_QUIET_S = 6.0
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -68,7 +66,7 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 @dataclass(frozen=True)
 class LocomoConfig:
-    data: Path = DEFAULT_DATA
+    data: Path  # folder of LoCoMo conversations (*.json)
     conversations: int = 0  # 0 = all
     turns: int = 0  # per conversation, 0 = all
     questions: int = 0  # per conversation, 0 = all
@@ -343,10 +341,10 @@ async def ask(bootstrap: str, url: str, convs: Sequence[Conversation], cfg: Loco
     done = 0
     gate = asyncio.Semaphore(in_flight)
     for conv in convs:
-        async with DmemClient(bootstrap, tenant=tenant_of(conv.cid), transport="http",
+        async with Client(bootstrap, tenant=tenant_of(conv.cid), transport="http",
                               http_url=url, timeout_s=60.0) as client:
 
-            async def one(q: str, client: DmemClient = client,
+            async def one(q: str, client: Client = client,
                           agent: str = f"conv-{conv.cid}") -> list[set[str]]:
                 nonlocal done
                 async with gate:
@@ -408,7 +406,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         settings = stack.settings
 
         async def publish_and_settle() -> dict[str, Any]:
-            async with DmemClient(stack.bootstrap or "", tenant="locomo") as client:
+            async with Client(stack.bootstrap or "", tenant="locomo") as client:
                 for s in streams.items.values():
                     await client.publish_many(it.transition for it in s)
             return await settle(settings, ids, cfg.settle_timeout_s)
@@ -435,7 +433,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         query_s = time.monotonic() - t_q
         failed = False
     finally:
-        from dmem.bench.common import teardown
+        from dmem_bench.common import teardown
 
         teardown(stack, None, tmp, failed)
 
@@ -521,7 +519,7 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
 
 
 def main(cfg: LocomoConfig, as_json: bool) -> dict[str, Any]:
-    from dmem.bench.common import cleanup_on_signals
+    from dmem_bench.common import cleanup_on_signals
 
     with cleanup_on_signals():
         res = run(cfg)

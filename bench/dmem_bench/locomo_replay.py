@@ -4,7 +4,7 @@ What it measures: the gate (value model, intrinsic score, percentile gate, repea
 keys, context guard and its suspects: the real `streams.write.WritePipeline`, with
 `Settings()` read from the environment as the worker reads it, so any
 ``DMEM_INTRINSIC__*`` knob can be varied) on the same streams as the live bench
-(`dmem.bench.locomo.build_streams`: the same seed, noise drawn from the other
+(`dmem_bench.locomo.build_streams`: the same seed, noise drawn from the other
 conversations loaded), and evidence recall by exact cosine top-k over what it kept.
 
 What it leaves out, and why that is acceptable for developing the gate: no broker,
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from dmem.bench.locomo import (
+from dmem_bench.locomo import (
     BaselineCache,
     Conversation,
     Item,
@@ -181,7 +181,7 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
 def main(cfg: LocomoConfig, as_json: bool, cache: Path | None = None,
          batch: int = 64) -> dict[str, Any]:
     """The replay of ``cfg`` (clean when ``cfg.noise`` is 0), printed as the live bench's."""
-    from dmem.bench.common import emit_json, note, print_table
+    from dmem_bench.common import emit_json, note, print_table
 
     res = replay(cfg, cache=cache, batch=batch)
 

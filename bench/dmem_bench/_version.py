@@ -1,0 +1,1 @@
+../../dmem/_version.py

@@ -1,0 +1,252 @@
+"""The `dmem` commands that need only the core install: they talk to a running
+deployment (Kafka, HTTP) or write files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from dmem.cli.common import fail, load_settings
+from schemas.errors import DmemError
+
+
+@click.group()
+def topics() -> None:
+    """Topic administration."""
+
+
+@topics.command("create")
+def topics_create() -> None:
+    """Create every dmem topic on the configured broker (idempotent)."""
+    from streams.admin import check_broker, ensure_topics
+
+    settings = load_settings()
+    try:
+        asyncio.run(check_broker(settings.kafka))
+        created = asyncio.run(ensure_topics(settings))
+    except DmemError as exc:
+        fail(exc)
+    click.echo(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
+
+
+@click.group()
+def schemas() -> None:
+    """Payload schemas."""
+
+
+@schemas.command("export")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def schemas_export(directory: Path) -> None:
+    """Write the JSON Schema of every payload into DIRECTORY."""
+    from schemas import export_json_schemas
+
+    for p in export_json_schemas(directory):
+        click.echo(str(p))
+
+
+@click.command()
+@click.argument("query")
+@click.option("--tenant", required=True, help="tenant whose memories to search")
+@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option(
+    "--lambda",
+    "lam",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="override the semantic weight",
+)
+@click.option(
+    "--http", "http_url", default=None, help="search over HTTP at this base URL instead of Kafka"
+)
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option(
+    "--token", envvar="DMEM_API_TOKEN", default=None, help="HTTP bearer token [env DMEM_API_TOKEN]"
+)
+@click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
+def search(
+    query: str,
+    tenant: str,
+    k: int,
+    agent_id: str | None,
+    lam: float | None,
+    http_url: str | None,
+    timeout_s: float,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Search a running deployment (settings from DMEM_* env vars)."""
+    from dmem.client import Client
+    from streams.admin import check_broker, kafka_client_kwargs
+
+    settings = load_settings()
+    kw = kafka_client_kwargs(settings.kafka)
+    bootstrap = kw.pop("bootstrap_servers")
+
+    async def go() -> list[Any]:
+        if http_url is None:
+            await check_broker(settings.kafka)
+        client = Client(
+            bootstrap,
+            tenant,
+            topic_prefix=settings.kafka.topic_prefix,
+            http_url=http_url,
+            transport="http" if http_url else "kafka",
+            timeout_s=timeout_s,
+            client_kwargs=kw,
+            token=token,
+        )
+        async with client:
+            return await client.search(query, k, agent_id=agent_id, lambda_=lam)
+
+    try:
+        hits = asyncio.run(go())
+    except (DmemError, ValidationError) as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
+        return
+    if not hits:
+        click.echo("no memories found")
+    for i, h in enumerate(hits, 1):
+        click.echo(
+            f"{i}. [{h.partition} v{h.valence:+d} score {h.score:.3f}] {h.text!r} "
+            f"-> {h.action} (reward {h.reward:g}, rpe {h.rpe:.2f}, utility {h.utility:.2f})"
+        )
+
+
+@click.command("wait")
+@click.option(
+    "--settled",
+    is_flag=True,
+    required=True,
+    help="wait until every job has reached its fixed point (no pending work)",
+)
+@click.option(
+    "--http",
+    "http_urls",
+    multiple=True,
+    help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT]",
+)
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option(
+    "--quiet",
+    "quiet_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="settled on every poll for this long",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def wait_cmd(
+    settled: bool, http_urls: tuple[str, ...], timeout_s: float, quiet_s: float, as_json: bool
+) -> None:
+    """Wait until a running deployment has settled (exit 2 on timeout)."""
+    from dmem.wait import wait_settled
+
+    _ = settled
+    settings = load_settings()
+    urls = list(http_urls) or [f"http://{settings.web_host}:{settings.web_port}"]
+    try:
+        out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s)
+    except DmemError as exc:
+        fail(exc)
+    click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")
+
+
+@click.command()
+@click.option(
+    "--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True
+)
+@click.option(
+    "--tenant",
+    required=True,
+    envvar="DMEM_MCP_TENANT",
+    help="the tenant every tool acts for [env DMEM_MCP_TENANT]",
+)
+@click.option(
+    "--agent",
+    "agent_id",
+    default="mcp",
+    show_default=True,
+    help="agent_id of the transitions `remember` publishes",
+)
+@click.option(
+    "--http",
+    "http_url",
+    default=None,
+    help="the deployment's HTTP API (recall over HTTP; needed by forget and stats)",
+)
+@click.option(
+    "--token",
+    envvar="DMEM_API_TOKEN",
+    default=None,
+    help="bearer token for the deployment's HTTP API [env DMEM_API_TOKEN]",
+)
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8765,
+    show_default=True,
+    help="http transport only",
+)
+@click.option(
+    "--auth-token",
+    envvar="DMEM_MCP_TOKEN",
+    default=None,
+    help="bearer token MCP clients must send (http transport) [env DMEM_MCP_TOKEN]",
+)
+@click.option("--no-auth", is_flag=True, help="serve http without a token (loopback tests)")
+def mcp(
+    transport: str,
+    tenant: str,
+    agent_id: str,
+    http_url: str | None,
+    token: str | None,
+    timeout_s: float,
+    host: str,
+    port: int,
+    auth_token: str | None,
+    no_auth: bool,
+) -> None:
+    """MCP server (tools remember/recall/report_outcome/feedback/forget) for a deployment."""
+    try:
+        from dmem.integrations.mcp import build_server, run_http
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
+    from dmem.client import Client
+    from streams.admin import kafka_client_kwargs
+
+    if transport == "http" and not auth_token and not no_auth:
+        raise click.ClickException(
+            "the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
+            "--no-auth serves without one"
+        )
+    settings = load_settings()
+    kw = kafka_client_kwargs(settings.kafka)
+    bootstrap = kw.pop("bootstrap_servers")
+
+    def make_client() -> Client:
+        return Client(
+            bootstrap,
+            tenant,
+            topic_prefix=settings.kafka.topic_prefix,
+            http_url=http_url,
+            transport="http" if http_url else "kafka",
+            timeout_s=timeout_s,
+            client_kwargs=kw,
+            token=token,
+        )
+
+    server = build_server(make_client, agent_id=agent_id)
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        run_http(server, host, port, None if no_auth else auth_token)

@@ -1,0 +1,48 @@
+"""What every `dmem` command shares: settings from the environment, one-line errors,
+and the message for a server command run without the server's packages."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import click
+from pydantic import ValidationError
+
+__all__ = ["fail", "load_settings", "server_imports"]
+
+
+def load_settings(**overrides: Any) -> Any:
+    """`streams.settings.Settings` from DMEM_* variables; a bad value is a usage error."""
+    from streams.settings import Settings
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise click.ClickException(f"bad setting {loc}: {first.get('msg')}") from None
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """One line on stderr and exit status 2 (``DMEM_DEBUG=1``: the traceback instead)."""
+    if os.environ.get("DMEM_DEBUG"):
+        raise exc
+    click.echo(f"dmem: error: {exc}", err=True)
+    sys.exit(2)
+
+
+@contextmanager
+def server_imports(command: str) -> Iterator[None]:
+    """Around the lazy imports of a command that runs the stream processor: without the
+    ``server`` extra (torch, faust, pymilvus, ...) it says what to install."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"`dmem {command}` needs `pip install 'dmem[server]'` "
+            f"(module {exc.name!r} is not installed)"
+        ) from None

@@ -1,0 +1,263 @@
+"""The `dmem` commands that run the stream processor or open the store: they import it
+when they run, so they need the ``server`` extra (`server_imports` says so otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dmem.cli.common import fail, load_settings, server_imports
+from schemas.errors import DmemError
+
+
+@click.command()
+@click.option(
+    "--role",
+    type=click.Choice(["write", "respond", "jobs", "all"]),
+    default="all",
+    show_default=True,
+)
+def worker(role: str) -> None:
+    """Run a worker (settings from DMEM_* environment variables)."""
+    with server_imports("worker"):
+        from streams.worker import run_worker
+
+    settings = load_settings()
+    try:
+        run_worker(settings, role)
+    except DmemError as exc:
+        fail(exc)
+
+
+@click.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("dmem-data"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
+@click.option(
+    "--milvus",
+    type=click.Choice(["auto", "server", "lite"]),
+    default="auto",
+    show_default=True,
+    help="auto: the embedded Milvus server when installed (indexed), else Lite",
+)
+def up(data_dir: Path, as_json: bool, milvus: str) -> None:
+    """Run the local stack (embedded broker, Milvus, workers) until Ctrl-C."""
+    with server_imports("up"):
+        from streams.local.stack import run_up
+
+    try:
+        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus)
+    except DmemError as exc:
+        fail(exc)
+
+
+def _store(settings: Any) -> Any:
+    """A connected MemoryStore for CLI tools (dim from the encoder settings)."""
+    from milvus import MemoryStore
+    from operators.encoders import encoder_dim
+
+    m = settings.milvus
+
+    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
+    if not m.uri:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return MemoryStore(
+        settings.milvus_uri, collection=m.collection, dim=dim, token=m.token, timeout_s=m.timeout_s
+    ).connect()
+
+
+@click.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tenant", default=None, help="put every record into this tenant")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="seconds to wait for the write path to store the transitions before "
+    "the outcomes are published",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> None:
+    """Publish a JSONL file of historical transitions, outcomes and feedback.
+
+    Event times (`ts`) are kept; invalid lines are reported (line: reason) and make the
+    exit status 1; records are idempotent by id (re-importing stores nothing twice)."""
+    with server_imports("import"):
+        from dmem.importer import run_import
+
+    settings = load_settings()
+    try:
+        rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
+    except DmemError as exc:
+        fail(exc)
+    out = rep.as_dict()
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(
+            f"imported {out['transition']} transitions, {out['outcome']} outcomes, "
+            f"{out['feedback']} feedback from {out['lines']} lines; "
+            f"{out['invalid']} invalid"
+        )
+    if rep.invalid:
+        sys.exit(1)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def migrate(as_json: bool) -> None:
+    """Rewrite a collection created before tenant-scoped storage keys (stop the workers first).
+
+    Rows keep every field; the primary key becomes ``tenant|id``.
+    Safe to run again after a crash, and a no-op on a current collection.
+    """
+    with server_imports("migrate"):
+        from milvus import MemoryStore
+        from operators.encoders import encoder_dim
+
+    settings = load_settings()
+    m = settings.milvus
+
+    dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
+    try:
+        out = MemoryStore(
+            settings.milvus_uri,
+            collection=m.collection,
+            dim=dim,
+            token=m.token,
+            timeout_s=m.timeout_s,
+        ).migrate_storage_keys()
+    except DmemError as exc:
+        fail(exc)
+    out["collection"] = m.collection
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(
+            f"collection {m.collection}: {out['status']}"
+            + (f" ({out['rows']} rows)" if out["rows"] else "")
+        )
+
+
+@click.command("inspect")
+@click.option("--tenant", required=True, help="tenant to inspect")
+@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option(
+    "--events/--no-events",
+    default=True,
+    show_default=True,
+    help="read recent merges/evictions from the memories topic (needs the broker)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
+    """Counts, age/priority distributions, top memories, recent merges/evictions."""
+    with server_imports("inspect"):
+        from streams.jobs.maintenance import inspect_tenant, policy_from, recent_events
+
+    settings = load_settings()
+    try:
+        store = _store(settings)
+        try:
+            report = inspect_tenant(store, tenant, policy_from(settings), top=top)
+        finally:
+            store.close()
+        report["recent"] = None
+        if events:
+            try:
+                report["recent"] = asyncio.run(
+                    asyncio.wait_for(recent_events(settings, tenant), timeout=15)
+                )
+            except Exception as exc:  # noqa: BLE001 - the store part is still useful
+                report["recent_error"] = f"{type(exc).__name__}: {exc}"
+    except DmemError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    c = report["counts"]
+    click.echo(
+        f"tenant {tenant}: core {c['core']}, buffer {c['buffer']} "
+        f"(capacity {report['capacity']['core']}/{report['capacity']['buffer']}), "
+        f"{report['merged_total']} duplicates merged into {report['merged_rows']} rows"
+    )
+    for name in ("age_s", "priority"):
+        for part, q in report[name].items():
+            click.echo(
+                f"  {name:<8} {part:<6} "
+                + " ".join(f"{k}={v:.3g}" if v is not None else f"{k}=-" for k, v in q.items())
+            )
+    click.echo(f"next decay pass would do: {report['next_pass'] or 'nothing'}")
+    click.echo("top by priority:")
+    for i, t in enumerate(report["top"], 1):
+        click.echo(
+            f"  {i}. [{t['partition']} p={t['priority']:.3f} rpe={t['rpe']:+.2f} "
+            f"x{t['merged_count']} hits={t['hits']}] {t['text']!r} -> {t['action']}"
+        )
+    if report.get("recent"):
+        click.echo("recent maintenance events:")
+        for ev in report["recent"]:
+            click.echo(
+                f"  {ev.get('ts')} {ev.get('kind'):<9} {ev.get('memory_id')} {ev.get('reason', '')}"
+            )
+    elif report.get("recent_error"):
+        click.echo(f"recent events unavailable: {report['recent_error']}")
+
+
+@click.command()
+@click.option("--tenant", required=True, help="tenant whose memories to forget")
+@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option("--memory", "memory_id", default=None, help="only this memory")
+@click.option(
+    "--audit/--no-audit",
+    default=True,
+    show_default=True,
+    help="emit a forgotten MemoryEvent per deleted memory (needs the broker)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def forget(
+    tenant: str, agent_id: str | None, memory_id: str | None, audit: bool, as_json: bool
+) -> None:
+    """Delete every memory of the scope from Milvus (and emit `forgotten` audit events)."""
+    with server_imports("forget"):
+        from streams.admin import check_broker
+        from streams.jobs.maintenance import emit_events, forget_scope
+
+    settings = load_settings()
+    try:
+        if audit:  # fail before deleting anything if the audit trail cannot be written
+            asyncio.run(check_broker(settings.kafka))
+        store = _store(settings)
+        try:
+            events = forget_scope(store, tenant, agent_id=agent_id, memory_id=memory_id)
+        finally:
+            store.close()
+        if audit and events:
+            asyncio.run(emit_events(settings, events))
+    except DmemError as exc:
+        fail(exc)
+    out = {
+        "tenant": tenant,
+        "agent": agent_id,
+        "memory": memory_id,
+        "forgotten": len(events),
+        "audited": len(events) if audit else 0,
+    }
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(
+            f"forgot {len(events)} memories of tenant {tenant}"
+            + (f" agent {agent_id}" if agent_id else "")
+            + (f" memory {memory_id}" if memory_id else "")
+        )

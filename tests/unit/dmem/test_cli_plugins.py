@@ -1,0 +1,80 @@
+"""The `dmem` CLI's seams: harness commands plug in through the ``dmem.cli`` entry
+points, a missing harness or server install is one clear message, and `dmem` never
+imports the harness itself."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import dmem.cli as cli
+from dmem.cli.common import server_imports
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@click.command()
+def hello() -> None:
+    """A plug-in command for the test."""
+    click.echo("hello from a plug-in")
+
+
+def test_help_lists_the_product_commands() -> None:
+    out = CliRunner().invoke(cli.main, ["--help"])
+    assert out.exit_code == 0, out.output
+    for name in (
+        "worker",
+        "up",
+        "search",
+        "wait",
+        "schemas",
+        "topics",
+        "import",
+        "migrate",
+        "inspect",
+        "forget",
+        "mcp",
+    ):
+        assert name in out.output, name
+
+
+def test_entry_points_add_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    eps = [
+        EntryPoint(name="hello", value=f"{__name__}:hello", group=cli.ENTRY_POINT_GROUP),
+        EntryPoint(name="broken", value="no_such_module_x:cmd", group=cli.ENTRY_POINT_GROUP),
+    ]
+    monkeypatch.setattr(cli, "entry_points", lambda group: eps if group == "dmem.cli" else [])
+    group = click.Group("dmem")
+    cli._add_plugins(group)
+    assert sorted(group.commands) == ["hello"]
+    out = CliRunner().invoke(group, ["hello"])
+    assert out.exit_code == 0 and "hello from a plug-in" in out.output
+
+
+@pytest.mark.parametrize("args", [["demo", "--json"], ["bench", "write", "--help"]])
+def test_a_missing_harness_says_where_it_runs(args: list[str]) -> None:
+    group = cli._Main("dmem")
+    out = CliRunner().invoke(group, args)
+    assert out.exit_code == 1
+    assert "runs from a checkout" in out.output and "pip install -e ./bench" in out.output
+
+
+def test_a_server_command_without_the_server_extra_says_what_to_install() -> None:
+    with pytest.raises(click.ClickException) as err:
+        with server_imports("worker"):
+            import no_such_server_module_x  # noqa: F401
+    assert "`dmem worker` needs `pip install 'dmem[server]'`" in err.value.message
+
+
+def test_dmem_never_names_the_harness() -> None:
+    """Not even as a string for importlib: the entry points are the only way in."""
+    hits = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "dmem").rglob("*.py")
+        if "dmem_bench" in p.read_text()
+    ]
+    assert hits == []
