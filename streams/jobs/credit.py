@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from mode import Service
@@ -59,9 +60,11 @@ from schemas import (
 )
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
+from streams.context import RoleContext, SettleState, StatusFn, TouchFn
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
-from streams.settle import backlog, settle_states, touch_hook
+from streams.settle import backlog
+from streams.store import StoreService
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
@@ -201,7 +204,7 @@ class CreditJob(Service):
 
 
 class UtilityApplier(Service):
-    def __init__(self, settings: Settings, store: Any, **kwargs: Any) -> None:
+    def __init__(self, settings: Settings, store: StoreService, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
         self.store_service = store
@@ -209,7 +212,7 @@ class UtilityApplier(Service):
         self.applied = 0
         self.skipped = 0
         self.applying = 0  # updates fetched and not yet applied
-        self.on_applied: Any = None  # called with the (tenant, id)s whose rows changed
+        self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
@@ -290,14 +293,15 @@ class UtilityApplier(Service):
         return len(touched)
 
 
-def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
-    job = CreditJob(settings, loop=app.loop, beacon=app.beacon)
-    applier = UtilityApplier(settings, store, loop=app.loop, beacon=app.beacon)
-    applier.on_applied = touch_hook(app)  # the maintenance job re-reads those rows
+def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
+    """Run the credit job and the utility applier; returns a status callable."""
+    job = CreditJob(ctx.settings, loop=app.loop, beacon=app.beacon)
+    applier = UtilityApplier(ctx.settings, ctx.store, loop=app.loop, beacon=app.beacon)
+    applier.on_applied = ctx.touch  # the maintenance job re-reads those rows
     app.add_dependency(job)
     app.add_dependency(applier)
 
-    async def settle_state() -> dict[str, Any]:
+    async def settle_state() -> SettleState:
         unread = await backlog(job.consumer)
         unapplied = await backlog(applier.consumer)
         pending = {"unread_usage_feedback": unread, "handling": job.handling,
@@ -307,7 +311,7 @@ def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
         settled = unread == 0 and unapplied == 0 and not job.handling and not applier.applying
         return {"settled": settled, "pending": pending}
 
-    settle_states(app)["credit"] = settle_state
+    ctx.settle["credit"] = settle_state
     return lambda: {
         "credit_emitted": job.emitted,
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,
