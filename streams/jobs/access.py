@@ -112,7 +112,9 @@ class AccessFlusher(Service):
             self.tracker.restore(hits)
             return
         try:
-            self.flushed += await asyncio.to_thread(flush_access, self.store_service.store, hits)
+            store = self.store_service.store
+            assert store is not None  # connected
+            self.flushed += await asyncio.to_thread(flush_access, store, hits)
         except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
             log.warning("access flush failed (%s); will retry", exc)
             self.tracker.restore(hits)

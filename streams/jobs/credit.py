@@ -249,6 +249,7 @@ class UtilityApplier(Service):
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
         store = self.store_service.store
+        assert store is not None  # connected before any update is applied
         keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
         # by (tenant, id): an update only ever reaches its own tenant's row
         rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
@@ -287,7 +288,7 @@ class UtilityApplier(Service):
             part = row.pop("partition")
             by_part.setdefault(part, []).append(row)
         for part, part_rows in by_part.items():
-            store.upsert(part_rows, part)
+            store.upsert(part_rows, part)  # type: ignore[arg-type]
         if touched and self.on_applied is not None:
             self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
         return len(touched)

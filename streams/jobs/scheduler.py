@@ -105,7 +105,9 @@ class MaintenanceJob(Service):
         m = self.settings.maintenance
         await self.store_service.maybe_start()
         await self.store_service.connected.wait()
-        engine = MaintenanceEngine(self.store_service.store, policy_from(self.settings),
+        store = self.store_service.store
+        assert store is not None  # connected
+        engine = MaintenanceEngine(store, policy_from(self.settings),
                                    dedup_k=m.dedup_k, refresh_per_pass=m.refresh_per_pass)
         n = await self.store_service._retry("maintenance bootstrap", engine.bootstrap)  # noqa: SLF001
         self.engine = engine

@@ -301,7 +301,9 @@ class RespondApi:
             return no
         if not self.store_ready():
             return json_response(view, {"error": "store not ready"}, 503)
-        events = await asyncio.to_thread(forget_scope, self.store.store, req.tenant,
+        store = self.store.store
+        assert store is not None  # store_ready
+        events = await asyncio.to_thread(forget_scope, store, req.tenant,
                                          agent_id=req.agent_id, memory_id=req.memory_id)
         for ev in events:  # the same audit trail as `dmem forget`
             await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))

@@ -23,7 +23,7 @@ from operators.maintenance import (
     priority,
     rewards_agree,
 )
-from streams.jobs.maintenance import AccessTracker
+from streams.jobs.access import AccessTracker
 
 NOW = 1_800_000_000_000
 
