@@ -1,40 +1,28 @@
 """Jobs role: the credit job and the utility applier (faust Services, thin wiring).
 
-Credit job (`CreditJob`): reads ``dmem.usage`` and ``dmem.feedback`` and feeds
-`operators.credit.CreditAssigner`; emits `UtilityUpdate`s to ``dmem.credit``.
-Restart safety without a state store: on start it re-reads both topics from
-``now - ttl`` (by timestamp) and rebuilds its windows. Updates it had already
-emitted before the restart come out again with the *same* update ids, and the
-applier ignores ids it has applied, so a restart mid-window neither loses nor
-double-counts credit. (Single jobs worker per deployment: the job reads all
-partitions; scale the applier, not the job.)
+Credit job (`CreditJob`): reads ``dmem.usage`` and ``dmem.feedback``, feeds
+`operators.credit.CreditAssigner` and emits `UtilityUpdate`s to ``dmem.credit``.
+No state store: on start it re-reads both topics from ``now - ttl`` (by broker
+timestamp) and rebuilds its windows; updates emitted again keep their ids and
+the applier ignores ids it has applied, so a restart neither loses nor
+double-counts credit. One jobs worker per deployment (it reads all partitions);
+scale the applier, not the job.
 
-Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
-``dmem.credit``; batches updates per memory, reads the rows, folds the updates
-with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
-upserts them back into their partition; offsets are committed only after
-Milvus acknowledged. An update for a memory dedup folded into another goes to
-that survivor (it stands for the folded transition, ``metadata.merge.ids``);
-updates for memories that no longer exist at all are dropped. Rows are read by
-storage key (tenant, memory id), so an update names a memory of its own tenant
-only: a thumbs or usage report on another tenant's id finds no row and is
-skipped (issue 21).
+Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on ``dmem.credit``;
+reads the rows by storage key (tenant, memory id), folds the updates with
+`apply_utility` (EMA of credit per use) and upserts them back; offsets are
+committed only after Milvus acknowledged. An update for a memory dedup folded
+into another goes to that survivor; one for a memory of another tenant, or one
+that no longer exists, finds no row and is skipped.
 
-Usage records come from the responder (``source="served"``) and, optionally,
-from agents reporting what they actually used (``source="agent"``, see
-`DmemClient.report_usage`); the assigner prefers the agent's record.
+Time: the join window is ingestion time (when a usage or an outcome arrived),
+never compared with an event time, so a replay or an import joins exactly what
+the live stream joined.
 
-Time: the join window is **ingestion time**, the one clock of this job (when a
-usage or an outcome *arrived*), never compared with an event time: the window
-waits for late arrivals, and lateness is a property of arrival. Event times on
-the records (`EpisodeOutcome.ts`, a replayed log's year-old timestamps, an
-agent's skewed clock) therefore neither expire an episode nor keep it open, so a
-replay or an import joins exactly what the live stream joined. On restart the
-job re-reads ``ttl`` of arrivals back (by the records' broker timestamps).
-
-Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
-``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
-memory id become a direct update of +1 / -1 credit.
+Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
+episode id acts as that episode's outcome, thumbs on a memory id become a direct
+update of +1 / -1 credit. Usage comes from the responder (``source="served"``)
+and optionally from agents (``source="agent"``), which the assigner prefers.
 """
 
 from __future__ import annotations

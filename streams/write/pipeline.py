@@ -334,8 +334,9 @@ def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[
     margin (median + k * MAD) are read from the sketch once per batch and tenant,
     and all scores are added to the sketch after routing: a batch of <= 1024
     moves the quantiles of the default sketch (half-life 5000 scores) very
-    little, and per-score quantile lookups are costly. During warm-up (sketch below ``gate.warmup`` scores), for
-    fixed gates and for invalid scores, decisions stay sequential (``decide``).
+    little, and per-score quantile lookups are costly. During warm-up (sketch
+    below ``gate.warmup`` scores), for fixed gates and for invalid scores,
+    decisions stay sequential (``decide``).
     """
     sk = state.sketch
     arr = np.asarray(scores, dtype=np.float64)
@@ -691,9 +692,10 @@ class WritePipeline:
         """Re-score an episode's eligibility window with what its late outcome reveals.
 
         Selective (a successful episode must not copy its trajectory into core).
-        What the outcome reveals is its surprise against the tenant's usual outcome, s = `OutcomeBaseline.surprise` (in mean absolute
-        deviations), shrunk by the gate's ``outlier_k``: s_out = sign(s) *
-        max(0, |s| - k), so an outcome within the usual spread (a success of a
+        What the outcome reveals is its surprise against the tenant's usual
+        outcome, s = `OutcomeBaseline.surprise` (in mean absolute deviations),
+        shrunk by the gate's ``outlier_k``: s_out = sign(s) * max(0, |s| - k),
+        so an outcome within the usual spread (a success of a
         tenant that often succeeds) reveals nothing and a rare one only its
         excess. Until two outcomes are known there is no spread: s_out =
         outcome / reward scale / sigma, the outcome against the tenant's RPE
