@@ -13,7 +13,7 @@ The guard has two halves:
   holds the shared side while it drops tombstoned keys and writes. So a write
   either lands before the delete (and is deleted) or is refused after it.
 - Across processes, a forget is broadcast as a ``forgotten`` MemoryEvent on the
-  ``control`` topic (`streams.jobs.maintenance.emit_events`). Every process that
+  ``control`` topic (`streams.jobs.forget.emit_events`). Every process that
   writes rows reads all of ``control`` and calls `MemoryStore.forget` for the
   keys it has no tombstone for: that records them and deletes them once more,
   which removes a row a writer of *that* process upserted between the origin's

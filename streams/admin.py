@@ -1,4 +1,4 @@
-"""Broker administration: reachability check, topic creation, reading a compacted topic.
+"""Broker administration: reachability check, topic creation, group consumers and commits.
 
 `check_broker` turns "nothing listens there" into one clear `BrokerUnavailable`
 line naming the address, instead of faust retrying forever with tracebacks.
@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CommitFailedError,
@@ -148,48 +148,3 @@ async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str
     finally:
         await admin.close()
     return created
-
-
-async def read_compacted(
-    settings: Settings, topic: str, timeout_s: float = 30.0
-) -> dict[bytes, bytes]:
-    """Read a topic from the beginning to its current end; the last value per key wins."""
-    consumer = AIOKafkaConsumer(
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        **kafka_client_kwargs(settings.kafka),
-    )
-    await consumer.start()
-    latest: dict[bytes, bytes] = {}
-    try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await consumer._client.force_metadata_update()  # noqa: SLF001
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return latest
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if end[tp] > 0}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while remaining and loop.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=500, max_records=1000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    if m.key is None:
-                        continue
-                    if m.value is None:
-                        latest.pop(m.key, None)
-                    else:
-                        latest[m.key] = m.value
-                if msgs and msgs[-1].offset + 1 >= end[tp]:
-                    remaining.discard(tp)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-    finally:
-        await consumer.stop()
-    return latest

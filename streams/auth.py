@@ -13,7 +13,7 @@ Decisions:
   warning at start): a forgotten setting never exposes memories. The embedded
   stack (`streams.local.stack.LocalStack`: ``dmem up``, ``dmem demo``, tests) binds to
   127.0.0.1 and sets ``DMEM_AUTH__DISABLED=true`` unless the caller configures
-  ``DMEM_AUTH__*`` itself, so the README's two demo commands keep working.
+  ``DMEM_AUTH__*`` itself, so the two quickstart commands keep working.
 - Missing, malformed or unknown token: 401 with ``WWW-Authenticate: Bearer``;
   a known token asking for a tenant it does not list: 403. Both JSON bodies.
 - ``/health`` and ``/metrics`` stay open (probes and scrapers carry no tenant

@@ -1,7 +1,7 @@
 """The processing-time clock, written once.
 
 Processing time only decides *when* a job runs or how long a request waited; what a
-job decides is measured on event time (DESIGN.md "Time"). Operators never read a
+job decides is measured on event time. Operators never read a
 clock: callers pass ``now`` in, so this is the one place the wall clock is read.
 """
 

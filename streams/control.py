@@ -2,7 +2,7 @@
 
 A forget runs in one process (HTTP ``/v1/forget``, ``dmem forget``, the MCP tool)
 and is broadcast as ``forgotten`` MemoryEvents on ``control``
-(`streams.jobs.maintenance.emit_events`). `ForgetFollower` reads *all* of that
+(`streams.jobs.forget.emit_events`). `ForgetFollower` reads *all* of that
 small topic (no consumer group, from the beginning at every start, so a forget
 issued while a worker was down still reaches it) and hands each notice to its
 handlers: the write path drops the memory from its operator state

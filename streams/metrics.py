@@ -7,7 +7,7 @@ Two kinds of metric:
 - event metrics, updated where the event happens (the write consumer calls
   `record_batch` once per micro-batch and times its Milvus upserts with
   `milvus_timer`): gate decisions, dead letters, Milvus latency, thresholds;
-- state metrics, refreshed from the app's live objects on each scrape
+- state metrics, refreshed from the process's `RoleContext` on each scrape
   (`refresh`): smoothed-RPE quantiles of each tenant's gate sketch, the value
   model's last TD loss, store health, consumer lag of the partitions assigned
   to this worker, and Milvus partition sizes (cached for ``SIZE_TTL_S``,
@@ -28,10 +28,11 @@ Names and labels (all prefixed ``dmem_``):
 | store_healthy / store_failures | gauge | |
 | batches_total / records_total | counter | |
 
-Consumer lag is computed from the faust consumer: for each assigned partition,
+Consumer lag: for each assigned partition of faust's consumer and of the
+consumers registered in ``RoleContext.consumers`` (the write consumer),
 high-water mark minus the committed offset (all of the partition counts as lag
-before the group's first commit). That covers the write path; the respond and
-jobs roles read with their own aiokafka consumers, which are not included.
+before the group's first commit). The respond and jobs roles' own aiokafka
+consumers are not included.
 Tenants are labels, so very many tenants mean many series: keep tenant ids a
 bounded set (they are ids, not user input).
 """
@@ -45,7 +46,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -54,6 +55,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+if TYPE_CHECKING:
+    from streams.context import RoleContext
 
 log = logging.getLogger("dmem.metrics")
 
@@ -207,13 +211,12 @@ def _refresh_pipeline(pipeline: Any) -> None:
                 GATE_RPE.labels(tenant=tenant, name=name).set(v)
 
 
-def _refresh_lag(app: Any) -> None:
+def _refresh_lag(app: Any, ctx: RoleContext) -> None:
     # faust's own consumer (never create one just to scrape) with the committed
-    # offsets it keeps, and the plain aiokafka consumers a role registers in
-    # ``app.dmem_consumers`` (callables -> (consumer or None, committed offsets))
+    # offsets it keeps, and the plain aiokafka consumers the roles registered
     faust_consumer = getattr(app, "_consumer", None)
     pairs = [(faust_consumer, getattr(faust_consumer, "_committed_offset", {}))]
-    pairs += [get() for get in getattr(app, "dmem_consumers", [])]
+    pairs += [get() for get in ctx.consumers]
     for consumer, committed in pairs:
         if consumer is None:
             continue
@@ -250,23 +253,19 @@ async def _refresh_sizes(store_service: Any) -> None:
         PARTITION_SIZE.labels(partition=part).set(n)
 
 
-async def refresh(app: Any) -> None:
-    """Update the state metrics from the app's live objects (called per scrape)."""
-    pipeline = getattr(app, "dmem_pipeline", None)
-    if pipeline is not None:
-        _refresh_pipeline(pipeline)
-    store = getattr(app, "dmem_store", None)
-    if store is not None:
-        if hasattr(store, "probe"):
-            await store.probe()
-        STORE_HEALTHY.set(1.0 if store.healthy else 0.0)
-        STORE_FAILURES.set(store.failures)
+async def refresh(app: Any, ctx: RoleContext) -> None:
+    """Update the state metrics from the process's live objects (called per scrape)."""
+    if ctx.pipeline is not None:
+        _refresh_pipeline(ctx.pipeline)
+    store = ctx.store
+    await store.probe()
+    STORE_HEALTHY.set(1.0 if store.healthy else 0.0)
+    STORE_FAILURES.set(store.failures)
     try:
-        _refresh_lag(app)
+        _refresh_lag(app, ctx)
     except Exception as exc:  # noqa: BLE001 - lag is best effort
         log.debug("consumer lag unavailable: %s", exc)
-    if store is not None:
-        await _refresh_sizes(store)
+    await _refresh_sizes(store)
 
 
 def exposition() -> bytes:
@@ -274,15 +273,12 @@ def exposition() -> bytes:
     return generate_latest(REGISTRY)
 
 
-def install_metrics(app: Any) -> None:
-    """Add ``GET /metrics`` (Prometheus text format) to the faust app; idempotent per app."""
-    if getattr(app, "_dmem_metrics", False):
-        return
-    app._dmem_metrics = True
+def install_metrics(app: Any, ctx: RoleContext) -> None:
+    """Add ``GET /metrics`` (Prometheus text format) to the faust app."""
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
-        await refresh(app)
+        await refresh(app, ctx)
         return web.bytes(exposition(), content_type=CONTENT_TYPE)
 
     _ = metrics_page

@@ -1,8 +1,8 @@
 """Kafka's default key partitioner (murmur2), vectorised over a batch of keys.
 
 Why: the write path produces one MemoryEvent per transition, keyed by memory id,
-and aiokafka's pure-Python murmur2 was ~7 % of the write worker's CPU (py-spy,
-BENCHMARKS.md "Write path"). Computing the partitions of a whole batch with
+and aiokafka's pure-Python murmur2 is a noticeable share of the write worker's
+CPU. Computing the partitions of a whole batch with
 numpy gives exactly the partition aiokafka (and the Java client) would choose,
 ``(murmur2(key) & 0x7fffffff) % n``, so per-key ordering with events produced
 elsewhere through the default partitioner (maintenance, credit) is unchanged.

@@ -61,15 +61,14 @@ class MilvusSettings(BaseModel):
 class RespondSettings(BaseModel):
     concurrency: int = Field(default=4, ge=1, le=64)
     # The request consumer's fetch wait. The embedded Tansu broker answers a fetch
-    # only when fetch_max_wait_ms expires, not when a record arrives (measured:
-    # 100 ms -> ~45 ms median added per hop), so a short wait is the latency floor
-    # of the Kafka path; the price is ~200 empty fetches/s while idle (~10 % of a
-    # core in the worker plus ~7 % in the broker at 5 ms). Apache Kafka answers
-    # as soon as data arrives: raise this to 100-500 there. See BENCHMARKS.md.
+    # only when fetch_max_wait_ms expires, not when a record arrives, so a short
+    # wait is the latency floor of the Kafka path; the price is ~200 empty
+    # fetches/s while idle. Apache Kafka answers as soon as data arrives: raise
+    # this to 100-500 there.
     fetch_max_wait_ms: int = Field(default=5, ge=0, le=10_000)
     count_ttl_s: float = Field(default=30.0, ge=0.0)
     half_life_s: float = Field(default=30 * 24 * 3600.0, gt=0.0)
-    # salience and recency only break near-ties of meaning (issue 13): at most
+    # salience and recency only break near-ties of meaning: at most
     # (1 - lambda) / lambda of cosine; credited evidence moves lambda further
     lambda_hi: float = Field(default=0.97, ge=0.0, le=1.0)
     lambda_lo: float = Field(default=0.9, ge=0.0, le=1.0)
@@ -116,16 +115,15 @@ class JobsSettings(BaseModel):
 
 
 class MaintenanceSettings(BaseModel):
-    """Dedup/merge, decay and capacities (see `streams.jobs.maintenance`, `operators.dedup`,
-    `operators.decay`).
+    """Dedup/merge, decay and capacities (`streams.jobs.dedup`, `streams.jobs.decay`,
+    `operators.dedup`, `operators.decay`).
 
     ``dedup_tau`` is encoder dependent; unset, it is the encoder's default
     (`operators.dedup.DEDUP_TAU_BY_ENCODER`): 0.95 for the hash encoder (keeps
     distinct grid cells of the demo apart: max cross-cell cosine 0.92), 0.98 for
     MiniLM and minilm-static, which rate different short sentences closer (false
-    merges measured on real text in BENCHMARKS.md "Dedup tau"). ``dedup_reward_tol``: memories merge
-    only if their rewards have one sign and differ by at most this share of the
-    larger magnitude (README "Guarantees", merge rules).
+    merges on real text). ``dedup_reward_tol``: memories merge only if their
+    rewards have one sign and differ by at most this share of the larger magnitude.
     """
 
     enabled: bool = True

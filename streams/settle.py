@@ -1,20 +1,20 @@
-"""Settling: how each component of a worker reports its pending work (``/health``).
+"""Settling: how each component of a worker measures its pending work (``/health``).
 
 After input stops, the write path, the hindsight agent, the credit job, the
 maintenance job and the access flusher each reach a fixed point; every one
-registers ``async () -> {"settled": bool, "pending": {...}}`` here, ``/health``
-reports them all and ``settled`` (none pending anywhere in the process), and
-``dmem wait --settled`` polls that. Unread input counts as pending: a consumer's
-backlog is its high-water marks minus its positions (or its commits).
+registers ``async () -> {"settled": bool, "pending": {...}}`` in
+`streams.context.RoleContext.settle`, ``/health`` reports them all and
+``settled`` (none pending anywhere in the process), and ``dmem wait --settled``
+polls that. Unread input counts as pending: a consumer's backlog is its
+high-water marks minus its positions (or its commits).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["backlog", "settle_states", "touch_hook"]
+__all__ = ["backlog"]
 
 
 async def backlog(consumer: Any, done: Any = None) -> int | None:
@@ -37,21 +37,3 @@ async def backlog(consumer: Any, done: Any = None) -> int | None:
                 return None
         total += max(int(high) - int(pos), 0)
     return total
-
-
-def settle_states(app: Any) -> dict[str, Any]:
-    """The app's ``{component: async () -> {"settled": bool, "pending": {...}}}`` (/health)."""
-    reg: dict[str, Any] | None = getattr(app, "dmem_settle", None)
-    if reg is None:
-        reg = app.dmem_settle = {}
-    return reg
-
-
-def touch_hook(app: Any) -> Any:
-    """A callable for rows changed in this process: the maintenance job's, when it runs here."""
-    def touch(keys: Iterable[tuple[str, str]]) -> None:
-        hook = getattr(app, "dmem_touch", None)
-        if hook is not None:
-            hook(keys)
-
-    return touch

@@ -38,8 +38,8 @@ def run_worker(settings: Settings, role: str) -> None:
     w = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     # No startup spinner: for it faust sets the ROOT logger to DEBUG (at any loglevel
     # >= warn) and keeps a DEBUG handler, so every library debug call (aiokafka logs
-    # several per fetch and send) builds and handles a LogRecord for nothing: ~8 % of
-    # the respond worker's CPU under load (py-spy, BENCHMARKS.md "Retrieval").
+    # several per fetch and send) builds and handles a LogRecord for nothing, a
+    # noticeable share of the respond worker's CPU under load.
     w.spinner = None
     w.execute_from_commandline()
 

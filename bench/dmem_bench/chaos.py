@@ -664,7 +664,7 @@ async def hostile_requests(settings: Settings, uri: str, collection: str, cfg: C
     """Feedback, usage + outcomes (Kafka) and forgets on victims' ids; returns how many."""
     from schemas import EpisodeOutcome, Feedback, MemoryUsage
     from streams.admin import kafka_client_kwargs
-    from streams.jobs.maintenance import emit_events
+    from streams.jobs.forget import emit_events
 
     producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
     await producer.start()
@@ -704,7 +704,7 @@ async def hostile_requests(settings: Settings, uri: str, collection: str, cfg: C
 def _forget(uri: str, collection: str, memory_id: str) -> list[Any]:
     """`dmem forget --tenant HOSTILE --memory ID`: the CLI's store call."""
     from milvus import MemoryStore
-    from streams.jobs.maintenance import forget_scope
+    from streams.jobs.forget import forget_scope
 
     store = MemoryStore(uri, collection=collection, dim=DIM).connect()
     try:

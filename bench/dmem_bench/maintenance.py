@@ -61,7 +61,7 @@ from dmem_bench.common import (
 )
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
-from streams.jobs.maintenance import dedup_tau
+from streams.jobs.rows import dedup_tau
 from streams.local.stack import LocalStack
 from streams.settings import Settings
 
@@ -268,7 +268,7 @@ def scale_run(sizes: list[int], passes: int, milvus_uri: str | None) -> dict[str
     from milvus import EmbeddedMilvusServer, MemoryStore, milvus_lite_uri
     from operators.decay import MaintenancePolicy, plan_decay
     from schemas.errors import ConfigError
-    from streams.jobs.maintenance import MaintenanceEngine
+    from streams.jobs.scheduler import MaintenanceEngine
 
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-scale-"))
     server = None

@@ -163,7 +163,8 @@ def migrate(as_json: bool) -> None:
 def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
     """Counts, age/priority distributions, top memories, recent merges/evictions."""
     with server_imports("inspect"):
-        from streams.jobs.maintenance import inspect_tenant, policy_from, recent_events
+        from streams.jobs.inspection import inspect_tenant, recent_events
+        from streams.jobs.rows import policy_from
 
     settings = load_settings()
     try:
@@ -231,7 +232,7 @@ def forget(
     """Delete every memory of the scope from Milvus (and emit `forgotten` audit events)."""
     with server_imports("forget"):
         from streams.admin import check_broker
-        from streams.jobs.maintenance import emit_events, forget_scope
+        from streams.jobs.forget import emit_events, forget_scope
 
     settings = load_settings()
     try:

@@ -1,40 +1,28 @@
 """Jobs role: the credit job and the utility applier (faust Services, thin wiring).
 
-Credit job (`CreditJob`): reads ``dmem.usage`` and ``dmem.feedback`` and feeds
-`operators.credit.CreditAssigner`; emits `UtilityUpdate`s to ``dmem.credit``.
-Restart safety without a state store: on start it re-reads both topics from
-``now - ttl`` (by timestamp) and rebuilds its windows. Updates it had already
-emitted before the restart come out again with the *same* update ids, and the
-applier ignores ids it has applied, so a restart mid-window neither loses nor
-double-counts credit. (Single jobs worker per deployment: the job reads all
-partitions; scale the applier, not the job.)
+Credit job (`CreditJob`): reads ``dmem.usage`` and ``dmem.feedback``, feeds
+`operators.credit.CreditAssigner` and emits `UtilityUpdate`s to ``dmem.credit``.
+No state store: on start it re-reads both topics from ``now - ttl`` (by broker
+timestamp) and rebuilds its windows; updates emitted again keep their ids and
+the applier ignores ids it has applied, so a restart neither loses nor
+double-counts credit. One jobs worker per deployment (it reads all partitions);
+scale the applier, not the job.
 
-Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on
-``dmem.credit``; batches updates per memory, reads the rows, folds the updates
-with `apply_utility` (EMA of credit per use; applied ids kept in the row) and
-upserts them back into their partition; offsets are committed only after
-Milvus acknowledged. An update for a memory dedup folded into another goes to
-that survivor (it stands for the folded transition, ``metadata.merge.ids``);
-updates for memories that no longer exist at all are dropped. Rows are read by
-storage key (tenant, memory id), so an update names a memory of its own tenant
-only: a thumbs or usage report on another tenant's id finds no row and is
-skipped (issue 21).
+Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on ``dmem.credit``;
+reads the rows by storage key (tenant, memory id), folds the updates with
+`apply_utility` (EMA of credit per use) and upserts them back; offsets are
+committed only after Milvus acknowledged. An update for a memory dedup folded
+into another goes to that survivor; one for a memory of another tenant, or one
+that no longer exists, finds no row and is skipped.
 
-Usage records come from the responder (``source="served"``) and, optionally,
-from agents reporting what they actually used (``source="agent"``, see
-`DmemClient.report_usage`); the assigner prefers the agent's record.
+Time: the join window is ingestion time (when a usage or an outcome arrived),
+never compared with an event time, so a replay or an import joins exactly what
+the live stream joined.
 
-Time: the join window is **ingestion time**, the one clock of this job (when a
-usage or an outcome *arrived*), never compared with an event time: the window
-waits for late arrivals, and lateness is a property of arrival. Event times on
-the records (`EpisodeOutcome.ts`, a replayed log's year-old timestamps, an
-agent's skewed clock) therefore neither expire an episode nor keep it open, so a
-replay or an import joins exactly what the live stream joined. On restart the
-job re-reads ``ttl`` of arrivals back (by the records' broker timestamps).
-
-Feedback payloads on ``dmem.feedback``: an `EpisodeOutcome`, or a `Feedback`;
-``kind=reward`` with an episode id acts as that episode's outcome, thumbs on a
-memory id become a direct update of +1 / -1 credit.
+Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
+episode id acts as that episode's outcome, thumbs on a memory id become a direct
+update of +1 / -1 credit. Usage comes from the responder (``source="served"``)
+and optionally from agents (``source="agent"``), which the assigner prefers.
 """
 
 from __future__ import annotations
@@ -42,6 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from mode import Service
@@ -59,9 +48,11 @@ from schemas import (
 )
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
+from streams.context import RoleContext, SettleState, StatusFn, TouchFn
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
-from streams.settle import backlog, settle_states, touch_hook
+from streams.settle import backlog
+from streams.store import StoreService
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
@@ -201,7 +192,7 @@ class CreditJob(Service):
 
 
 class UtilityApplier(Service):
-    def __init__(self, settings: Settings, store: Any, **kwargs: Any) -> None:
+    def __init__(self, settings: Settings, store: StoreService, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
         self.store_service = store
@@ -209,7 +200,7 @@ class UtilityApplier(Service):
         self.applied = 0
         self.skipped = 0
         self.applying = 0  # updates fetched and not yet applied
-        self.on_applied: Any = None  # called with the (tenant, id)s whose rows changed
+        self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
@@ -246,6 +237,7 @@ class UtilityApplier(Service):
     def apply(self, updates: list[UtilityUpdate]) -> int:
         """Fold updates into their rows (sync; runs in a worker thread)."""
         store = self.store_service.store
+        assert store is not None  # connected before any update is applied
         keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
         # by (tenant, id): an update only ever reaches its own tenant's row
         rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
@@ -284,20 +276,21 @@ class UtilityApplier(Service):
             part = row.pop("partition")
             by_part.setdefault(part, []).append(row)
         for part, part_rows in by_part.items():
-            store.upsert(part_rows, part)
+            store.upsert(part_rows, part)  # type: ignore[arg-type]
         if touched and self.on_applied is not None:
             self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
         return len(touched)
 
 
-def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
-    job = CreditJob(settings, loop=app.loop, beacon=app.beacon)
-    applier = UtilityApplier(settings, store, loop=app.loop, beacon=app.beacon)
-    applier.on_applied = touch_hook(app)  # the maintenance job re-reads those rows
+def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
+    """Run the credit job and the utility applier; returns a status callable."""
+    job = CreditJob(ctx.settings, loop=app.loop, beacon=app.beacon)
+    applier = UtilityApplier(ctx.settings, ctx.store, loop=app.loop, beacon=app.beacon)
+    applier.on_applied = ctx.touch  # the maintenance job re-reads those rows
     app.add_dependency(job)
     app.add_dependency(applier)
 
-    async def settle_state() -> dict[str, Any]:
+    async def settle_state() -> SettleState:
         unread = await backlog(job.consumer)
         unapplied = await backlog(applier.consumer)
         pending = {"unread_usage_feedback": unread, "handling": job.handling,
@@ -307,7 +300,7 @@ def wire_jobs(app: Any, settings: Settings, store: Any) -> Any:
         settled = unread == 0 and unapplied == 0 and not job.handling and not applier.applying
         return {"settled": settled, "pending": pending}
 
-    settle_states(app)["credit"] = settle_state
+    ctx.settle["credit"] = settle_state
     return lambda: {
         "credit_emitted": job.emitted,
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,

@@ -12,11 +12,9 @@ Milvus (``LocalStack(milvus=...)``):
   the wheel `scripts/setup.sh` installs into ``.cache/milvus-server``), data
   under ``<data_dir>/milvus-server``, HNSW-indexed.
 - ``"auto"`` (``dmem up``): the server when its wheel is installed, else Lite
-  with a warning. Why: Milvus Lite 3.2 answers from an unindexed in-memory table
-  until a segment is flushed, converting every row per query (measured with
-  py-spy: ``MemTable.to_search_snapshot`` ~60 % of a search's samples), so a Lite
-  search grows linearly with the rows it holds (64-73 ms at 1.5k rows, 370 ms at
-  10k; see BENCHMARKS.md "Embedded stack"), while the server answers in a few ms.
+  with a warning. Why: Milvus Lite answers from an unindexed in-memory table
+  until a segment is flushed, converting every row per query, so a Lite search
+  grows linearly with the rows it holds, while the server answers in a few ms.
   A data dir that already holds a Lite file and no server data stays on Lite,
   so an upgrade never hides a user's memories.
 - ``DMEM_MILVUS__URI`` in ``extra_env`` (or the environment) wins over all of these.

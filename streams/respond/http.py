@@ -1,4 +1,7 @@
-"""Respond role wiring: the Kafka request/reply agent and the HTTP API.
+"""Respond role wiring: the Kafka request/reply consumer and the HTTP API.
+
+`RespondApi` holds the role's handlers over the `RoleContext`, one method per
+route; `wire_respond` registers them with the faust app.
 
 - Kafka: `RetrievalRequest` on ``dmem.retrieval.requests`` -> `RetrievalResponse`
   keyed by request_id on ``dmem.retrieval.responses`` (or the request's
@@ -18,12 +21,11 @@
   (its row, plus ``folded_id``: the id asked for).
 - Both paths emit `MemoryUsage` for requests with an episode_id.
 - The request consumer is a plain aiokafka consumer group inside a faust
-  Service (`RequestConsumer`), not a faust agent: faust's consumer thread hands
-  records over in ~0.3-0.7 s cycles against the embedded broker (measured:
-  an echo agent saw 115-740 ms per record, raw aiokafka 4 ms), which would
-  dominate a millisecond search. Requests are handled concurrently (bounded by
-  ``respond.concurrency``); offsets are auto-committed because a lost request
-  is retried by the client with the same request_id.
+  Service (`RequestConsumer`), not a faust agent: faust's consumer hands
+  records over in cycles far longer than a millisecond search. Requests are
+  handled concurrently (bounded by ``respond.concurrency``); offsets are
+  auto-committed because a lost request is retried by the client with the
+  same request_id.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -45,6 +48,15 @@ from operators import Encoder
 from operators.retrieval import RankPolicy
 from schemas import ForgetRequest, RetrievalRequest, RetrievalResponse, encode
 from schemas.errors import DmemError, InvalidRecord
+from streams.admin import group_consumer
+from streams.auth import Authorizer
+from streams.clock import now_ms
+from streams.codec import raw_topic
+from streams.context import RoleContext, StatusFn
+from streams.jobs.forget import forget_scope
+from streams.respond.ingest import wire_ingest
+from streams.respond.responder import Responder
+from streams.respond.ui import wire_ui
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
@@ -54,7 +66,8 @@ log = logging.getLogger("dmem.respond")
 class RequestConsumer(Service):
     """Consumes retrieval requests (consumer group ``<app_id>-respond``)."""
 
-    def __init__(self, settings: Settings, handle: Any, **kwargs: Any) -> None:
+    def __init__(self, settings: Settings, handle: Callable[[Any], Awaitable[None]],
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.settings = settings
         self.handle = handle
@@ -63,8 +76,6 @@ class RequestConsumer(Service):
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def on_start(self) -> None:
-        from streams.admin import group_consumer
-
         self.consumer = group_consumer(
             self.settings, self.settings.topic("requests"), "respond", auto_commit=True,
             offset_reset="latest", fetch_max_wait_ms=self.settings.respond.fetch_max_wait_ms,
@@ -110,82 +121,75 @@ def policy_from(settings: Settings) -> RankPolicy:
     )
 
 
-def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: Any) -> Any:
-    """Wire the responder agent and HTTP views; returns a health-details callable."""
-    from streams.clock import now_ms
-    from streams.codec import raw_topic
-    from streams.respond.responder import Responder
+def json_response(view: View, body: Any, status: int = 200) -> Response:
+    return view.bytes(orjson.dumps(body), content_type="application/json", status=status)
 
-    responses_name = settings.topic("responses")
-    usage_topic = raw_topic(app, settings.topic("usage"))
-    deadletters = raw_topic(app, settings.topic("deadletter"))
-    reply_topics: dict[str, faust.TopicT] = {responses_name: raw_topic(app, responses_name)}
-    state: dict[str, Any] = {"responder": None, "errors": 0}
 
-    def responder() -> Responder:
-        if state["responder"] is None:
-            if store.store is None or not store.connected.is_set():
+def _invalid(view: View, exc: ValidationError) -> Response:
+    detail = json.loads(exc.json(include_url=False, include_input=False))
+    return json_response(view, {"error": "invalid request", "detail": detail}, 422)
+
+
+class RespondApi:
+    """The respond role's handlers: the Kafka request handler and one method per route."""
+
+    def __init__(self, app: faust.App, ctx: RoleContext, encoder: Encoder) -> None:
+        self.app = app
+        self.settings = settings = ctx.settings
+        self.ctx = ctx
+        self.store = ctx.store
+        self.encoder = encoder
+        self.responses_name = settings.topic("responses")
+        self.usage_topic = raw_topic(app, settings.topic("usage"))
+        self.deadletters = raw_topic(app, settings.topic("deadletter"))
+        self.reply_topics: dict[str, faust.TopicT] = {
+            self.responses_name: raw_topic(app, self.responses_name)
+        }
+        self.memories = raw_topic(app, settings.topic("memories"))
+        self.control = raw_topic(app, settings.topic("control"))
+        self.authorizer = Authorizer.from_settings(settings)
+        self._responder: Responder | None = None
+        self.errors = 0
+
+    # -- shared ----------------------------------------------------------------------
+    def store_ready(self) -> bool:
+        return self.store.store is not None and self.store.connected.is_set()
+
+    def responder(self) -> Responder:
+        if self._responder is None:
+            if not self.store_ready():
                 raise DmemError("store not ready")
-            state["responder"] = Responder(
-                store.store, encoder, policy_from(settings),
-                count_ttl_s=settings.respond.count_ttl_s,
-                consistency_level=settings.milvus.search_consistency,
-                per_agent_clock=settings.maintenance.stream_clock == "agent",
+            s = self.settings
+            self._responder = Responder(
+                self.store.store, self.encoder, policy_from(s),
+                count_ttl_s=s.respond.count_ttl_s,
+                consistency_level=s.milvus.search_consistency,
+                per_agent_clock=s.maintenance.stream_clock == "agent",
+                on_access=self.ctx.record_access,
             )
-        r: Responder = state["responder"]
-        return r
+        return self._responder
 
-    def reply_topic(req: RetrievalRequest) -> faust.TopicT:
-        name = req.reply_topic or responses_name
-        if not name.startswith(responses_name):
-            raise InvalidRecord(f"reply_topic must start with {responses_name!r}")
-        if name not in reply_topics:
-            reply_topics[name] = raw_topic(app, name)
-        return reply_topics[name]
+    def reply_topic(self, req: RetrievalRequest) -> faust.TopicT:
+        name = req.reply_topic or self.responses_name
+        if not name.startswith(self.responses_name):
+            raise InvalidRecord(f"reply_topic must start with {self.responses_name!r}")
+        if name not in self.reply_topics:
+            self.reply_topics[name] = raw_topic(self.app, name)
+        return self.reply_topics[name]
 
-    async def answer(req: RetrievalRequest) -> RetrievalResponse:
+    async def answer(self, req: RetrievalRequest) -> RetrievalResponse:
         try:
-            resp, usage = await asyncio.to_thread(responder().answer, req, now_ms())
+            resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
         except InvalidRecord as exc:
             return RetrievalResponse(request_id=req.request_id, tenant=req.tenant,
                                      error=str(exc))
         if usage is not None:
-            await usage_topic.send(key=usage.episode_id.encode(), value=encode(usage))
+            await self.usage_topic.send(key=usage.episode_id.encode(), value=encode(usage))
         return resp
 
-    async def handle(msg: Any) -> None:
-        now = now_ms()
-        try:
-            req = RetrievalRequest.model_validate(orjson.loads(msg.value or b""))
-            topic = reply_topic(req)
-        except (ValidationError, orjson.JSONDecodeError, InvalidRecord) as exc:
-            raw = RawRecord(msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-            dl = dead_letter(raw, validation_reason(exc), type(exc).__name__, "respond", now)
-            await deadletters.send(key=msg.key, value=encode(dl))
-            state["errors"] += 1
-            return
-        try:
-            resp = await answer(req)
-        except Exception as exc:  # noqa: BLE001 - answer with the error, keep serving
-            log.warning("search failed for %s: %s", req.request_id, exc)
-            state["errors"] += 1
-            resp = RetrievalResponse(request_id=req.request_id, tenant=req.tenant,
-                                     error=f"unavailable: {exc}")
-        await topic.send(key=req.request_id.encode(), value=encode(resp))
-
-    consumer = RequestConsumer(settings, handle, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(consumer)
-
-    def json_response(view: View, body: Any, status: int = 200) -> Response:
-        return view.bytes(orjson.dumps(body), content_type="application/json", status=status)
-
-    from streams.auth import Authorizer
-
-    authorizer = Authorizer.from_settings(settings)
-
-    def denied(view: View, request: Request, tenant: str | None = None) -> Response | None:
+    def denied(self, view: View, request: Request, tenant: str | None = None) -> Response | None:
         """Auth check (streams.auth): None when allowed, else the 401/403 response."""
-        d = authorizer.check(request.headers.get("Authorization"), tenant)
+        d = self.authorizer.check(request.headers.get("Authorization"), tenant)
         if d is None:
             return None
         resp = json_response(view, {"error": d.error}, d.status)
@@ -193,125 +197,174 @@ def wire_respond(app: faust.App, settings: Settings, encoder: Encoder, store: An
             resp.headers["WWW-Authenticate"] = "Bearer"
         return resp
 
-    @app.page("/v1/search")
-    class SearchView(View):
-        async def post(self, request: Request) -> Response:
-            if (no := denied(self, request)) is not None:
-                return no
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
-                return json_response(self, {"error": f"malformed JSON: {exc}"}, 422)
-            if isinstance(body, dict) and "request_id" not in body:
-                body["request_id"] = uuid.uuid4().hex
-            try:
-                req = RetrievalRequest.model_validate(body)
-            except ValidationError as exc:
-                detail = json.loads(exc.json(include_url=False, include_input=False))
-                return json_response(self, {"error": "invalid request", "detail": detail}, 422)
-            if (no := denied(self, request, req.tenant)) is not None:
-                return no
-            try:
-                resp = await answer(req)
-            except DmemError as exc:
-                return json_response(self, {"error": str(exc)}, 503)
-            status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
-            return json_response(self, resp.model_dump(mode="json", by_alias=True), status)
-
-    def tenant_query(view: View, request: Request) -> tuple[str, Response | None]:
+    def tenant_query(self, view: View, request: Request) -> tuple[str, Response | None]:
         """The ``?tenant=`` of a read, authorised, with the store ready; else the answer."""
-        if (no := denied(view, request)) is not None:
+        if (no := self.denied(view, request)) is not None:
             return "", no
         tenant = request.query.get("tenant")
         if not tenant:
             return "", json_response(view, {"error": "query parameter tenant is required"}, 422)
-        if (no := denied(view, request, tenant)) is not None:
+        if (no := self.denied(view, request, tenant)) is not None:
             return "", no
-        if store.store is None or not store.connected.is_set():
+        if not self.store_ready():
             return "", json_response(view, {"error": "store not ready"}, 503)
         return tenant, None
 
-    @app.page("/v1/memories/{memory_id}")
-    class MemoryView(View):
-        async def get(self, request: Request, memory_id: str) -> Response:
-            tenant, no = tenant_query(self, request)
-            if no is not None:
-                return no
-            try:
-                rows = await asyncio.to_thread(store.store.get, [memory_id], tenant=tenant)
-            except InvalidRecord as exc:
-                return json_response(self, {"error": str(exc)}, 422)
-            if not rows:  # folded into a survivor by dedup: the survivor stands for it
-                into = await asyncio.to_thread(store.store.survivors_of, tenant, [memory_id])
-                if memory_id not in into:
-                    return json_response(self, {"error": "not found"}, 404)
-                rows = [{**into[memory_id], "folded_id": memory_id}]
-            row = rows[0]
-            row.pop("vector", None)
-            return json_response(self, row)
+    # -- Kafka: dmem.retrieval.requests ------------------------------------------------
+    async def handle(self, msg: Any) -> None:
+        now = now_ms()
+        try:
+            req = RetrievalRequest.model_validate(orjson.loads(msg.value or b""))
+            topic = self.reply_topic(req)
+        except (ValidationError, orjson.JSONDecodeError, InvalidRecord) as exc:
+            raw = RawRecord(msg.value, msg.key, msg.topic, msg.partition, msg.offset)
+            dl = dead_letter(raw, validation_reason(exc), type(exc).__name__, "respond", now)
+            await self.deadletters.send(key=msg.key, value=encode(dl))
+            self.errors += 1
+            return
+        try:
+            resp = await self.answer(req)
+        except Exception as exc:  # noqa: BLE001 - answer with the error, keep serving
+            log.warning("search failed for %s: %s", req.request_id, exc)
+            self.errors += 1
+            resp = RetrievalResponse(request_id=req.request_id, tenant=req.tenant,
+                                     error=f"unavailable: {exc}")
+        await topic.send(key=req.request_id.encode(), value=encode(resp))
 
-        async def delete(self, request: Request, memory_id: str) -> Response:
-            body = {"tenant": request.query.get("tenant"), "memory_id": memory_id}
-            return await forget_view(self, request, body, missing=404)
+    # -- HTTP routes -------------------------------------------------------------------
+    async def search(self, view: View, request: Request) -> Response:
+        """``POST /v1/search``."""
+        if (no := self.denied(view, request)) is not None:
+            return no
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+        if isinstance(body, dict) and "request_id" not in body:
+            body["request_id"] = uuid.uuid4().hex
+        try:
+            req = RetrievalRequest.model_validate(body)
+        except ValidationError as exc:
+            return _invalid(view, exc)
+        if (no := self.denied(view, request, req.tenant)) is not None:
+            return no
+        try:
+            resp = await self.answer(req)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
+        status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
+        return json_response(view, resp.model_dump(mode="json", by_alias=True), status)
 
-    memories = raw_topic(app, settings.topic("memories"))
-    control = raw_topic(app, settings.topic("control"))
+    async def get_memory(self, view: View, request: Request, memory_id: str) -> Response:
+        """``GET /v1/memories/{id}?tenant=T``."""
+        tenant, no = self.tenant_query(view, request)
+        if no is not None:
+            return no
+        store = self.store.store
+        assert store is not None
+        try:
+            rows = await asyncio.to_thread(store.get, [memory_id], tenant=tenant)
+        except InvalidRecord as exc:
+            return json_response(view, {"error": str(exc)}, 422)
+        if not rows:  # folded into a survivor by dedup: the survivor stands for it
+            into = await asyncio.to_thread(store.survivors_of, tenant, [memory_id])
+            if memory_id not in into:
+                return json_response(view, {"error": "not found"}, 404)
+            rows = [{**into[memory_id], "folded_id": memory_id}]
+        row = rows[0]
+        row.pop("vector", None)
+        return json_response(view, row)
 
-    async def forget_view(view: View, request: Request, body: Any,
-                          missing: int = 200) -> Response:
+    async def delete_memory(self, view: View, request: Request, memory_id: str) -> Response:
+        """``DELETE /v1/memories/{id}?tenant=T``: 404 when nothing matched."""
+        body = {"tenant": request.query.get("tenant"), "memory_id": memory_id}
+        return await self._forget(view, request, body, missing=404)
+
+    async def forget(self, view: View, request: Request) -> Response:
+        """``POST /v1/forget``."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+        return await self._forget(view, request, body)
+
+    async def _forget(self, view: View, request: Request, body: Any,
+                      missing: int = 200) -> Response:  # fmt: skip
         """Validate, authorise, delete the scope, audit it; ``missing`` when nothing matched."""
-        from streams.jobs.maintenance import forget_scope
-
-        if (no := denied(view, request)) is not None:
+        if (no := self.denied(view, request)) is not None:
             return no
         try:
             req = ForgetRequest.model_validate(body)
         except ValidationError as exc:
-            detail = json.loads(exc.json(include_url=False, include_input=False))
-            return json_response(view, {"error": "invalid request", "detail": detail}, 422)
-        if (no := denied(view, request, req.tenant)) is not None:
+            return _invalid(view, exc)
+        if (no := self.denied(view, request, req.tenant)) is not None:
             return no
-        if store.store is None or not store.connected.is_set():
+        if not self.store_ready():
             return json_response(view, {"error": "store not ready"}, 503)
-        events = await asyncio.to_thread(forget_scope, store.store, req.tenant,
+        store = self.store.store
+        assert store is not None  # store_ready
+        events = await asyncio.to_thread(forget_scope, store, req.tenant,
                                          agent_id=req.agent_id, memory_id=req.memory_id)
         for ev in events:  # the same audit trail as `dmem forget`
-            await memories.send(key=ev.memory_id.encode(), value=encode(ev))
-            await control.send(key=ev.tenant.encode(), value=encode(ev))
+            await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
+            await self.control.send(key=ev.tenant.encode(), value=encode(ev))
         status = missing if not events else 200
         return json_response(view, {"tenant": req.tenant, "forgotten": len(events)}, status)
+
+    async def stats(self, view: View, request: Request) -> Response:
+        """``GET /v1/stats?tenant=T``: row counts by partition."""
+        tenant, no = self.tenant_query(view, request)
+        if no is not None:
+            return no
+        st = self.store.store
+        assert st is not None
+        counts = await asyncio.to_thread(
+            lambda: {p: st.count(p, tenant) for p in ("core", "buffer")})
+        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values())})
+
+    @property
+    def answered(self) -> int:
+        return self._responder.answered if self._responder else 0
+
+
+def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn:
+    """Wire the request consumer and the HTTP routes; returns a health-details callable.
+
+    `encoder` is the role's own instance (its LRU cache is not shared across threads).
+    """
+    api = RespondApi(app, ctx, encoder)
+    consumer = RequestConsumer(ctx.settings, api.handle, loop=app.loop, beacon=app.beacon)
+    app.add_dependency(consumer)
+
+    @app.page("/v1/search")
+    class SearchView(View):
+        async def post(self, request: Request) -> Response:
+            return await api.search(self, request)
+
+    @app.page("/v1/memories/{memory_id}")
+    class MemoryView(View):
+        async def get(self, request: Request, memory_id: str) -> Response:
+            return await api.get_memory(self, request, memory_id)
+
+        async def delete(self, request: Request, memory_id: str) -> Response:
+            return await api.delete_memory(self, request, memory_id)
 
     @app.page("/v1/forget")
     class ForgetView(View):
         async def post(self, request: Request) -> Response:
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
-                return json_response(self, {"error": f"malformed JSON: {exc}"}, 422)
-            return await forget_view(self, request, body)
+            return await api.forget(self, request)
 
     @app.page("/v1/stats")
     class StatsView(View):
         async def get(self, request: Request) -> Response:
-            tenant, no = tenant_query(self, request)
-            if no is not None:
-                return no
-            st = store.store
-            counts = await asyncio.to_thread(
-                lambda: {p: st.count(p, tenant) for p in ("core", "buffer")})
-            return json_response(self, {"tenant": tenant, **counts,
-                                        "total": sum(counts.values())})
+            return await api.stats(self, request)
 
-    from streams.respond.ingest import wire_ingest
-
-    ingest = wire_ingest(app, settings, denied, json_response)  # POST /v1/transitions ...
     _ = (SearchView, MemoryView, ForgetView, StatsView)
-    from streams.respond.ui import wire_ui  # the live page: GET /ui/, GET /v1/live
-
-    live = wire_ui(app, settings, store, authorizer, denied, json_response)
+    ingest = wire_ingest(app, ctx, api.denied, json_response)  # POST /v1/transitions ...
+    live = wire_ui(app, ctx, api.authorizer, api.denied, json_response)  # GET /ui/, /v1/live
     return lambda: {
-        "answered": state["responder"].answered if state["responder"] else 0,
-        "errors": state["errors"],
+        "answered": api.answered,
+        "errors": api.errors,
         "live": live(),
         "ingested": ingest.accepted,
         "ingest_unavailable": ingest.unavailable,

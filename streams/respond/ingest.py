@@ -53,6 +53,7 @@ from mode import Service
 from pydantic import BaseModel, ValidationError
 
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, Transition, encode
+from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
 
 log = logging.getLogger("dmem.ingest")
@@ -270,13 +271,14 @@ class IngestProducer(Service):
 
 def wire_ingest(
     app: faust.App,
-    settings: Settings,
+    ctx: RoleContext,
     denied: Callable[..., Response | None],
     json_response: Callable[..., Response],
 ) -> IngestProducer:
     """Register the ingest routes and ``/openapi.json``; returns the producer service."""
     from streams.respond.openapi import openapi_document
 
+    settings = ctx.settings
     producer = IngestProducer(settings, loop=app.loop, beacon=app.beacon)
     app.add_dependency(producer)
     cfg = settings.ingest

@@ -22,12 +22,9 @@ come from a background consumer in each respond worker (`LiveFeed`) that reads t
 Why a consumer and not the write workers' ``/metrics``: it works for any number
 of write workers wherever they run, and it has the per-decision reasons that the
 metrics aggregate away. Why it does not slow search: it is one consumer without a
-group (no rebalances) with a long fetch wait (``FETCH_WAIT_MS``: an idle topic
-costs two fetches a second); decoding and keeping an event costs about twice its
-``orjson.loads`` (measured 46 us per event on the shared 2-core machine while
-``sum(range(10**7))`` took 1.1 s there, ~7x a quiet core: ~7 us on a quiet one, so a
-write path at 5,000 transitions/s costs ~3.5 % of the respond worker's loop); it
-yields after each fetched batch (<= 2,000 records); searches run in worker threads;
+group (no rebalances) with a long fetch wait (``FETCH_WAIT_MS``); decoding and
+keeping an event costs about twice its ``orjson.loads``; it yields after each
+fetched batch (<= 2,000 records); searches run in worker threads;
 and every page query copies a tenant's ring (at most ``per_tenant`` references,
 0.1 ms) on the loop and summarises it in a worker thread. An idle stack, as in the
 search benchmarks, pays only the two empty fetches a second.

@@ -70,13 +70,14 @@ def store_filter(req: RetrievalRequest) -> dict[str, Any]:
     return out
 
 
-#: access tracking hook: called as (tenant, served memory ids, stream time of their clock)
-#: after each answer (once per clock among the served memories);
-#: `streams.jobs.maintenance.wire_access` installs a batching tracker (never one write per hit)
-ACCESS_HOOK: Callable[[str, list[str], int], None] | None = None
-
-
 class Responder:
+    """Answers retrieval requests from the store (see the module doc).
+
+    ``on_access`` is called as (tenant, served memory ids, stream time of their
+    clock) after each answer, once per clock among the served memories; the
+    respond role passes the batching access tracker (`streams.jobs.access`).
+    """
+
     def __init__(
         self,
         store: Any,
@@ -85,8 +86,10 @@ class Responder:
         count_ttl_s: float = 30.0,
         consistency_level: str | None = None,
         per_agent_clock: bool = True,
+        on_access: Callable[[str, list[str], int], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_access = on_access
         self.clock = StreamClock(per_agent=per_agent_clock)
         self.encoder = encoder
         self.policy = policy or RankPolicy.hybrid()
@@ -202,7 +205,7 @@ class Responder:
                 memory_ids=[h.memory_id for h in hits], weights=usage_weights(ranked),
                 ts=now_ms,
             )
-        hook = ACCESS_HOOK
+        hook = self.on_access
         if hook is not None and hits:
             by_clock: dict[int, list[str]] = {}
             for h in hits:

@@ -42,8 +42,8 @@ import faust
 from faust.web import Request, Response, View
 
 from streams.auth import Authorizer
+from streams.context import RoleContext, StatusFn
 from streams.respond.live import LiveFeed, LiveRing, gate_summary
-from streams.settings import Settings
 
 log = logging.getLogger("dmem.ui")
 
@@ -143,13 +143,13 @@ class TenantDirectory:
 
 def wire_ui(
     app: faust.App,
-    settings: Settings,
-    store: Any,
+    ctx: RoleContext,
     authorizer: Authorizer,
     denied: Callable[..., Response | None],
     json_response: Callable[..., Response],
-) -> Callable[[], dict[str, Any]]:
+) -> StatusFn:
     """Add the page, its static files and ``/v1/live``; returns a health-details callable."""
+    settings, store = ctx.settings, ctx.store
     r = settings.respond
     ring = LiveRing(per_tenant=max(r.live_per_tenant, 1), max_tenants=r.live_max_tenants)
     feed: LiveFeed | None = None

@@ -1,59 +1,30 @@
 """The write role's consumer: a plain aiokafka group loop feeding `WritePipeline`.
 
-Why not a faust agent: faust builds its aiokafka consumer with a hard-coded
-``fetch_max_wait_ms=1500`` and hands records to agents through its own
-consumer thread; against the embedded broker, records reached the agent in
-0.3-0.7 s bursts and the worker sat idle between half-empty batches (measured,
-BENCHMARKS.md "Write path"). This Service owns its consumer and producer, so
-fetch waits, batch sizes and commits are ours.
+Not a faust agent: faust's consumer has a fixed 1.5 s fetch wait and hands
+records over through its own thread, so batches arrived in bursts. This
+Service owns its consumer and producer, so fetch waits, batch sizes and
+commits are ours.
 
 Decisions:
-- Consumer group ``<app_id>-write`` (its own group: faust's app group keeps the
-  role's other agents). Offsets are committed manually, per batch, only after
-  Milvus acknowledged the batch's upserts *and* the broker acknowledged every
-  MemoryEvent and dead letter of it: at-least-once delivery, and because memory
-  ids are stable and upserts idempotent, each transition is stored once.
-- Two stages, one batch in flight between them (a queue of size 1, so memory is
-  bounded and Milvus slowness turns into consumer lag, not process growth):
-  stage 1 takes what the consumer has buffered (up to ``write.batch_size``
-  records; it waits ``write.batch_within_s`` at most when nothing is there, and
-  never lingers once something is: under load batches grow by themselves) and
-  runs the operators in a worker thread; stage 2 writes to Milvus (retried
-  with backoff until acknowledged), awaits the produce acks and commits. Stage
-  1 fetches only once stage 2 has taken the previous batch, so a batch holds
-  what arrived during one store round trip (Milvus' per-call cost is paid per
-  batch, not per record). So the CPU work of batch n+1 overlaps
-  the Milvus and broker round trips of batch n. Batches are committed in order.
-- Checkpoints (operator state per (tenant, input partition), see
-  `streams.write.pipeline`, to the compacted ``models`` topic under
-  ``tenant|partition``) are taken by stage 1 after stage 2 has drained, so a
-  checkpoint never holds state of a batch that is not yet stored.
-- State moves with its partitions (Kafka Streams' tasks): on revocation the
-  in-flight batch is finished (stage 1's batch in hand and stage 2's; bounded
-  wait), the revoked partitions' states are checkpointed (acknowledged before
-  the callback returns, i.e. before the next owner is assigned them) and
-  dropped; on assignment the new partitions' states are read back
-  (`streams.write.checkpoints.CheckpointIndex`: only their records) before
-  their first batch: stage 1 holds a fetched batch until the assignment
-  callback has restored, and discards one fetched before the rebalance (it is
-  fetched again from the committed offsets). A commit refused because the
-  partition moved is logged and the new owner replays the batch (idempotent).
-  If the drain times out the revoked states are dropped without a checkpoint:
-  the next owner starts from the previous one and replays what was not
-  committed, so a checkpoint never runs ahead of the store. A kill -9 leaves
-  the last periodic checkpoint (``write.checkpoint_every_s``) for the next owner.
-- Migration: a per-tenant checkpoint (key ``tenant``, from a version before
-  per-partition state) is read as a seed: it starts every partition of its
-  tenant that has no checkpoint of its own (`WritePipeline.seed`).
-- Forget events: every write worker holds state for the agents of its own
-  partitions, so each worker follows *all* of the small ``control`` topic
-  (`streams.control.ForgetFollower`, from the beginning at every start, so a
-  forget issued while a worker was down still reaches the restored state) and
-  also tombstones the key in its store, so a batch in flight cannot write the
-  forgotten memory back (`milvus.tombstones`).
-- MemoryEvents are produced with the partition computed for the whole batch
-  (`streams.partitioner`, the default murmur2 partitioner vectorised): the
-  same partition aiokafka would pick, at a fraction of the CPU.
+- Consumer group ``<app_id>-write``; offsets are committed per batch only after
+  Milvus acknowledged its upserts *and* the broker every MemoryEvent and dead
+  letter of it: at-least-once, and stable ids make each transition stored once.
+- Two stages with one batch in flight between them: stage 1 takes what the
+  consumer has buffered (up to ``write.batch_size``) and runs the operators in a
+  worker thread; stage 2 writes to Milvus (retried until acknowledged), awaits
+  the produce acks and commits. The CPU work of batch n+1 overlaps the round
+  trips of batch n; Milvus slowness becomes consumer lag, not memory growth.
+- Checkpoints of operator state (`streams.write.pipeline`) are taken after
+  stage 2 has drained, so a checkpoint never runs ahead of the store.
+- State moves with its partitions: on revocation the in-flight batch is
+  finished and the revoked states are checkpointed before the callback returns;
+  on assignment the new partitions' states are read back
+  (`streams.write.checkpoints.CheckpointIndex`) before their first batch.
+- Forgets: each worker follows all of the ``control`` topic
+  (`streams.control.ForgetFollower`) and tombstones the keys in its store, so a
+  batch in flight cannot write a forgotten memory back.
+- MemoryEvents are produced with partitions computed for the whole batch
+  (`streams.partitioner`): the ones aiokafka would pick, at a fraction of the CPU.
 """
 
 from __future__ import annotations
@@ -203,9 +174,8 @@ class WriteConsumer(Service):
         # The operator state holds ~10^6 long-lived objects (repeat keys, eligibility
         # windows, the dropped-transition cache) and a batch allocates ~10^5 more:
         # with CPython's default thresholds (700, 10, 10) the collector ran young and
-        # full passes over that state every few batches. Measured in-process
-        # (1024-batches, hash): 101 -> 83 us CPU per transition, worst batch 353 ->
-        # 131 ms. Process-wide; cycles are still collected, just less often.
+        # full passes over that state every few batches. Process-wide; cycles are
+        # still collected, just less often.
         gc.set_threshold(50_000, 20, 100)
         k = self.settings.kafka
         self.producer = AIOKafkaProducer(

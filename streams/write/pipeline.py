@@ -1,54 +1,30 @@
-"""The fused write path as one plain object: raw records in, routed memories out.
+"""The write path as one plain object: raw records in, routed memories out.
 
-No faust and no Milvus here: the write role's consumer (`streams.write.consumer`) feeds
-batches of raw Kafka records and writes what comes back. Time is an argument (`now_ms`).
+No faust and no Milvus here: the write role's consumer (`streams.write.consumer`)
+feeds batches of raw Kafka records and writes what comes back. Time is an
+argument (`now_ms`).
 
 Per batch: decode + validate (bad records become `DeadLetter`s with a reason) ->
 encode observations and next observations in one call -> per tenant: TD errors
 from the value model *before* it learns from the batch, then one TD update ->
 normalise delta by the tenant's running sigma -> smooth per agent -> gate.
 
-Decisions (see README "Write path"):
-- ``rpe`` stored with a memory is the tenant-normalised delta z (scale free, so
-  thresholds and ranking work across tenants with rewards of any scale);
-  ``rpe_smoothed`` is the gate score s; ``valence`` is sign(delta).
-- Exact repeats (``gate.drop_exact_repeats``): an exact repeat (same tenant,
-  agent, observation, action, reward, metadata) of a transition already routed
-  to core, or to buffer when the new route is buffer, is dropped with reason
-  ``repeat`` instead of writing a second identical row; the sketch still sees
-  its score. Near-duplicates are the dedup job's business.
-- Reward-free surprise (`operators.surprise`): the gate score is
-  ``gate_score(s_extrinsic, s_intrinsic, w)`` = max(s_ext, w * s_int), with w from
-  the tenant's share of rewarded transitions (0 for Gymnasium/ScienceWorld-like
-  streams, which then route exactly as before and skip the intrinsic work; 1 for
-  a chat). A reward-free transition dropped for being off-context gets reason
-  ``off_context``; stored rows carry ``metadata.surprise`` (w, intrinsic, info,
-  novelty, fit). Where the intrinsic term routed a transition (w * s_int > s_ext)
-  the stored ``rpe`` is that score (positive; ``valence`` stays sign(delta), 0 for
-  a chat), so decay priorities and ranking salience, which read |rpe|, see the
-  surprise that kept it instead of an extrinsic 0.
-- State (value model, normaliser, gate sketch, smoothers, recent-content keys,
-  eligibility windows, the reward-free score's state: everything in
-  `TenantState`) is kept per *state key* (tenant, input partition) and
-  snapshotted to bytes for the compacted ``models`` topic under
-  `state_key` (``tenant|partition``); `restore` accepts those bytes. Why the
-  partition: transitions are keyed by agent, so a partition holds whole agents
-  (their smoothers, episodes, eligibility windows) and a consumer-group
-  rebalance hands partitions over whole; state that follows the partition can
-  be checkpointed by its owner and restored by the next one, as Kafka Streams
-  does with its tasks. A tenant spread over several partitions has one state
-  per partition, each learning from its share of the tenant's agents (the
-  gate's quantiles of one partition estimate the tenant's, since agents land
-  on partitions by hash). Keying, checkpointing and restoring see a
-  `TenantState` only through `to_bytes` / `from_bytes`, so fields added to it
-  ride along.
-- A (tenant, partition) seen for the first time is never judged by a cold
-  state when a warm one exists: it is seeded from the tenant's per-tenant
-  checkpoint of a version before per-partition state (`seed`, the automatic
-  migration: that checkpoint seeds every partition of its tenant on first
-  use), or copied from another partition of the same tenant this pipeline
-  holds (preferred: it is warmer; e.g. new agents hashed to a partition the
-  tenant had no agents on), else it starts cold like a new tenant.
+Decisions:
+- ``rpe`` is the tenant-normalised delta z (scale free, so thresholds and
+  ranking work across tenants); ``rpe_smoothed`` is the gate score s;
+  ``valence`` is sign(delta). Where the reward-free surprise term
+  (`operators.surprise`, ``max(s_ext, w * s_int)``) routed a transition, ``rpe``
+  is that score, so decay and ranking see the surprise that kept it.
+- Exact repeats (``gate.drop_exact_repeats``; same tenant, agent, observation,
+  action, reward, metadata) of a transition already stored are dropped with reason ``repeat``; near-duplicates
+  are the dedup job's business.
+- State (everything in `TenantState`) is kept per (tenant, input partition) and
+  snapshotted to the compacted ``models`` topic under `state_key`: transitions
+  are keyed by agent, so a partition holds whole agents and a rebalance hands
+  their state over whole, as Kafka Streams does with its tasks.
+- A (tenant, partition) seen for the first time is seeded from a per-tenant
+  checkpoint (`seed`) or copied from another partition of the same tenant,
+  never judged by a cold state when a warm one exists.
 """
 
 from __future__ import annotations
@@ -274,7 +250,7 @@ class TenantState:
         self.settings = settings
         self.learner = learner
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
-        rs = header.get("reward_surprise")  # absent in checkpoints from before issue 13
+        rs = header.get("reward_surprise")  # absent in older checkpoints
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
         ob = header.get("outcomes")
         self.outcomes = OutcomeBaseline.from_dict(ob) if ob else OutcomeBaseline()
@@ -328,7 +304,7 @@ def intrinsic_scores(
 def content_key(t: Transition) -> str:
     """Identity of a transition's content for the exact-repeat drop.
 
-    The metadata is part of it (issue 13): the same words in another context (the
+    The metadata is part of it: the same words in another context (the
     same "The door is now open." in another task) are not a repeat, or a search
     filtered by that context (``metadata_equals``) would find nothing.
     """
@@ -354,14 +330,13 @@ def build_gate(settings: Settings) -> Gate:
 def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[GateDecision]:
     """Gate a tenant's micro-batch with thresholds fixed at the start of the batch.
 
-    Semantic change from calling ``gate.decide`` per score (also noted in
-    BENCHMARKS.md, "Write path"): theta_low/theta_high and the outlier margin
-    (median + k * MAD) are read from the sketch once per batch and tenant, and
-    all scores are added to the sketch after routing. With the default sketch
-    half-life (5000 scores) a batch of <= 1024 moves the quantiles very little,
-    and the per-score quantile lookups were the write worker's top CPU cost
-    (~0.2 ms each). During warm-up (sketch below ``gate.warmup`` scores), for
-    fixed gates and for invalid scores, decisions stay sequential (``decide``).
+    Unlike calling ``gate.decide`` per score, theta_low/theta_high and the outlier
+    margin (median + k * MAD) are read from the sketch once per batch and tenant,
+    and all scores are added to the sketch after routing: a batch of <= 1024
+    moves the quantiles of the default sketch (half-life 5000 scores) very
+    little, and per-score quantile lookups are costly. During warm-up (sketch
+    below ``gate.warmup`` scores), for fixed gates and for invalid scores,
+    decisions stay sequential (``decide``).
     """
     sk = state.sketch
     arr = np.asarray(scores, dtype=np.float64)
@@ -516,7 +491,7 @@ class WritePipeline:
 
     def _process(self, raws: Sequence[RawRecord], now_ms: int) -> BatchResult:
         result = BatchResult()
-        # by (tenant, id): memory ids are unique per tenant only (issue 21), so another
+        # by (tenant, id): memory ids are unique per tenant only, so another
         # tenant's record with the same id in this batch is not a replay of this one
         good: dict[tuple[str, str], tuple[int, Transition]] = {}
         for raw in raws:
@@ -716,11 +691,11 @@ class WritePipeline:
     def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
         """Re-score an episode's eligibility window with what its late outcome reveals.
 
-        Selective (issue 13: a successful episode must not copy its trajectory
-        into core). What the outcome reveals is its surprise against the
-        tenant's usual outcome, s = `OutcomeBaseline.surprise` (in mean absolute
-        deviations), shrunk by the gate's ``outlier_k``: s_out = sign(s) *
-        max(0, |s| - k), so an outcome within the usual spread (a success of a
+        Selective (a successful episode must not copy its trajectory into core).
+        What the outcome reveals is its surprise against the tenant's usual
+        outcome, s = `OutcomeBaseline.surprise` (in mean absolute deviations),
+        shrunk by the gate's ``outlier_k``: s_out = sign(s) * max(0, |s| - k),
+        so an outcome within the usual spread (a success of a
         tenant that often succeeds) reveals nothing and a rare one only its
         excess. Until two outcomes are known there is no spread: s_out =
         outcome / reward scale / sigma, the outcome against the tenant's RPE

@@ -20,7 +20,9 @@ import pytest
 from milvus import MemoryStore
 from operators.decay import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
-from streams.jobs.maintenance import MaintenanceEngine, flush_access, forget_scope
+from streams.jobs.access import flush_access
+from streams.jobs.forget import forget_scope
+from streams.jobs.scheduler import MaintenanceEngine
 from streams.local.stack import REPO_ROOT, LocalStack
 from tests.integration.broker_fixtures import collect, decode_all, isolated_env, produce
 from tests.integration.milvus_fixtures import make_record, unit_vector

@@ -19,7 +19,7 @@ from operators import HashingEncoder
 from operators.decay import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
 from streams.clock import now_ms
-from streams.jobs.maintenance import MaintenanceEngine
+from streams.jobs.scheduler import MaintenanceEngine
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, WritePipeline
 

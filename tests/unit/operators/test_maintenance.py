@@ -19,7 +19,7 @@ from operators.decay import (
     priority,
 )
 from operators.dedup import is_critical, merge_rows, merge_scope, plan_merges, rewards_agree
-from streams.jobs.maintenance import AccessTracker
+from streams.jobs.access import AccessTracker
 
 NOW = 1_800_000_000_000
 

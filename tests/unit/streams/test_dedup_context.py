@@ -1,7 +1,7 @@
 """The dedup job's ANN filter for a merge scope's user metadata (`context_filter`)."""
 
 from operators.dedup import merge_scope
-from streams.jobs.maintenance import context_filter
+from streams.jobs.dedup import context_filter
 
 
 def test_context_filter_narrows_by_filterable_user_keys_only() -> None:

@@ -1,0 +1,156 @@
+"""Dedup (jobs role): merge each window of new memories into near-duplicates.
+
+`streams.jobs.scheduler.MaintenanceJob` collects ``written`` events per tenant
+in tumbling processing-time windows (``dedup_window_s``). At window close
+`DedupEngine.dedup` reads the window's rows (with vectors) and groups them by
+merge scope (`operators.dedup.merge_scope`: agent, action, valence,
+partition, terminal flag, reward sign, user metadata). Each scope's rows are
+searched against Milvus (one batched ANN query per scope, in the scope's
+partition and reward sign, top ``dedup_k`` excluding the window's own ids);
+rows within cosine ``tau`` whose rewards agree are merged oldest-first
+(`plan_merges`, `merge_rows`): the survivor is rewritten, the others deleted,
+one ``merged`` event each. The job commits a window's offsets only after its
+merges were acknowledged; a replay folds nothing twice (merged ids are
+remembered in the survivor).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from milvus import expr as E
+from milvus.schema import VECTOR_FIELD, search_params
+from operators.decay import entry_from_row
+from operators.dedup import MergeGroup, merge_rows, merge_scope, plan_merges, reward_span
+from schemas import MemoryEvent
+from streams.jobs.index import IndexedEngine
+from streams.jobs.rows import WRITE_LOCK, memory_event, unique_rows
+
+__all__ = ["DedupEngine", "Scope", "context_filter"]
+
+Scope = tuple[str, str, int, str, bool, int, str]  # `operators.dedup.merge_scope`
+PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def context_filter(context: str) -> dict[str, Any]:
+    """Filter terms for a scope's user metadata (``metadata.user.<key> == value``) for
+    the keys the store can filter on exactly: plain-identifier keys with string, int or
+    bool values (no float equality on JSON). The rest of the context is checked on
+    the rows (`merge_scope`), so a filter term only narrows the ANN search."""
+    ctx = json.loads(context) if context else {}
+    return {f"metadata.user.{k}": v for k, v in ctx.items()
+            if PLAIN_KEY.match(k) and isinstance(v, str | int | bool)
+            and not (isinstance(v, str) and "\x00" in v)}  # fmt: skip
+
+
+class DedupEngine(IndexedEngine):
+    """Dedup windows over the index (sync, runs in a worker thread)."""
+
+    def _neighbors(self, tenant: str, scope: Scope, vectors: np.ndarray,
+                   exclude: list[str]) -> set[str]:  # fmt: skip
+        """Ids of stored rows in `scope`'s partition and reward sign within tau of any
+        of `vectors` (batched ANN; the rest of the scope is checked on the rows)."""
+        agent, action, valence, part, _done, sign, context = scope
+        reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
+        flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
+            "action": action, "valence": valence, "reward": reward,
+            **context_filter(context)})  # fmt: skip
+        if exclude:
+            flt = E.and_all([flt, f"not ({self.store.key_filter(tenant, exclude)})"])
+        client = self.store.client
+        params = search_params(self.store.is_lite, self.dedup_k)
+        found: set[str] = set()
+        for i in range(0, len(vectors), 256):
+            chunk = [v.tolist() for v in vectors[i : i + 256]]
+            with self.store._errors("dedup search"):  # noqa: SLF001 - same error mapping
+                res = client.search(
+                    self.store.collection,
+                    data=chunk,
+                    filter=flt,
+                    limit=self.dedup_k,
+                    output_fields=["id"],
+                    search_params=params,
+                    partition_names=[part],
+                    anns_field=VECTOR_FIELD,
+                    timeout=self.store.timeout_s,
+                    consistency_level="Strong",
+                )
+            for hits in res or []:
+                for h in hits:
+                    if float(h["distance"]) >= self.policy.tau - 1e-6:
+                        # the hit's own "id" is the storage key: the memory id is a field
+                        found.add(str((h.get("entity") or {})["id"]))
+        return found
+
+    def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
+        """Merge one tenant's window of new memories into existing ones (and each other)."""
+        rows = {k: r for k, r in unique_rows(self.store.get(list(ids), tenant=tenant,
+                                                        with_vector=True)).items()
+                if r.get("tenant") == tenant}  # fmt: skip
+        scopes: dict[Scope, list[str]] = {}
+        for mid, r in rows.items():
+            scopes.setdefault(merge_scope(r), []).append(mid)
+        t = self.index.tenant(tenant)
+        events: list[MemoryEvent] = []
+        for scope, sids in scopes.items():
+            vecs = np.stack([np.asarray(rows[m][VECTOR_FIELD], dtype=np.float32) for m in sids])
+            near = self._neighbors(tenant, scope, vecs, sids) - set(sids)
+            group_rows = {m: rows[m] for m in sids}
+            if near:
+                for mid, r in unique_rows(self.store.get(sorted(near), tenant=tenant,
+                                                     with_vector=True)).items():
+                    if r.get("tenant") == tenant and merge_scope(r) == scope:
+                        group_rows[mid] = r
+            order = sorted(group_rows)
+            groups = plan_merges(
+                order,
+                [int(group_rows[m]["created_ts"]) for m in order],
+                np.stack([np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32)
+                          for m in order]),  # fmt: skip
+                self.policy.tau,
+                [reward_span(group_rows[m]) for m in order],
+                self.policy.reward_tol,
+            )
+            merged: set[str] = set()
+            for g in groups:
+                events += self._apply_merge(g, group_rows, now)
+                merged.update(g.members)
+            for mid, r in group_rows.items():
+                if mid not in merged and mid in rows:
+                    t.upsert(mid, entry_from_row(r))
+        for mid in ids:
+            if mid not in rows:
+                t.remove(mid)
+        return events
+
+    def _apply_merge(self, g: MergeGroup, rows: dict[str, dict[str, Any]],
+                     now: int) -> list[MemoryEvent]:  # fmt: skip
+        s = rows[g.survivor]
+        members = [rows[m] for m in g.members]
+        new, folded = merge_rows(s, members)
+        target = str(new.pop("partition"))
+        with WRITE_LOCK:
+            if folded or target != s["partition"]:
+                clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
+                self.store.upsert([clean], target)  # type: ignore[arg-type]
+            self.store.delete(list(g.members), tenant=str(s["tenant"]))
+        t = self.index.tenant(str(s["tenant"]))
+        events = []
+        for m, sim in zip(members, g.similarity, strict=True):
+            t.remove(str(m["id"]))
+            events.append(
+                memory_event("merged", m, m["partition"], f"into {g.survivor} cos={sim:.4f}", now)
+            )
+        t.upsert(g.survivor, entry_from_row({**new, "partition": target}))
+        self._count("merged", len(members))
+        if target != s["partition"]:
+            events.append(
+                memory_event("promoted", s, target, "merge: a core duplicate joined", now)
+            )
+            self._count("promoted")
+        return events

@@ -1,0 +1,71 @@
+"""Forgetting a scope (``dmem forget``, ``POST /v1/forget``): delete and audit.
+
+`forget_scope` deletes one memory, one agent's memories or a whole tenant's,
+tombstoned under the store's exclusive guard so no write in flight brings them
+back; `emit_events` publishes the ``forgotten`` events on ``memories`` (the audit
+trail) and on ``control``, from which every process that caches rows clears its
+state (`streams.control`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer
+
+from milvus import MemoryStore
+from schemas import MemoryEvent, encode
+from streams.admin import kafka_client_kwargs
+from streams.clock import now_ms
+from streams.jobs.rows import memory_event, unique_rows
+from streams.settings import Settings
+
+__all__ = ["FORGET_FIELDS", "emit_events", "forget_scope"]
+
+FORGET_FIELDS = ["id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence"]
+
+
+def forget_scope(
+    store: MemoryStore, tenant: str, agent_id: str | None = None, memory_id: str | None = None,
+    now: int | None = None, rounds: int = 5,
+) -> list[MemoryEvent]:  # fmt: skip
+    """Delete every memory of the scope; returns one ``forgotten`` event per deleted row.
+
+    Repeats (up to `rounds`) until the scope is empty, so rows written while it
+    ran are caught too.
+    """
+    now = now or now_ms()
+    events: list[MemoryEvent] = []
+    scope = f"tenant={tenant}" + (f" agent={agent_id}" if agent_id else "") + (
+        f" memory={memory_id}" if memory_id else "")  # fmt: skip
+    for _ in range(rounds):
+        if memory_id is not None:
+            rows = [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS)
+                    if r.get("tenant") == tenant
+                    and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
+        else:
+            extra = {"agent_id": agent_id} if agent_id else None
+            rows = list(store.scan(tenant=tenant, extra_filter=extra, output_fields=FORGET_FIELDS))
+        found = unique_rows(rows)
+        if not found:
+            break
+        # tombstoned under the store's exclusive guard: no write in flight (this
+        # module's read-modify-writes included) can bring them back
+        store.forget(sorted(found), tenant=tenant, at=now / 1000.0)
+        events += [memory_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
+                   for r in found.values()]  # fmt: skip
+    return events
+
+
+async def emit_events(settings: Settings, events: Sequence[MemoryEvent]) -> None:
+    producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    await producer.start()
+    try:
+        topic, control = settings.topic("memories"), settings.topic("control")
+        for ev in events:
+            await producer.send(topic, encode(ev), key=ev.memory_id.encode())
+            if ev.kind == "forgotten":  # write workers clear their state from `control`
+                await producer.send(control, encode(ev), key=ev.tenant.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()

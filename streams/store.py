@@ -1,0 +1,142 @@
+"""The store service: this process's Milvus client, as a faust (mode) Service.
+
+Every role shares one instance. Writes are retried with backoff until Milvus
+acknowledges them, so an outage stalls consumption instead of skipping records;
+only rows Milvus refuses by themselves (`InvalidRecord`) are handed back to the
+caller to dead-letter. Connecting happens in the background so a worker started
+during an outage still answers ``/health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mode import Service
+
+from milvus import MemoryStore
+from schemas import storage_key
+from schemas.errors import ConfigError, InvalidRecord
+from streams.backoff import Backoff
+from streams.settings import Settings
+
+log = logging.getLogger("dmem")
+
+__all__ = ["StoreService"]
+
+
+class StoreService(Service):
+    """Owns the Milvus client for this process; retries writes until acknowledged."""
+
+    def __init__(self, settings: Settings, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.dim = dim
+        self.store: MemoryStore | None = None
+        self.healthy = False
+        self.failures = 0
+        self._probed_at = 0.0
+        self._call_failing = False
+        self.connected = asyncio.Event()
+
+    async def on_start(self) -> None:
+        m = self.settings.milvus
+        if not m.uri:
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MemoryStore(
+            self.settings.milvus_uri,
+            collection=m.collection,
+            dim=self.dim,
+            token=m.token,
+            timeout_s=m.timeout_s,
+            tombstone_ttl_s=m.tombstone_ttl_s,
+        )
+        # Connect in the background: a worker started during a Milvus outage must
+        # still come up and answer /health (503) instead of hanging in start-up,
+        # which an orchestrator's liveness probe would turn into a restart loop.
+        # Users of the store wait for `connected` (or retry through `_retry`).
+        self.add_future(self._connect())
+
+    async def _connect(self) -> None:
+        assert self.store is not None
+        await self._retry("connect", self.store.connect)
+        self.connected.set()
+
+    async def on_stop(self) -> None:
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def _retry(self, what: str, fn: Any, *args: Any, raise_invalid: bool = False) -> Any:
+        w = self.settings.write
+        backoff = Backoff(w.retry_initial_s, w.retry_max_s)
+        while True:
+            try:
+                out = await asyncio.to_thread(fn, *args)
+                self.healthy = True
+                self._call_failing = False
+                return out
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every store failure is retried
+                if raise_invalid and isinstance(exc, InvalidRecord):
+                    raise  # retrying cannot help: the caller isolates the record
+                self.healthy = False
+                self._call_failing = True  # a good ping must not hide failing writes
+                self.failures += 1
+                retriable = getattr(exc, "retriable", True)
+                log.warning(
+                    "milvus %s failed (%s, retriable=%s); retry in %.1fs",
+                    what,
+                    exc,
+                    retriable,
+                    backoff.delay,
+                )
+                await backoff.wait()
+
+    async def probe(self, max_age_s: float = 1.0, timeout_s: float = 1.0) -> bool:
+        """Ask Milvus now (cached for ``max_age_s``): /health and /metrics must show an
+        outage even when no write is pending, not only after the next write fails."""
+        if not self.connected.is_set():
+            return False
+        if self.store is None or time.monotonic() - self._probed_at < max_age_s:
+            return self.healthy
+        self._probed_at = time.monotonic()
+        store = self.store
+        try:
+            await asyncio.wait_for(asyncio.to_thread(store.ping, timeout_s), timeout_s + 0.2)
+            self.healthy = not self._call_failing
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable now"
+            log.info("milvus probe failed: %s", exc)
+            self.healthy = False
+        return self.healthy
+
+    async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
+        """Upsert every partition's rows, retried until acknowledged.
+
+        Returns ``{storage key: reason}`` (``schemas.storage_key(tenant, id)``:
+        ids are unique only per tenant) for rows the store refuses by itself
+        (`InvalidRecord`, e.g. a metadata object over Milvus' JSON limit): those
+        are left out and the rest is written, so one bad row cannot stall its
+        partition forever; the caller dead-letters them. Everything else
+        (outages, server errors) is retried with backoff, never skipped.
+        """
+        assert self.store is not None
+        rejected: dict[str, str] = {}
+        for partition, rows in upserts.items():
+            if not rows:
+                continue
+            try:
+                await self._retry(f"upsert {partition}", self.store.upsert, rows, partition,
+                                  raise_invalid=True)
+            except InvalidRecord:
+                store = self.store
+                bad = {storage_key(r["tenant"], r["id"]): why for r in rows
+                       if (why := store.check_row(r)) is not None}  # fmt: skip
+                good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
+                if good:
+                    await self._retry(f"upsert {partition}", store.upsert, good, partition)
+                rejected.update(bad)
+        return rejected
