@@ -101,12 +101,15 @@ class Client:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> Client:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
-                                          **self.kw)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0, **self.kw)
         await self._producer.start()
         if self.transport == "kafka":
-            c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                 fetch_max_wait_ms=self.fetch_max_wait_ms, **self.kw)
+            c = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
+                **self.kw,
+            )
             await c.start()
             name = self.topic("responses")
             parts = c.partitions_for_topic(name)
@@ -170,22 +173,35 @@ class Client:
         assert self._producer is not None, "call start() first"
         n = 0
         for t in transitions:
-            await self._producer.send(self.topic("transitions"), encode(t),
-                                      key=t.agent_id.encode())
+            await self._producer.send(self.topic("transitions"), encode(t), key=t.agent_id.encode())
             n += 1
         await self._producer.flush()
         return n
 
-    async def publish_chat(self, conversation: str, session: str | int,
-                           turns: Sequence[ChatTurn], start_step: int = 0) -> int:
+    async def publish_chat(
+        self, conversation: str, session: str | int, turns: Sequence[ChatTurn], start_step: int = 0
+    ) -> int:
         """Publish one session of a conversation (mapping: `chat_transitions`)."""
-        return await self.publish_many(chat_transitions(
-            turns, tenant=self.tenant, conversation=conversation, session=session,
-            start_step=start_step))
+        return await self.publish_many(
+            chat_transitions(
+                turns,
+                tenant=self.tenant,
+                conversation=conversation,
+                session=session,
+                start_step=start_step,
+            )
+        )
 
-    async def report_outcome(self, episode_id: str, reward: float, *,
-                             agent_id: str | None = None, success: bool | None = None,
-                             task: str | None = None, step: int | None = None) -> None:
+    async def report_outcome(
+        self,
+        episode_id: str,
+        reward: float,
+        *,
+        agent_id: str | None = None,
+        success: bool | None = None,
+        task: str | None = None,
+        step: int | None = None,
+    ) -> None:
         """The episode's final result on the feedback topic (credit). ``task``: the
         credit baseline is the running mean outcome per (tenant, agent, task), so an
         agent that plays tasks on different score scales should name the task, or a
@@ -194,29 +210,50 @@ class Client:
         that earned the outcome (its last reward), if known: usages after it are
         outside the outcome (no credit, no blame, not counted as uses)."""
         assert self._producer is not None, "call start() first"
-        out = EpisodeOutcome(tenant=self.tenant, episode_id=episode_id, agent_id=agent_id,
-                             task=task, step=step, reward=reward, success=success,
-                             ts=int(time.time() * 1000), outcome_id=f"{episode_id}:final")
-        await self._producer.send_and_wait(self.topic("feedback"), encode(out),
-                                           key=episode_id.encode())
+        out = EpisodeOutcome(
+            tenant=self.tenant,
+            episode_id=episode_id,
+            agent_id=agent_id,
+            task=task,
+            step=step,
+            reward=reward,
+            success=success,
+            ts=int(time.time() * 1000),
+            outcome_id=f"{episode_id}:final",
+        )
+        await self._producer.send_and_wait(
+            self.topic("feedback"), encode(out), key=episode_id.encode()
+        )
 
-    async def feedback(self, *, memory_id: str | None = None, episode_id: str | None = None,
-                       kind: str = "thumbs_up", value: float = 1.0,
-                       agent_id: str | None = None) -> Feedback:
+    async def feedback(
+        self,
+        *,
+        memory_id: str | None = None,
+        episode_id: str | None = None,
+        kind: str = "thumbs_up",
+        value: float = 1.0,
+        agent_id: str | None = None,
+    ) -> Feedback:
         """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
         on the feedback topic, where the credit job turns it into utility."""
         assert self._producer is not None, "call start() first"
-        fb = Feedback.model_validate({
-            "tenant": self.tenant, "memory_id": memory_id, "episode_id": episode_id,
-            "agent_id": agent_id, "kind": kind, "value": value, "ts": int(time.time() * 1000),
-            "feedback_id": uuid.uuid4().hex,
-        })
+        fb = Feedback.model_validate(
+            {
+                "tenant": self.tenant,
+                "memory_id": memory_id,
+                "episode_id": episode_id,
+                "agent_id": agent_id,
+                "kind": kind,
+                "value": value,
+                "ts": int(time.time() * 1000),
+                "feedback_id": uuid.uuid4().hex,
+            }
+        )
         key = (episode_id or memory_id or self.tenant).encode()
         await self._producer.send_and_wait(self.topic("feedback"), encode(fb), key=key)
         return fb
 
-    async def forget(self, *, memory_id: str | None = None,
-                     agent_id: str | None = None) -> int:
+    async def forget(self, *, memory_id: str | None = None, agent_id: str | None = None) -> int:
         """Delete one memory or an agent's memories of this tenant (respond role, HTTP);
         returns how many rows were deleted. Each is audited as a `forgotten` event."""
         if memory_id is None and agent_id is None:
@@ -229,7 +266,8 @@ class Client:
         """One stored memory of this tenant (row without its vector), None if not stored."""
         try:
             row: dict[str, Any] = await self._http_json(
-                "GET", f"/v1/memories/{quote(memory_id)}?tenant={quote(self.tenant)}")
+                "GET", f"/v1/memories/{quote(memory_id)}?tenant={quote(self.tenant)}"
+            )
         except NotFound:
             return None
         return row
@@ -256,7 +294,9 @@ class Client:
                 await asyncio.sleep(0.1 * 2 ** (attempt - 1))
             try:
                 async with self._http.request(
-                    method, f"{self.http_url}{path}", data=data,
+                    method,
+                    f"{self.http_url}{path}",
+                    data=data,
                     headers={"Content-Type": "application/json"},
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as r:
@@ -283,10 +323,15 @@ class Client:
             raise SearchError(f"HTTP {status}: {data}")
         raise ServiceUnavailable(f"HTTP {status}: {data}")
 
-    async def report_feedback(self, *, memory_id: str | None = None,
-                              episode_id: str | None = None,
-                              kind: str = "thumbs_up", value: float = 0.0,
-                              agent_id: str | None = None) -> None:
+    async def report_feedback(
+        self,
+        *,
+        memory_id: str | None = None,
+        episode_id: str | None = None,
+        kind: str = "thumbs_up",
+        value: float = 0.0,
+        agent_id: str | None = None,
+    ) -> None:
         """A user's thumbs on a memory (or a reward on an episode): becomes credit.
 
         ``thumbs_up`` / ``thumbs_down`` on a memory credit it +1 / -1 (its utility,
@@ -294,12 +339,20 @@ class Client:
         episode is a late outcome for the credit job and hindsight writes. The same
         record as `feedback`, with the value defaulting to 0 (the kind carries it).
         """
-        await self.feedback(memory_id=memory_id, episode_id=episode_id, kind=kind,
-                            value=value, agent_id=agent_id)
+        await self.feedback(
+            memory_id=memory_id, episode_id=episode_id, kind=kind, value=value, agent_id=agent_id
+        )
 
-    async def report_usage(self, episode_id: str, request_id: str,
-                           weights: Mapping[str, float], *, step: int = 0,
-                           agent_id: str | None = None, reward: float | None = None) -> None:
+    async def report_usage(
+        self,
+        episode_id: str,
+        request_id: str,
+        weights: Mapping[str, float],
+        *,
+        step: int = 0,
+        agent_id: str | None = None,
+        reward: float | None = None,
+    ) -> None:
         """Tell the credit job which served memories the agent actually used.
 
         `weights` maps each memory the search `request_id` served to the share
@@ -317,11 +370,21 @@ class Client:
         ids = list(weights)
         total = sum(max(0.0, float(weights[m])) for m in ids)
         w = [max(0.0, float(weights[m])) / total if total > 0 else 0.0 for m in ids]
-        usage = MemoryUsage(tenant=self.tenant, episode_id=episode_id, request_id=request_id,
-                            agent_id=agent_id, step=step, memory_ids=ids, weights=w,
-                            ts=int(time.time() * 1000), source="agent", reward=reward)
-        await self._producer.send_and_wait(self.topic("usage"), encode(usage),
-                                           key=episode_id.encode())
+        usage = MemoryUsage(
+            tenant=self.tenant,
+            episode_id=episode_id,
+            request_id=request_id,
+            agent_id=agent_id,
+            step=step,
+            memory_ids=ids,
+            weights=w,
+            ts=int(time.time() * 1000),
+            source="agent",
+            reward=reward,
+        )
+        await self._producer.send_and_wait(
+            self.topic("usage"), encode(usage), key=episode_id.encode()
+        )
 
     # -- read side -----------------------------------------------------------
     async def search(
@@ -338,14 +401,24 @@ class Client:
         request_id: str | None = None,
         **filters: Any,
     ) -> list[Hit]:
-        req = RetrievalRequest.model_validate({
-            "request_id": request_id or uuid.uuid4().hex, "tenant": self.tenant, "query": query,
-            "vector": vector, "k": k, "agent_id": agent_id, "lambda": lambda_,
-            "episode_id": episode_id, "step": step, "mmr": mmr,
-            "filters": SearchFilters(**filters),
-        })
-        resp = await (self._search_http(req) if self.transport == "http"
-                      else self._search_kafka(req))
+        req = RetrievalRequest.model_validate(
+            {
+                "request_id": request_id or uuid.uuid4().hex,
+                "tenant": self.tenant,
+                "query": query,
+                "vector": vector,
+                "k": k,
+                "agent_id": agent_id,
+                "lambda": lambda_,
+                "episode_id": episode_id,
+                "step": step,
+                "mmr": mmr,
+                "filters": SearchFilters(**filters),
+            }
+        )
+        resp = await (
+            self._search_http(req) if self.transport == "http" else self._search_kafka(req)
+        )
         if resp.error:
             raise SearchError(resp.error)
         return resp.hits
@@ -358,8 +431,9 @@ class Client:
         self._waiting[req.request_id] = fut
         try:
             for _attempt in range(self.retries + 1):
-                await self._producer.send_and_wait(self.topic("requests"), encode(req),
-                                                   key=(req.agent_id or req.tenant).encode())
+                await self._producer.send_and_wait(
+                    self.topic("requests"), encode(req), key=(req.agent_id or req.tenant).encode()
+                )
                 try:
                     return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
                 except TimeoutError:
@@ -395,8 +469,9 @@ class SyncClient:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="dmem-client")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="dmem-client"
+        )
         self._thread.start()
         self._client = Client(*args, **kwargs)
         self._run(self._client.start())
@@ -442,8 +517,9 @@ class SyncClient:
     def get_memory(self, memory_id: str) -> dict[str, Any] | None:
         return self._run(self._client.get_memory(memory_id))
 
-    def report_usage(self, episode_id: str, request_id: str, weights: Mapping[str, float],
-                     **kw: Any) -> None:
+    def report_usage(
+        self, episode_id: str, request_id: str, weights: Mapping[str, float], **kw: Any
+    ) -> None:
         self._run(self._client.report_usage(episode_id, request_id, weights, **kw))
 
     def close(self) -> None:

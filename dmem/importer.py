@@ -167,11 +167,14 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
             finally:
                 await probe.stop()
             rep.stored_before_outcomes = await wait_committed(
-                settings, settings.group("write"), dict(ends), wait_s, "write path stored")
+                settings, settings.group("write"), dict(ends), wait_s, "write path stored"
+            )
             if not rep.stored_before_outcomes:
-                sys.stderr.write("\ndmem import: warning: the write path has not stored every "
-                                 "transition yet; publishing the outcomes anyway (hindsight "
-                                 "re-scoring may miss their episodes)\n")
+                sys.stderr.write(
+                    "\ndmem import: warning: the write path has not stored every "
+                    "transition yet; publishing the outcomes anyway (hindsight "
+                    "re-scoring may miss their episodes)\n"
+                )
         for i, (t, key, value) in enumerate(later, 1):
             await producer.send(t, value, key=key)
             if i % CHUNK == 0:

@@ -55,6 +55,7 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
             pending = {u: {k: v.get("pending") for k, v in (h.get("settle") or {}).items()
                            if not v.get("settled")} if isinstance(h, dict) else h
                        for u, h in last.items()}  # fmt: skip
-            raise ServiceUnavailable(f"not settled after {timeout_s:g} s; pending: "
-                                     f"{json.dumps(pending, default=str)}")
+            raise ServiceUnavailable(
+                f"not settled after {timeout_s:g} s; pending: {json.dumps(pending, default=str)}"
+            )
         time.sleep(poll_s)

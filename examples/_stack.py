@@ -23,9 +23,11 @@ def deployment(kafka: str | None, http: str | None, encoder: str) -> Iterator[tu
         return
     with tempfile.TemporaryDirectory(prefix="dmem-example-") as d:
         print("starting the embedded stack (broker + worker --role all) ...", file=sys.stderr)
-        stack = LocalStack(Path(d), roles=("all",),
-                           extra_env={"DMEM_ENCODER__NAME": encoder,
-                                      "DMEM_WRITE__BATCH_WITHIN_S": "0.2"})
+        stack = LocalStack(
+            Path(d),
+            roles=("all",),
+            extra_env={"DMEM_ENCODER__NAME": encoder, "DMEM_WRITE__BATCH_WITHIN_S": "0.2"},
+        )
         stack.start()
         try:
             assert stack.bootstrap is not None

@@ -117,7 +117,8 @@ def run_condition(
                 out.search_ms.append((time.perf_counter() - t0) * 1000)
                 out.searches += 1
                 avoid = {
-                    h["action"] for h in hits
+                    h["action"]
+                    for h in hits
                     if h["text"] == obs and h["valence"] == -1 and h["reward"] <= avoid_reward
                 }
                 if ACTIONS[a] in avoid:
@@ -137,8 +138,12 @@ def run_condition(
                     out.repeat_falls += 1
                 fallen.add((int(s), a))
             mem.add_memory(
-                obs, ACTIONS[a], float(r), describe("cliffwalking", env, s2),
-                done=bool(terminated), truncated=truncated and not terminated,
+                obs,
+                ACTIONS[a],
+                float(r),
+                describe("cliffwalking", env, s2),
+                done=bool(terminated),
+                truncated=truncated and not terminated,
                 metadata={"state": int(s), "env": "cliffwalking"},
             )
             out.published += 1
@@ -148,8 +153,12 @@ def run_condition(
         out.returns.append(ret)
         out.falls.append(falls)
         out.steps.append(t)
-        print(f"  [{name:>14}] episode {ep + 1:>3}/{episodes}: return {ret:7.1f}, "
-              f"falls {falls}, steps {t}", file=log, flush=True)
+        print(
+            f"  [{name:>14}] episode {ep + 1:>3}/{episodes}: return {ret:7.1f}, "
+            f"falls {falls}, steps {t}",
+            file=log,
+            flush=True,
+        )
     env.close()
     return out
 
@@ -189,12 +198,16 @@ def run(
     if topic_prefix:
         env["DMEM_KAFKA__TOPIC_PREFIX"] = topic_prefix
         env["DMEM_MILVUS__COLLECTION"] = topic_prefix.rstrip(".").replace(".", "_") + "_mem"
-    stack = LocalStack(Path(data_dir), roles=("all",), extra_env=env,
-                       broker_bootstrap=broker_bootstrap)
+    stack = LocalStack(
+        Path(data_dir), roles=("all",), extra_env=env, broker_bootstrap=broker_bootstrap
+    )
     t_start = time.monotonic()
     try:
-        print("agent loop: starting the embedded stack (broker + worker --role all) ...",
-              file=log, flush=True)
+        print(
+            "agent loop: starting the embedded stack (broker + worker --role all) ...",
+            file=log,
+            flush=True,
+        )
         stack.start()
         prefix = stack.settings.kafka.topic_prefix
         assert stack.bootstrap is not None
@@ -202,19 +215,32 @@ def run(
         for name, use_memory in (("without memory", False), ("with memory", True)):
             # a fresh tenant per condition: the with-memory agent starts with an empty memory
             tenant = f"agentloop-{run_id}-{'with' if use_memory else 'without'}"
-            client = SyncClient(stack.bootstrap, tenant, topic_prefix=prefix,
-                                    timeout_s=5.0, retries=2)
+            client = SyncClient(
+                stack.bootstrap, tenant, topic_prefix=prefix, timeout_s=5.0, retries=2
+            )
             try:
-                mem = Memory(client, tenant, agent_id="cliff-agent",
-                                 new_episode_id=episode_ids(tenant))
+                mem = Memory(
+                    client, tenant, agent_id="cliff-agent", new_episode_id=episode_ids(tenant)
+                )
                 print(f"agent loop: {name} (tenant {tenant})", file=log, flush=True)
                 results[name] = run_condition(
-                    name, mem if use_memory else None, mem, episodes, seed, epsilon, k,
-                    avoid_reward, log,
+                    name,
+                    mem if use_memory else None,
+                    mem,
+                    episodes,
+                    seed,
+                    epsilon,
+                    k,
+                    avoid_reward,
+                    log,
                 )
                 if use_memory:
-                    gate = gate_decisions(stack.bootstrap, stack.settings.topic("memories"),
-                                          tenant, results[name].published)
+                    gate = gate_decisions(
+                        stack.bootstrap,
+                        stack.settings.topic("memories"),
+                        tenant,
+                        results[name].published,
+                    )
             finally:
                 client.close()
     except Exception:
@@ -259,8 +285,9 @@ def run(
     }
 
 
-def gate_decisions(bootstrap: str, topic: str, tenant: str, expected: int,
-                   timeout_s: float = 30.0) -> dict[str, int]:
+def gate_decisions(
+    bootstrap: str, topic: str, tenant: str, expected: int, timeout_s: float = 30.0
+) -> dict[str, int]:
     """What the write path decided for the tenant's cliff falls (from ``dmem.memories``).
 
     ``falls_kept``/``falls_dropped`` count distinct fall transitions; the
@@ -271,8 +298,12 @@ def gate_decisions(bootstrap: str, topic: str, tenant: str, expected: int,
     from aiokafka import AIOKafkaConsumer
 
     async def _collect() -> dict[str, int]:
-        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False)
+        c = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
         await c.start()
         seen: set[str] = set()
         kept: set[str] = set()
@@ -284,8 +315,10 @@ def gate_decisions(bootstrap: str, topic: str, tenant: str, expected: int,
                 for msgs in (await c.getmany(timeout_ms=500)).values():
                     for m in msgs:
                         ev = orjson.loads(m.value)
-                        if ev.get("tenant") != tenant or ev.get("kind") not in ("written",
-                                                                                   "dropped"):
+                        if ev.get("tenant") != tenant or ev.get("kind") not in (
+                            "written",
+                            "dropped",
+                        ):
                             continue
                         mid = ev["memory_id"]
                         seen.add(mid)
@@ -307,10 +340,12 @@ def print_table(s: dict[str, Any], out: Any) -> None:
     n, last = s["episodes"], s["eval_last"]
     rows = [
         ("", "without memory", "with memory"),
-        (f"mean return, last {last} episodes", s["return_without_memory"],
-         s["return_with_memory"]),
-        (f"mean return, all {n} episodes", s["return_without_memory_all"],
-         s["return_with_memory_all"]),
+        (f"mean return, last {last} episodes", s["return_without_memory"], s["return_with_memory"]),
+        (
+            f"mean return, all {n} episodes",
+            s["return_without_memory_all"],
+            s["return_with_memory_all"],
+        ),
         (f"cliff falls, last {last} episodes", s["falls_without_last"], s["falls_with_last"]),
         (f"cliff falls, all {n} episodes", s["falls_without"], s["falls_with"]),
     ]
@@ -318,34 +353,60 @@ def print_table(s: dict[str, Any], out: Any) -> None:
     print("", file=out)
     for a, b, c in rows:
         print(f"{a:<{w}}  {b!s:>15}  {c!s:>12}", file=out)
-    print(f"\nCliffWalking-v1, seed {s['seed']}, epsilon {s['epsilon']}, k {s['k']}, "
-          f"encoder {s['encoder']}; {s['vetoes']} actions vetoed by memory in "
-          f"{s['searches']} searches (p50 {s['search_p50_ms']} ms, p99 {s['search_p99_ms']} ms); "
-          f"{s['elapsed_s']} s", file=out)
+    print(
+        f"\nCliffWalking-v1, seed {s['seed']}, epsilon {s['epsilon']}, k {s['k']}, "
+        f"encoder {s['encoder']}; {s['vetoes']} actions vetoed by memory in "
+        f"{s['searches']} searches (p50 {s['search_p50_ms']} ms, p99 {s['search_p99_ms']} ms); "
+        f"{s['elapsed_s']} s",
+        file=out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=0.25,
-                   help="probability of a random action (default 0.25)")
+    p.add_argument(
+        "--epsilon", type=float, default=0.25, help="probability of a random action (default 0.25)"
+    )
     p.add_argument("-k", type=int, default=5, help="memories retrieved per step")
-    p.add_argument("--avoid-reward", type=float, default=-50.0,
-                   help="veto actions remembered with a reward at or below this")
-    p.add_argument("--eval-last", type=int, default=None,
-                   help="episodes at the end that the headline means use (default: half)")
+    p.add_argument(
+        "--avoid-reward",
+        type=float,
+        default=-50.0,
+        help="veto actions remembered with a reward at or below this",
+    )
+    p.add_argument(
+        "--eval-last",
+        type=int,
+        default=None,
+        help="episodes at the end that the headline means use (default: half)",
+    )
     p.add_argument("--encoder", choices=("hash", "minilm"), default="hash")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="keep the stack's data here (default: a temp dir, removed)")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object on the last stdout line (table on stderr)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="keep the stack's data here (default: a temp dir, removed)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on the last stdout line (table on stderr)",
+    )
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error("--episodes must be >= 1")
-    summary = run(episodes=args.episodes, seed=args.seed, epsilon=args.epsilon, k=args.k,
-                  avoid_reward=args.avoid_reward, eval_last=args.eval_last,
-                  encoder=args.encoder, data_dir=args.data_dir)
+    summary = run(
+        episodes=args.episodes,
+        seed=args.seed,
+        epsilon=args.epsilon,
+        k=args.k,
+        avoid_reward=args.avoid_reward,
+        eval_last=args.eval_last,
+        encoder=args.encoder,
+        data_dir=args.data_dir,
+    )
     print_table(summary, sys.stderr if args.json else sys.stdout)
     if args.json:
         print(orjson.dumps(summary).decode(), flush=True)

@@ -34,8 +34,11 @@ def build(store: Any) -> Any:
     turns = iter(range(10_000))
 
     def remember(state: State) -> dict[str, Any]:
-        get_store().put(ns, f"turn{next(turns)}", {
-            "text": state["user"], "reward": -20.0 if state["important"] else -0.1})
+        get_store().put(
+            ns,
+            f"turn{next(turns)}",
+            {"text": state["user"], "reward": -20.0 if state["important"] else -0.1},
+        )
         return {}
 
     def respond(state: State) -> dict[str, Any]:

@@ -34,20 +34,26 @@ async def session(kafka: str, http: str, tenant: str) -> None:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
-    env = {**os.environ, "DMEM_KAFKA__BROKER": f"kafka://{kafka}",
-           "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "DMEM_KAFKA__BROKER": f"kafka://{kafka}", "PYTHONPATH": str(REPO_ROOT)}
     params = StdioServerParameters(
-        command=sys.executable, env=env,
-        args=["-m", "dmem.cli", "mcp", "--tenant", tenant, "--http", http])
+        command=sys.executable,
+        env=env,
+        args=["-m", "dmem.cli", "mcp", "--tenant", tenant, "--http", http],
+    )
     async with Client(params) as mcp:
         tools = (await mcp.list_tools()).tools
         print("tools/list ->", ", ".join(t.name for t in tools))
         for step in range(10):  # one episode: mundane steps and one trap
             trap = step == 4
-            args = {"observation": "the floor gives way at the edge of the pit" if trap
-                    else f"a quiet corridor, door {step} ahead",
-                    "action": "jump" if trap else "walk",
-                    "reward": -20.0 if trap else -0.1, "episode_id": "demo-ep1", "step": step}
+            args = {
+                "observation": "the floor gives way at the edge of the pit"
+                if trap
+                else f"a quiet corridor, door {step} ahead",
+                "action": "jump" if trap else "walk",
+                "reward": -20.0 if trap else -0.1,
+                "episode_id": "demo-ep1",
+                "step": step,
+            }
             r = answer(await mcp.call_tool("remember", args))
             print(f"remember {args['action']!r} reward {args['reward']} ->", r)
         hits: list[Any] = []
@@ -57,10 +63,16 @@ async def session(kafka: str, http: str, tenant: str) -> None:
             if not hits:
                 await asyncio.sleep(0.5)
         for h in hits:
-            print(f"recall -> {h['action']!r} valence {h['valence']:+d} rpe {h['rpe']:.2f} "
-                  f"score {h['score']:.3f} breakdown {h['breakdown']}")
-        print("report_outcome ->", answer(await mcp.call_tool(
-            "report_outcome", {"episode_id": "demo-ep1", "reward": -20.0})))
+            print(
+                f"recall -> {h['action']!r} valence {h['valence']:+d} rpe {h['rpe']:.2f} "
+                f"score {h['score']:.3f} breakdown {h['breakdown']}"
+            )
+        print(
+            "report_outcome ->",
+            answer(
+                await mcp.call_tool("report_outcome", {"episode_id": "demo-ep1", "reward": -20.0})
+            ),
+        )
         stats = await mcp.read_resource("dmem://stats")
         print("dmem://stats ->", stats.contents[0].text)
 
@@ -70,8 +82,12 @@ def main() -> None:
     ap.add_argument("--kafka", help="Kafka bootstrap of a running `dmem up`")
     ap.add_argument("--http", help="HTTP base URL of a running `dmem up`")
     ap.add_argument("--tenant", default="mcp-example")
-    ap.add_argument("--encoder", default="hash", choices=["hash", "minilm"],
-                    help="encoder of the embedded stack this example starts")
+    ap.add_argument(
+        "--encoder",
+        default="hash",
+        choices=["hash", "minilm"],
+        help="encoder of the embedded stack this example starts",
+    )
     a = ap.parse_args()
     with deployment(a.kafka, a.http, a.encoder) as (kafka, http):
         asyncio.run(session(kafka, http, a.tenant))

@@ -48,20 +48,29 @@ def main() -> None:
         routes: dict[str, str] = {}
         for i in range(0, len(trs), batch):
             chunk = trs[i : i + batch]
-            raws = [RawRecord(encode(t), t.agent_id.encode(), "dmem.transitions", 0, i + j)
-                    for j, t in enumerate(chunk)]
+            raws = [
+                RawRecord(encode(t), t.agent_id.encode(), "dmem.transitions", 0, i + j)
+                for j, t in enumerate(chunk)
+            ]
             for ev in p.process(raws, t0 + i * 10 + 5).events:
                 routes[ev.memory_id] = str(ev.route)
         # the bench's own metrics, on the rows the gate stored (no dedup merges here)
         stats = store_stats({k: (r, ()) for k, r in routes.items() if r != "drop"}, by_id)
-        print(json.dumps({
-            "batch": batch, "update_every": every,
-            "storage_ratio_gate": round(stats["stored"] / len(trs), 4),
-            "core": stats["core"], "buffer": stats["buffer"],
-            "critical_coverage_gate": round(stats["critical_coverage"], 4),
-            "reward_up_coverage_gate": round(stats["reward_up_coverage"], 4),
-            "precision_core_gate": round(stats["precision_core"], 4),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "batch": batch,
+                    "update_every": every,
+                    "storage_ratio_gate": round(stats["stored"] / len(trs), 4),
+                    "core": stats["core"],
+                    "buffer": stats["buffer"],
+                    "critical_coverage_gate": round(stats["critical_coverage"], 4),
+                    "reward_up_coverage_gate": round(stats["reward_up_coverage"], 4),
+                    "precision_core_gate": round(stats["precision_core"], 4),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

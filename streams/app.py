@@ -53,14 +53,21 @@ log = logging.getLogger("dmem")
 
 ROLES = ("write", "respond", "jobs", "all")
 
-__all__ = ["ROLES", "StoreService", "build_app", "faust_credentials", "make_encoder",
-           "wire_write_path"]
+__all__ = [
+    "ROLES",
+    "StoreService",
+    "build_app",
+    "faust_credentials",
+    "make_encoder",
+    "wire_write_path",
+]
 
 
 def make_encoder(settings: Settings) -> Encoder:
     e = settings.encoder
-    return build_encoder(e.name, dim=e.dim, cache_size=e.cache_size, static_path=e.static_path,
-                         device=e.device)
+    return build_encoder(
+        e.name, dim=e.dim, cache_size=e.cache_size, static_path=e.static_path, device=e.device
+    )
 
 
 def faust_credentials(settings: Settings) -> Any:
@@ -73,8 +80,10 @@ def faust_credentials(settings: Settings) -> Any:
         ssl_ctx = ssl.create_default_context(cafile=k.ssl_cafile)
     if k.sasl_mechanism:
         return faust.SASLCredentials(
-            username=k.sasl_username, password=k.sasl_password,
-            mechanism=k.sasl_mechanism, ssl_context=ssl_ctx,
+            username=k.sasl_username,
+            password=k.sasl_password,
+            mechanism=k.sasl_mechanism,
+            ssl_context=ssl_ctx,
         )
     if ssl_ctx is not None:
         return faust.SSLCredentials(ssl_ctx)

@@ -75,12 +75,18 @@ class RespondSettings(BaseModel):
     young: int = Field(default=200, ge=1)
     mature: int = Field(default=20_000, ge=2)
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
-    lambda_evidence: float = Field(default=0.1, ge=0.0, le=1.0,
-                                   description="lambda once the semantic top-k were tried "
-                                   "without earning credit")
-    explore_ranks: int = Field(default=2, ge=1,
-                               description="with an evidence-lowered lambda only the "
-                               "explore_ranks * k candidates nearest in meaning can be served")
+    lambda_evidence: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="lambda once the semantic top-k were tried without earning credit",
+    )
+    explore_ranks: int = Field(
+        default=2,
+        ge=1,
+        description="with an evidence-lowered lambda only the "
+        "explore_ranks * k candidates nearest in meaning can be served",
+    )
     # the live page (streams.respond.live): newest MemoryEvents kept per tenant for
     # its most recently active tenants; 0 turns the page's background consumer off
     live_per_tenant: int = Field(default=2000, ge=0, le=100_000)
@@ -90,21 +96,30 @@ class RespondSettings(BaseModel):
 class IngestSettings(BaseModel):
     """HTTP ingest on the respond role (`streams.respond.ingest`, ``DMEM_INGEST__*``)."""
 
-    max_batch: int = Field(default=1000, ge=1, le=100_000,
-                           description="most records one POST may carry (else 413)")
-    max_body_bytes: int = Field(default=8 << 20, ge=1024,
-                                description="largest request body (else 413)")
-    max_inflight: int = Field(default=5000, ge=1, description="records produced and not yet "
-                              "acknowledged by the broker, all requests together (else 429)")
-    ack_timeout_s: float = Field(default=10.0, gt=0.0,
-                                 description="wait for the broker's acks=all before 503")
+    max_batch: int = Field(
+        default=1000, ge=1, le=100_000, description="most records one POST may carry (else 413)"
+    )
+    max_body_bytes: int = Field(
+        default=8 << 20, ge=1024, description="largest request body (else 413)"
+    )
+    max_inflight: int = Field(
+        default=5000,
+        ge=1,
+        description="records produced and not yet "
+        "acknowledged by the broker, all requests together (else 429)",
+    )
+    ack_timeout_s: float = Field(
+        default=10.0, gt=0.0, description="wait for the broker's acks=all before 503"
+    )
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After of a 429/503")
 
     @model_validator(mode="after")
     def _fits(self) -> IngestSettings:
         if self.max_batch > self.max_inflight:
-            raise ValueError(f"ingest max_batch ({self.max_batch}) must not exceed "
-                             f"max_inflight ({self.max_inflight}): such a batch never fits")
+            raise ValueError(
+                f"ingest max_batch ({self.max_batch}) must not exceed "
+                f"max_inflight ({self.max_inflight}): such a batch never fits"
+            )
         return self
 
 
@@ -127,10 +142,12 @@ class MaintenanceSettings(BaseModel):
     """
 
     enabled: bool = True
-    dedup_tau: float | None = Field(default=None, gt=0.0, le=1.0,
-                                    description="merge at cosine >= tau; unset: per encoder")
-    dedup_reward_tol: float = Field(default=0.01, ge=0.0, lt=1.0,
-                                    description="relative reward tolerance of a merge")
+    dedup_tau: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="merge at cosine >= tau; unset: per encoder"
+    )
+    dedup_reward_tol: float = Field(
+        default=0.01, ge=0.0, lt=1.0, description="relative reward tolerance of a merge"
+    )
     dedup_window_s: float = Field(default=2.0, gt=0.0, description="tumbling window length")
     dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
     dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
@@ -149,7 +166,8 @@ class MaintenanceSettings(BaseModel):
     # ages (decay, TTL, capacity priorities) are stream time: the watermark of the
     # memory's clock, one per (tenant, agent) or one per tenant (operators.decay)
     stream_clock: Literal["agent", "tenant"] = Field(
-        default="agent", description="whose highest event time a memory's age is measured to")
+        default="agent", description="whose highest event time a memory's age is measured to"
+    )
     refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")
     # Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete +
     # insert, then compaction and index builds on the server); at 2 s this showed up as
@@ -175,12 +193,17 @@ class EncoderSettings(BaseModel):
     """
 
     name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm-static"
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
-                        description="torch device of minilm: cpu, cuda or cuda:N")
+    device: str = Field(
+        default="cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="torch device of minilm: cpu, cuda or cuda:N",
+    )
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
     cache_size: int = Field(default=50_000, ge=0)
-    static_path: str | None = Field(default=None, description="where minilm-static is "
-                                    "distilled (default ~/.cache/dmem/minilm-static-384)")
+    static_path: str | None = Field(
+        default=None,
+        description="where minilm-static is distilled (default ~/.cache/dmem/minilm-static-384)",
+    )
 
 
 class ValueSettings(BaseModel):
@@ -191,11 +214,14 @@ class ValueSettings(BaseModel):
     replay_size: int = Field(default=4096, ge=0)
     replay_batch: int = Field(default=64, ge=1)
     update_every: int = Field(
-        default=256, ge=1, le=256,
+        default=256,
+        ge=1,
+        le=256,
         description="transitions per (tenant, input partition) between value-model updates, "
-                    "whatever the micro-batching (operators/value.py: the memory must not "
-                    "depend on how a client publishes); at most 256, the checkpoint's row "
-                    "budget (pending transitions are checkpointed)")
+        "whatever the micro-batching (operators/value.py: the memory must not "
+        "depend on how a client publishes); at most 256, the checkpoint's row "
+        "budget (pending transitions are checkpointed)",
+    )
 
 
 class RpeSettings(BaseModel):
@@ -207,17 +233,28 @@ class IntrinsicSettings(BaseModel):
     """Reward-free surprise mixed into the gate score (`operators.surprise`)."""
 
     enabled: bool = True
-    fit_k: float = Field(default=1.0, description="off-context below unrelated mean + k std "
-                         "(a later turn that fits a vetoed one that well writes it: referred)")
-    repeat_cos: float = Field(default=0.9, gt=0.0, lt=1.0,
-                              description="turns closer than this to a memory are discounted")
-    reward_rate_full: float = Field(default=0.01, gt=0.0, le=1.0,
-                                    description="share of rewarded transitions that turns "
-                                    "intrinsic surprise fully off")
-    off_posterior: float = Field(default=2.0 / 3.0, gt=0.0, le=1.0,
-                                 description="off-context also where the estimated posterior "
-                                 "of 'injected' exceeds this (contamination-adaptive cut; "
-                                 "2/3: injected twice as likely as real; 1 = off)")
+    fit_k: float = Field(
+        default=1.0,
+        description="off-context below unrelated mean + k std "
+        "(a later turn that fits a vetoed one that well writes it: referred)",
+    )
+    repeat_cos: float = Field(
+        default=0.9, gt=0.0, lt=1.0, description="turns closer than this to a memory are discounted"
+    )
+    reward_rate_full: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=1.0,
+        description="share of rewarded transitions that turns intrinsic surprise fully off",
+    )
+    off_posterior: float = Field(
+        default=2.0 / 3.0,
+        gt=0.0,
+        le=1.0,
+        description="off-context also where the estimated posterior "
+        "of 'injected' exceeds this (contamination-adaptive cut; "
+        "2/3: injected twice as likely as real; 1 = off)",
+    )
 
 
 class GateSettings(BaseModel):
@@ -242,8 +279,9 @@ class AuthSettings(BaseModel):
     """HTTP API bearer tokens (see `streams.auth`): enabled and fail-closed by default."""
 
     disabled: bool = False
-    tokens: dict[str, list[str]] = Field(default_factory=dict,
-                                         description='{"token": ["tenant", ...]}; "*" = all')
+    tokens: dict[str, list[str]] = Field(
+        default_factory=dict, description='{"token": ["tenant", ...]}; "*" = all'
+    )
     tokens_file: Path | None = None
 
 
@@ -258,10 +296,15 @@ class WriteSettings(BaseModel):
     checkpoint_every_s: float = Field(default=5.0, gt=0.0)
     eligibility_horizon: int = Field(default=64, ge=1)
     eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)
-    retro_cache: int = Field(default=10_000, ge=0, description="dropped transitions kept for "
-                             "retrospective writes")
-    hindsight_max: int = Field(default=8, ge=0, description="most transitions one outcome may "
-                               "write or promote (the most surprising in hindsight)")
+    retro_cache: int = Field(
+        default=10_000, ge=0, description="dropped transitions kept for retrospective writes"
+    )
+    hindsight_max: int = Field(
+        default=8,
+        ge=0,
+        description="most transitions one outcome may "
+        "write or promote (the most surprising in hindsight)",
+    )
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
 

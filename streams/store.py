@@ -129,8 +129,9 @@ class StoreService(Service):
             if not rows:
                 continue
             try:
-                await self._retry(f"upsert {partition}", self.store.upsert, rows, partition,
-                                  raise_invalid=True)
+                await self._retry(
+                    f"upsert {partition}", self.store.upsert, rows, partition, raise_invalid=True
+                )
             except InvalidRecord:
                 store = self.store
                 bad = {storage_key(r["tenant"], r["id"]): why for r in rows

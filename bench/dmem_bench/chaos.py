@@ -184,13 +184,20 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
             u = rng.random()
             reward = 10.0 if u < 0.03 else -10.0 if u < 0.06 else rng.gauss(-0.1, 1.0)
             cell = rng.randrange(400)
-            rows.append(Transition(
-                tenant=tenant, agent_id=agent, episode_id=f"{tenant}-ep{ep}", step=k,
-                observation=f"{tenant} corridor cell {cell} step {k}",
-                action=rng.choice(["left", "right", "forward", "jump"]),
-                reward=reward, next_observation=f"{tenant} corridor cell {cell + 1}",
-                done=k == EPISODE_LEN - 1, metadata={"secret": tenant, "k": k},
-            ))
+            rows.append(
+                Transition(
+                    tenant=tenant,
+                    agent_id=agent,
+                    episode_id=f"{tenant}-ep{ep}",
+                    step=k,
+                    observation=f"{tenant} corridor cell {cell} step {k}",
+                    action=rng.choice(["left", "right", "forward", "jump"]),
+                    reward=reward,
+                    next_observation=f"{tenant} corridor cell {cell + 1}",
+                    done=k == EPISODE_LEN - 1,
+                    metadata={"secret": tenant, "k": k},
+                )
+            )
         streams_.append(rows)
     out = [row for group in zip(*streams_, strict=False) for row in group]
     return out[: cfg.transitions]
@@ -202,9 +209,13 @@ def hostile_transition(rng: random.Random, n: int, victim_id: str,
     reward among noise, so the hostile tenant's own gate stores it (an overwrite
     attempt that reaches Milvus, not one its gate drops)."""
     return Transition(
-        transition_id=victim_id, tenant=HOSTILE, agent_id="intruder-agent",
-        episode_id=f"x-ep{n // EPISODE_LEN}", step=n % EPISODE_LEN,
-        observation=f"{HOSTILE} overwrite attempt {n}", action="left",
+        transition_id=victim_id,
+        tenant=HOSTILE,
+        agent_id="intruder-agent",
+        episode_id=f"x-ep{n // EPISODE_LEN}",
+        step=n % EPISODE_LEN,
+        observation=f"{HOSTILE} overwrite attempt {n}",
+        action="left",
         reward=rng.choice([10.0, -10.0]) if surprise else rng.gauss(-0.1, 1.0),
         metadata={"secret": HOSTILE, "k": n},
     )
@@ -212,8 +223,12 @@ def hostile_transition(rng: random.Random, n: int, victim_id: str,
 
 def _valid_dict(rng: random.Random) -> dict[str, Any]:
     return {
-        "tenant": "tenant-0", "agent_id": "fuzz", "episode_id": f"fz{rng.randrange(10**6)}",
-        "step": rng.randrange(100), "observation": "a fuzzed record", "action": "left",
+        "tenant": "tenant-0",
+        "agent_id": "fuzz",
+        "episode_id": f"fz{rng.randrange(10**6)}",
+        "step": rng.randrange(100),
+        "observation": "a fuzzed record",
+        "action": "left",
         "reward": -0.1,
     }
 
@@ -226,9 +241,18 @@ def _nest(depth: int) -> Any:
 
 
 BAD_KINDS = (
-    "random_bytes", "truncated_json", "huge_string", "deep_nesting", "deep_json",
-    "nan_inf", "wrong_types", "wrong_vector_dims", "unknown_schema_version",
-    "unknown_field", "not_an_object", "tombstone",
+    "random_bytes",
+    "truncated_json",
+    "huge_string",
+    "deep_nesting",
+    "deep_json",
+    "nan_inf",
+    "wrong_types",
+    "wrong_vector_dims",
+    "unknown_schema_version",
+    "unknown_field",
+    "not_an_object",
+    "tombstone",
 )
 
 
@@ -264,12 +288,23 @@ def bad_record(rng: random.Random, kind: str | None = None) -> tuple[str, bytes 
             d["state"] = [0.1, rng.choice(["inf", "NaN"])]
         return kind, orjson.dumps(d)
     if kind == "wrong_types":
-        field, value = rng.choice([
-            ("step", "three"), ("step", -1), ("step", [1]), ("reward", {"a": 1}),
-            ("tenant", 123), ("action", True), ("metadata", [1, 2]), ("done", "maybe"),
-            ("ts", -5), ("tenant", ""), ("agent_id", "bad id with spaces"),
-            ("observation", 42), ("state", "vector"),
-        ])
+        field, value = rng.choice(
+            [
+                ("step", "three"),
+                ("step", -1),
+                ("step", [1]),
+                ("reward", {"a": 1}),
+                ("tenant", 123),
+                ("action", True),
+                ("metadata", [1, 2]),
+                ("done", "maybe"),
+                ("ts", -5),
+                ("tenant", ""),
+                ("agent_id", "bad id with spaces"),
+                ("observation", 42),
+                ("state", "vector"),
+            ]
+        )
         d[field] = value
         return kind, orjson.dumps(d)
     if kind == "wrong_vector_dims":
@@ -295,9 +330,19 @@ def bad_record(rng: random.Random, kind: str | None = None) -> tuple[str, bytes 
 
 #: hostile values for the metadata filter: each tries to escape the string literal
 HOSTILE_VALUES = (
-    '" or tenant != "', "' or 1==1 or '", '") or (tenant like "%', "x\\\" || true || \\\"",
-    "tenant-1", 'tenant-1" || metadata["user"]["secret"] != "', "\\", '"', "\u202e\u0000x",
-    "𝔱𝔢𝔫𝔞𝔫𝔱", "%", "*", 'a" in ["tenant-0","tenant-1","tenant-2"] or "',
+    '" or tenant != "',
+    "' or 1==1 or '",
+    '") or (tenant like "%',
+    'x\\" || true || \\"',
+    "tenant-1",
+    'tenant-1" || metadata["user"]["secret"] != "',
+    "\\",
+    '"',
+    "\u202e\u0000x",
+    "𝔱𝔢𝔫𝔞𝔫𝔱",
+    "%",
+    "*",
+    'a" in ["tenant-0","tenant-1","tenant-2"] or "',
 )
 HOSTILE_KEYS = ('secret" or "1"=="1', "secret || true", "user.secret", "a b", "secret]")
 
@@ -457,8 +502,9 @@ class Chaos:
                     continue
                 if not w.alive and id(w) not in self.down:
                     self.deaths += 1
-                    note(f"  WORKER DIED (exit {w.proc.returncode}); log tail:\n"
-                         + tail(w.log_path))
+                    note(
+                        f"  WORKER DIED (exit {w.proc.returncode}); log tail:\n" + tail(w.log_path)
+                    )
                     self._restart(w)
                 elif w.alive:
                     r = rss_mb(w.proc.pid) or 0.0
@@ -476,8 +522,9 @@ class Chaos:
                 pass
 
 
-def scale_out(logs: list[Path], events: list[dict[str, Any]],
-              workers: int | None = None) -> dict[str, Any]:
+def scale_out(
+    logs: list[Path], events: list[dict[str, Any]], workers: int | None = None
+) -> dict[str, Any]:
     """``rebalances``, ``state_restores``, ``state_seeds``, ``core_burst_ratio`` (see the
     module doc) from the write workers' logs and the MemoryEvents (dicts). ``workers``:
     the most members one rebalance can have (the group's size: a kill replaces one
@@ -505,8 +552,11 @@ def scale_out(logs: list[Path], events: list[dict[str, Any]],
                                "workers": {a["worker"]}})  # fmt: skip
         else:
             open_["workers"].add(a["worker"])
-    judged = sorted((e["ts"], e["route"] == "core") for e in events
-                    if e["kind"] in ("written", "dropped") and e.get("reason") != "retrospective")
+    judged = sorted(
+        (e["ts"], e["route"] == "core")
+        for e in events
+        if e["kind"] in ("written", "dropped") and e.get("reason") != "retrospective"
+    )
     ts = [t for t, _ in judged]
     core = np.cumsum([0] + [int(c) for _, c in judged])
 
@@ -521,9 +571,16 @@ def scale_out(logs: list[Path], events: list[dict[str, Any]],
         t = r["at_ms"]
         n_before, before = share(t - BURST_WINDOW_MS, t)
         n_after, after = share(t, t + BURST_WINDOW_MS)
-        windows.append({"generation": r["generation"], "at_s": round((t - t_start) / 1000, 1),
-                        "judged_before": n_before, "core_share_before": round(before, 4),
-                        "judged_after": n_after, "core_share_after": round(after, 4)})
+        windows.append(
+            {
+                "generation": r["generation"],
+                "at_s": round((t - t_start) / 1000, 1),
+                "judged_before": n_before,
+                "core_share_before": round(before, 4),
+                "judged_after": n_after,
+                "core_share_after": round(after, 4),
+            }
+        )
         if n_before >= BURST_MIN_EVENTS and n_after >= BURST_MIN_EVENTS:
             ratios.append(after / before if before > 0 else (0.0 if after == 0 else math.inf))
     return {
@@ -586,8 +643,9 @@ async def publish_all(
         await producer.stop()
 
 
-async def wait_committed(settings: Settings, ends: dict[int, int], timeout_s: float,
-                         alive: Any) -> bool:
+async def wait_committed(
+    settings: Settings, ends: dict[int, int], timeout_s: float, alive: Any
+) -> bool:
     from streams.admin import kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
@@ -630,6 +688,7 @@ async def read_topic(settings: Settings, logical: str) -> list[Any]:
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)
         msgs: list[Any] = []
+
         async def behind() -> bool:
             for tp in tps:
                 if await c.position(tp) < ends[tp]:
@@ -659,8 +718,14 @@ def count_store(uri: str, collection: str) -> list[dict[str, Any]]:
     return rows
 
 
-async def hostile_requests(settings: Settings, uri: str, collection: str, cfg: ChaosConfig,
-                           rng: random.Random, victim_ids: list[str]) -> int:
+async def hostile_requests(
+    settings: Settings,
+    uri: str,
+    collection: str,
+    cfg: ChaosConfig,
+    rng: random.Random,
+    victim_ids: list[str],
+) -> int:
     """Feedback, usage + outcomes (Kafka) and forgets on victims' ids; returns how many."""
     from schemas import EpisodeOutcome, Feedback, MemoryUsage
     from streams.admin import kafka_client_kwargs
@@ -674,18 +739,34 @@ async def hostile_requests(settings: Settings, uri: str, collection: str, cfg: C
         fb_topic, usage_topic = settings.topic("feedback"), settings.topic("usage")
         for i in range(cfg.hostile_feedback):
             mid = rng.choice(victim_ids)
-            fb = Feedback(feedback_id=f"x-fb{i}", tenant=HOSTILE, memory_id=mid,
-                          kind=rng.choice(["thumbs_down", "thumbs_up"]), ts=now)
+            fb = Feedback(
+                feedback_id=f"x-fb{i}",
+                tenant=HOSTILE,
+                memory_id=mid,
+                kind=rng.choice(["thumbs_down", "thumbs_up"]),
+                ts=now,
+            )
             await producer.send(fb_topic, encode_model(fb), key=mid.encode())
             sent += 1
         for e in range(cfg.hostile_episodes):
             ep = f"x-usage{e}"
             ids = rng.sample(victim_ids, min(10, len(victim_ids)))
-            usage = MemoryUsage(tenant=HOSTILE, episode_id=ep, request_id=f"x-req{e}",
-                                memory_ids=ids, weights=[1.0 / len(ids)] * len(ids), ts=now,
-                                source="agent")
-            out = EpisodeOutcome(outcome_id=f"x-out{e}", tenant=HOSTILE, episode_id=ep,
-                                 reward=rng.choice([-50.0, 50.0]), ts=now)
+            usage = MemoryUsage(
+                tenant=HOSTILE,
+                episode_id=ep,
+                request_id=f"x-req{e}",
+                memory_ids=ids,
+                weights=[1.0 / len(ids)] * len(ids),
+                ts=now,
+                source="agent",
+            )
+            out = EpisodeOutcome(
+                outcome_id=f"x-out{e}",
+                tenant=HOSTILE,
+                episode_id=ep,
+                reward=rng.choice([-50.0, 50.0]),
+                ts=now,
+            )
             await producer.send(usage_topic, encode_model(usage), key=ep.encode())
             await producer.send(fb_topic, encode_model(out), key=ep.encode())
             sent += 2
@@ -749,8 +830,9 @@ async def wait_credit_applied(settings: Settings, timeout_s: float, min_updates:
         await c.stop()
 
 
-def hostile_searches(uri: str, collection: str, settings: Settings,
-                     tenants: list[str]) -> dict[str, int]:
+def hostile_searches(
+    uri: str, collection: str, settings: Settings, tenants: list[str]
+) -> dict[str, int]:
     """Search every tenant with hostile filters through the responder's code path."""
     from milvus import MemoryStore
     from operators import build_encoder
@@ -768,8 +850,13 @@ def hostile_searches(uri: str, collection: str, settings: Settings,
             bodies += [{"metadata_equals": {k: "tenant-1"}} for k in HOSTILE_KEYS]
             for i, filters in enumerate(bodies):
                 out["searches"] += 1
-                body = {"request_id": f"h{i}", "tenant": tenant, "query": "corridor cell",
-                        "k": 50, "filters": filters}
+                body = {
+                    "request_id": f"h{i}",
+                    "tenant": tenant,
+                    "query": "corridor cell",
+                    "k": 50,
+                    "filters": filters,
+                }
                 try:
                     req = RetrievalRequest.model_validate(body)
                     resp, _ = responder.answer(req, int(time.time() * 1000))
@@ -800,9 +887,11 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
     failed = True
     try:
         with cleanup_on_signals():
-            note(f"bench chaos: {cfg.transitions} transitions, {cfg.tenants} tenants, "
-                 f"{cfg.workers} write worker(s), {cfg.kills} kills, "
-                 f"outage {cfg.outage_s:.0f}s, seed {cfg.seed}")
+            note(
+                f"bench chaos: {cfg.transitions} transitions, {cfg.tenants} tenants, "
+                f"{cfg.workers} write worker(s), {cfg.kills} kills, "
+                f"outage {cfg.outage_s:.0f}s, seed {cfg.seed}"
+            )
             server = EmbeddedMilvusServer(tmp / "milvus", stop_grace_s=3, time_tick_ms=50)
             uri = server.start(timeout_s=180)
             note(f"  milvus server {uri} (started in {server.start_s:.1f}s)")
@@ -835,8 +924,9 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
     return out
 
 
-async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
-                    collection: str) -> dict[str, Any]:
+async def _scenario(
+    cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str, collection: str
+) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     settings = stack.settings
     victims = good_transitions(cfg)
@@ -863,8 +953,10 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     n = len(records)
     outage_at = int(0.4 * n) if cfg.outage_s > 0 else n + 1
     n_free = cfg.kills - 1 if (cfg.kills >= 2 and cfg.outage_s > 0) else cfg.kills
-    kill_at = sorted(rng.randrange(int(0.05 * n), max(int(0.95 * n), int(0.05 * n) + 1))
-                     for _ in range(max(n_free, 0)))
+    kill_at = sorted(
+        rng.randrange(int(0.05 * n), max(int(0.95 * n), int(0.05 * n) + 1))
+        for _ in range(max(n_free, 0))
+    )
     chaos = Chaos(stack, server, cfg)
     stop = asyncio.Event()
     watcher = asyncio.create_task(chaos.watch(stop))
@@ -944,9 +1036,13 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
         r, mine = row_of.get(key), own.get(key)
         if mine is None:
             continue
-        if r is None or (r["text"], r["agent_id"], r["episode_id"], r["step"],
-                         (r["metadata"].get("user") or {}).get("secret")) != (
-                mine.observation, mine.agent_id, mine.episode_id, mine.step, mine.tenant):
+        if r is None or (
+            r["text"],
+            r["agent_id"],
+            r["episode_id"],
+            r["step"],
+            (r["metadata"].get("user") or {}).get("secret"),
+        ) != (mine.observation, mine.agent_id, mine.episode_id, mine.step, mine.tenant):
             cross += 1
     # hostile feedback, usage, outcomes and forgets on victims' ids: victims' rows
     # must be byte-for-byte what they were
@@ -965,11 +1061,15 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
     after = await asyncio.to_thread(count_store, uri, collection)
     after_of = {(r["tenant"], r["id"]): r for r in after}
     cross += sum(1 for k, r in victim_rows.items() if after_of.get(k) != r)
-    credited = sum(1 for k, r in after_of.items() if k[0] == HOSTILE
-                   and r["utility"] != row_of.get(k, {}).get("utility", r["utility"]))
+    credited = sum(
+        1
+        for k, r in after_of.items()
+        if k[0] == HOSTILE and r["utility"] != row_of.get(k, {}).get("utility", r["utility"])
+    )
     forgotten = sum(1 for k in row_of if k[0] == HOSTILE and k not in after_of)
     hostile_probe = await asyncio.to_thread(
-        hostile_searches, uri, collection, settings, sorted({t.tenant for t in good}))
+        hostile_searches, uri, collection, settings, sorted({t.tenant for t in good})
+    )
     out: dict[str, Any] = {
         "bench": "chaos",
         "config": asdict(cfg),
@@ -1015,15 +1115,37 @@ async def _scenario(cfg: ChaosConfig, stack: LocalStack, server: Any, uri: str,
 
 
 def report(out: dict[str, Any]) -> None:
-    keys = ["transitions", "workers", "worker_kills", "rebalances", "state_restores",
-            "core_burst_ratio", "milvus_outage_s", "expected_stored", "stored", "lost",
-            "duplicated", "unprocessed", "orphans", "bad_inputs", "dead_lettered",
-            "good_dead_lettered", "worker_deaths", "cross_tenant_hits", "searches_rejected",
-            "hostile_writes", "cross_tenant_writes", "hostile_rows_credited",
-            "max_rss_mb", "rss_before_outage_mb", "rss_outage_max_mb", "max_lag",
-            "health_503_in_outage", "wall_s"]
-    print_table("dmem bench chaos", ["measure", "value"],
-                [(k, out.get(k)) for k in keys])
+    keys = [
+        "transitions",
+        "workers",
+        "worker_kills",
+        "rebalances",
+        "state_restores",
+        "core_burst_ratio",
+        "milvus_outage_s",
+        "expected_stored",
+        "stored",
+        "lost",
+        "duplicated",
+        "unprocessed",
+        "orphans",
+        "bad_inputs",
+        "dead_lettered",
+        "good_dead_lettered",
+        "worker_deaths",
+        "cross_tenant_hits",
+        "searches_rejected",
+        "hostile_writes",
+        "cross_tenant_writes",
+        "hostile_rows_credited",
+        "max_rss_mb",
+        "rss_before_outage_mb",
+        "rss_outage_max_mb",
+        "max_lag",
+        "health_503_in_outage",
+        "wall_s",
+    ]
+    print_table("dmem bench chaos", ["measure", "value"], [(k, out.get(k)) for k in keys])
 
 
 def main(cfg: ChaosConfig, as_json: bool) -> dict[str, Any]:

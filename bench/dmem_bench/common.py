@@ -86,8 +86,14 @@ def summarize_ms(samples_s: Sequence[float]) -> dict[str, float]:
     """Latency samples in seconds -> p50/p90/p99/mean/max in milliseconds, and n."""
     ms = [s * 1e3 for s in samples_s]
     if not ms:
-        return {"n": 0, "p50": math.nan, "p90": math.nan, "p99": math.nan,
-                "mean": math.nan, "max": math.nan}
+        return {
+            "n": 0,
+            "p50": math.nan,
+            "p90": math.nan,
+            "p99": math.nan,
+            "mean": math.nan,
+            "max": math.nan,
+        }
     return {
         "n": len(ms),
         "p50": percentile(ms, 50),
@@ -109,8 +115,9 @@ def note(msg: str, out: TextIO | None = None) -> None:
     print(msg, file=out or sys.stderr, flush=True)
 
 
-def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
-                out: TextIO | None = None) -> None:
+def print_table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None
+) -> None:
     """A plain aligned table on stderr (floats with 2 decimals)."""
 
     def cell(v: Any) -> str:
@@ -119,18 +126,29 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
         return str(v)
 
     body = [[cell(v) for v in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
+    ]
     o = out or sys.stderr
     line = "  ".join("-" * w for w in widths)
     print(f"\n{title}", file=o)
     print(line, file=o)
-    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w)
-                    for i, (h, w) in enumerate(zip(header, widths, strict=True))), file=o)
+    print(
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        ),
+        file=o,
+    )
     print(line, file=o)
     for r in body:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(r, widths, strict=True))), file=o)
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ),
+            file=o,
+        )
     print(line, file=o, flush=True)
 
 

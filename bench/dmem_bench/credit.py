@@ -43,9 +43,30 @@ from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack
 
 VAULTS = [
-    "ruby", "amber", "jade", "onyx", "pearl", "opal", "topaz", "garnet", "coral", "ivory",
-    "cobalt", "copper", "silver", "golden", "crimson", "violet", "azure", "ebony", "scarlet",
-    "emerald", "sapphire", "bronze", "marble", "granite",
+    "ruby",
+    "amber",
+    "jade",
+    "onyx",
+    "pearl",
+    "opal",
+    "topaz",
+    "garnet",
+    "coral",
+    "ivory",
+    "cobalt",
+    "copper",
+    "silver",
+    "golden",
+    "crimson",
+    "violet",
+    "azure",
+    "ebony",
+    "scarlet",
+    "emerald",
+    "sapphire",
+    "bronze",
+    "marble",
+    "granite",
 ]
 DISTRACTORS = [
     "In the {v} vault the treasure chest glitters behind iron bars",
@@ -88,25 +109,37 @@ def plan(cfg: CreditConfig) -> tuple[dict[str, str], list[str]]:
     return sides, order
 
 
-def briefing_transitions(tenant: str, vault: str, side: str, cfg: CreditConfig,
-                         episode: str) -> list[Transition]:
+def briefing_transitions(
+    tenant: str, vault: str, side: str, cfg: CreditConfig, episode: str
+) -> list[Transition]:
     texts = [briefing(vault, side)] + [
         DISTRACTORS[j % len(DISTRACTORS)].format(v=vault) for j in range(cfg.distractors)
     ]
     return [
         Transition(
             transition_id=f"{tenant}-{vault}-{'brief' if i == 0 else f'd{i}'}",
-            tenant=tenant, agent_id="explorer", episode_id=episode, step=i,
-            observation=text, action="listen", reward=0.0, next_observation=text,
+            tenant=tenant,
+            agent_id="explorer",
+            episode_id=episode,
+            step=i,
+            observation=text,
+            action="listen",
+            reward=0.0,
+            next_observation=text,
             metadata={"vault": vault, "decisive": i == 0},
         )
         for i, text in enumerate(texts)
     ]
 
 
-async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
-                        cfg: CreditConfig, progress: Progress | None,
-                        trace: list[dict[str, Any]] | None = None) -> list[int]:
+async def run_condition(
+    stack: LocalStack,
+    tenant: str,
+    lam: float | None,
+    cfg: CreditConfig,
+    progress: Progress | None,
+    trace: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Play every episode; returns 1/0 success per episode."""
     sides, order = plan(cfg)
     s = stack.settings
@@ -116,15 +149,17 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
     pending: list[EpisodeOutcome] = []
     processed_before = int(health(stack).get("write", {}).get("processed", 0))
     assert stack.bootstrap is not None
-    async with Client(stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix,
-                          timeout_s=10) as c:
+    async with Client(
+        stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix, timeout_s=10
+    ) as c:
         producer = c._producer  # noqa: SLF001 - raw publish, duplicates included
         assert producer is not None
         for e, vault in enumerate(order):
             ep = f"{tenant}-ep{e}"
             if vault not in briefed:
                 sent = await c.publish_many(
-                    briefing_transitions(tenant, vault, sides[vault], cfg, ep))
+                    briefing_transitions(tenant, vault, sides[vault], cfg, ep)
+                )
                 briefed.add(vault)
                 # the briefing is processed by the write path before the fork
                 target = processed_before + sent
@@ -134,9 +169,15 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
                     await asyncio.sleep(0.1)
                 processed_before = target
             rid = f"{ep}-fork"
-            hits = await c.search(query(vault), cfg.k, lambda_=lam, episode_id=ep,
-                                  step=cfg.distractors + 1, request_id=rid,
-                                  metadata_equals={"vault": vault})
+            hits = await c.search(
+                query(vault),
+                cfg.k,
+                lambda_=lam,
+                episode_id=ep,
+                step=cfg.distractors + 1,
+                request_id=rid,
+                metadata_equals={"vault": vault},
+            )
             choice, used = None, None
             for h in hits:
                 if h.text.startswith("Briefing ("):
@@ -144,24 +185,49 @@ async def run_condition(stack: LocalStack, tenant: str, lam: float | None,
                     used = h.memory_id
                     break
             if hits:  # what the decision actually rested on (nothing, when guessing)
-                await c.report_usage(ep, rid, {h.memory_id: float(h.memory_id == used)
-                                               for h in hits}, step=cfg.distractors + 1)
+                await c.report_usage(
+                    ep,
+                    rid,
+                    {h.memory_id: float(h.memory_id == used) for h in hits},
+                    step=cfg.distractors + 1,
+                )
             if trace is not None:
-                trace.append({"episode": e, "vault": vault, "hits": [
-                    [h.text[:24], round(h.score, 3), round(h.breakdown.lambda_, 3),
-                     round(h.breakdown.salience, 3), round(h.utility, 3)] for h in hits]})
+                trace.append(
+                    {
+                        "episode": e,
+                        "vault": vault,
+                        "hits": [
+                            [
+                                h.text[:24],
+                                round(h.score, 3),
+                                round(h.breakdown.lambda_, 3),
+                                round(h.breakdown.salience, 3),
+                                round(h.utility, 3),
+                            ]
+                            for h in hits
+                        ],
+                    }
+                )
             guess = rng.choice(["left", "right"])
             won = (choice or guess) == sides[vault]
             successes.append(int(won))
             for old in pending:  # late: the previous episode's outcome, sent twice
                 for _ in range(2):
-                    await producer.send(s.topic("feedback"), encode(old),
-                                        key=old.episode_id.encode())
+                    await producer.send(
+                        s.topic("feedback"), encode(old), key=old.episode_id.encode()
+                    )
             # task = the vault: the credit job's baseline is then the running mean outcome
             # of this vault's episodes (what the agent achieves there without help)
-            pending = [EpisodeOutcome(tenant=tenant, episode_id=ep, reward=1.0 if won else -1.0,
-                                      task=vault, outcome_id=f"{ep}:final",
-                                      ts=int(time.time() * 1000))]
+            pending = [
+                EpisodeOutcome(
+                    tenant=tenant,
+                    episode_id=ep,
+                    reward=1.0 if won else -1.0,
+                    task=vault,
+                    outcome_id=f"{ep}:final",
+                    ts=int(time.time() * 1000),
+                )
+            ]
             await asyncio.sleep(0.05)
             if progress:
                 rate = sum(successes) / len(successes)
@@ -181,8 +247,7 @@ def auc(pos: list[float], neg: list[float]) -> float:
 
 
 def health(stack: LocalStack) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health",
-                                timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health", timeout=10) as r:
         return dict(json.loads(r.read()))
 
 
@@ -214,8 +279,11 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
     from milvus import MemoryStore
 
     data = Path(tempfile.mkdtemp(prefix="dmem-bench-credit-"))
-    env = {"DMEM_ENCODER__NAME": "hash", "DMEM_APP_ID": "dmem-bench-credit",
-           "DMEM_WRITE__BATCH_WITHIN_S": "0.1"}
+    env = {
+        "DMEM_ENCODER__NAME": "hash",
+        "DMEM_APP_ID": "dmem-bench-credit",
+        "DMEM_WRITE__BATCH_WITHIN_S": "0.1",
+    }
     stack = LocalStack(data, roles=("all",), extra_env=env)
     t0 = time.monotonic()
     try:
@@ -227,7 +295,8 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
             prog = Progress(f"credit {name}", cfg.episodes)
             traces[name] = []
             curves[name] = asyncio.run(
-                run_condition(stack, f"bench-{name}", lam, cfg, prog, traces[name]))
+                run_condition(stack, f"bench-{name}", lam, cfg, prog, traces[name])
+            )
         time.sleep(5)  # let the last credit land
         dup = int(health(stack).get("jobs", {}).get("duplicate_outcomes_ignored", 0))
         stack.stop_workers()
@@ -235,8 +304,9 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
         store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=s.encoder.dim)
         store.connect()
         try:
-            rows = list(store.scan(tenant="bench-hybrid",
-                                   output_fields=["id", "utility", "metadata"]))
+            rows = list(
+                store.scan(tenant="bench-hybrid", output_fields=["id", "utility", "metadata"])
+            )
         finally:
             store.close()
     finally:
@@ -247,10 +317,12 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
     result = {
         "episodes": cfg.episodes,
         "scenarios": cfg.scenarios,
-        "utility_auc": round(auc([r["utility"] for r in decisive],
-                                 [r["utility"] for r in distract]), 4),
+        "utility_auc": round(
+            auc([r["utility"] for r in decisive], [r["utility"] for r in distract]), 4
+        ),
         "decisive_in_core_ratio": round(
-            sum(r["partition"] == "core" for r in decisive) / max(cfg.scenarios, 1), 4),
+            sum(r["partition"] == "core" for r in decisive) / max(cfg.scenarios, 1), 4
+        ),
         "success_last100_hybrid": sum(curves["hybrid"][-last:]) / last,
         "success_last100_semantic": sum(curves["semantic"][-last:]) / last,
         "duplicate_outcomes_ignored": dup,
@@ -260,8 +332,9 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
     }
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     plot(curves, cfg.out_dir / "credit_success.png")
-    (cfg.out_dir / "credit.json").write_text(json.dumps({"result": result, "curves": curves,
-                                                                "served": traces}))
+    (cfg.out_dir / "credit.json").write_text(
+        json.dumps({"result": result, "curves": curves, "served": traces})
+    )
     note(f"plot: {cfg.out_dir / 'credit_success.png'}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result

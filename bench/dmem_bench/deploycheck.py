@@ -299,7 +299,8 @@ def _check_auth_pod(
     if not path:
         return [f"{where}: auth.enabled with tokens but no DMEM_AUTH__TOKENS_FILE value"]
     mounts = [
-        m for m in c.get("volumeMounts") or []
+        m
+        for m in c.get("volumeMounts") or []
         if path.startswith(str(m.get("mountPath", "")).rstrip("/") + "/")
     ]
     if not mounts:
@@ -439,8 +440,9 @@ def check_chart(
                     )
                 elif kind == "Deployment":
                     for c in doc["spec"]["template"]["spec"]["containers"]:
-                        plain = {e["name"]: str(e["value"]) for e in c.get("env") or []
-                                 if "value" in e}
+                        plain = {
+                            e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e
+                        }
                         report.env_errors.extend(
                             check_dmem_env(plain, f"chart[{name}] {doc['metadata']['name']} env")
                         )
@@ -555,9 +557,13 @@ def compose_auth(role: str, raw: Any, env: dict[str, str]) -> list[str]:
         tokens = json.loads(env["DMEM_AUTH__TOKENS"])
     except ValueError as exc:
         return [f"{role}: DMEM_AUTH__TOKENS is not JSON after interpolation: {exc}"]
-    if not isinstance(tokens, dict) or not tokens or not all(
-        k and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
-        for k, v in tokens.items()
+    if (
+        not isinstance(tokens, dict)
+        or not tokens
+        or not all(
+            k and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
+            for k, v in tokens.items()
+        )
     ):
         return [f"{role}: DMEM_AUTH__TOKENS must be a non-empty {{token: [tenants]}}"]
     raw_value = str(_env_map_raw(raw).get("DMEM_AUTH__TOKENS", ""))

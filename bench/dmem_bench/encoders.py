@@ -42,8 +42,9 @@ import numpy as np
 from dmem_bench.common import emit_json, machine_info, note, print_table, teardown
 
 
-def load_locomo(data: Path, limit: int | None = None
-                ) -> list[tuple[list[tuple[str, str]], list[tuple[str, set[str]]]]]:
+def load_locomo(
+    data: Path, limit: int | None = None
+) -> list[tuple[list[tuple[str, str]], list[tuple[str, set[str]]]]]:
     """Per conversation: its turns (dia_id, "speaker: text") and questions with evidence."""
     out = []
     files = sorted(data.glob("*.json"))[:limit]
@@ -56,8 +57,11 @@ def load_locomo(data: Path, limit: int | None = None
         while f"session_{i}" in d:
             turns += [(t["dia_id"], f"{t['speaker']}: {t['text']}") for t in d[f"session_{i}"]]
             i += 1
-        qs = [(q["question"], set(q["evidence"])) for q in d.get("qa", [])
-              if q.get("category") != 5 and q.get("evidence")]
+        qs = [
+            (q["question"], set(q["evidence"]))
+            for q in d.get("qa", [])
+            if q.get("category") != 5 and q.get("evidence")
+        ]
         out.append((turns, qs))
     return out
 
@@ -80,8 +84,9 @@ def quality(enc: Any, convs: Sequence[Any]) -> tuple[float, float, int]:
     return float(np.mean(hits)), float(np.mean(rr)), len(hits)
 
 
-def raw_rate(enc: Any, texts: Sequence[str], repeats: int, batch: int = 256,
-             max_s: float = 30.0) -> float:
+def raw_rate(
+    enc: Any, texts: Sequence[str], repeats: int, batch: int = 256, max_s: float = 30.0
+) -> float:
     """Median texts/s over repeats; a repeat stops after the batch that passes ``max_s``
     (torch MiniLM does ~10 texts/s on a loaded 2-core machine: a rate needs no 2,048)."""
     rates = []
@@ -90,7 +95,7 @@ def raw_rate(enc: Any, texts: Sequence[str], repeats: int, batch: int = 256,
         done = 0
         t0 = time.perf_counter()
         for i in range(0, len(tagged), batch):
-            chunk = tagged[i:i + batch]
+            chunk = tagged[i : i + batch]
             enc.encode(chunk)
             done += len(chunk)
             if time.perf_counter() - t0 > max_s:
@@ -105,15 +110,22 @@ def cache_hit_rate(name: str, rows: Sequence[dict[str, Any]]) -> float:
     # the hit rate depends on the texts only: a hashing inner encoder keeps it cheap
     c = CachedEncoder(HashingEncoder(16), maxsize=50_000)
     for i in range(0, len(rows), 512):
-        chunk = rows[i:i + 512]
+        chunk = rows[i : i + 512]
         c.encode([r["observation"] for r in chunk] + [r["next_observation"] for r in chunk])
     return c.hits / max(1, c.hits + c.misses)
 
 
-def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: int = 3,
-        transitions: int = 4000, threads: int = 2, data: Path | None = None,
-        conversations: int | None = None, pipeline: bool = True,
-        minilm_transitions: int = 2000, milvus_uri: str | None = None) -> dict[str, Any]:
+def run(
+    encoders: Sequence[str] = ("hash", "minilm", "minilm-static"),
+    repeats: int = 3,
+    transitions: int = 4000,
+    threads: int = 2,
+    data: Path | None = None,
+    conversations: int | None = None,
+    pipeline: bool = True,
+    minilm_transitions: int = 2000,
+    milvus_uri: str | None = None,
+) -> dict[str, Any]:
     """Measure every encoder in one run (module doc); ``milvus_uri``: reuse a server."""
     import torch
 
@@ -129,11 +141,15 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
     convs = load_locomo(data, conversations)
     texts = [x for turns, _ in convs for _, x in turns][:2048]
     workload = bw.make_workload(min(transitions, 4000))
-    out: dict[str, Any] = {"encoders": {}, "default": Settings().encoder.name,
-                           "conversations": len(convs),
-                           "turns": sum(len(turns) for turns, _ in convs),
-                           "questions": sum(len(qs) for _, qs in convs),
-                           "texts": len(texts), "threads": threads}
+    out: dict[str, Any] = {
+        "encoders": {},
+        "default": Settings().encoder.name,
+        "conversations": len(convs),
+        "turns": sum(len(turns) for turns, _ in convs),
+        "questions": sum(len(qs) for _, qs in convs),
+        "texts": len(texts),
+        "threads": threads,
+    }
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-encoders-"))
     server = None
     failed = True
@@ -148,22 +164,36 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
             enc.encode(["warm up"])
             res: dict[str, Any] = {"raw_per_s": round(raw_rate(enc, texts, repeats), 1)}
             hit5, mrr10, nq = quality(enc, convs)
-            res.update(hit_at_5=round(hit5, 4), mrr_at_10=round(mrr10, 4), questions=nq,
-                       cache_hit_rate=round(cache_hit_rate(name, workload), 4))
+            res.update(
+                hit_at_5=round(hit5, 4),
+                mrr_at_10=round(mrr10, 4),
+                questions=nq,
+                cache_hit_rate=round(cache_hit_rate(name, workload), 4),
+            )
             note(f"  raw {res['raw_per_s']}/s  hit@5 {hit5:.3f}  mrr@10 {mrr10:.3f}")
             if pipeline:
                 n = transitions if name != "minilm" else min(transitions, minilm_transitions)
-                w = bw.run(transitions=n, encoder=name, repeats=repeats, milvus_uri=uri,
-                           results_dir=None, torch_threads=threads, warmup=min(512, n),
-                           latency_transitions=min(200, n))
+                w = bw.run(
+                    transitions=n,
+                    encoder=name,
+                    repeats=repeats,
+                    milvus_uri=uri,
+                    results_dir=None,
+                    torch_threads=threads,
+                    warmup=min(512, n),
+                    latency_transitions=min(200, n),
+                )
                 tps, raw_enc = w["pipeline_tps"], w["raw_encoder_tps"]
-                res.update(pipeline_tps=tps, pipeline_transitions=n,
-                           pipeline_per_repeat=w["per_repeat"]["pipeline"],
-                           pipeline_raw_encoder_tps=raw_enc,
-                           pipeline_raw_milvus_tps=w["raw_milvus_insert_tps"],
-                           pipeline_vs_raw_encoder=round(tps / raw_enc, 3) if raw_enc else None,
-                           pipeline_vs_bottleneck=w["ratio_vs_bottleneck"],
-                           pipeline_bottleneck=w["bottleneck"])
+                res.update(
+                    pipeline_tps=tps,
+                    pipeline_transitions=n,
+                    pipeline_per_repeat=w["per_repeat"]["pipeline"],
+                    pipeline_raw_encoder_tps=raw_enc,
+                    pipeline_raw_milvus_tps=w["raw_milvus_insert_tps"],
+                    pipeline_vs_raw_encoder=round(tps / raw_enc, 3) if raw_enc else None,
+                    pipeline_vs_bottleneck=w["ratio_vs_bottleneck"],
+                    pipeline_bottleneck=w["bottleneck"],
+                )
                 note(f"  pipeline {tps}/s (raw encoder in the same run {raw_enc}/s)")
             out["encoders"][name] = res
         failed = False
@@ -179,12 +209,25 @@ def run(encoders: Sequence[str] = ("hash", "minilm", "minilm-static"), repeats: 
         out["default_pipeline_tps"] = e[d].get("pipeline_tps")
         if out.get("minilm_pipeline_tps") and out["default_pipeline_tps"]:
             out["default_vs_minilm_pipeline"] = round(
-                out["default_pipeline_tps"] / out["minilm_pipeline_tps"], 2)
+                out["default_pipeline_tps"] / out["minilm_pipeline_tps"], 2
+            )
     out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     out["machine"] = machine_info()
-    print_table("encoders", ["encoder", "raw/s", "pipeline/s", "hit@5", "mrr@10", "cache hit"],
-                [[k, v["raw_per_s"], v.get("pipeline_tps", "-"), v["hit_at_5"], v["mrr_at_10"],
-                  v["cache_hit_rate"]] for k, v in e.items()])
+    print_table(
+        "encoders",
+        ["encoder", "raw/s", "pipeline/s", "hit@5", "mrr@10", "cache hit"],
+        [
+            [
+                k,
+                v["raw_per_s"],
+                v.get("pipeline_tps", "-"),
+                v["hit_at_5"],
+                v["mrr_at_10"],
+                v["cache_hit_rate"],
+            ]
+            for k, v in e.items()
+        ],
+    )
     return out
 
 

@@ -188,8 +188,9 @@ def build_streams(convs: Sequence[Conversation], cfg: LocomoConfig) -> Run:
                 ChatTurn(c.speaker, c.text, f"{conv.cid}-{n}-{j}", date_ms + j * TURN_GAP_MS)
                 for j, (c, _, _) in enumerate(chat)
             ]
-            trs = chat_transitions(turns_ts, tenant=tenant_of(conv.cid),
-                                   conversation=f"conv-{conv.cid}", session=n)
+            trs = chat_transitions(
+                turns_ts, tenant=tenant_of(conv.cid), conversation=f"conv-{conv.cid}", session=n
+            )
             stream += [Item(tr, isn, dia) for tr, (_, isn, dia) in zip(trs, chat, strict=True)]
         run.items[conv.cid] = stream
     return run
@@ -219,9 +220,13 @@ async def settle(settings: Any, ids: set[str], timeout_s: float) -> dict[str, di
 
     from streams.admin import kafka_client_kwargs
 
-    consumer = AIOKafkaConsumer(settings.topic("memories"), auto_offset_reset="earliest",
-                                enable_auto_commit=False, fetch_max_wait_ms=50,
-                                **kafka_client_kwargs(settings.kafka))
+    consumer = AIOKafkaConsumer(
+        settings.topic("memories"),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=50,
+        **kafka_client_kwargs(settings.kafka),
+    )
     await consumer.start()
     decided: dict[str, dict[str, Any]] = {}
     merged: dict[str, str] = {}
@@ -248,8 +253,10 @@ async def settle(settings: Any, ids: set[str], timeout_s: float) -> dict[str, di
             if done and time.monotonic() - last_event >= SETTLE_QUIET_S:
                 break
             if not done and time.monotonic() - last_progress > timeout_s:
-                raise TimeoutError(f"write path stalled at {len(decided)}/{len(ids)} turns "
-                                   f"(nothing new for {timeout_s:.0f} s)")
+                raise TimeoutError(
+                    f"write path stalled at {len(decided)}/{len(ids)} turns "
+                    f"(nothing new for {timeout_s:.0f} s)"
+                )
     finally:
         await consumer.stop()
     return {"decided": decided, "merged": merged}  # type: ignore[dict-item]
@@ -297,8 +304,9 @@ class BaselineCache:
         tmp.replace(self.path)
 
 
-def store_all_topk(encoder: Any, texts: Sequence[str], labels: Sequence[str | None],
-                   qs: Sequence[str], k: int) -> list[list[str | None]]:
+def store_all_topk(
+    encoder: Any, texts: Sequence[str], labels: Sequence[str | None], qs: Sequence[str], k: int
+) -> list[list[str | None]]:
     """Exact cosine top-k over every text (the store-everything baseline)."""
     if not texts or not qs:
         return [[] for _ in qs]
@@ -316,8 +324,12 @@ def plot(path: Path, per_cat: dict[str, dict[str, float]], title: str) -> None:
     import matplotlib.pyplot as plt
 
     cats = list(per_cat)
-    keys = [("dmem_at_10", "dmem (gated) @10"), ("store_all_at_10", "store-all cosine @10"),
-            ("dmem_at_5", "dmem (gated) @5"), ("store_all_at_5", "store-all cosine @5")]
+    keys = [
+        ("dmem_at_10", "dmem (gated) @10"),
+        ("store_all_at_10", "store-all cosine @10"),
+        ("dmem_at_5", "dmem (gated) @5"),
+        ("store_all_at_5", "store-all cosine @5"),
+    ]
     x = np.arange(len(cats))
     fig, ax = plt.subplots(figsize=(8, 4))
     for j, (key, label) in enumerate(keys):
@@ -332,8 +344,14 @@ def plot(path: Path, per_cat: dict[str, dict[str, float]], title: str) -> None:
     plt.close(fig)
 
 
-async def ask(bootstrap: str, url: str, convs: Sequence[Conversation], cfg: LocomoConfig,
-              stands_for: dict[str, set[str]], in_flight: int = 4) -> dict[str, list[set[str]]]:
+async def ask(
+    bootstrap: str,
+    url: str,
+    convs: Sequence[Conversation],
+    cfg: LocomoConfig,
+    stands_for: dict[str, set[str]],
+    in_flight: int = 4,
+) -> dict[str, list[set[str]]]:
     """Every scored question over HTTP, ``in_flight`` at a time (results in question order)."""
     out: dict[str, list[set[str]]] = {}
     total = sum(len(questions(c, cfg.questions)) for c in convs)
@@ -341,19 +359,23 @@ async def ask(bootstrap: str, url: str, convs: Sequence[Conversation], cfg: Loco
     done = 0
     gate = asyncio.Semaphore(in_flight)
     for conv in convs:
-        async with Client(bootstrap, tenant=tenant_of(conv.cid), transport="http",
-                              http_url=url, timeout_s=60.0) as client:
+        async with Client(
+            bootstrap, tenant=tenant_of(conv.cid), transport="http", http_url=url, timeout_s=60.0
+        ) as client:
 
-            async def one(q: str, client: Client = client,
-                          agent: str = f"conv-{conv.cid}") -> list[set[str]]:
+            async def one(
+                q: str, client: Client = client, agent: str = f"conv-{conv.cid}"
+            ) -> list[set[str]]:
                 nonlocal done
                 async with gate:
                     hits = await client.search(q, k=10, agent_id=agent)
                 ranked = [stands_for.get(h.memory_id, set()) for h in hits]
                 done += 1
                 prog.update(done)
-                return [set().union(*ranked[:5]) if ranked else set(),
-                        set().union(*ranked) if ranked else set()]
+                return [
+                    set().union(*ranked[:5]) if ranked else set(),
+                    set().union(*ranked) if ranked else set(),
+                ]
 
             pairs = await asyncio.gather(*(one(q) for q, _, _ in questions(conv, cfg.questions)))
             out[conv.cid] = [x for pair in pairs for x in pair]
@@ -378,8 +400,11 @@ def worker_env(cfg: LocomoConfig) -> dict[str, str]:
       the hash encoder; MiniLM rates short sentences closer).
     """
     horizon = str(10 * 365 * 24 * 3600)
-    env = {"DMEM_ENCODER__NAME": cfg.encoder, "DMEM_MAINTENANCE__HALF_LIFE_S": horizon,
-           "DMEM_MAINTENANCE__BUFFER_TTL_S": horizon}
+    env = {
+        "DMEM_ENCODER__NAME": cfg.encoder,
+        "DMEM_MAINTENANCE__HALF_LIFE_S": horizon,
+        "DMEM_MAINTENANCE__BUFFER_TTL_S": horizon,
+    }
     if cfg.encoder == "minilm":
         env["DMEM_MAINTENANCE__DEDUP_TAU"] = "0.98"
     return env
@@ -394,8 +419,10 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
     streams = build_streams(convs, cfg)
     all_items = [it for s in streams.items.values() for it in s]
     ids = {it.transition.memory_id for it in all_items}
-    note(f"locomo: {len(convs)} conversations, {len(all_items)} turns "
-         f"({sum(it.noise for it in all_items)} noise), encoder {cfg.encoder}")
+    note(
+        f"locomo: {len(convs)} conversations, {len(all_items)} turns "
+        f"({sum(it.noise for it in all_items)} noise), encoder {cfg.encoder}"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="dmem-locomo-"))
     stack = LocalStack(tmp, roles=("all",), extra_env=worker_env(cfg), milvus=cfg.milvus)
     failed = True
@@ -417,8 +444,10 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         decided, merged = settled["decided"], settled["merged"]
         # which published turns each surviving memory stands for
         stands_for: dict[str, set[str]] = defaultdict(set)
-        label = {it.transition.memory_id: (it.dia_id or f"noise:{it.transition.memory_id}")
-                 for it in all_items}
+        label = {
+            it.transition.memory_id: (it.dia_id or f"noise:{it.transition.memory_id}")
+            for it in all_items
+        }
         for mid, lab in label.items():
             if decided.get(mid, {}).get("kind") == "written":
                 root = mid
@@ -449,8 +478,13 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         base = store_all_topk(encoder, texts, [it.dia_id for it in real], [q for q, _, _ in qs], 10)
         noisy = None
         if cfg.noise > 0:
-            noisy = store_all_topk(encoder, [it.transition.text() for it in stream],
-                                   [it.dia_id for it in stream], [q for q, _, _ in qs], 10)
+            noisy = store_all_topk(
+                encoder,
+                [it.transition.text() for it in stream],
+                [it.dia_id for it in stream],
+                [q for q, _, _ in qs],
+                10,
+            )
         got = answers[conv.cid]
         for j, (_, cat, ev) in enumerate(qs):
             evid = set(ev) & published
@@ -478,8 +512,10 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
     reasons: dict[str, int] = defaultdict(int)
     for ev in decided.values():
         reasons[f"{ev['kind']}:{ev.get('reason', '')}"] += 1
-    per_cat = {c: {k: mean(v) for k, v in d.items()} | {"questions": len(d["dmem_at_10"])}
-               for c, d in sorted(per.items())}
+    per_cat = {
+        c: {k: mean(v) for k, v in d.items()} | {"questions": len(d["dmem_at_10"])}
+        for c, d in sorted(per.items())
+    }
     n_q = len(all_scores["dmem_at_10"])
     r10 = mean(all_scores["dmem_at_10"])
     result: dict[str, Any] = {
@@ -498,8 +534,9 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         "noise_turns": len(noise_ids),
         "noise_storage_ratio": (len(written & noise_ids) / len(noise_ids)) if noise_ids else None,
         "noise_evidence_recall_at_10": r10 if cfg.noise > 0 else None,
-        "store_all_noisy_recall_at_10": (mean(all_scores["store_all_noisy_at_10"])
-                                         if cfg.noise > 0 else None),
+        "store_all_noisy_recall_at_10": (
+            mean(all_scores["store_all_noisy_at_10"]) if cfg.noise > 0 else None
+        ),
         "merged": len(merged),
         "milvus_mode": milvus_mode,
         "worker_env": worker_env(cfg),
@@ -523,15 +560,33 @@ def main(cfg: LocomoConfig, as_json: bool) -> dict[str, Any]:
 
     with cleanup_on_signals():
         res = run(cfg)
-    rows = [[c, d["questions"], d.get("dmem_at_5", math.nan), d.get("store_all_at_5", math.nan),
-             d.get("dmem_at_10", math.nan), d.get("store_all_at_10", math.nan)]
-            for c, d in res["per_category"].items()]
-    rows.append(["all", res["questions"], res["evidence_recall_at_5"],
-                 res["store_all_recall_at_5"], res["evidence_recall_at_10"],
-                 res["store_all_recall_at_10"]])
-    print_table(f"LoCoMo evidence recall (storage ratio {res['storage_ratio']:.3f}, "
-                f"noise stored {res['noise_storage_ratio']})",
-                ["category", "questions", "dmem@5", "all@5", "dmem@10", "all@10"], rows)
+    rows = [
+        [
+            c,
+            d["questions"],
+            d.get("dmem_at_5", math.nan),
+            d.get("store_all_at_5", math.nan),
+            d.get("dmem_at_10", math.nan),
+            d.get("store_all_at_10", math.nan),
+        ]
+        for c, d in res["per_category"].items()
+    ]
+    rows.append(
+        [
+            "all",
+            res["questions"],
+            res["evidence_recall_at_5"],
+            res["store_all_recall_at_5"],
+            res["evidence_recall_at_10"],
+            res["store_all_recall_at_10"],
+        ]
+    )
+    print_table(
+        f"LoCoMo evidence recall (storage ratio {res['storage_ratio']:.3f}, "
+        f"noise stored {res['noise_storage_ratio']})",
+        ["category", "questions", "dmem@5", "all@5", "dmem@10", "all@10"],
+        rows,
+    )
     if as_json:
         emit_json(res)
     return res

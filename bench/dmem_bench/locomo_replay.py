@@ -65,9 +65,16 @@ def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, st
 
     out: dict[str, str] = {}
     for lo in range(0, len(stream), batch):
-        raws = [RawRecord(value=it.transition.model_dump_json().encode(), key=None,
-                          topic="transitions", partition=0, offset=lo + j)
-                for j, it in enumerate(stream[lo: lo + batch])]
+        raws = [
+            RawRecord(
+                value=it.transition.model_dump_json().encode(),
+                key=None,
+                topic="transitions",
+                partition=0,
+                offset=lo + j,
+            )
+            for j, it in enumerate(stream[lo : lo + batch])
+        ]
         res = pipe.process(raws, now_ms=0)
         if res.dead:
             raise ValueError(f"replay: {len(res.dead)} records dead-lettered")
@@ -77,8 +84,9 @@ def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, st
     return out
 
 
-def topk_labels(emb: np.ndarray, labels: Sequence[str | None], q: np.ndarray,
-                k: int) -> list[set[str]]:
+def topk_labels(
+    emb: np.ndarray, labels: Sequence[str | None], q: np.ndarray, k: int
+) -> list[set[str]]:
     """Exact cosine top-k over ``emb`` (rows of the kept turns), as label sets."""
     if emb.shape[0] == 0:
         return [set() for _ in range(q.shape[0])]
@@ -86,8 +94,12 @@ def topk_labels(emb: np.ndarray, labels: Sequence[str | None], q: np.ndarray,
     return [{labels[j] for j in row if labels[j]} for row in order.tolist()]
 
 
-def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
-           convs: Sequence[Conversation] | None = None) -> dict[str, Any]:
+def replay(
+    cfg: LocomoConfig,
+    cache: Path | None = None,
+    batch: int = 64,
+    convs: Sequence[Conversation] | None = None,
+) -> dict[str, Any]:
     """One replay of ``cfg``'s streams; the live bench's keys plus ``recall_ratio``."""
     from operators.encoders import build_encoder
     from streams.settings import Settings
@@ -100,8 +112,12 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
     emb_cache = BaselineCache(build_encoder(cfg.encoder, cache_size=0), path)
     enc = CacheEncoder(emb_cache, cfg.encoder)
     # every text the pipeline and the scoring will ask for, encoded in one batched call
-    texts = [x for s in streams.items.values() for it in s
-             for x in (it.transition.text(), it.transition.next_text())]
+    texts = [
+        x
+        for s in streams.items.values()
+        for it in s
+        for x in (it.transition.text(), it.transition.next_text())
+    ]
     texts += [q for c in convs for q, _, _ in questions(c, cfg.questions)]
     enc.encode(texts)
     emb_cache.save()
@@ -128,8 +144,11 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
         published = {it.dia_id for it in real if it.dia_id}
 
         def top(items: Sequence[Item], k: int, q: np.ndarray = q) -> list[set[str]]:
-            emb = (enc.encode([it.transition.text() for it in items]) if items
-                   else np.zeros((0, enc.dim), np.float32))
+            emb = (
+                enc.encode([it.transition.text() for it in items])
+                if items
+                else np.zeros((0, enc.dim), np.float32)
+            )
             return topk_labels(emb, [it.dia_id for it in items], q, k)
 
         got5, got10 = top(kept, 5), top(kept, 10)
@@ -178,8 +197,9 @@ def replay(cfg: LocomoConfig, cache: Path | None = None, batch: int = 64,
     }
 
 
-def main(cfg: LocomoConfig, as_json: bool, cache: Path | None = None,
-         batch: int = 64) -> dict[str, Any]:
+def main(
+    cfg: LocomoConfig, as_json: bool, cache: Path | None = None, batch: int = 64
+) -> dict[str, Any]:
     """The replay of ``cfg`` (clean when ``cfg.noise`` is 0), printed as the live bench's."""
     from dmem_bench.common import emit_json, note, print_table
 
@@ -188,11 +208,19 @@ def main(cfg: LocomoConfig, as_json: bool, cache: Path | None = None,
     def f(x: float | None) -> float:
         return math.nan if x is None else x
 
-    print_table(f"LoCoMo replay (noise {cfg.noise}, {res['conversations']} conversations)",
-                ["storage", "noise stored", "recall@10", "store-all@10", "ratio"],
-                [[res["storage_ratio"], f(res["noise_storage_ratio"]),
-                  f(res["evidence_recall_at_10"]), f(res["store_all_recall_at_10"]),
-                  f(res["recall_ratio"])]])
+    print_table(
+        f"LoCoMo replay (noise {cfg.noise}, {res['conversations']} conversations)",
+        ["storage", "noise stored", "recall@10", "store-all@10", "ratio"],
+        [
+            [
+                res["storage_ratio"],
+                f(res["noise_storage_ratio"]),
+                f(res["evidence_recall_at_10"]),
+                f(res["store_all_recall_at_10"]),
+                f(res["recall_ratio"]),
+            ]
+        ],
+    )
     note(f"routes: {res['routes']}")
     if as_json:
         emit_json(res)

@@ -194,9 +194,22 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
         try:
             core = store.count("core", TENANT)
             buffer = store.count("buffer", TENANT)
-            rows = list(store.scan(tenant=TENANT, with_vector=True, output_fields=[
-                "id", "tenant", "agent_id", "action", "valence", "reward", "metadata",
-                "merged_count"]))
+            rows = list(
+                store.scan(
+                    tenant=TENANT,
+                    with_vector=True,
+                    output_fields=[
+                        "id",
+                        "tenant",
+                        "agent_id",
+                        "action",
+                        "valence",
+                        "reward",
+                        "metadata",
+                        "merged_count",
+                    ],
+                )
+            )
         finally:
             store.close()
         failed = False
@@ -213,12 +226,14 @@ def live_run(steps: int, env_name: str, seed: int, core_capacity: int,
         "stored_after_jobs": core + buffer,
         "stored_core": core,
         "stored_buffer": buffer,
-        "duplicate_pairs_remaining": _duplicate_pairs(rows, dedup_tau(settings),
-                                                      settings.maintenance.dedup_reward_tol),
+        "duplicate_pairs_remaining": _duplicate_pairs(
+            rows, dedup_tau(settings), settings.maintenance.dedup_reward_tol
+        ),
         "critical_seen": len(critical),
         "critical_in_core": len(critical & core_pairs),
         "critical_coverage": round(len(critical & core_pairs) / len(critical), 4)
-        if critical else 1.0,
+        if critical
+        else 1.0,
         "core_capacity": core_capacity,
         "buffer_capacity": buffer_capacity,
         "core_over_capacity": max(0, core - core_capacity),
@@ -249,13 +264,25 @@ def _fill(store: Any, n: int, rng: np.random.Generator, now: int) -> None:
         for part, mask in (("core", core), ("buffer", ~core)):
             idx = np.flatnonzero(mask)
             rows = [
-                {"id": f"s{start + i}", "tenant": "scale", "agent_id": f"a{i % 8}",
-                 "episode_id": "e", "step": int(start + i), "vector": vecs[i], "text": "x",
-                 "action": str(i % 4), "reward": 0.0, "rpe": float(rpe[i]),
-                 "rpe_smoothed": abs(float(rpe[i])), "gate": 0.5, "valence": 1,
-                 "utility": float(rng.normal(0, 0.3)) if i % 10 == 0 else 0.0,
-                 "created_ts": int(now - ages[i]), "last_access_ts": int(now - ages[i]),
-                 "metadata": {"access": {"n": int(i % 7)}} if i % 13 == 0 else {}}
+                {
+                    "id": f"s{start + i}",
+                    "tenant": "scale",
+                    "agent_id": f"a{i % 8}",
+                    "episode_id": "e",
+                    "step": int(start + i),
+                    "vector": vecs[i],
+                    "text": "x",
+                    "action": str(i % 4),
+                    "reward": 0.0,
+                    "rpe": float(rpe[i]),
+                    "rpe_smoothed": abs(float(rpe[i])),
+                    "gate": 0.5,
+                    "valence": 1,
+                    "utility": float(rng.normal(0, 0.3)) if i % 10 == 0 else 0.0,
+                    "created_ts": int(now - ages[i]),
+                    "last_access_ts": int(now - ages[i]),
+                    "metadata": {"access": {"n": int(i % 7)}} if i % 13 == 0 else {},
+                }
                 for i in idx
             ]
             if rows:
@@ -325,9 +352,11 @@ def scale_run(sizes: list[int], passes: int, milvus_uri: str | None) -> dict[str
                     "bootstrap_ms": round(boot_ms, 1),
                     "fill_s": round(fill_s, 1),
                 }
-                note(f"  n={n:,}: pass p50 {r['decay_pass_ms_p50']} ms, p99 "
-                     f"{r['decay_pass_ms_p99']} ms, plan {r['plan_ms_p50']} ms, "
-                     f"bootstrap {r['bootstrap_ms']} ms")
+                note(
+                    f"  n={n:,}: pass p50 {r['decay_pass_ms_p50']} ms, p99 "
+                    f"{r['decay_pass_ms_p99']} ms, plan {r['plan_ms_p50']} ms, "
+                    f"bootstrap {r['bootstrap_ms']} ms"
+                )
                 results.append(r)
             finally:
                 try:

@@ -151,8 +151,12 @@ async def _drive(settings: Settings, url: str, stream: list[Transition | Episode
 
 async def _events(settings: Settings) -> list[dict[str, Any]]:
     """Every event on ``dmem.memories`` so far."""
-    c = AIOKafkaConsumer(settings.topic("memories"), auto_offset_reset="earliest",
-                         enable_auto_commit=False, **kafka_client_kwargs(settings.kafka))
+    c = AIOKafkaConsumer(
+        settings.topic("memories"),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **kafka_client_kwargs(settings.kafka),
+    )
     await c.start()
     out: list[dict[str, Any]] = []
     try:
@@ -280,8 +284,9 @@ def run(steps: int = 3000, env_name: str = "cliffwalking", seed: int = 7,
         "stored_live": a["stored"],
         "stored_shifted": b["stored"],
         "same_ids_ratio": round(len(ids_a & ids_b) / len(union), 4) if union else 1.0,
-        "same_partitions": all(live["rows"][i]["partition"] == shifted["rows"][i]["partition"]
-                               for i in ids_a & ids_b),
+        "same_partitions": all(
+            live["rows"][i]["partition"] == shifted["rows"][i]["partition"] for i in ids_a & ids_b
+        ),
         "routes_same": live["res"]["routes"] == shifted["res"]["routes"],
         "critical_live": a["critical"],
         "critical_merged_away": a["critical_merged_away"] + b["critical_merged_away"],

@@ -155,8 +155,9 @@ def _note(rng: np.random.Generator) -> str:
     return f"{s} {v} {o} #{int(rng.integers(100_000))}"
 
 
-def load_rows(n: int, encoder: Any, seed: int, now_ms: int,
-              batch: int) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+def load_rows(
+    n: int, encoder: Any, seed: int, now_ms: int, batch: int
+) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Yield (core_rows, buffer_rows) batches of realistic memories for LOAD_TENANT."""
     rng = np.random.default_rng(seed)
     env_iter = _env_observations(n - n // 2, seed + 1000)
@@ -296,8 +297,12 @@ async def _timed_requests(
     return lat, empty
 
 
-def _upsert_all(store: Any, batches: Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]],
-                total: int, label: str) -> None:
+def _upsert_all(
+    store: Any,
+    batches: Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+    total: int,
+    label: str,
+) -> None:
     """Upsert (core, buffer) batches; the next batch is built while one is written."""
     prog = Progress(label, total)
     done = 0
@@ -334,8 +339,10 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
     info: dict[str, Any] = {"loadavg_at_start": machine_info()["loadavg_1_5_15"]}
     with cleanup_on_signals(), ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
-        note(f"dmem bench retrieval: {cfg.memories:,} memories, {cfg.requests} requests x "
-             f"{cfg.repeats} repeats, encoder {cfg.encoder}; work dir {tmp}")
+        note(
+            f"dmem bench retrieval: {cfg.memories:,} memories, {cfg.requests} requests x "
+            f"{cfg.repeats} repeats, encoder {cfg.encoder}; work dir {tmp}"
+        )
         bootstrap, container_uri = stack.enter_context(bench_services(cfg.backend))
         info["backend"] = cfg.backend
         if container_uri:
@@ -349,8 +356,9 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             info["milvus_start_s"] = round(server.start_s or 0.0, 2)
             note(f"  {uri} (started in {server.start_s:.1f}s)")
         encoder = build_encoder(cfg.encoder, dim=256)
-        store = MemoryStore(uri, collection=collection, dim=encoder.dim,
-                            timeout_s=60.0, batch_size=cfg.load_batch)
+        store = MemoryStore(
+            uri, collection=collection, dim=encoder.dim, timeout_s=60.0, batch_size=cfg.load_batch
+        )
         stack.callback(store.close)
         store.connect()
 
@@ -365,8 +373,9 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         }
         note("starting broker and respond worker ...")
         t0 = time.monotonic()
-        local = LocalStack(tmp / "stack", roles=("respond",), extra_env=env,
-                           broker_bootstrap=bootstrap)
+        local = LocalStack(
+            tmp / "stack", roles=("respond",), extra_env=env, broker_bootstrap=bootstrap
+        )
         stack.callback(local.stop)
         try:
             local.start()
@@ -389,21 +398,29 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)
         qdata: list[QualityData] = []
         for env_name in cfg.envs:
-            note(f"quality: {env_name} ({cfg.steps} steps, seed {cfg.seed}) through the "
-                 "write-path operators ...")
+            note(
+                f"quality: {env_name} ({cfg.steps} steps, seed {cfg.seed}) through the "
+                "write-path operators ..."
+            )
             qd = quality_data(env_name, cfg.steps, cfg.seed, encoder, now_ms)
             for part in ("core", "buffer"):
                 if qd.gated[part]:
                     store.upsert(qd.gated[part], part)  # type: ignore[arg-type]
             store.upsert(qd.every, "buffer")
             qdata.append(qd)
-            note(f"  gated: core {len(qd.gated['core'])}, buffer {len(qd.gated['buffer'])}; "
-                 f"store_all {len(qd.every)}; probes {len(qd.probes)}")
+            note(
+                f"  gated: core {len(qd.gated['core'])}, buffer {len(qd.gated['buffer'])}; "
+                f"store_all {len(qd.every)}; probes {len(qd.probes)}"
+            )
 
         note(f"loading {cfg.memories:,} memories into tenant {LOAD_TENANT!r} ...")
         t0 = time.monotonic()
-        _upsert_all(store, load_rows(cfg.memories, encoder, cfg.seed, now_ms, cfg.load_batch),
-                    cfg.memories, "  upsert")
+        _upsert_all(
+            store,
+            load_rows(cfg.memories, encoder, cfg.seed, now_ms, cfg.load_batch),
+            cfg.memories,
+            "  upsert",
+        )
         load_s = time.monotonic() - t0
         t0 = time.monotonic()
         store.client.flush(collection, timeout=600)
@@ -412,15 +429,22 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
         # compactions (they take a whole core for ~30-60 s at 100k rows)
         note("  waiting for compaction and the HNSW builds to finish ...")
         settle = store.wait_indexed(timeout_s=900)
-        info.update(compact_wait_s=round(settle["compact_s"], 1),
-                    index_wait_s=round(settle["index_s"], 1))
+        info.update(
+            compact_wait_s=round(settle["compact_s"], 1), index_wait_s=round(settle["index_s"], 1)
+        )
         loaded = store.count(tenant=LOAD_TENANT)
         total_rows = store.count()
-        info.update(load_s=round(load_s, 1), load_rows_per_s=round(cfg.memories / load_s),
-                    flush_s=round(flush_s, 1), collection_rows=total_rows)
-        note(f"  loaded {loaded:,} in {load_s:.1f}s ({cfg.memories / load_s:,.0f}/s), "
-             f"flush {flush_s:.1f}s, index wait {settle['index_s']:.1f}s; collection holds "
-             f"{total_rows:,} rows")
+        info.update(
+            load_s=round(load_s, 1),
+            load_rows_per_s=round(cfg.memories / load_s),
+            flush_s=round(flush_s, 1),
+            collection_rows=total_rows,
+        )
+        note(
+            f"  loaded {loaded:,} in {load_s:.1f}s ({cfg.memories / load_s:,.0f}/s), "
+            f"flush {flush_s:.1f}s, index wait {settle['index_s']:.1f}s; collection holds "
+            f"{total_rows:,} rows"
+        )
         if loaded != cfg.memories:
             raise RuntimeError(f"expected {cfg.memories} memories, store counts {loaded}")
 
@@ -432,9 +456,14 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             if vec is None:
                 vec = qvec_cache[q] = encoder.encode([q])[0]
             t0 = time.perf_counter()
-            hits = store.search(vec, tenant=LOAD_TENANT, k=cfg.candidates,
-                                partitions=("core", "buffer"), output_fields=OUTPUT,
-                                consistency_level="Bounded")
+            hits = store.search(
+                vec,
+                tenant=LOAD_TENANT,
+                k=cfg.candidates,
+                partitions=("core", "buffer"),
+                output_fields=OUTPUT,
+                consistency_level="Bounded",
+            )
             raw_lat.append(time.perf_counter() - t0)
             return hits
 
@@ -443,8 +472,9 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
 
         async def measure() -> dict[str, Any]:
             kc = Client(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
-            hc = Client(local.bootstrap or "", LOAD_TENANT, transport="http",
-                            http_url=http_url, **kw)  # type: ignore[arg-type]
+            hc = Client(
+                local.bootstrap or "", LOAD_TENANT, transport="http", http_url=http_url, **kw
+            )  # type: ignore[arg-type]
             await kc.start()
             await hc.start()
             try:
@@ -468,16 +498,23 @@ async def _search_took(client: Any, query: str, k: int, took: list[float]) -> li
     req = RetrievalRequest.model_validate(
         {"request_id": uuid.uuid4().hex, "tenant": client.tenant, "query": query, "k": k}
     )
-    resp = await (client._search_http(req) if client.transport == "http"
-                  else client._search_kafka(req))
+    resp = await (
+        client._search_http(req) if client.transport == "http" else client._search_kafka(req)
+    )
     if resp.error:
         raise SearchError(resp.error)
     took.append(resp.took_ms / 1e3)
     return list(resp.hits)
 
 
-async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str], Any],
-                   raw_lat: list[float], qdata: Sequence[QualityData]) -> dict[str, Any]:
+async def _measure(
+    cfg: BenchConfig,
+    kc: Any,
+    hc: Any,
+    raw_search: Callable[[str], Any],
+    raw_lat: list[float],
+    qdata: Sequence[QualityData],
+) -> dict[str, Any]:
     took: dict[str, list[float]] = {"kafka": [], "http": []}
 
     async def kafka(q: str) -> Any:
@@ -489,8 +526,7 @@ async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str
     async def raw(q: str) -> Any:
         return raw_search(q)
 
-    transports: dict[str, Callable[[str], Any]] = {"kafka": kafka, "http": http,
-                                                   "milvus_raw": raw}
+    transports: dict[str, Callable[[str], Any]] = {"kafka": kafka, "http": http, "milvus_raw": raw}
     note(f"warm-up: {cfg.warmup} requests per transport")
     for fn in transports.values():
         for text in query_texts(cfg.warmup, cfg.seed + 999):
@@ -505,10 +541,12 @@ async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str
     loads: list[float] = []  # 1-min load average at the start of each repeat
     for rep in range(cfg.repeats):
         queries = query_texts(cfg.requests, cfg.seed + rep)
-        order = names[rep % len(names):] + names[: rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         loads.append(round(os.getloadavg()[0], 2))
-        note(f"repeat {rep + 1}/{cfg.repeats} (order: {', '.join(order)}; "
-             f"load average {loads[-1]:.2f})")
+        note(
+            f"repeat {rep + 1}/{cfg.repeats} (order: {', '.join(order)}; "
+            f"load average {loads[-1]:.2f})"
+        )
         for name in order:
             if name == "milvus_raw":
                 raw_lat.clear()
@@ -521,32 +559,45 @@ async def _measure(cfg: BenchConfig, kc: Any, hc: Any, raw_search: Callable[[str
             empty[name] += e
             s = summarize_ms(lat)
             per[name].append(s)
-            extra = (f" (responder {per_took[name][-1]['p50']:.2f} ms p50)"
-                     if name in per_took else "")
+            extra = (
+                f" (responder {per_took[name][-1]['p50']:.2f} ms p50)" if name in per_took else ""
+            )
             note(f"    {name}: p50 {s['p50']:.2f} ms, p99 {s['p99']:.2f} ms{extra}")
 
     note("quality probes over HTTP ...")
     quality: list[QualityResult] = []
     for q in qdata:
-        qr = QualityResult(q.env, len(q.probes), 0, sum(len(v) for v in q.gated.values()),
-                           len(q.every), {"hybrid": 0, "semantic": 0, "store_all": 0})
+        qr = QualityResult(
+            q.env,
+            len(q.probes),
+            0,
+            sum(len(v) for v in q.gated.values()),
+            len(q.every),
+            {"hybrid": 0, "semantic": 0, "store_all": 0},
+        )
         stored = {(r["text"], r["action"]) for part in q.gated.values() for r in part}
         for text, action in q.probes:
             qr.stored_gated += (text, action) in stored
-            for mode, tenant, lam in (("hybrid", q.gated_tenant, None),
-                                      ("semantic", q.gated_tenant, 1.0),
-                                      ("store_all", q.all_tenant, 1.0)):
+            for mode, tenant, lam in (
+                ("hybrid", q.gated_tenant, None),
+                ("semantic", q.gated_tenant, 1.0),
+                ("store_all", q.all_tenant, 1.0),
+            ):
                 hc.tenant = tenant
                 hits = await hc.search(text, cfg.k, lambda_=lam)
                 qr.hits[mode] += any(h.text == text and h.action == action for h in hits)
         hc.tenant = LOAD_TENANT
         quality.append(qr)
-    return {"per": per, "per_took": per_took, "empty": empty, "quality": quality,
-            "loads": loads}
+    return {"per": per, "per_took": per_took, "empty": empty, "quality": quality, "loads": loads}
 
 
-def _assemble(cfg: BenchConfig, m: dict[str, Any], quality_data_: Sequence[QualityData],
-              info: dict[str, Any], elapsed: float) -> dict[str, Any]:
+def _assemble(
+    cfg: BenchConfig,
+    m: dict[str, Any],
+    quality_data_: Sequence[QualityData],
+    info: dict[str, Any],
+    elapsed: float,
+) -> dict[str, Any]:
     per: dict[str, list[dict[str, float]]] = m["per"]
     quality: list[QualityResult] = m["quality"]
 
@@ -575,7 +626,8 @@ def _assemble(cfg: BenchConfig, m: dict[str, Any], quality_data_: Sequence[Quali
         "milvus_raw_p99_ms": med("milvus_raw", "p99"),
         "overhead_ratio_p50": round(kafka_p50 / raw_p50, 3) if raw_p50 > 0 else math.nan,
         "http_overhead_ratio_p50": round(med("http", "p50") / raw_p50, 3)
-        if raw_p50 > 0 else math.nan,
+        if raw_p50 > 0
+        else math.nan,
         "responder_p50_ms": {  # inside the worker: encode + Milvus search + rank
             name: round(median_across(m["per_took"][name], "p50"), 3) for name in m["per_took"]
         },
@@ -588,15 +640,16 @@ def _assemble(cfg: BenchConfig, m: dict[str, Any], quality_data_: Sequence[Quali
         "probe_hit_at_5_store_all": rate("store_all"),
         "probes": probes,
         "probe_stored_gated": round(sum(q.stored_gated for q in quality) / probes, 4)
-        if probes else math.nan,
+        if probes
+        else math.nan,
         "quality_by_env": {
             q.env: {
                 "probes": q.probes,
                 "hit_at_5_hybrid": round(q.hits["hybrid"] / q.probes, 4) if q.probes else None,
-                "hit_at_5_semantic": round(q.hits["semantic"] / q.probes, 4)
-                if q.probes else None,
+                "hit_at_5_semantic": round(q.hits["semantic"] / q.probes, 4) if q.probes else None,
                 "hit_at_5_store_all": round(q.hits["store_all"] / q.probes, 4)
-                if q.probes else None,
+                if q.probes
+                else None,
                 "stored_gated": round(q.stored_gated / q.probes, 4) if q.probes else None,
                 "gated_rows": q.gated_rows,
                 "all_rows": q.all_rows,
@@ -625,38 +678,62 @@ def print_report(r: dict[str, Any]) -> None:
     series = [(name, r["latency_repeats"][name]) for name in ("kafka", "http", "milvus_raw")]
     series += [(f"{name}: in worker", reps) for name, reps in r["responder_repeats"].items()]
     for name, reps in series:
-        rows.append([
-            name,
-            statistics.median(x["p50"] for x in reps),
-            statistics.median(x["p90"] for x in reps),
-            statistics.median(x["p99"] for x in reps),
-            statistics.median(x["mean"] for x in reps),
-            max(x["max"] for x in reps),
-        ])
+        rows.append(
+            [
+                name,
+                statistics.median(x["p50"] for x in reps),
+                statistics.median(x["p90"] for x in reps),
+                statistics.median(x["p99"] for x in reps),
+                statistics.median(x["mean"] for x in reps),
+                max(x["max"] for x in reps),
+            ]
+        )
     print_table(
         f"latency at {r['memories']:,} memories (ms; median over {r['repeats']} repeats of "
         f"{r['requests']} sequential requests, k={r['k']}, C={r['candidates']})",
-        ["path", "p50", "p90", "p99", "mean", "max"], rows,
+        ["path", "p50", "p90", "p99", "mean", "max"],
+        rows,
     )
-    qrows = [["all (pooled)", r["probes"], r["probe_hit_at_5_hybrid"],
-              r["probe_hit_at_5_semantic"], r["probe_hit_at_5_store_all"],
-              r["probe_stored_gated"]]]
+    qrows = [
+        [
+            "all (pooled)",
+            r["probes"],
+            r["probe_hit_at_5_hybrid"],
+            r["probe_hit_at_5_semantic"],
+            r["probe_hit_at_5_store_all"],
+            r["probe_stored_gated"],
+        ]
+    ]
     for env, q in r["quality_by_env"].items():
-        qrows.append([env, q["probes"], q["hit_at_5_hybrid"], q["hit_at_5_semantic"],
-                      q["hit_at_5_store_all"], q["stored_gated"]])
-    print_table("critical-event probes: hit@5",
-                ["env", "probes", "hybrid", "semantic", "store_all", "stored(gated)"], qrows)
+        qrows.append(
+            [
+                env,
+                q["probes"],
+                q["hit_at_5_hybrid"],
+                q["hit_at_5_semantic"],
+                q["hit_at_5_store_all"],
+                q["stored_gated"],
+            ]
+        )
+    print_table(
+        "critical-event probes: hit@5",
+        ["env", "probes", "hybrid", "semantic", "store_all", "stored(gated)"],
+        qrows,
+    )
     checks = [
         ("kafka_p99_ms <= 50", r["kafka_p99_ms"] <= 50),
         ("http_p99_ms <= 30", r["http_p99_ms"] <= 30),
         ("overhead_ratio_p50 <= 3", r["overhead_ratio_p50"] <= 3),
         ("hybrid >= 0.9", r["probe_hit_at_5_hybrid"] >= 0.9),
-        ("hybrid >= store_all + 0.2",
-         r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_store_all"] + 0.2),
+        (
+            "hybrid >= store_all + 0.2",
+            r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_store_all"] + 0.2,
+        ),
         ("hybrid >= semantic", r["probe_hit_at_5_hybrid"] >= r["probe_hit_at_5_semantic"]),
     ]
-    print_table("targets", ["target", "met"],
-                [[name, "yes" if ok else "NO"] for name, ok in checks])
+    print_table(
+        "targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in checks]
+    )
 
 
 EMBEDDED_KEYS = ("milvus_mode", "memories", "ingest_per_s", "search_p50_ms", "search_p99_ms",
@@ -678,9 +755,11 @@ def main(cfg: BenchConfig, as_json: bool) -> dict[str, Any]:
     result = run_retrieval(cfg)
     if cfg.embedded:
         emb = result["embedded"] = run_embedded_block(cfg)
-        note(f"embedded default ({emb['milvus_mode']}): HTTP search p50 "
-             f"{emb['search_p50_ms']} ms, p99 {emb['search_p99_ms']} ms at "
-             f"{emb['memories']:,} memories; server stack: HTTP p50 {result['http_p50_ms']} ms")
+        note(
+            f"embedded default ({emb['milvus_mode']}): HTTP search p50 "
+            f"{emb['search_p50_ms']} ms, p99 {emb['search_p99_ms']} ms at "
+            f"{emb['memories']:,} memories; server stack: HTTP p50 {result['http_p50_ms']} ms"
+        )
     print_report(result)
     note(f"done in {result['elapsed_s']:.0f}s")
     if as_json:

@@ -155,9 +155,16 @@ def event_key(st: Step) -> tuple[str, int, str, str]:
 
 def to_transition(st: Step, i: int, t0_ms: int) -> Transition:
     return Transition(
-        transition_id=step_id(st), tenant=TENANT, agent_id=AGENT,
-        episode_id=st.episode, step=st.step, observation=st.observation, action=st.action,
-        reward=st.reward, next_observation=st.next_observation, done=st.done,
+        transition_id=step_id(st),
+        tenant=TENANT,
+        agent_id=AGENT,
+        episode_id=st.episode,
+        step=st.step,
+        observation=st.observation,
+        action=st.action,
+        reward=st.reward,
+        next_observation=st.next_observation,
+        done=st.done,
         ts=t0_ms + i * 10,  # a live agent's memories: minutes old, not from 2023
         metadata={"task": st.task, "variation": st.variation},
     )
@@ -173,8 +180,17 @@ def play_all(sw: World, cfg: SciConfig, progress: Progress | None) -> Played:
         train, test = sw.variations(task)
         for v in train[: cfg.train_variations]:
             for pol in ("gold", "noisy", "random"):
-                out.train.append(play(sw, task, v, pol, cfg.seed, f"{task}-{v}-{pol}",
-                                      random_steps=cfg.random_steps))
+                out.train.append(
+                    play(
+                        sw,
+                        task,
+                        v,
+                        pol,
+                        cfg.seed,
+                        f"{task}-{v}-{pol}",
+                        random_steps=cfg.random_steps,
+                    )
+                )
         out.test_variations[task] = test[: cfg.test_variations]
         for v in out.test_variations[task]:
             out.test.append(play(sw, task, v, "gold", cfg.seed, f"{task}-{v}-test"))
@@ -187,9 +203,14 @@ def _key(cfg: SciConfig) -> dict[str, Any]:
     # older caches: ScienceWorld with HotSpot's default identity hashes, whose episodes
     # depended on the ones before them (`sciworld_env.FIXED_IDENTITY_HASH`): not reused
     env = {"jvm": "fixed-hash"} if cfg.env == "sciworld" else {"env": cfg.env}
-    return {**env, "tasks": list(cfg.tasks), "train": cfg.train_variations,
-            "test": cfg.test_variations,
-            "random_steps": cfg.random_steps, "seed": cfg.seed}
+    return {
+        **env,
+        "tasks": list(cfg.tasks),
+        "train": cfg.train_variations,
+        "test": cfg.test_variations,
+        "random_steps": cfg.random_steps,
+        "seed": cfg.seed,
+    }
 
 
 def cached_play(sw: World, cfg: SciConfig) -> Played:
@@ -199,11 +220,24 @@ def cached_play(sw: World, cfg: SciConfig) -> Played:
     if path is not None and path.is_file():
         d = json.loads(path.read_text())
         if d["key"] == _key(cfg):
+
             def eps(items: list[dict[str, Any]]) -> list[Episode]:
-                return [Episode(e["task"], e["variation"], e["policy"], e["episode"],
-                                [Step(**st) for st in e["steps"]]) for e in items]
-            return Played(eps(d["train"]), eps(d["test"]),
-                          {k: list(v) for k, v in d["test_variations"].items()})
+                return [
+                    Episode(
+                        e["task"],
+                        e["variation"],
+                        e["policy"],
+                        e["episode"],
+                        [Step(**st) for st in e["steps"]],
+                    )
+                    for e in items
+                ]
+
+            return Played(
+                eps(d["train"]),
+                eps(d["test"]),
+                {k: list(v) for k, v in d["test_variations"].items()},
+            )
     played = play_all(sw, cfg, Progress("sciworld play", len(cfg.tasks)))
     if path is not None:
         path.write_text(json.dumps({"key": _key(cfg), **dataclasses.asdict(played)}))
@@ -252,8 +286,7 @@ def mrr(scores: Sequence[float], rel: Sequence[bool], k: int) -> float:
 
 
 def health(stack: LocalStack) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health",
-                                timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health", timeout=10) as r:
         return dict(json.loads(r.read()))
 
 
@@ -278,15 +311,17 @@ def scan(stack: LocalStack, dim: int) -> dict[str, tuple[str, tuple[str, ...]]]:
         store.close()
 
 
-def store_stats(rows: dict[str, tuple[str, tuple[str, ...]]],
-                steps: dict[str, Step]) -> dict[str, Any]:
+def store_stats(
+    rows: dict[str, tuple[str, tuple[str, ...]]], steps: dict[str, Step]
+) -> dict[str, Any]:
     """Coverage of distinct critical events and the core's precision, from a scan.
 
     A row covers its own step's event and those of the steps the dedup job merged
     into it (``metadata.merge.ids``: the survivor stands for them).
     """
-    stored_keys = {event_key(steps[m]) for i, (_, merged) in rows.items()
-                   for m in (i, *merged) if m in steps}
+    stored_keys = {
+        event_key(steps[m]) for i, (_, merged) in rows.items() for m in (i, *merged) if m in steps
+    }
     crit = {event_key(s) for s in steps.values() if s.critical}
     up = {event_key(s) for s in steps.values() if s.reward > 0}
     core = [i for i, (p, _) in rows.items() if p == "core" and i in steps]
@@ -300,8 +335,9 @@ def store_stats(rows: dict[str, tuple[str, tuple[str, ...]]],
     }
 
 
-async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600,
-                         poll_s: float = 0.5) -> None:
+async def wait_processed(
+    stack: LocalStack, target: int, timeout_s: float = 600, poll_s: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if int(health(stack).get("write", {}).get("processed", 0)) >= target:
@@ -310,8 +346,9 @@ async def wait_processed(stack: LocalStack, target: int, timeout_s: float = 600,
     raise TimeoutError(f"write path did not process {target} transitions in {timeout_s} s")
 
 
-async def settle(stack: LocalStack, dim: int, min_s: float, quiet_s: float = 6.0,
-                 timeout_s: float = 300.0) -> dict[str, tuple[str, tuple[str, ...]]]:
+async def settle(
+    stack: LocalStack, dim: int, min_s: float, quiet_s: float = 6.0, timeout_s: float = 300.0
+) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Wait at least `min_s`, then until the tenant's rows stop changing for `quiet_s`."""
     await asyncio.sleep(min_s)
     deadline = time.monotonic() + timeout_s
@@ -346,10 +383,12 @@ def probes_of(test: list[Episode]) -> list[Probe]:
     return out
 
 
-def relevant_ids(steps: dict[str, Step], rows: dict[str, tuple[str, tuple[str, ...]]],
-                 pr: Probe) -> set[str]:
+def relevant_ids(
+    steps: dict[str, Step], rows: dict[str, tuple[str, tuple[str, ...]]], pr: Probe
+) -> set[str]:
     """Stored rows that are (or absorbed, by a dedup merge) a rewarded step of the
     probe's task that completed the probe's subgoal."""
+
     def rel(i: str) -> bool:
         s = steps.get(i)
         return s is not None and s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal
@@ -358,21 +397,38 @@ def relevant_ids(steps: dict[str, Step], rows: dict[str, tuple[str, tuple[str, .
 
 
 def relevant_keys(steps: dict[str, Step], pr: Probe) -> set[tuple[str, int, str, str]]:
-    return {event_key(s) for s in steps.values()
-            if s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal}
+    return {
+        event_key(s)
+        for s in steps.values()
+        if s.task == pr.task and s.reward > 0 and s.subgoal == pr.subgoal
+    }
 
 
 def _dump_hit(h: Any, rel: bool, steps: dict[str, Step]) -> dict[str, Any]:
     st = steps.get(h.memory_id)
-    return {"id": h.memory_id, "score": round(h.score, 4), "rel": rel,
-            "sem": round(h.breakdown.semantic, 4), "sal": round(h.breakdown.salience, 4),
-            "reward": h.reward, "action": h.action, "text": h.text[:80], "merged": h.merged_count,
-            "policy": st.policy if st else None, "subgoal": st.subgoal if st else None}
+    return {
+        "id": h.memory_id,
+        "score": round(h.score, 4),
+        "rel": rel,
+        "sem": round(h.breakdown.semantic, 4),
+        "sal": round(h.breakdown.salience, 4),
+        "reward": h.reward,
+        "action": h.action,
+        "text": h.text[:80],
+        "merged": h.merged_count,
+        "policy": st.policy if st else None,
+        "subgoal": st.subgoal if st else None,
+    }
 
 
-async def run_probes(c: Client, encoder: Any, probes: list[Probe], steps: dict[str, Step],
-                     rows: dict[str, tuple[str, tuple[str, ...]]],
-                     dump: list[dict[str, Any]] | None = None) -> dict[str, float]:
+async def run_probes(
+    c: Client,
+    encoder: Any,
+    probes: list[Probe],
+    steps: dict[str, Step],
+    rows: dict[str, tuple[str, tuple[str, ...]]],
+    dump: list[dict[str, Any]] | None = None,
+) -> dict[str, float]:
     """Tie-aware hit@5 / MRR@10 per ranking; ``dump`` (when given) collects, per probe,
     the top hits of each ranking with their relevance (`.dmem-bench/sciworld-probes.json`)."""
     ids = list(steps)
@@ -391,9 +447,13 @@ async def run_probes(c: Client, encoder: Any, probes: list[Probe], steps: dict[s
         rel_all = [event_key(steps[ids[j]]) in keys for j in cols]
         acc["hit_at_5_store_all"].append(hit_prob(sims, rel_all, 5))
         acc["mrr_at_10_store_all"].append(mrr(sims, rel_all, 10))
-        entry: dict[str, Any] = {"task": pr.task, "subgoal": pr.subgoal, "query": pr.query[:120],
-                                 "relevant_stored": sorted(rel_stored),
-                                 "hit_at_5_store_all": acc["hit_at_5_store_all"][-1]}
+        entry: dict[str, Any] = {
+            "task": pr.task,
+            "subgoal": pr.subgoal,
+            "query": pr.query[:120],
+            "relevant_stored": sorted(rel_stored),
+            "hit_at_5_store_all": acc["hit_at_5_store_all"][-1],
+        }
         for name, lam in (("dmem", None), ("semantic_stored", 1.0), *DIAG_LAMBDAS):
             hits = await c.search(pr.query, 20, lambda_=lam, metadata_equals={"task": pr.task})
             sc = [h.score for h in hits]
@@ -409,8 +469,16 @@ async def run_probes(c: Client, encoder: Any, probes: list[Probe], steps: dict[s
     return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}
 
 
-def fallback_action(seed: int, task: str, variation: int, repeat: int, obs: str,
-                    valid: Sequence[str], avoid: set[str], visit: int) -> str:
+def fallback_action(
+    seed: int,
+    task: str,
+    variation: int,
+    repeat: int,
+    obs: str,
+    valid: Sequence[str],
+    avoid: set[str],
+    visit: int,
+) -> str:
     """The closed-loop agent's random valid action, drawn with common random numbers.
 
     The draw is seeded by the decision point alone: (seed, task, variation, repeat,
@@ -450,10 +518,18 @@ def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, int, i
 # ---------------------------------------------------------------- closed loop
 
 
-async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
-                       lam: float | None, cfg: SciConfig, tag: str,
-                       trace: list[dict[str, Any]] | None = None,
-                       repeat: int = 0, credit: bool = True) -> tuple[int, bool]:
+async def loop_episode(
+    sw: World,
+    c: Client | None,
+    task: str,
+    variation: int,
+    lam: float | None,
+    cfg: SciConfig,
+    tag: str,
+    trace: list[dict[str, Any]] | None = None,
+    repeat: int = 0,
+    credit: bool = True,
+) -> tuple[int, bool]:
     """One closed-loop episode; returns (final score with failure as 0, success).
     ``trace`` (when given) collects each step: action, the memory it came from
     (None: random), reward, the ranking's lambda and the served hits (id, action,
@@ -471,8 +547,15 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
         action, used, rid = None, None, f"{ep}-{step}"
         hits = []
         if c is not None:
-            hits = await c.search(obs, 5, lambda_=lam, episode_id=ep if credit else None,
-                                  step=step, request_id=rid, metadata_equals={"task": task})
+            hits = await c.search(
+                obs,
+                5,
+                lambda_=lam,
+                episode_id=ep if credit else None,
+                step=step,
+                request_id=rid,
+                metadata_equals={"task": task},
+            )
         # a memory of a failure (reward < 0: it ended or set back the task) is a
         # warning, not a recipe: its action is not valid for this agent, neither
         # replayed nor drawn at random (the no-memory agent knows no such warning)
@@ -490,8 +573,9 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
                 break
         if result is None:
             valid = tuple(sw.valid())
-            action = fallback_action(cfg.seed, task, variation, repeat, obs, valid, avoid,
-                                     visits[(obs, valid)])
+            action = fallback_action(
+                cfg.seed, task, variation, repeat, obs, valid, avoid, visits[(obs, valid)]
+            )
             visits[(obs, valid)] += 1
             result = sw.act(action)
         tried.add((obs, str(action)))
@@ -508,18 +592,34 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
             # the outcome among all five hits (operators/credit.py). With the step's
             # reward as evidence: a failure the random fallback caused later does not
             # blame a memory whose action was just rewarded
-            await c.report_usage(ep, rid, {used: 1.0} if used else {}, step=step,
-                                 reward=float(reward))
+            await c.report_usage(
+                ep, rid, {used: 1.0} if used else {}, step=step, reward=float(reward)
+            )
         if reward != 0:
             earned = step
         if trace is not None:
-            trace.append({"step": step, "action": action, "memory": used, "reward": reward,
-                          "hits": len(hits), "failed": failed,
-                          "lambda": round(hits[0].breakdown.lambda_, 3) if hits else None,
-                          "served": [[h.memory_id, h.action, round(h.breakdown.semantic, 3),
-                                      round(h.breakdown.salience, 3), h.reward,
-                                      round(h.utility, 3)]
-                                     for h in hits]})
+            trace.append(
+                {
+                    "step": step,
+                    "action": action,
+                    "memory": used,
+                    "reward": reward,
+                    "hits": len(hits),
+                    "failed": failed,
+                    "lambda": round(hits[0].breakdown.lambda_, 3) if hits else None,
+                    "served": [
+                        [
+                            h.memory_id,
+                            h.action,
+                            round(h.breakdown.semantic, 3),
+                            round(h.breakdown.salience, 3),
+                            h.reward,
+                            round(h.utility, 3),
+                        ]
+                        for h in hits
+                    ],
+                }
+            )
         if done:
             break
     final = max(score, 0)
@@ -531,33 +631,39 @@ async def loop_episode(sw: World, c: Client | None, task: str, variation: int,
         # +67 before it and blamed "go to hallway", the step that earned it);
         # and the step of its last score change: memories used after it (wandering
         # until the step limit) did not earn the outcome and get no share of it
-        await c.report_outcome(ep, reward=float(final), agent_id=f"loop-{tag}", task=task,
-                               step=earned)
+        await c.report_outcome(
+            ep, reward=float(final), agent_id=f"loop-{tag}", task=task, step=earned
+        )
     return final, final >= 100
 
 
-async def closed_loop(sw: World, stack: LocalStack, played: Played,
-                      cfg: SciConfig, dim: int) -> dict[str, Any]:
+async def closed_loop(
+    sw: World, stack: LocalStack, played: Played, cfg: SciConfig, dim: int
+) -> dict[str, Any]:
     s = stack.settings
     res: dict[str, Any] = {}
     per: dict[str, list[int]] = {}
     traces: dict[str, list[dict[str, Any]]] = {}
     assert stack.bootstrap is not None
-    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
-                          timeout_s=20) as c:
+    async with Client(
+        stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix, timeout_s=20
+    ) as c:
         # semantic first and credit-free: the baseline searches the stored set as the
         # loop found it, and leaves no credit (only the access stamps of its searches)
-        for name, lam, client, credit in (("no_memory", None, None, False),
-                                          ("semantic", 1.0, c, False),
-                                          ("hybrid", None, c, True)):
+        for name, lam, client, credit in (
+            ("no_memory", None, None, False),
+            ("semantic", 1.0, c, False),
+            ("hybrid", None, c, True),
+        ):
             before = set(await asyncio.to_thread(scan, stack, dim)) if client else set()
             scores, wins = [], 0
             for r in range(cfg.loop_repeats):
                 for task, vs in played.test_variations.items():
                     for v in vs:
                         tr: list[dict[str, Any]] = []
-                        sc, ok = await loop_episode(sw, client, task, v, lam, cfg, name, tr, r,
-                                                    credit=credit)
+                        sc, ok = await loop_episode(
+                            sw, client, task, v, lam, cfg, name, tr, r, credit=credit
+                        )
                         traces[f"{name}:{task}:{v}" + (f":r{r}" if r else "")] = tr
                         scores.append(sc)
                         wins += ok
@@ -568,8 +674,10 @@ async def closed_loop(sw: World, stack: LocalStack, played: Played,
             per[name] = scores
             res[f"success_{name}"] = round(wins / max(len(scores), 1), 4)
             res[f"score_{name}"] = round(sum(scores) / max(len(scores), 1), 2)
-            note(f"closed loop {name}: success {res[f'success_{name}']}, "
-                 f"mean score {res[f'score_{name}']}")
+            note(
+                f"closed loop {name}: success {res[f'success_{name}']}, "
+                f"mean score {res[f'score_{name}']}"
+            )
     res["loop_episodes"] = len(per["no_memory"])
     res["loop_repeats"] = cfg.loop_repeats
     for a, b in (("hybrid", "semantic"), ("hybrid", "no_memory"), ("semantic", "no_memory")):
@@ -594,10 +702,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[0].bar(names, [result[f"score_{n}"] for n in names], color=["#999", "#69c", "#c63"])
     axes[0].set_ylabel("mean final score (0-100)")
     axes[0].set_title("closed loop on test variations")
-    keys = [("store_all", "store-all cosine"), ("semantic_stored", "cosine over stored"),
-            ("dmem", "dmem default")]
-    axes[1].bar([lbl for _, lbl in keys], [result[f"hit_at_5_{k}"] for k, _ in keys],
-                color=["#999", "#69c", "#c63"])
+    keys = [
+        ("store_all", "store-all cosine"),
+        ("semantic_stored", "cosine over stored"),
+        ("dmem", "dmem default"),
+    ]
+    axes[1].bar(
+        [lbl for _, lbl in keys],
+        [result[f"hit_at_5_{k}"] for k, _ in keys],
+        color=["#999", "#69c", "#c63"],
+    )
     axes[1].set_ylabel("tie-aware hit@5")
     axes[1].set_ylim(0, 1)
     axes[1].set_title(f"{result['probes']} probes from unseen variations")
@@ -628,10 +742,14 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
         steps = {step_id(st): st for ep in played.train for st in ep.steps}
         note(f"bench sciworld: {len(steps)} steps; starting Milvus, broker + worker ...")
         uri = server.start(timeout_s=180)
-        env = {"DMEM_ENCODER__NAME": cfg.encoder, "DMEM_APP_ID": "dmem-bench-sciworld",
-               "DMEM_WRITE__BATCH_WITHIN_S": "0.1", "DMEM_MILVUS__URI": uri,
-               # the README's dedup threshold for each encoder (0.95 is tuned for hash)
-               "DMEM_MAINTENANCE__DEDUP_TAU": str(DEDUP_TAU_BY_ENCODER.get(cfg.encoder, 0.95))}
+        env = {
+            "DMEM_ENCODER__NAME": cfg.encoder,
+            "DMEM_APP_ID": "dmem-bench-sciworld",
+            "DMEM_WRITE__BATCH_WITHIN_S": "0.1",
+            "DMEM_MILVUS__URI": uri,
+            # the README's dedup threshold for each encoder (0.95 is tuned for hash)
+            "DMEM_MAINTENANCE__DEDUP_TAU": str(DEDUP_TAU_BY_ENCODER.get(cfg.encoder, 0.95)),
+        }
         stack = LocalStack(data, roles=("all",), extra_env=env)
         stack.start()
         result = asyncio.run(_run(stack, sw, played, steps, cfg))
@@ -646,14 +764,16 @@ def _main(cfg: SciConfig, as_json: bool) -> dict[str, Any]:
     loop = result.pop("loop_scores")
     traces = result.pop("loop_traces")
     (cfg.out_dir / f"{cfg.env}.json").write_text(
-        json.dumps({"result": result, "loop": loop, "loop_traces": traces}))
+        json.dumps({"result": result, "loop": loop, "loop_traces": traces})
+    )
     note(f"plot: {cfg.out_dir / (cfg.env + '.png')}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result
 
 
-async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, Step],
-               cfg: SciConfig) -> dict[str, Any]:
+async def _run(
+    stack: LocalStack, sw: World, played: Played, steps: dict[str, Step], cfg: SciConfig
+) -> dict[str, Any]:
     from operators import build_encoder
 
     s = stack.settings
@@ -661,8 +781,9 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
     t0_ms = int(time.time() * 1000) - 10 * len(steps)
     transitions = [to_transition(st, i, t0_ms) for i, st in enumerate(steps.values())]
     encoder = build_encoder(cfg.encoder, s.encoder.dim)
-    async with Client(stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix,
-                          timeout_s=20) as c:
+    async with Client(
+        stack.bootstrap, TENANT, topic_prefix=s.kafka.topic_prefix, timeout_s=20
+    ) as c:
         # episode by episode, in play order, each one processed before the next is
         # sent: the write path's micro-batches (and so its TD updates and gate
         # decisions) then do not depend on how fast this machine is (as the demo's
@@ -671,15 +792,16 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
         sent = int(health(stack).get("write", {}).get("processed", 0))
         for ep in played.train:
             mine = [t for t in transitions if t.episode_id == ep.episode]
-            for part in ([[t] for t in mine] if cfg.publish == "step" else [mine]):
+            for part in [[t] for t in mine] if cfg.publish == "step" else [mine]:
                 sent += await c.publish_many(part)
                 await wait_processed(stack, sent, poll_s=0.02)
         gate_rows = await asyncio.to_thread(scan, stack, encoder.dim)
         gate = store_stats(gate_rows, steps)
         note(f"gate: {gate}")
         for ep in played.train:
-            await c.report_outcome(ep.episode, reward=float(max(ep.final_score, 0)),
-                                   agent_id=AGENT, task=ep.task)
+            await c.report_outcome(
+                ep.episode, reward=float(max(ep.final_score, 0)), agent_id=AGENT, task=ep.task
+            )
         final_rows = await settle(stack, encoder.dim, cfg.settle_s)
         final = store_stats(final_rows, steps)
         note(f"final: {final}")
@@ -691,8 +813,9 @@ async def _run(stack: LocalStack, sw: World, played: Played, steps: dict[str, St
                 per_task[steps[i].task] += 1
         probes = probes_of(played.test)
         http = f"http://127.0.0.1:{stack.web_ports[0]}"
-        async with Client(stack.bootstrap, TENANT, transport="http", http_url=http,
-                              timeout_s=20) as h:
+        async with Client(
+            stack.bootstrap, TENANT, transport="http", http_url=http, timeout_s=20
+        ) as h:
             dump: list[dict[str, Any]] = []
             ranking = await run_probes(h, encoder, probes, steps, final_rows, dump)
         (cfg.out_dir / f"{cfg.env}-probes.json").write_text(json.dumps(dump, indent=1))

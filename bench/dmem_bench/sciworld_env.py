@@ -47,19 +47,35 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 TASKS: tuple[str, ...] = (
-    "melt", "freeze", "change-the-state-of-matter-of", "measure-melting-point-unknown-substance",
-    "power-component", "power-component-renewable-vs-nonrenewable-energy",
-    "test-conductivity-of-unknown-substances", "find-non-living-thing", "find-plant",
-    "find-animal", "grow-fruit", "chemistry-mix-paint-secondary-color",
-    "chemistry-mix-paint-tertiary-color", "lifespan-shortest-lived",
-    "lifespan-longest-lived-then-shortest-lived", "identify-life-stages-2",
-    "inclined-plane-friction-named-surfaces", "inclined-plane-friction-unnamed-surfaces",
-    "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant",
+    "melt",
+    "freeze",
+    "change-the-state-of-matter-of",
+    "measure-melting-point-unknown-substance",
+    "power-component",
+    "power-component-renewable-vs-nonrenewable-energy",
+    "test-conductivity-of-unknown-substances",
+    "find-non-living-thing",
+    "find-plant",
+    "find-animal",
+    "grow-fruit",
+    "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color",
+    "lifespan-shortest-lived",
+    "lifespan-longest-lived-then-shortest-lived",
+    "identify-life-stages-2",
+    "inclined-plane-friction-named-surfaces",
+    "inclined-plane-friction-unnamed-surfaces",
+    "mendelian-genetics-known-plant",
+    "mendelian-genetics-unknown-plant",
 )
 #: the first tasks of a default run: short gold paths, several reward kinds, a fail state
 DEFAULT_TASKS: tuple[str, ...] = (
-    "find-plant", "find-animal", "find-non-living-thing", "power-component",
-    "chemistry-mix-paint-secondary-color", "lifespan-shortest-lived",
+    "find-plant",
+    "find-animal",
+    "find-non-living-thing",
+    "power-component",
+    "chemistry-mix-paint-secondary-color",
+    "lifespan-shortest-lived",
 )
 POLICIES = ("gold", "noisy", "random")
 #: HotSpot options of the simulator's JVM: one constant identity hash code, so the
@@ -246,8 +262,9 @@ def rng_for(seed: int, *parts: Any) -> random.Random:
     return random.Random(f"{seed}|" + "|".join(str(p) for p in parts))
 
 
-def planned_actions(sw: World, policy: str, rng: random.Random,
-                    random_steps: int) -> Iterator[tuple[str | None, bool]]:
+def planned_actions(
+    sw: World, policy: str, rng: random.Random, random_steps: int
+) -> Iterator[tuple[str | None, bool]]:
     """(action, from_gold) pairs; None = draw a random valid action now."""
     if policy == "gold":
         for a in sw.gold:
@@ -265,8 +282,15 @@ def planned_actions(sw: World, policy: str, rng: random.Random,
         raise ValueError(f"unknown policy {policy!r}")
 
 
-def play(sw: World, task: str, variation: int, policy: str, seed: int,
-         episode: str, random_steps: int = 12) -> Episode:
+def play(
+    sw: World,
+    task: str,
+    variation: int,
+    policy: str,
+    seed: int,
+    episode: str,
+    random_steps: int = 12,
+) -> Episode:
     """Play one episode of a scripted policy (gold, noisy or random)."""
     sw.load(task, variation)
     rng = rng_for(seed, task, variation, policy)
@@ -276,8 +300,21 @@ def play(sw: World, task: str, variation: int, policy: str, seed: int,
     for i, (planned, from_gold) in enumerate(planned_actions(sw, policy, rng, random_steps)):
         action = planned if planned is not None else rng.choice(sw.valid())
         nxt, reward, score, done, failed = sw.act(action)
-        st = Step(task, variation, policy, episode, i, obs, action, reward, score, nxt,
-                  done, failed, gold=from_gold)
+        st = Step(
+            task,
+            variation,
+            policy,
+            episode,
+            i,
+            obs,
+            action,
+            reward,
+            score,
+            nxt,
+            done,
+            failed,
+            gold=from_gold,
+        )
         if reward > 0:
             after = sw.progress()
             new = newly_done(before, after)

@@ -260,7 +260,9 @@ class Observer:
         self.kw = kafka_client_kwargs(settings.kafka)
         self.topics = [settings.topic("memories"), settings.topic("deadletter")]
         self.consumer = AIOKafkaConsumer(
-            enable_auto_commit=False, fetch_max_wait_ms=10, max_partition_fetch_bytes=4 << 20,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=10,
+            max_partition_fetch_bytes=4 << 20,
             **self.kw,
         )
         # committed offsets of the workers' group, read without joining it
@@ -467,8 +469,10 @@ def run(
         bootstrap, container_milvus = services.enter_context(bench_services(backend))
         milvus_uri = milvus_uri or container_milvus
         with cleanup_on_signals():
-            note(f"bench write: {transitions} transitions, encoder {encoder}, workers {workers}, "
-                 f"repeats {repeats}, batch {batch_size}")
+            note(
+                f"bench write: {transitions} transitions, encoder {encoder}, workers {workers}, "
+                f"repeats {repeats}, batch {batch_size}"
+            )
             t = time.perf_counter()
             base = make_workload(transitions + max(warmup, 1))
             warm_rows, rows = base[transitions:], base[:transitions]
@@ -491,22 +495,36 @@ def run(
             }
             if torch_threads:
                 os.environ["DMEM_TORCH_THREADS"] = env["DMEM_TORCH_THREADS"] = str(torch_threads)
-            stack = LocalStack(tmp / "stack", roles=("write",) * workers, extra_env=env,
-                               broker_bootstrap=bootstrap)
+            stack = LocalStack(
+                tmp / "stack", roles=("write",) * workers, extra_env=env, broker_bootstrap=bootstrap
+            )
             stack.start()
             settings = stack.settings
             note(f"  broker {stack.bootstrap}; {workers} write worker(s) up")
             alive = lambda: all(w.alive for w in stack.workers)  # noqa: E731
             pids = [w.proc.pid for w in stack.workers if w.proc is not None]
             out = asyncio.run(
-                _measure(settings, rows, warm_rows, encoder, repeats, batch_size,
-                         latency_rate_frac, latency_transitions, milvus_uri, alive,
-                         lambda: cpu_seconds(pids))
+                _measure(
+                    settings,
+                    rows,
+                    warm_rows,
+                    encoder,
+                    repeats,
+                    batch_size,
+                    latency_rate_frac,
+                    latency_transitions,
+                    milvus_uri,
+                    alive,
+                    lambda: cpu_seconds(pids),
+                )
             )
             logs = [str(w.log_path) for w in stack.workers]
             out.update(
-                workers=workers, batch_size=batch_size, batch_within_s=batch_within_s,
-                machine=machine_info(), backend=backend,
+                workers=workers,
+                batch_size=batch_size,
+                batch_within_s=batch_within_s,
+                machine=machine_info(),
+                backend=backend,
             )
             out["worker_batch_stats"] = worker_batch_stats(logs)
             failed = False
@@ -552,17 +570,22 @@ async def _measure(
             per["encoder"].append(
                 await asyncio.to_thread(raw_encoder, settings, retag(rows, f"e{r}"), batch_size)
             )
-            per["milvus"].append(await asyncio.to_thread(
-                raw_milvus, milvus_uri, dim_of(encoder, settings), rows, batch_size))
+            per["milvus"].append(
+                await asyncio.to_thread(
+                    raw_milvus, milvus_uri, dim_of(encoder, settings), rows, batch_size
+                )
+            )
             c0 = worker_cpu() if worker_cpu else 0.0
             per["pipeline"].append(
                 await pipeline_once(settings, producer, k, v, ids, alive, f"pipeline {r + 1}")
             )
             if worker_cpu:
                 cpu_us.append((worker_cpu() - c0) / len(ids) * 1e6)
-            note(f"  repeat {r + 1}/{repeats}: pipeline {per['pipeline'][-1]:,.0f}/s, "
-                 f"kafka {per['kafka'][-1]:,.0f}/s, encoder {per['encoder'][-1]:,.0f}/s, "
-                 f"milvus {per['milvus'][-1]:,.0f} rows/s")
+            note(
+                f"  repeat {r + 1}/{repeats}: pipeline {per['pipeline'][-1]:,.0f}/s, "
+                f"kafka {per['kafka'][-1]:,.0f}/s, encoder {per['encoder'][-1]:,.0f}/s, "
+                f"milvus {per['milvus'][-1]:,.0f} rows/s"
+            )
         med = {name: statistics.median(xs) for name, xs in per.items()}
         rate = latency_rate_frac * med["pipeline"]
         n_lat = latency_transitions or int(min(len(rows), max(2000, rate * 15)))
@@ -643,12 +666,12 @@ def report(out: dict[str, Any]) -> None:
     print_table(
         f"dmem bench write: {out['encoder']}, {out['workers']} worker(s), "
         f"{out['transitions']} transitions, batch {out['batch_size']}",
-        ["measure", "median"], [(a, float(b)) for a, b in rows],
+        ["measure", "median"],
+        [(a, float(b)) for a, b in rows],
     )
 
 
-def run_scaling(workers: Sequence[int], milvus_uri: str | None = None,
-                **kw: Any) -> dict[str, Any]:
+def run_scaling(workers: Sequence[int], milvus_uri: str | None = None, **kw: Any) -> dict[str, Any]:
     """`run` once per worker count against one Milvus server; efficiency vs the first count."""
     from milvus.server import EmbeddedMilvusServer
 
@@ -677,9 +700,15 @@ def scaling_summary(per: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Speedup and efficiency of every worker count against the first (see module doc)."""
     base_n = next(iter(per))
     base = per[base_n]
-    out: dict[str, Any] = {"bench": "write_scaling", "workers": list(per),
-                           "encoder": base["encoder"], "transitions": base["transitions"],
-                           "repeats": base["repeats"], "baseline_workers": base_n, "by_workers": {}}
+    out: dict[str, Any] = {
+        "bench": "write_scaling",
+        "workers": list(per),
+        "encoder": base["encoder"],
+        "transitions": base["transitions"],
+        "repeats": base["repeats"],
+        "baseline_workers": base_n,
+        "by_workers": {},
+    }
     for n, r in per.items():
         speedup = r["pipeline_tps"] / base["pipeline_tps"]
         rel = r["ratio_vs_bottleneck"] / base["ratio_vs_bottleneck"]
@@ -696,9 +725,14 @@ def scaling_summary(per: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "latency_p99_ms": r["latency_p99_ms"],
         }
     out["machine"] = base.get("machine")
-    print_table("dmem bench write: scaling", ["workers", "tps", "speedup", "efficiency"],
-                [(n, v["pipeline_tps"], v["speedup"], v["efficiency"])
-                 for n, v in out["by_workers"].items()])
+    print_table(
+        "dmem bench write: scaling",
+        ["workers", "tps", "speedup", "efficiency"],
+        [
+            (n, v["pipeline_tps"], v["speedup"], v["efficiency"])
+            for n, v in out["by_workers"].items()
+        ],
+    )
     return out
 
 

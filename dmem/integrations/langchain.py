@@ -32,10 +32,18 @@ def to_document(h: Hit) -> Document:
         page_content=h.text,
         id=h.memory_id,
         metadata={
-            "memory_id": h.memory_id, "action": h.action, "reward": h.reward, "rpe": h.rpe,
-            "valence": h.valence, "utility": h.utility, "partition": h.partition,
-            "episode_id": h.episode_id, "agent_id": h.agent_id, "step": h.step,
-            "created_ts": h.created_ts, "score": h.score,
+            "memory_id": h.memory_id,
+            "action": h.action,
+            "reward": h.reward,
+            "rpe": h.rpe,
+            "valence": h.valence,
+            "utility": h.utility,
+            "partition": h.partition,
+            "episode_id": h.episode_id,
+            "agent_id": h.agent_id,
+            "step": h.step,
+            "created_ts": h.created_ts,
+            "score": h.score,
             "breakdown": h.breakdown.model_dump(by_alias=True),
             "metadata": dict(h.metadata),
         },
@@ -67,8 +75,7 @@ class DmemRetriever(BaseRetriever):
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
         if isinstance(self.client, SyncClient):
-            fut = self.client.submit(self.client.client.search(query, self.k,
-                                                               **self._search_kw()))
+            fut = self.client.submit(self.client.client.search(query, self.k, **self._search_kw()))
             hits = await asyncio.wrap_future(fut)
         else:
             hits = await self.client.search(query, self.k, **self._search_kw())

@@ -128,20 +128,32 @@ class DmemStore(BaseStore):
         meta: dict[str, Any] = {"lg_key": op.key, "lg_text_field": field}
         rest_json = json.dumps(rest, sort_keys=True, default=str)
         if len(rest_json) > LIMITS.max_metadata_value_chars:
-            raise ValueError(f"the value's non-text fields take {len(rest_json)} characters "
-                             f"as JSON (at most {LIMITS.max_metadata_value_chars})")
+            raise ValueError(
+                f"the value's non-text fields take {len(rest_json)} characters "
+                f"as JSON (at most {LIMITS.max_metadata_value_chars})"
+            )
         meta["lg_rest"] = rest_json
         for k, v in rest.items():  # scalar fields are filterable (`filter=`)
             if isinstance(v, str | int | float | bool) and len(str(v)) <= 256:
                 meta[f"{META_PREFIX}{k}"] = v
         reward = value.get("reward", 0.0)
         now = int(datetime.now(tz=UTC).timestamp() * 1000)
-        await c.publish(Transition.model_validate({
-            "transition_id": mid, "tenant": c.tenant, "agent_id": agent_for(op.namespace),
-            "episode_id": agent_for(op.namespace), "step": 0, "observation": text,
-            "action": "put", "reward": float(reward) if isinstance(reward, int | float) else 0.0,
-            "ts": now, "metadata": meta,
-        }))
+        await c.publish(
+            Transition.model_validate(
+                {
+                    "transition_id": mid,
+                    "tenant": c.tenant,
+                    "agent_id": agent_for(op.namespace),
+                    "episode_id": agent_for(op.namespace),
+                    "step": 0,
+                    "observation": text,
+                    "action": "put",
+                    "reward": float(reward) if isinstance(reward, int | float) else 0.0,
+                    "ts": now,
+                    "metadata": meta,
+                }
+            )
+        )
 
     @staticmethod
     def _value(text: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -163,24 +175,37 @@ class DmemStore(BaseStore):
         meta = dict((row.get("metadata") or {}).get("user") or {})  # the agent's own part
         ts = _ts(int(row.get("created_ts", 0)))
         updated = _ts(int(row.get("last_access_ts", row.get("created_ts", 0))))
-        return Item(value=self._value(str(row.get("text", "")), meta), key=op.key,
-                    namespace=op.namespace, created_at=ts, updated_at=updated)
+        return Item(
+            value=self._value(str(row.get("text", "")), meta),
+            key=op.key,
+            namespace=op.namespace,
+            created_at=ts,
+            updated_at=updated,
+        )
 
     async def _search(self, c: Client, op: SearchOp) -> list[SearchItem]:
         ns = op.namespace_prefix
         if not ns:
             raise ValueError("search needs the full namespace of an agent scope")
         filters = {f"{META_PREFIX}{k}": v for k, v in (op.filter or {}).items()}
-        hits = await c.search(op.query or "", op.limit + op.offset, agent_id=agent_for(ns),
-                              metadata_equals=filters)
+        hits = await c.search(
+            op.query or "", op.limit + op.offset, agent_id=agent_for(ns), metadata_equals=filters
+        )
         out = []
-        for h in hits[op.offset:]:
+        for h in hits[op.offset :]:
             meta = h.metadata
             if "lg_key" not in meta:
                 continue  # a memory of the same agent not written through a store
-            out.append(SearchItem(namespace=ns, key=str(meta["lg_key"]),
-                                  value=self._value(h.text, meta), created_at=_ts(h.created_ts),
-                                  updated_at=_ts(h.created_ts), score=h.score))
+            out.append(
+                SearchItem(
+                    namespace=ns,
+                    key=str(meta["lg_key"]),
+                    value=self._value(h.text, meta),
+                    created_at=_ts(h.created_ts),
+                    updated_at=_ts(h.created_ts),
+                    score=h.score,
+                )
+            )
         self.seen.add(ns)
         return out
 
@@ -191,11 +216,10 @@ class DmemStore(BaseStore):
             if cond.match_type == "prefix":
                 names = [n for n in names if _match(n[: len(path)], path)]
             else:
-                names = [n for n in names if len(n) >= len(path)
-                         and _match(n[-len(path):], path)]
+                names = [n for n in names if len(n) >= len(path) and _match(n[-len(path) :], path)]
         if op.max_depth is not None:
             names = sorted({n[: op.max_depth] for n in names})
-        return names[op.offset: op.offset + op.limit]
+        return names[op.offset : op.offset + op.limit]
 
 
 def _match(part: tuple[str, ...], pattern: tuple[str, ...]) -> bool:

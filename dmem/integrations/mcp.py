@@ -128,30 +128,42 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         ep = episode_id or session.episode_id
 
         async def go(c: Client) -> dict[str, Any]:
-            t = Transition.model_validate({
-                "tenant": c.tenant, "agent_id": session.agent_id, "episode_id": ep,
-                "step": session.next_step(ep) if step is None else step,
-                "observation": observation, "action": action, "reward": reward,
-                "next_observation": next_observation, "done": done,
-                "metadata": metadata or {},
-            })
+            t = Transition.model_validate(
+                {
+                    "tenant": c.tenant,
+                    "agent_id": session.agent_id,
+                    "episode_id": ep,
+                    "step": session.next_step(ep) if step is None else step,
+                    "observation": observation,
+                    "action": action,
+                    "reward": reward,
+                    "next_observation": next_observation,
+                    "done": done,
+                    "metadata": metadata or {},
+                }
+            )
             await c.publish(t)
-            return {"memory_id": t.memory_id, "episode_id": t.episode_id, "step": t.step,
-                    "accepted": True}
+            return {
+                "memory_id": t.memory_id,
+                "episode_id": t.episode_id,
+                "step": t.step,
+                "accepted": True,
+            }
 
         result: dict[str, Any] = await call("transition", go)
         return result
 
-    @server.tool(description="Search memory: hits ranked by meaning, surprise and outcome, "
-                             "each with its score breakdown, RPE, valence and utility.")
+    @server.tool(
+        description="Search memory: hits ranked by meaning, surprise and outcome, "
+        "each with its score breakdown, RPE, valence and utility."
+    )
     async def recall(
         query: Text,
         k: int = 5,
         filters: SearchFilters | None = None,
         lambda_: float | None = None,
     ) -> list[dict[str, Any]]:
-        f = (filters or SearchFilters()).model_dump(exclude={"schema_version"},
-                                                    exclude_none=True)
+        f = (filters or SearchFilters()).model_dump(exclude={"schema_version"}, exclude_none=True)
 
         async def go(c: Client) -> list[dict[str, Any]]:
             hits = await c.search(query, k, lambda_=lambda_, **f)
@@ -160,8 +172,10 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         result: list[dict[str, Any]] = await call("search", go)
         return result
 
-    @server.tool(description="Report how an episode ended (its return): credit flows back "
-                             "to the memories that were used in it.")
+    @server.tool(
+        description="Report how an episode ended (its return): credit flows back "
+        "to the memories that were used in it."
+    )
     async def report_outcome(episode_id: Ident, reward: FiniteFloat) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:
             await c.report_outcome(episode_id, reward, agent_id=session.agent_id)
@@ -173,18 +187,24 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
     @server.tool(description="Thumbs up or down on one memory (from a user or a critic).")
     async def feedback(memory_id: Ident, thumbs: Literal["up", "down"]) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:
-            fb = await c.feedback(memory_id=memory_id, kind=f"thumbs_{thumbs}",
-                                  value=1.0 if thumbs == "up" else -1.0,
-                                  agent_id=session.agent_id)
+            fb = await c.feedback(
+                memory_id=memory_id,
+                kind=f"thumbs_{thumbs}",
+                value=1.0 if thumbs == "up" else -1.0,
+                agent_id=session.agent_id,
+            )
             return {"memory_id": memory_id, "kind": fb.kind, "accepted": True}
 
         result: dict[str, Any] = await call("feedback", go)
         return result
 
-    @server.tool(description="Delete one memory (memory_id) or every memory of an agent "
-                             "(agent_id) of this tenant.")
-    async def forget(memory_id: Ident | None = None,
-                     agent_id: Ident | None = None) -> dict[str, Any]:
+    @server.tool(
+        description="Delete one memory (memory_id) or every memory of an agent "
+        "(agent_id) of this tenant."
+    )
+    async def forget(
+        memory_id: Ident | None = None, agent_id: Ident | None = None
+    ) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:
             n = await c.forget(memory_id=memory_id, agent_id=agent_id)
             return {"forgotten": n}
@@ -192,8 +212,12 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         result: dict[str, Any] = await call("forget", go)
         return result
 
-    @server.resource("dmem://stats", name="stats", mime_type="application/json",
-                     description="The tenant's memory: row counts by partition.")
+    @server.resource(
+        "dmem://stats",
+        name="stats",
+        mime_type="application/json",
+        description="The tenant's memory: row counts by partition.",
+    )
     async def stats() -> dict[str, Any]:
         result: dict[str, Any] = await call("stats", lambda c: c.stats())
         return result
@@ -215,11 +239,22 @@ class BearerAuth:
             got = headers.get(b"authorization", b"")
             ok = got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)
             if not ok:
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body",
-                            "body": b'{"error":"missing or unknown bearer token"}'})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b'{"error":"missing or unknown bearer token"}',
+                    }
+                )
                 return
         await self.app(scope, receive, send)
 

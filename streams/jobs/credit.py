@@ -134,7 +134,11 @@ class CreditJob(Service):
                     u.tenant,
                     u.episode_id,
                     UsageRecord(
-                        u.request_id, u.step, tuple(u.memory_ids), tuple(u.weights), u.source,
+                        u.request_id,
+                        u.step,
+                        tuple(u.memory_ids),
+                        tuple(u.weights),
+                        u.source,
                         u.reward,
                     ),
                     now,
@@ -203,8 +207,9 @@ class UtilityApplier(Service):
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
 
     async def on_start(self) -> None:
-        self.consumer = group_consumer(self.settings, self.settings.topic("credit"), "applier",
-                                       fetch_max_wait_ms=200)
+        self.consumer = group_consumer(
+            self.settings, self.settings.topic("credit"), "applier", fetch_max_wait_ms=200
+        )
         await self.consumer.start()
         self.add_future(self._run())
 
@@ -263,7 +268,11 @@ class UtilityApplier(Service):
                 self.skipped += 1
                 continue
             if apply_utility(
-                row, u.update_id, u.credit, u.uses, beta=self.settings.jobs.utility_beta,
+                row,
+                u.update_id,
+                u.credit,
+                u.uses,
+                beta=self.settings.jobs.utility_beta,
                 evidence=u.evidence,
             ):
                 touched[target] = row

@@ -102,16 +102,18 @@ class DedupEngine(IndexedEngine):
             near = self._neighbors(tenant, scope, vecs, sids) - set(sids)
             group_rows = {m: rows[m] for m in sids}
             if near:
-                for mid, r in unique_rows(self.store.get(sorted(near), tenant=tenant,
-                                                     with_vector=True)).items():
+                for mid, r in unique_rows(
+                    self.store.get(sorted(near), tenant=tenant, with_vector=True)
+                ).items():
                     if r.get("tenant") == tenant and merge_scope(r) == scope:
                         group_rows[mid] = r
             order = sorted(group_rows)
             groups = plan_merges(
                 order,
                 [int(group_rows[m]["created_ts"]) for m in order],
-                np.stack([np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32)
-                          for m in order]),  # fmt: skip
+                np.stack(
+                    [np.asarray(group_rows[m][VECTOR_FIELD], dtype=np.float32) for m in order]
+                ),  # fmt: skip
                 self.policy.tau,
                 [reward_span(group_rows[m]) for m in order],
                 self.policy.reward_tol,

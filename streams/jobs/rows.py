@@ -37,8 +37,15 @@ __all__ = [
 #: one writer at a time for the read-modify-writes of `streams.jobs`, per process
 WRITE_LOCK = threading.Lock()
 SCAN_FIELDS = [
-    "id", "tenant", "agent_id", "created_ts", "last_access_ts", "rpe", "rpe_smoothed",
-    "utility", "metadata",
+    "id",
+    "tenant",
+    "agent_id",
+    "created_ts",
+    "last_access_ts",
+    "rpe",
+    "rpe_smoothed",
+    "utility",
+    "metadata",
 ]
 REMOVED = ("merged", "evicted", "forgotten")
 MOVED = ("moved", "promoted", "demoted")

@@ -86,8 +86,9 @@ class MaintenanceJob(Service):
         kw = kafka_client_kwargs(k)
         self.producer = AIOKafkaProducer(linger_ms=5, **kw)
         await self.producer.start()
-        self.consumer = group_consumer(self.settings, self.settings.topic("memories"),
-                                       "maintenance")
+        self.consumer = group_consumer(
+            self.settings, self.settings.topic("memories"), "maintenance"
+        )
         await self.consumer.start()
         self.add_future(self._run())
 
@@ -107,8 +108,12 @@ class MaintenanceJob(Service):
         await self.store_service.connected.wait()
         store = self.store_service.store
         assert store is not None  # connected
-        engine = MaintenanceEngine(store, policy_from(self.settings),
-                                   dedup_k=m.dedup_k, refresh_per_pass=m.refresh_per_pass)
+        engine = MaintenanceEngine(
+            store,
+            policy_from(self.settings),
+            dedup_k=m.dedup_k,
+            refresh_per_pass=m.refresh_per_pass,
+        )
         n = await self.store_service._retry("maintenance bootstrap", engine.bootstrap)  # noqa: SLF001
         self.engine = engine
         self.ready = True
@@ -119,9 +124,13 @@ class MaintenanceJob(Service):
             for msgs in batch.values():
                 for msg in msgs:
                     self._observe(msg)
-            if self.windows and self.window_started is not None and (
-                time.monotonic() - self.window_started >= m.dedup_window_s
-                or self.pending >= m.dedup_max_window
+            if (
+                self.windows
+                and self.window_started is not None
+                and (
+                    time.monotonic() - self.window_started >= m.dedup_window_s
+                    or self.pending >= m.dedup_max_window
+                )
             ):
                 await self._close_windows()
             elif batch and not self.windows:
@@ -234,6 +243,5 @@ def wire_maintenance(app: faust.App, ctx: RoleContext) -> StatusFn:
     if ctx.settings.maintenance.enabled:
         app.add_dependency(job)
         ctx.maintenance_touch = job.touch  # writers of this process report the rows they changed
-    ctx.settle["maintenance"] = job.settle_state if ctx.settings.maintenance.enabled \
-        else _disabled
+    ctx.settle["maintenance"] = job.settle_state if ctx.settings.maintenance.enabled else _disabled
     return job.status

@@ -181,9 +181,11 @@ class LocalStack:
             if self.milvus == "server":
                 raise
             return "lite"
-        if self.milvus == "auto" and (self.data_dir / "milvus.db").exists() and not (
-            self.data_dir / "milvus-server"
-        ).exists():
+        if (
+            self.milvus == "auto"
+            and (self.data_dir / "milvus.db").exists()
+            and not (self.data_dir / "milvus-server").exists()
+        ):
             return "lite"
         return "server"
 
@@ -191,8 +193,9 @@ class LocalStack:
         """Start the embedded Milvus server when the mode asks for it; returns the mode."""
         mode = self.milvus_mode()
         if mode == "server":
-            self.milvus_server = EmbeddedMilvusServer(self.data_dir / "milvus-server",
-                                                      stop_grace_s=5)
+            self.milvus_server = EmbeddedMilvusServer(
+                self.data_dir / "milvus-server", stop_grace_s=5
+            )
             self.extra_env["DMEM_MILVUS__URI"] = self.milvus_server.start(timeout_s=timeout_s)
         return mode
 
@@ -280,9 +283,13 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
     try:
         mode = stack.milvus_mode()
         if mode == "lite" and milvus == "auto":
-            print("note: Milvus Lite (the Milvus server wheel is not installed, or this data "
-                  "dir holds Lite data): searches slow down with the rows held; see README "
-                  "\"Embedded stack\"", file=sys.stderr, flush=True)
+            print(
+                "note: Milvus Lite (the Milvus server wheel is not installed, or this data "
+                "dir holds Lite data): searches slow down with the rows held; see README "
+                '"Embedded stack"',
+                file=sys.stderr,
+                flush=True,
+            )
         stack.start()
         info = {
             "kafka": stack.bootstrap,

@@ -77,8 +77,12 @@ class RequestConsumer(Service):
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(
-            self.settings, self.settings.topic("requests"), "respond", auto_commit=True,
-            offset_reset="latest", fetch_max_wait_ms=self.settings.respond.fetch_max_wait_ms,
+            self.settings,
+            self.settings.topic("requests"),
+            "respond",
+            auto_commit=True,
+            offset_reset="latest",
+            fetch_max_wait_ms=self.settings.respond.fetch_max_wait_ms,
         )
         await self.consumer.start()
         self.add_future(self._run())
@@ -161,7 +165,9 @@ class RespondApi:
                 raise DmemError("store not ready")
             s = self.settings
             self._responder = Responder(
-                self.store.store, self.encoder, policy_from(s),
+                self.store.store,
+                self.encoder,
+                policy_from(s),
                 count_ttl_s=s.respond.count_ttl_s,
                 consistency_level=s.milvus.search_consistency,
                 per_agent_clock=s.maintenance.stream_clock == "agent",
@@ -181,8 +187,7 @@ class RespondApi:
         try:
             resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
         except InvalidRecord as exc:
-            return RetrievalResponse(request_id=req.request_id, tenant=req.tenant,
-                                     error=str(exc))
+            return RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         if usage is not None:
             await self.usage_topic.send(key=usage.episode_id.encode(), value=encode(usage))
         return resp
@@ -227,8 +232,9 @@ class RespondApi:
         except Exception as exc:  # noqa: BLE001 - answer with the error, keep serving
             log.warning("search failed for %s: %s", req.request_id, exc)
             self.errors += 1
-            resp = RetrievalResponse(request_id=req.request_id, tenant=req.tenant,
-                                     error=f"unavailable: {exc}")
+            resp = RetrievalResponse(
+                request_id=req.request_id, tenant=req.tenant, error=f"unavailable: {exc}"
+            )
         await topic.send(key=req.request_id.encode(), value=encode(resp))
 
     # -- HTTP routes -------------------------------------------------------------------
@@ -303,8 +309,9 @@ class RespondApi:
             return json_response(view, {"error": "store not ready"}, 503)
         store = self.store.store
         assert store is not None  # store_ready
-        events = await asyncio.to_thread(forget_scope, store, req.tenant,
-                                         agent_id=req.agent_id, memory_id=req.memory_id)
+        events = await asyncio.to_thread(
+            forget_scope, store, req.tenant, agent_id=req.agent_id, memory_id=req.memory_id
+        )
         for ev in events:  # the same audit trail as `dmem forget`
             await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
             await self.control.send(key=ev.tenant.encode(), value=encode(ev))
@@ -319,7 +326,8 @@ class RespondApi:
         st = self.store.store
         assert st is not None
         counts = await asyncio.to_thread(
-            lambda: {p: st.count(p, tenant) for p in ("core", "buffer")})
+            lambda: {p: st.count(p, tenant) for p in ("core", "buffer")}
+        )
         return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values())})
 
     @property

@@ -43,8 +43,22 @@ from streams.metrics import MILVUS_LATENCY
 
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
-    "id", "tenant", "agent_id", "episode_id", "step", "text", "action", "reward", "rpe",
-    "rpe_smoothed", "utility", "uses", "valence", "created_ts", "merged_count", "metadata",
+    "id",
+    "tenant",
+    "agent_id",
+    "episode_id",
+    "step",
+    "text",
+    "action",
+    "reward",
+    "rpe",
+    "rpe_smoothed",
+    "utility",
+    "uses",
+    "valence",
+    "created_ts",
+    "merged_count",
+    "metadata",
 ]
 
 
@@ -162,8 +176,12 @@ class Responder:
             )
         vectors = None
         if req.mmr and pool:
-            rows = self.store.get([c["id"] for c in pool], tenant=req.tenant, with_vector=True,
-                                  output_fields=["id", "vector"])
+            rows = self.store.get(
+                [c["id"] for c in pool],
+                tenant=req.tenant,
+                with_vector=True,
+                output_fields=["id", "vector"],
+            )
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
         stream_now = self.clock.observe(req.tenant, cands)
         ranked = rank(pool, self.policy, lam, stream_now, req.k, vectors)
@@ -187,22 +205,33 @@ class Responder:
                 merged_ids=folded.get(str(r.row["id"]), []),
                 score=r.score,
                 breakdown=ScoreBreakdown.model_validate(
-                    {"semantic": r.semantic, "salience": r.salience, "recency": r.recency,
-                     "lambda": r.lam, "score": r.score}
+                    {
+                        "semantic": r.semantic,
+                        "salience": r.salience,
+                        "recency": r.recency,
+                        "lambda": r.lam,
+                        "score": r.score,
+                    }
                 ),
             )
             for r in ranked
         ]
         resp = RetrievalResponse(
-            request_id=req.request_id, tenant=req.tenant, hits=hits,
+            request_id=req.request_id,
+            tenant=req.tenant,
+            hits=hits,
             took_ms=(time.perf_counter() - t0) * 1e3,
         )
         usage = None
         if req.episode_id is not None and hits:
             usage = MemoryUsage(
-                tenant=req.tenant, episode_id=req.episode_id, request_id=req.request_id,
-                agent_id=req.agent_id, step=req.step or 0,
-                memory_ids=[h.memory_id for h in hits], weights=usage_weights(ranked),
+                tenant=req.tenant,
+                episode_id=req.episode_id,
+                request_id=req.request_id,
+                agent_id=req.agent_id,
+                step=req.step or 0,
+                memory_ids=[h.memory_id for h in hits],
+                weights=usage_weights(ranked),
                 ts=now_ms,
             )
         hook = self.on_access

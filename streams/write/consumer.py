@@ -77,9 +77,7 @@ REVOKE_DRAIN_SHARE = 0.8
 STOP_DRAIN_S = 10.0
 #: the info line of every completed assignment (benchmarks and tests read it back:
 #: `assignments_in_log`)
-ASSIGNMENT_LOG = (
-    "write assignment gen=%s at_ms=%d partitions=%s restored=%d seeded=%d in %.2fs"
-)
+ASSIGNMENT_LOG = "write assignment gen=%s at_ms=%d partitions=%s restored=%d seeded=%d in %.2fs"
 _ASSIGNMENT_RE = re.compile(
     r"write assignment gen=(-?\d+) at_ms=(\d+) partitions=\[([\d, ]*)\] restored=(\d+) "
     r"seeded=(\d+)"
@@ -99,7 +97,11 @@ def assignments_in_log(text: str) -> list[dict[str, Any]]:
 
 def to_raw(m: Any) -> RawRecord:
     return RawRecord(
-        value=m.value, key=m.key, topic=m.topic, partition=m.partition, offset=m.offset,
+        value=m.value,
+        key=m.key,
+        topic=m.topic,
+        partition=m.partition,
+        offset=m.offset,
         timestamp_ms=m.timestamp if m.timestamp and m.timestamp > 0 else None,
     )
 
@@ -136,16 +138,26 @@ class _Drain(ConsumerRebalanceListener):  # type: ignore[misc]
 class WriteConsumer(Service):
     """Transitions -> pipeline -> Milvus + MemoryEvents, committed after both acked."""
 
-    def __init__(self, settings: Settings, pipeline: WritePipeline, store: Any,
-                 now_ms: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: WritePipeline,
+        store: Any,
+        now_ms: Callable[[], int],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.settings = settings
         self.pipeline = pipeline
         self.store_service = store
         self.now_ms = now_ms
         self.consumer: AIOKafkaConsumer | None = None
-        self.forgets = ForgetFollower(settings, [self._forget, echo_to_store(store)],
-                                      loop=kwargs.get("loop"), beacon=kwargs.get("beacon"))
+        self.forgets = ForgetFollower(
+            settings,
+            [self._forget, echo_to_store(store)],
+            loop=kwargs.get("loop"),
+            beacon=kwargs.get("beacon"),
+        )
         self.producer: AIOKafkaProducer | None = None
         self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
         self._taken = asyncio.Event()  # stage 2 took a batch off the queue
@@ -157,8 +169,9 @@ class WriteConsumer(Service):
         self._assigned = asyncio.Event()  # the current assignment's states are restored
         self._idle = asyncio.Event()  # stage 1 holds no batch (set between batches)
         self._idle.set()
-        self.checkpoints = CheckpointIndex(settings, settings.topic("models"),
-                                           loop=kwargs.get("loop"), beacon=kwargs.get("beacon"))
+        self.checkpoints = CheckpointIndex(
+            settings, settings.topic("models"), loop=kwargs.get("loop"), beacon=kwargs.get("beacon")
+        )
         self.batches = 0
         self.commit_failures = 0
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
@@ -179,8 +192,11 @@ class WriteConsumer(Service):
         gc.set_threshold(50_000, 20, 100)
         k = self.settings.kafka
         self.producer = AIOKafkaProducer(
-            linger_ms=2, max_request_size=8 * 1024 * 1024, max_batch_size=PRODUCE_BATCH_BYTES,
-            acks=1, **kafka_client_kwargs(k)
+            linger_ms=2,
+            max_request_size=8 * 1024 * 1024,
+            max_batch_size=PRODUCE_BATCH_BYTES,
+            acks=1,
+            **kafka_client_kwargs(k),
         )
         await self.producer.start()
         await self.store_service.maybe_start()
@@ -191,9 +207,13 @@ class WriteConsumer(Service):
     async def _start_when_connected(self) -> None:
         await self.store_service.connected.wait()
         await self.checkpoints.start()  # indexes the models topic; restores read through it
-        self.consumer = group_consumer(self.settings, self.settings.topic("transitions"),
-                                       "write", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-                                       listener=_Drain(self))
+        self.consumer = group_consumer(
+            self.settings,
+            self.settings.topic("transitions"),
+            "write",
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            listener=_Drain(self),
+        )
         await self.consumer.start()
         await self.add_runtime_dependency(self.forgets)
         self.ready = True
@@ -249,8 +269,12 @@ class WriteConsumer(Service):
             await self.checkpoint(self.pipeline.keys(parts))
         dropped = await asyncio.to_thread(self.pipeline.drop, parts)
         self.owned -= parts
-        log.info("write partitions revoked: %s (%d states %s)", sorted(parts), len(dropped),
-                 "checkpointed" if drained else "dropped without checkpoint: drain timed out")
+        log.info(
+            "write partitions revoked: %s (%d states %s)",
+            sorted(parts),
+            len(dropped),
+            "checkpointed" if drained else "dropped without checkpoint: drain timed out",
+        )
 
     async def assign(self, tps: list[TopicPartition]) -> None:
         """Rebalance, after: restore the assigned partitions' states, then let stage 1 go."""
@@ -267,8 +291,15 @@ class WriteConsumer(Service):
         self.seeded += seeded
         self.assignments += 1
         coordinator = getattr(self.consumer, "_coordinator", None)
-        log.info(ASSIGNMENT_LOG, getattr(coordinator, "generation", -1), int(time.time() * 1000),
-                 sorted(parts), restored, seeded, time.monotonic() - t0)
+        log.info(
+            ASSIGNMENT_LOG,
+            getattr(coordinator, "generation", -1),
+            int(time.time() * 1000),
+            sorted(parts),
+            restored,
+            seeded,
+            time.monotonic() - t0,
+        )
         self._assigned.set()
         self.ready_event.set()  # the hindsight agent waits for the first restore
 
@@ -320,8 +351,9 @@ class WriteConsumer(Service):
             await asyncio.wait_for(both(), timeout_s)
             return True
         except TimeoutError:
-            log.warning("in-flight write batch not finished within %.0fs; it will replay",
-                        timeout_s)
+            log.warning(
+                "in-flight write batch not finished within %.0fs; it will replay", timeout_s
+            )
             return False
 
     async def checkpoint(self, keys: list[StateKey] | None = None) -> None:
@@ -344,14 +376,21 @@ class WriteConsumer(Service):
             except KeyError:
                 continue  # dropped meanwhile (revoked)
             try:
-                futs.append(((tenant, part), await self.producer.send(
-                    self.settings.topic("models"), data, key=state_key(tenant, part))))
+                futs.append(
+                    (
+                        (tenant, part),
+                        await self.producer.send(
+                            self.settings.topic("models"), data, key=state_key(tenant, part)
+                        ),
+                    )
+                )
             except KafkaError as exc:
                 log.warning("checkpoint of %s|%d not sent: %s", tenant, part, exc)
                 failed.append((tenant, part))
         results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
-        failed += [k for (k, _), r in zip(futs, results, strict=True)
-                   if isinstance(r, BaseException)]
+        failed += [
+            k for (k, _), r in zip(futs, results, strict=True) if isinstance(r, BaseException)
+        ]
         if failed:  # tried again at the next interval; the worker keeps going
             log.warning("checkpoint failed for %d state(s); retrying later", len(failed))
             self.pipeline.dirty.update(k for k in failed if k in self.pipeline.states)
@@ -387,8 +426,9 @@ class WriteConsumer(Service):
                 break
         return out
 
-    def _process(self, raws: list[RawRecord], now: int,
-                 parts: dict[str, list[int]]) -> tuple[Any, list[Message]]:
+    def _process(
+        self, raws: list[RawRecord], now: int, parts: dict[str, list[int]]
+    ) -> tuple[Any, list[Message]]:
         """Pipeline, serialisation and partitioning, in the worker thread (off the loop)."""
         res = self.pipeline.process(raws, now)
         msgs = self._messages(self.dl_topic, [(key, encode(dl)) for key, dl in res.dead], parts)
@@ -398,8 +438,9 @@ class WriteConsumer(Service):
         return res, msgs
 
     @staticmethod
-    def _messages(topic: str, records: list[tuple[bytes | None, bytes]],
-                  parts: dict[str, list[int]]) -> list[Message]:
+    def _messages(
+        topic: str, records: list[tuple[bytes | None, bytes]], parts: dict[str, list[int]]
+    ) -> list[Message]:
         """Records of one topic with their partitions: MemoryEvents and dead letters alike."""
         chosen = partitions_for_records([k for k, _ in records], parts[topic])
         return [(topic, k, v, p) for (k, v), p in zip(records, chosen, strict=True)]
@@ -470,14 +511,19 @@ class WriteConsumer(Service):
                 self.batches += 1
                 log.info(
                     "batch n=%d stored=%d dead=%d process=%.1fms store=%.1fms produce=%.1fms",
-                    b.n, b.result.stored, len(b.result.dead), b.process_s * 1e3,
-                    (t2 - t1) * 1e3, (t3 - t2) * 1e3,
+                    b.n,
+                    b.result.stored,
+                    len(b.result.dead),
+                    b.process_s * 1e3,
+                    (t2 - t1) * 1e3,
+                    (t3 - t2) * 1e3,
                 )
             finally:
                 self.queue.task_done()
 
     def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
         """Rows the store refused: dead letters (original bytes) instead of `written` events."""
+
         def refused(m: Message) -> bool:  # rejected is keyed by (tenant, id): storage keys
             if m[0] != self.mem_topic:
                 return False
@@ -529,12 +575,14 @@ class WriteConsumer(Service):
             except KafkaError as exc:  # e.g. no metadata: the rest is resent below
                 log.warning("produce failed after %d of %d batches: %s", len(futs), len(todo), exc)
             results = await asyncio.gather(*futs, return_exceptions=True)
-            failed = [c for c, r in zip(todo, results, strict=False)
-                      if isinstance(r, BaseException)]
-            failed += todo[len(futs):]
+            failed = [
+                c for c, r in zip(todo, results, strict=False) if isinstance(r, BaseException)
+            ]
+            failed += todo[len(futs) :]
             if failed:
-                log.warning("%d event batches not acknowledged; resend in %.1fs",
-                            len(failed), backoff.delay)
+                log.warning(
+                    "%d event batches not acknowledged; resend in %.1fs", len(failed), backoff.delay
+                )
                 await backoff.wait()
             todo = failed
 
@@ -547,8 +595,7 @@ class WriteConsumer(Service):
             try:
                 return sorted(await self.producer.partitions_for(topic))
             except KafkaError as exc:
-                log.warning("no partitions for %s (%s); retry in %.1fs", topic, exc,
-                            backoff.delay)
+                log.warning("no partitions for %s (%s); retry in %.1fs", topic, exc, backoff.delay)
                 await backoff.wait()
 
     @staticmethod

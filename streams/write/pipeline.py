@@ -16,8 +16,8 @@ Decisions:
   (`operators.surprise`, ``max(s_ext, w * s_int)``) routed a transition, ``rpe``
   is that score, so decay and ranking see the surprise that kept it.
 - Exact repeats (``gate.drop_exact_repeats``; same tenant, agent, observation,
-  action, reward, metadata) of a transition already stored are dropped with reason ``repeat``; near-duplicates
-  are the dedup job's business.
+  action, reward, metadata) of a transition already stored are dropped with reason
+  ``repeat``; near-duplicates are the dedup job's business.
 - State (everything in `TenantState`) is kept per (tenant, input partition) and
   snapshotted to the compacted ``models`` topic under `state_key`: transitions
   are keyed by agent, so a partition holds whole agents and a rebalance hands
@@ -128,8 +128,10 @@ def dead_letter(
     raw: RawRecord, reason: str, error_type: str, stage: str, now_ms: int
 ) -> DeadLetter:
     if raw.value is not None and len(raw.value) > MAX_ORIGINAL_BYTES:
-        reason = f"{reason[:1900]} (original truncated to {MAX_ORIGINAL_BYTES} of " \
-                 f"{len(raw.value)} bytes)"
+        reason = (
+            f"{reason[:1900]} (original truncated to {MAX_ORIGINAL_BYTES} of "
+            f"{len(raw.value)} bytes)"
+        )
     return DeadLetter(
         reason=reason[:2000],
         error_type=error_type,
@@ -266,20 +268,31 @@ class TenantState:
         intr = header.get("intrinsic")
         # the settings' knobs win over the checkpoint's (a changed setting applies)
         icfg = intrinsic_config(settings)
-        self.intrinsic = (IntrinsicState.from_dict(intr, icfg) if intr is not None
-                          else IntrinsicState(learner.dim, icfg))
+        self.intrinsic = (
+            IntrinsicState.from_dict(intr, icfg)
+            if intr is not None
+            else IntrinsicState(learner.dim, icfg)
+        )
         return self
 
 
 def intrinsic_config(settings: Settings) -> IntrinsicConfig:
     i = settings.intrinsic
-    return IntrinsicConfig(fit_k=i.fit_k, repeat_cos=i.repeat_cos,
-                           reward_rate_full=i.reward_rate_full, off_posterior=i.off_posterior)
+    return IntrinsicConfig(
+        fit_k=i.fit_k,
+        repeat_cos=i.repeat_cos,
+        reward_rate_full=i.reward_rate_full,
+        off_posterior=i.off_posterior,
+    )
 
 
 def intrinsic_scores(
-    st: TenantState, settings: Settings, ts: Sequence[Transition], s: np.ndarray,
-    s2: np.ndarray, r: np.ndarray,
+    st: TenantState,
+    settings: Settings,
+    ts: Sequence[Transition],
+    s: np.ndarray,
+    s2: np.ndarray,
+    r: np.ndarray,
 ) -> tuple[float, list[IntrinsicScore] | None]:
     """(w_intrinsic, per-transition intrinsic scores) for a tenant's batch.
 
@@ -545,8 +558,9 @@ class WritePipeline:
             ext = scores
             scores = [gate_score(e, x.score, w_int) for e, x in zip(ext, intr, strict=True)]
             # where reward-free surprise routed it, that is the memory's surprise (> 0)
-            stored_rpe = [g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe,
-                                                                 strict=True)]
+            stored_rpe = [
+                g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe, strict=True)
+            ]
         decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
@@ -619,16 +633,25 @@ class WritePipeline:
             if intr is not None:
                 x = intr[i]
                 row["metadata"]["surprise"] = {
-                    "w": round(w_int, 4), "intrinsic": round(x.score, 4),
-                    "info": round(x.info, 3), "novelty": round(x.novelty, 4),
+                    "w": round(w_int, 4),
+                    "intrinsic": round(x.score, 4),
+                    "info": round(x.info, 3),
+                    "novelty": round(x.novelty, 4),
                     "fit": round(x.fit, 4),
                 }
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
             self._vindicate(st, tenant, intr, w_int, now_ms, out)
 
-    def _vindicate(self, st: TenantState, tenant: str, intr: Sequence[IntrinsicScore],
-                   w_int: float, now_ms: int, out: BatchResult) -> None:
+    def _vindicate(
+        self,
+        st: TenantState,
+        tenant: str,
+        intr: Sequence[IntrinsicScore],
+        w_int: float,
+        now_ms: int,
+        out: BatchResult,
+    ) -> None:
         """Write the off-context suspects a later turn referred back to (reason ``referred``).
 
         The veto only set their score to 0; a turn of the same agent within
@@ -654,15 +677,42 @@ class WritePipeline:
                 st.remember(key, route, mid)
                 created = t.ts if t.ts is not None else now_ms
                 strength = float(self.gate.strength(s_w))
-                out.events.append(MemoryEvent(
-                    kind="written", memory_id=mid, tenant=tenant, agent_id=t.agent_id,
-                    episode_id=t.episode_id, step=t.step, partition=cast(Partition, route),
-                    route=cast(Any, route), reward=t.reward, rpe=s_w, rpe_smoothed=s_w,
-                    gate=strength, valence=0, theta_low=float(plan[0]),
-                    theta_high=float(plan[1]), reason="referred", event_ts=created, ts=now_ms,
-                ))
-                row = memory_row(t, tenant, vec, s_w, s_w, strength, 0, created, route,
-                                 "referred", float(plan[0]), float(plan[1]))
+                out.events.append(
+                    MemoryEvent(
+                        kind="written",
+                        memory_id=mid,
+                        tenant=tenant,
+                        agent_id=t.agent_id,
+                        episode_id=t.episode_id,
+                        step=t.step,
+                        partition=cast(Partition, route),
+                        route=cast(Any, route),
+                        reward=t.reward,
+                        rpe=s_w,
+                        rpe_smoothed=s_w,
+                        gate=strength,
+                        valence=0,
+                        theta_low=float(plan[0]),
+                        theta_high=float(plan[1]),
+                        reason="referred",
+                        event_ts=created,
+                        ts=now_ms,
+                    )
+                )
+                row = memory_row(
+                    t,
+                    tenant,
+                    vec,
+                    s_w,
+                    s_w,
+                    strength,
+                    0,
+                    created,
+                    route,
+                    "referred",
+                    float(plan[0]),
+                    float(plan[1]),
+                )
                 row["metadata"]["surprise"] = {"w": round(w_int, 4), "intrinsic": round(raw, 4)}
                 out.upserts[cast(Partition, route)].append(row)
 

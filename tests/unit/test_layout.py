@@ -57,8 +57,9 @@ def _imports(name: str, path: Path) -> set[str]:
                 anchor = name.split(".") if is_pkg else name.split(".")[:-1]
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                       for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
         else:
             continue
         for t in targets:
@@ -73,20 +74,29 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def test_the_layout_has_its_packages() -> None:
-    for sub in ("streams.write", "streams.respond", "streams.jobs", "streams.local",
-                "dmem_bench.cli"):
+    for sub in (
+        "streams.write",
+        "streams.respond",
+        "streams.jobs",
+        "streams.local",
+        "dmem_bench.cli",
+    ):
         assert sub in MODULES, sub
     assert "dmem.cli" in MODULES and "dmem.client" in MODULES
-    assert not any(m.startswith(("dmem.bench", "dmem.demo", "dmem.deploycheck", "dmem.report"))
-                   for m in MODULES)
+    assert not any(
+        m.startswith(("dmem.bench", "dmem.demo", "dmem.deploycheck", "dmem.report"))
+        for m in MODULES
+    )
 
 
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_packages_import_only_what_they_may(pkg: str) -> None:
     bad = sorted(
         f"{mod} -> {dep}"
-        for mod, deps in GRAPH.items() if mod.split(".")[0] == pkg
-        for dep in deps if dep.split(".")[0] not in ALLOWED[pkg]
+        for mod, deps in GRAPH.items()
+        if mod.split(".")[0] == pkg
+        for dep in deps
+        if dep.split(".")[0] not in ALLOWED[pkg]
     )
     assert bad == []
 

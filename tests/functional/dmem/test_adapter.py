@@ -31,13 +31,26 @@ class FakeClient:
                 continue
             if "valence" in kw and (-1 if t.reward < 0 else 1) != kw["valence"]:
                 continue
-            hits.append(Hit(
-                memory_id=t.memory_id, text=t.text(), action=t.action, reward=t.reward,
-                rpe=-2.0, valence=-1 if t.reward < 0 else 1, utility=0.0, partition="core",
-                episode_id=t.episode_id, agent_id=t.agent_id, step=t.step, created_ts=t.ts or 0,
-                score=0.9, breakdown=ScoreBreakdown(semantic=1.0, salience=0.5, recency=1.0,
-                                                    lambda_=0.8, score=0.9),
-            ))
+            hits.append(
+                Hit(
+                    memory_id=t.memory_id,
+                    text=t.text(),
+                    action=t.action,
+                    reward=t.reward,
+                    rpe=-2.0,
+                    valence=-1 if t.reward < 0 else 1,
+                    utility=0.0,
+                    partition="core",
+                    episode_id=t.episode_id,
+                    agent_id=t.agent_id,
+                    step=t.step,
+                    created_ts=t.ts or 0,
+                    score=0.9,
+                    breakdown=ScoreBreakdown(
+                        semantic=1.0, salience=0.5, recency=1.0, lambda_=0.8, score=0.9
+                    ),
+                )
+            )
         return hits[:k]
 
     def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
@@ -122,8 +135,9 @@ def test_get_relevant_memories_passes_usage_context_and_filters() -> None:
     m = memory(c, k=4)
     m.add_memory("edge", "down", -100.0, "start")
     m.add_memory("edge", "right", -1.0, "edge2")
-    got = m.get_relevant_memories("edge", valence=-1, lambda_=0.3, mmr=True,
-                                  metadata_equals={"env": "cliff"})
+    got = m.get_relevant_memories(
+        "edge", valence=-1, lambda_=0.3, mmr=True, metadata_equals={"env": "cliff"}
+    )
     s = c.searches[-1]
     assert s["query"] == "edge" and s["k"] == 4
     assert s["episode_id"] == "ep0" and s["step"] == 2  # the step about to be taken
@@ -132,12 +146,30 @@ def test_get_relevant_memories_passes_usage_context_and_filters() -> None:
     assert "agent_id" not in s  # whole tenant by default
     assert [g["action"] for g in got] == ["down", "right"]
     d = got[0]
-    for key in ("memory_id", "text", "action", "reward", "rpe", "valence", "utility",
-                "partition", "episode_id", "agent_id", "step", "created_ts", "score"):
+    for key in (
+        "memory_id",
+        "text",
+        "action",
+        "reward",
+        "rpe",
+        "valence",
+        "utility",
+        "partition",
+        "episode_id",
+        "agent_id",
+        "step",
+        "created_ts",
+        "score",
+    ):
         assert key in d, key
     assert d["text"] == "edge" and d["reward"] == -100.0 and d["valence"] == -1
-    assert d["breakdown"] == {"semantic": 1.0, "salience": 0.5, "recency": 1.0,
-                              "lambda": 0.8, "score": 0.9}
+    assert d["breakdown"] == {
+        "semantic": 1.0,
+        "salience": 0.5,
+        "recency": 1.0,
+        "lambda": 0.8,
+        "score": 0.9,
+    }
     assert m.last_memories == got
     m.get_relevant_memories("edge", k=1)
     assert c.searches[-1]["k"] == 1
@@ -218,19 +250,26 @@ def test_langchain_style_aliases() -> None:
     c = FakeClient()
     m = memory(c)
     assert m.memory_variables == ["memories"]
-    m.save_context({"input": "the user asks for a refund"},
-                   {"output": "refuse", "reward": -3.0, "next_observation": "user angry"})
+    m.save_context(
+        {"input": "the user asks for a refund"},
+        {"output": "refuse", "reward": -3.0, "next_observation": "user angry"},
+    )
     t = c.published[0]
     assert (t.observation, t.action, t.reward, t.next_observation) == (
-        "the user asks for a refund", "refuse", -3.0, "user angry")
+        "the user asks for a refund",
+        "refuse",
+        -3.0,
+        "user angry",
+    )
     # reward may come with the inputs; done rolls the episode over
     m.save_context({"observation": "o2", "reward": 1.0}, {"action": "a2", "done": True})
     assert c.published[1].reward == 1.0 and c.published[1].done and m.episode_id == "ep1"
     # long LLM answers are cut to the action limit, not rejected
     m.save_context({"input": "o3"}, {"output": "x" * 5000})
     assert 0 < len(c.published[2].action) < 5000
-    out = m.load_memory_variables({"input": "the user asks for a refund",
-                                   "filters": {"valence": -1}, "k": 2})
+    out = m.load_memory_variables(
+        {"input": "the user asks for a refund", "filters": {"valence": -1}, "k": 2}
+    )
     assert set(out) == {"memories"}
     assert isinstance(out["memories"], list) and out["memories"][0]["action"] == "refuse"
     s = c.searches[-1]

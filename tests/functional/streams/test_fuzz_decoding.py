@@ -33,38 +33,64 @@ from streams.respond.responder import store_filter
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, WritePipeline
 
-FUZZ = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 ident = st.from_regex(r"[A-Za-z0-9_.:@/-]{1,24}", fullmatch=True)
 scalar = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
 )
 json_value = st.recursive(
     scalar,
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
-                                                               max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
     max_leaves=12,
 )
 
-TRANSITION_FIELDS = ("transition_id", "tenant", "agent_id", "episode_id", "step", "observation",
-                     "state", "action", "reward", "next_observation", "next_state", "done", "ts",
-                     "metadata", "schema_version")
+TRANSITION_FIELDS = (
+    "transition_id",
+    "tenant",
+    "agent_id",
+    "episode_id",
+    "step",
+    "observation",
+    "state",
+    "action",
+    "reward",
+    "next_observation",
+    "next_state",
+    "done",
+    "ts",
+    "metadata",
+    "schema_version",
+)
 
 
 @st.composite
 def valid_transition(draw: Any, step: int | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "tenant": draw(ident), "agent_id": draw(ident), "episode_id": draw(ident),
+        "tenant": draw(ident),
+        "agent_id": draw(ident),
+        "episode_id": draw(ident),
         "step": step if step is not None else draw(st.integers(0, 10**6)),
         "action": draw(st.one_of(st.text(max_size=30), st.integers(-5, 5))),
         "reward": draw(st.floats(-1e6, 1e6, allow_nan=False)),
         "done": draw(st.booleans()),
-        "metadata": draw(st.dictionaries(
-            st.from_regex(r"[a-z]{1,8}", fullmatch=True),
-            st.one_of(st.text(max_size=20), st.integers(-100, 100), st.booleans()),
-            max_size=3)),
+        "metadata": draw(
+            st.dictionaries(
+                st.from_regex(r"[a-z]{1,8}", fullmatch=True),
+                st.one_of(st.text(max_size=20), st.integers(-100, 100), st.booleans()),
+                max_size=3,
+            )
+        ),
     }
     d["observation"] = draw(st.text(min_size=1, max_size=200))
     if draw(st.booleans()):
@@ -98,10 +124,12 @@ any_record = st.one_of(
     st.binary(max_size=300),
     json_value.map(to_json),
     mutated(),
-    st.builds(lambda d, cut: to_json(d)[: max(1, cut)], valid_transition(),
-              st.integers(1, 60)),  # truncated
+    st.builds(
+        lambda d, cut: to_json(d)[: max(1, cut)], valid_transition(), st.integers(1, 60)
+    ),  # truncated
     st.sampled_from(BAD_KINDS).flatmap(
-        lambda k: st.randoms(use_true_random=False).map(lambda r: bad_record(r, k)[1])),
+        lambda k: st.randoms(use_true_random=False).map(lambda r: bad_record(r, k)[1])
+    ),
 )
 
 
@@ -128,8 +156,10 @@ def check_dead(dl: Any, raw: RawRecord) -> None:
 
 
 @FUZZ
-@given(bad=st.lists(any_record, min_size=1, max_size=12),
-       good=st.lists(valid_transition(), min_size=1, max_size=6))
+@given(
+    bad=st.lists(any_record, min_size=1, max_size=12),
+    good=st.lists(valid_transition(), min_size=1, max_size=6),
+)
 def test_write_path_every_record_has_one_outcome(
     pipeline: WritePipeline, bad: list[bytes | None], good: list[dict[str, Any]]
 ) -> None:
@@ -168,21 +198,37 @@ class FakeProducer:
 class Msg:
     def __init__(self, topic: str, value: bytes | None, offset: int) -> None:
         self.topic, self.value, self.key, self.partition, self.offset = (
-            topic, value, b"k", 0, offset)
+            topic,
+            value,
+            b"k",
+            0,
+            offset,
+        )
 
 
 feedback_valid = st.one_of(
-    st.builds(lambda t, e, r: {"tenant": t, "episode_id": e, "reward": r}, ident, ident,
-              st.floats(-100, 100)),
-    st.builds(lambda t, m, k: {"tenant": t, "memory_id": m, "kind": k}, ident, ident,
-              st.sampled_from(["thumbs_up", "thumbs_down"])),
+    st.builds(
+        lambda t, e, r: {"tenant": t, "episode_id": e, "reward": r},
+        ident,
+        ident,
+        st.floats(-100, 100),
+    ),
+    st.builds(
+        lambda t, m, k: {"tenant": t, "memory_id": m, "kind": k},
+        ident,
+        ident,
+        st.sampled_from(["thumbs_up", "thumbs_down"]),
+    ),
 )
 
 
 @FUZZ
-@given(records=st.lists(st.one_of(any_record, feedback_valid.map(orjson.dumps)),
-                        min_size=1, max_size=10),
-       topic=st.sampled_from(["feedback", "usage"]))
+@given(
+    records=st.lists(
+        st.one_of(any_record, feedback_valid.map(orjson.dumps)), min_size=1, max_size=10
+    ),
+    topic=st.sampled_from(["feedback", "usage"]),
+)
 def test_credit_job_dead_letters_bad_feedback_and_usage(
     records: list[bytes | None], topic: str
 ) -> None:
@@ -214,24 +260,53 @@ def test_credit_job_dead_letters_bad_feedback_and_usage(
 
 hostile_text = st.one_of(
     st.text(max_size=60),
-    st.sampled_from(['" or tenant != "', "' or 1==1 --", '") || (tenant like "%', "\\",
-                     '"', "\\\"", "𝔱", "tenant == \"b\"", "]", "[", "\u202e", "%", "*"]),
+    st.sampled_from(
+        [
+            '" or tenant != "',
+            "' or 1==1 --",
+            '") || (tenant like "%',
+            "\\",
+            '"',
+            '\\"',
+            "𝔱",
+            'tenant == "b"',
+            "]",
+            "[",
+            "\u202e",
+            "%",
+            "*",
+        ]
+    ),
 )
 
 
 @FUZZ
-@given(body=st.one_of(
-    json_value,
-    st.builds(lambda t, q, f: {"request_id": "r1", "tenant": t, "query": q, "filters": f},
-              st.one_of(ident, hostile_text), st.text(max_size=30),
-              st.dictionaries(st.sampled_from(["valence", "partition", "since_ms", "until_ms",
-                                                "min_utility", "metadata_equals", "tenant",
-                                                "expr"]),
-                              st.one_of(json_value,
-                                        st.dictionaries(hostile_text, hostile_text,
-                                                        max_size=3)),
-                              max_size=3)),
-))
+@given(
+    body=st.one_of(
+        json_value,
+        st.builds(
+            lambda t, q, f: {"request_id": "r1", "tenant": t, "query": q, "filters": f},
+            st.one_of(ident, hostile_text),
+            st.text(max_size=30),
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "valence",
+                        "partition",
+                        "since_ms",
+                        "until_ms",
+                        "min_utility",
+                        "metadata_equals",
+                        "tenant",
+                        "expr",
+                    ]
+                ),
+                st.one_of(json_value, st.dictionaries(hostile_text, hostile_text, max_size=3)),
+                max_size=3,
+            ),
+        ),
+    )
+)
 def test_retrieval_request_decoding_never_escapes_the_tenant(body: Any) -> None:
     """Decode + filter building raise only the errors the responder turns into
     dead letters / error replies, and the built filter always pins the tenant."""

@@ -174,15 +174,29 @@ def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
     p = pipeline()
     # warm the gate and value model on ordinary traffic with some surprises
     warm = [
-        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
-                   observation=f"hall {k}", action="go",
-                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
-        for e in range(30) for k in range(10)
+        Transition(
+            tenant="t",
+            agent_id="w",
+            episode_id=f"w{e}",
+            step=k,
+            observation=f"hall {k}",
+            action="go",
+            reward=-25.0 if (e + k) % 7 == 0 else -0.1,
+        )
+        for e in range(30)
+        for k in range(10)
     ]
     run(p, raws_of(warm))
     quiet = [
-        Transition(tenant="t", agent_id="a", episode_id="quiet", step=k,
-                   observation=f"quiet room {k}", action="wait", reward=0.0)
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="quiet",
+            step=k,
+            observation=f"quiet room {k}",
+            action="wait",
+            reward=0.0,
+        )
         for k in range(6)
     ]
     first = p.process(raws_of(quiet, start=10_000), now_ms=50)
@@ -214,18 +228,37 @@ def test_late_outcome_after_a_later_episode_writes_the_whole_quiet_episode() -> 
     from streams.write.pipeline import RETRO_Z_MAX
 
     p = WritePipeline(Settings(intrinsic=IntrinsicSettings(enabled=False)), HashingEncoder(dim=64))
-    brief = [Transition(tenant="t", agent_id="a", episode_id="e1", step=k,
-                        observation=f"briefing line {k}", action="listen", reward=0.0)
-             for k in range(7)]
-    later = [Transition(tenant="t", agent_id="a", episode_id="e2", step=k,
-                        observation=f"another day {k}", action="listen", reward=0.0)
-             for k in range(7)]
+    brief = [
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="e1",
+            step=k,
+            observation=f"briefing line {k}",
+            action="listen",
+            reward=0.0,
+        )
+        for k in range(7)
+    ]
+    later = [
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="e2",
+            step=k,
+            observation=f"another day {k}",
+            action="listen",
+            reward=0.0,
+        )
+        for k in range(7)
+    ]
     assert all(e.route == "drop" for e in p.process(raws_of(brief), now_ms=10).events)
     p.process(raws_of(later, start=100), now_ms=20)
     res = p.rescore("t", "e1", -1.0, now_ms=30)
     assert {r["id"] for r in res.upserts["core"]} == {t.memory_id for t in brief}
-    assert all(e.rpe is not None and abs(e.rpe) <= RETRO_Z_MAX and e.valence == -1
-               for e in res.events)
+    assert all(
+        e.rpe is not None and abs(e.rpe) <= RETRO_Z_MAX and e.valence == -1 for e in res.events
+    )
     assert p.rescore("t", "e1", -1.0, now_ms=40).upserts["core"] == []  # duplicate outcome
 
 
@@ -236,15 +269,29 @@ def test_hindsight_is_bounded_and_selective() -> None:
     s.write.hindsight_max = 3
     p = WritePipeline(s, HashingEncoder(dim=64))
     warm = [
-        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
-                   observation=f"hall {k}", action="go",
-                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
-        for e in range(30) for k in range(10)
+        Transition(
+            tenant="t",
+            agent_id="w",
+            episode_id=f"w{e}",
+            step=k,
+            observation=f"hall {k}",
+            action="go",
+            reward=-25.0 if (e + k) % 7 == 0 else -0.1,
+        )
+        for e in range(30)
+        for k in range(10)
     ]
     run(p, raws_of(warm))
     long_ep = [
-        Transition(tenant="t", agent_id="a", episode_id="long", step=k,
-                   observation=f"corridor {k}", action="walk", reward=0.0)
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="long",
+            step=k,
+            observation=f"corridor {k}",
+            action="walk",
+            reward=0.0,
+        )
         for k in range(40)
     ]
     p.process(raws_of(long_ep, start=10_000), now_ms=50)
@@ -262,23 +309,49 @@ def test_hindsight_usual_outcome_writes_nothing() -> None:
     a far better one does (the ScienceWorld failure mode: every success copied)."""
     p = pipeline()
     warm = [
-        Transition(tenant="t", agent_id="w", episode_id=f"w{e}", step=k,
-                   observation=f"hall {k}", action="go",
-                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)
-        for e in range(30) for k in range(10)
+        Transition(
+            tenant="t",
+            agent_id="w",
+            episode_id=f"w{e}",
+            step=k,
+            observation=f"hall {k}",
+            action="go",
+            reward=-25.0 if (e + k) % 7 == 0 else -0.1,
+        )
+        for e in range(30)
+        for k in range(10)
     ]
     run(p, raws_of(warm))
     written = []
     for e in range(12):
-        ep = [Transition(tenant="t", agent_id="a", episode_id=f"ep{e}", step=k,
-                         observation=f"corridor {e} {k}", action="walk", reward=0.0)
-              for k in range(10)]
+        ep = [
+            Transition(
+                tenant="t",
+                agent_id="a",
+                episode_id=f"ep{e}",
+                step=k,
+                observation=f"corridor {e} {k}",
+                action="walk",
+                reward=0.0,
+            )
+            for k in range(10)
+        ]
         p.process(raws_of(ep, start=10_000 + 100 * e), now_ms=50 + e)
         res = p.rescore("t", f"ep{e}", 100.0 if e % 2 else 0.0, now_ms=60 + e)
         written.append(len(res.events))
     assert sum(written[4:]) == 0  # 0/100 alternating: nothing new once that is known
-    ep = [Transition(tenant="t", agent_id="a", episode_id="rare", step=k,
-                     observation=f"vault {k}", action="walk", reward=0.0) for k in range(10)]
+    ep = [
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="rare",
+            step=k,
+            observation=f"vault {k}",
+            action="walk",
+            reward=0.0,
+        )
+        for k in range(10)
+    ]
     p.process(raws_of(ep, start=20_000), now_ms=100)
     assert p.rescore("t", "rare", 5000.0, now_ms=110).events
 
@@ -287,13 +360,36 @@ def test_forget_clears_repeat_keys_and_windows() -> None:
     from streams.write.pipeline import content_key
 
     p = pipeline()
-    first = Transition(tenant="t", agent_id="a", episode_id="e1", step=0,
-                       observation="the stove is hot", action="touch", reward=-80.0)
-    other = Transition(tenant="t", agent_id="a", episode_id="e1", step=1,
-                       observation="the oven is hot", action="touch", reward=-90.0)
-    quiet = [Transition(tenant="t", agent_id="a", episode_id="e0", step=k,
-                        observation=f"kitchen {k}", action="look", reward=0.0)
-             for k in range(60)]
+    first = Transition(
+        tenant="t",
+        agent_id="a",
+        episode_id="e1",
+        step=0,
+        observation="the stove is hot",
+        action="touch",
+        reward=-80.0,
+    )
+    other = Transition(
+        tenant="t",
+        agent_id="a",
+        episode_id="e1",
+        step=1,
+        observation="the oven is hot",
+        action="touch",
+        reward=-90.0,
+    )
+    quiet = [
+        Transition(
+            tenant="t",
+            agent_id="a",
+            episode_id="e0",
+            step=k,
+            observation=f"kitchen {k}",
+            action="look",
+            reward=0.0,
+        )
+        for k in range(60)
+    ]
     run(p, raws_of(quiet))
     events = p.process(raws_of([first, other], start=100), now_ms=10).events
     assert [e.route for e in events] == ["core", "core"]
@@ -316,7 +412,9 @@ def test_same_id_of_two_tenants_in_one_batch_is_not_a_replay() -> None:
     replay = mk[1].model_copy(update={"observation": "tenant-b again"})
     (res,) = run(pipeline(), raws_of([mk[0], mk[1], replay]))
     assert sorted((e.tenant, e.memory_id) for e in res.events) == [
-        ("tenant-a", "shared-id-1"), ("tenant-b", "shared-id-1")]
+        ("tenant-a", "shared-id-1"),
+        ("tenant-b", "shared-id-1"),
+    ]
     rows = [r for part in res.upserts.values() for r in part]
     by_tenant = {r["tenant"]: r["text"] for r in rows}
     # whatever the gate routed: no row carries another tenant's text; the replay won in B
@@ -328,10 +426,19 @@ def test_same_words_in_another_context_are_not_a_repeat() -> None:
     """The exact-repeat key includes metadata: a search filtered by task must find each."""
     from streams.write.pipeline import content_key
 
-    a = Transition(tenant="t", agent_id="a", episode_id="e1", step=0, observation="The door is "
-                   "now open.", action="open door", reward=8.0, metadata={"task": "find-plant"})
-    b = a.model_copy(update={"episode_id": "e2", "transition_id": None,
-                             "metadata": {"task": "find-animal"}})
+    a = Transition(
+        tenant="t",
+        agent_id="a",
+        episode_id="e1",
+        step=0,
+        observation="The door is now open.",
+        action="open door",
+        reward=8.0,
+        metadata={"task": "find-plant"},
+    )
+    b = a.model_copy(
+        update={"episode_id": "e2", "transition_id": None, "metadata": {"task": "find-animal"}}
+    )
     c = a.model_copy(update={"episode_id": "e3", "transition_id": None})
     assert content_key(a) != content_key(b)
     assert content_key(a) == content_key(c)
@@ -354,8 +461,13 @@ def test_value_model_does_not_depend_on_how_the_stream_was_batched(cliff: list) 
         learners.append(st.learner)
         # every transition's TD error (the eligibility window keeps each episode's last
         # steps): scored by the model as of the last update, whatever the cut
-        deltas.append({e.transition_id: e.delta for ep in st.eligibility.episodes()
-                       for e in st.eligibility.get(ep)})
+        deltas.append(
+            {
+                e.transition_id: e.delta
+                for ep in st.eligibility.episodes()
+                for e in st.eligibility.get(ep)
+            }
+        )
     every = Settings().value.update_every
     probe = HashingEncoder(dim=64).encode([t.observation or "" for t, _, _ in cliff[:50]])
     for m, d in zip(learners, deltas, strict=True):

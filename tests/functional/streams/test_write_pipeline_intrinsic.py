@@ -13,8 +13,10 @@ from streams.write.pipeline import RawRecord, WritePipeline
 
 
 def raws_of(transitions: list[Transition]) -> list[RawRecord]:
-    return [RawRecord(encode(t), t.agent_id.encode(), "dmem.transitions", 0, i)
-            for i, t in enumerate(transitions)]
+    return [
+        RawRecord(encode(t), t.agent_id.encode(), "dmem.transitions", 0, i)
+        for i, t in enumerate(transitions)
+    ]
 
 
 def routes(p: WritePipeline, ts: list[Transition], batch: int = 64) -> list[tuple[str, str]]:
@@ -31,14 +33,23 @@ def test_rewarded_stream_routes_exactly_as_without_intrinsic() -> None:
     for env in ("cliffwalking", "taxi"):
         ts = [t for t, _, _ in q_learning_transitions(env, 800, seed=5)]
         on = WritePipeline(Settings(), HashingEncoder(dim=64))
-        off = WritePipeline(Settings(intrinsic=IntrinsicSettings(enabled=False)),
-                            HashingEncoder(dim=64))
+        off = WritePipeline(
+            Settings(intrinsic=IntrinsicSettings(enabled=False)), HashingEncoder(dim=64)
+        )
         assert routes(on, ts) == routes(off, ts)
         assert on.tenants[ts[0].tenant].intrinsic.mix.weight == 0.0
 
 
-FILLER = ["Hey! How are you?", "Good, thanks! And you?", "Wow, that's great!", "Thanks!",
-          "That's awesome!", "Haha yes", "Totally agree!", "See you soon!"]
+FILLER = [
+    "Hey! How are you?",
+    "Good, thanks! And you?",
+    "Wow, that's great!",
+    "Thanks!",
+    "That's awesome!",
+    "Haha yes",
+    "Totally agree!",
+    "See you soon!",
+]
 FACTS = [
     "I adopted a beagle named Rex from the shelter on Tuesday, he loves swimming in the lake.",
     "My sister Anna moved to Lisbon last spring to study architecture at the university.",
@@ -89,14 +100,20 @@ def test_an_off_context_turn_referred_to_later_is_written_and_noise_is_not() -> 
     import numpy as np
 
     rng = np.random.default_rng(5)
-    words = ("garden tomato roses water hose soil seeds compost basil weeds shovel fence "
-             "sunflowers watering can harvest mulch beds pots").split()
-    turns = [ChatTurn("Ann" if i % 2 else "Bob", " ".join(rng.choice(words, size=8)))
-             for i in range(80)]
+    words = (
+        "garden tomato roses water hose soil seeds compost basil weeds shovel fence "
+        "sunflowers watering can harvest mulch beds pots"
+    ).split()
+    turns = [
+        ChatTurn("Ann" if i % 2 else "Bob", " ".join(rng.choice(words, size=8))) for i in range(80)
+    ]
     opener = "We booked a ferry to the Greek islands, Santorini and Naxos, for July."
     intruder = "Quarterly earnings of the semiconductor company beat analyst forecasts."
-    turns += [ChatTurn("Ann", opener), ChatTurn("Bob", intruder),
-              ChatTurn("Bob", "A ferry to Santorini and Naxos in July, lucky you!")]
+    turns += [
+        ChatTurn("Ann", opener),
+        ChatTurn("Bob", intruder),
+        ChatTurn("Bob", "A ferry to Santorini and Naxos in July, lucky you!"),
+    ]
     turns += [ChatTurn("Ann", " ".join(rng.choice(words, size=8))) for _ in range(6)]
     ts = chat_transitions(turns, tenant="t", conversation="c1", session=1)
     p = WritePipeline(Settings(), HashingEncoder(dim=256))
@@ -105,8 +122,10 @@ def test_an_off_context_turn_referred_to_later_is_written_and_noise_is_not() -> 
     for i in range(0, len(raws), 16):
         events += p.process(raws[i : i + 16], now_ms=1_000 + i).events
     by_id = {t.text(): t.memory_id for t in ts}
-    trail = {k: [(e.kind, e.reason) for e in events if e.memory_id == by_id[f"{s}: {k}"]]
-             for s, k in (("Ann", opener), ("Bob", intruder))}
+    trail = {
+        k: [(e.kind, e.reason) for e in events if e.memory_id == by_id[f"{s}: {k}"]]
+        for s, k in (("Ann", opener), ("Bob", intruder))
+    }
     # the opener fit nothing before it (its next turn is the intruder): vetoed, then
     # the reply refers back to it and it is written
     assert trail[opener] == [("dropped", "off_context"), ("written", "referred")]

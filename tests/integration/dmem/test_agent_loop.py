@@ -31,17 +31,34 @@ def load_example() -> ModuleType:
     return mod
 
 
-def test_agent_loop_with_memory_falls_less(tmp_path: Path, broker: str,
-                                           topic_prefix: str) -> None:
+def test_agent_loop_with_memory_falls_less(tmp_path: Path, broker: str, topic_prefix: str) -> None:
     ex = load_example()
     # seed 4, 8 episodes: 20 falls without memory, 11 of them repeats of an earlier
     # (state, action); an instant, perfect memory would leave 10 falls (2 repeats)
     episodes, seed = 8, 4
-    s = ex.run(episodes=episodes, seed=seed, data_dir=tmp_path / "data",
-               broker_bootstrap=broker, topic_prefix=topic_prefix, quiet=True)
-    for key in ("episodes", "seed", "return_without_memory", "return_with_memory",
-                "falls_without", "falls_with", "repeat_falls_without", "repeat_falls_with",
-                "vetoes", "searches", "gate_falls", "returns_without", "returns_with"):
+    s = ex.run(
+        episodes=episodes,
+        seed=seed,
+        data_dir=tmp_path / "data",
+        broker_bootstrap=broker,
+        topic_prefix=topic_prefix,
+        quiet=True,
+    )
+    for key in (
+        "episodes",
+        "seed",
+        "return_without_memory",
+        "return_with_memory",
+        "falls_without",
+        "falls_with",
+        "repeat_falls_without",
+        "repeat_falls_with",
+        "vetoes",
+        "searches",
+        "gate_falls",
+        "returns_without",
+        "returns_with",
+    ):
         assert key in s, key
     assert s["episodes"] == episodes and s["seed"] == seed
     assert len(s["returns_without"]) == len(s["returns_with"]) == episodes
@@ -52,24 +69,45 @@ def test_agent_loop_with_memory_falls_less(tmp_path: Path, broker: str,
     assert s["return_with_memory_all"] > s["return_without_memory_all"], s
 
 
-def test_agent_loop_script_help_and_json_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_agent_loop_script_help_and_json_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The script runs from any directory; --json ends stdout with one JSON object."""
     import json
     import subprocess
 
-    r = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     for flag in ("--episodes", "--seed", "--json"):
         assert flag in r.stdout
     ex = load_example()
-    fake = {"episodes": 2, "seed": 5, "eval_last": 1, "epsilon": 0.25, "k": 5,
-            "encoder": "hash", "return_without_memory": -120.0, "return_with_memory": -15.0,
-            "return_without_memory_all": -120.0, "return_with_memory_all": -60.0,
-            "falls_without": 2, "falls_with": 1, "falls_without_last": 1, "falls_with_last": 0,
-            "vetoes": 1, "searches": 30, "search_p50_ms": 5.0, "search_p99_ms": 9.0,
-            "elapsed_s": 1.0}
+    fake = {
+        "episodes": 2,
+        "seed": 5,
+        "eval_last": 1,
+        "epsilon": 0.25,
+        "k": 5,
+        "encoder": "hash",
+        "return_without_memory": -120.0,
+        "return_with_memory": -15.0,
+        "return_without_memory_all": -120.0,
+        "return_with_memory_all": -60.0,
+        "falls_without": 2,
+        "falls_with": 1,
+        "falls_without_last": 1,
+        "falls_with_last": 0,
+        "vetoes": 1,
+        "searches": 30,
+        "search_p50_ms": 5.0,
+        "search_p99_ms": 9.0,
+        "elapsed_s": 1.0,
+    }
     seen = {}
 
     def fake_run(**kw: object) -> dict:

@@ -60,21 +60,29 @@ def test_bench_encoders_contract_tiny(locomo_dir: Path) -> None:
     # every question names its topic word for word: a text encoder finds the turn
     assert min(v["hit_at_5"] for v in e.values()) >= 0.8
     assert out["default_hit_at_5_delta"] == pytest.approx(
-        e["minilm-static"]["hit_at_5"] - e["minilm"]["hit_at_5"], abs=1e-4)
+        e["minilm-static"]["hit_at_5"] - e["minilm"]["hit_at_5"], abs=1e-4
+    )
     assert out["minilm_pipeline_tps"] is None and out["default_pipeline_tps"] is None
 
 
-def test_bench_encoders_pipeline_tiny(locomo_dir: Path, milvus_server_uri: str,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_encoders_pipeline_tiny(
+    locomo_dir: Path, milvus_server_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("DMEM_ENCODER__NAME", raising=False)
-    out = be.run(["hash", "minilm-static"], repeats=1, transitions=300, data=locomo_dir,
-                 milvus_uri=milvus_server_uri)
+    out = be.run(
+        ["hash", "minilm-static"],
+        repeats=1,
+        transitions=300,
+        data=locomo_dir,
+        milvus_uri=milvus_server_uri,
+    )
     assert out["default"] == "minilm-static"
     for name, v in out["encoders"].items():
         assert v["pipeline_transitions"] == 300, name
         assert v["pipeline_tps"] > 0 and v["pipeline_raw_encoder_tps"] > 0
         assert v["pipeline_vs_raw_encoder"] == pytest.approx(
-            v["pipeline_tps"] / v["pipeline_raw_encoder_tps"], rel=0.01, abs=6e-4)  # 3 places
+            v["pipeline_tps"] / v["pipeline_raw_encoder_tps"], rel=0.01, abs=6e-4
+        )  # 3 places
         assert len(v["pipeline_per_repeat"]) == 1
     assert out["default_pipeline_tps"] == out["encoders"]["minilm-static"]["pipeline_tps"]
     assert "default_hit_at_5_delta" not in out  # torch MiniLM was not measured
@@ -87,6 +95,7 @@ def test_static_beats_hashing_on_real_locomo() -> None:
     convs = be.load_locomo(data, limit=1)
     from operators.encoders import build_encoder
 
-    hit = {n: be.quality(build_encoder(n, cache_size=0), convs)[0]
-           for n in ("hash", "minilm-static")}
+    hit = {
+        n: be.quality(build_encoder(n, cache_size=0), convs)[0] for n in ("hash", "minilm-static")
+    }
     assert hit["minilm-static"] > hit["hash"] + 0.1, hit

@@ -46,14 +46,21 @@ def conversation(cid: str) -> dict:
             if j % 4 == 0:
                 topic = TOPICS[(int(cid) * 3 + n * 2 + j // 4) % len(TOPICS)]
                 turns.append({"speaker": spk, "dia_id": dia, "text": f"Guess what, I {topic}!"})
-                d["qa"].append({"question": f"Who {topic}?", "answer": spk,
-                                "evidence": [dia], "category": 4})
+                d["qa"].append(
+                    {"question": f"Who {topic}?", "answer": spk, "evidence": [dia], "category": 4}
+                )
             else:
                 turns.append({"speaker": spk, "dia_id": dia, "text": "Wow, that's great!"})
         d[f"session_{n}"] = turns
     d["session_4_date_time"] = "2:00 pm on 20 May, 2023"  # a date without turns, as in LoCoMo
-    d["qa"].append({"question": "What did nobody say?", "evidence": ["D1:2"], "category": 5,
-                    "adversarial_answer": "x"})
+    d["qa"].append(
+        {
+            "question": "What did nobody say?",
+            "evidence": ["D1:2"],
+            "category": 5,
+            "adversarial_answer": "x",
+        }
+    )
     return d
 
 
@@ -63,8 +70,22 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     for cid in PEOPLE:
         (data / f"{cid}.json").write_text(json.dumps(conversation(cid)))
     plot = data / "plot.png"
-    cmd = [sys.executable, "-m", "dmem.cli", "bench", "locomo", "--json", "--encoder", "hash",
-           "--data", str(data), "--noise", "0.5", "--plot", str(plot)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dmem.cli",
+        "bench",
+        "locomo",
+        "--json",
+        "--encoder",
+        "hash",
+        "--data",
+        str(data),
+        "--noise",
+        "0.5",
+        "--plot",
+        str(plot),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,8 +108,14 @@ def test_contract_keys_and_counts(bench: tuple[dict, Path]) -> None:
 
 def test_values_sane(bench: tuple[dict, Path]) -> None:
     r, _ = bench
-    for k in ("storage_ratio", "evidence_recall_at_5", "evidence_recall_at_10",
-              "store_all_recall_at_5", "store_all_recall_at_10", "noise_storage_ratio"):
+    for k in (
+        "storage_ratio",
+        "evidence_recall_at_5",
+        "evidence_recall_at_10",
+        "store_all_recall_at_5",
+        "store_all_recall_at_10",
+        "noise_storage_ratio",
+    ):
         assert 0.0 <= r[k] <= 1.0, (k, r[k])
     assert r["evidence_recall_at_5"] <= r["evidence_recall_at_10"]
     assert r["store_all_recall_at_10"] > 0.5  # the questions name their turn's words

@@ -73,8 +73,12 @@ def test_latencies_sane(bench_json: dict) -> None:
 def test_quality_block_sane(bench_json: dict) -> None:
     r = bench_json
     assert r["probes"] > 0
-    for key in ("probe_hit_at_5_hybrid", "probe_hit_at_5_semantic",
-                "probe_hit_at_5_store_all", "probe_stored_gated"):
+    for key in (
+        "probe_hit_at_5_hybrid",
+        "probe_hit_at_5_semantic",
+        "probe_hit_at_5_store_all",
+        "probe_stored_gated",
+    ):
         assert 0.0 <= r[key] <= 1.0, key
     # no ranking can find a memory the gate did not store
     assert r["probe_hit_at_5_hybrid"] <= r["probe_stored_gated"]

@@ -31,9 +31,17 @@ def test_bench_sciworld_contract(tmp_path: Path) -> None:
         pytest.fail("ScienceWorld needs Java 17: run scripts/setup.sh as root")
     from dmem_bench.sciworld import SciConfig, main
 
-    cfg = SciConfig(tasks=("find-plant",), train_variations=1, test_variations=1,
-                    random_steps=4, loop_max_steps=4, encoder="hash", settle_s=2.0,
-                    out_dir=tmp_path, publish="step")  # a live agent's micro-batches of one
+    cfg = SciConfig(
+        tasks=("find-plant",),
+        train_variations=1,
+        test_variations=1,
+        random_steps=4,
+        loop_max_steps=4,
+        encoder="hash",
+        settle_s=2.0,
+        out_dir=tmp_path,
+        publish="step",
+    )  # a live agent's micro-batches of one
     out = main(cfg, as_json=False)
     assert out["publish"] == "step"
     for k in KEYS:
@@ -41,15 +49,17 @@ def test_bench_sciworld_contract(tmp_path: Path) -> None:
     assert out["tasks"] == 1 and out["episodes"] == 3
     assert out["published"] > 10  # gold find-plant alone is ~10 steps
     for k in KEYS:
-        if k.startswith(("storage_", "critical_", "reward_", "precision_", "hit_", "mrr_",
-                         "success_")):
+        if k.startswith(
+            ("storage_", "critical_", "reward_", "precision_", "hit_", "mrr_", "success_")
+        ):
             assert 0.0 <= out[k] <= 1.0, k
         if k.startswith("score_"):
             assert 0.0 <= out[k] <= 100.0, k
     # two repeats per test variation and condition, paired
     assert out["loop_episodes"] == 2 and out["loop_repeats"] == 2
     assert out["score_diff_hybrid_no_memory"] == pytest.approx(
-        out["score_hybrid"] - out["score_no_memory"], abs=0.02)
+        out["score_hybrid"] - out["score_no_memory"], abs=0.02
+    )
     assert out["probes"] > 0  # the test variation's gold episode is rewarded
     # the stored set is a subset of what was published: cosine over it can't beat the ceiling
     assert out["storage_ratio_gate"] > 0

@@ -24,10 +24,22 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
         pytest.skip(str(exc))
     # the stream (~10 s) must outlast the stop of Milvus, so the first worker sees
     # failing writes (and /health says 503) before the kill inside the outage
-    out = run(ChaosConfig(transitions=1500, tenants=2, kills=2, outage_s=20.0,
-                          broker_pause_s=3.0, rate=150.0, bad_every=15, seed=7,
-                          hostile_every=5, hostile_feedback=200, hostile_episodes=20,
-                          hostile_forgets=50))
+    out = run(
+        ChaosConfig(
+            transitions=1500,
+            tenants=2,
+            kills=2,
+            outage_s=20.0,
+            broker_pause_s=3.0,
+            rate=150.0,
+            bad_every=15,
+            seed=7,
+            hostile_every=5,
+            hostile_feedback=200,
+            hostile_episodes=20,
+            hostile_forgets=50,
+        )
+    )
     assert out["all_committed"], "the worker group did not commit every offset"
     assert out["worker_kills"] == 2
     assert out["expected_stored"] > 0

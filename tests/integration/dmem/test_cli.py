@@ -141,8 +141,12 @@ def test_migrate_rewrites_a_collection_keyed_by_memory_id(tmp_path: Path) -> Non
     from milvus_lite.server_manager import server_manager_instance
 
     server_manager_instance.release_server(db)  # the file lock: the CLI opens it next
-    env = {"DMEM_MILVUS__URI": db, "DMEM_MILVUS__COLLECTION": "mem", "DMEM_ENCODER__NAME": "hash",
-           "DMEM_ENCODER__DIM": "8"}
+    env = {
+        "DMEM_MILVUS__URI": db,
+        "DMEM_MILVUS__COLLECTION": "mem",
+        "DMEM_ENCODER__NAME": "hash",
+        "DMEM_ENCODER__DIM": "8",
+    }
     refused = run(["inspect", "--tenant", "alpha", "--no-events", "--json"], env)
     assert refused.returncode == 2 and "dmem migrate" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1

@@ -226,8 +226,13 @@ def test_every_value_is_documented_with_param() -> None:
 def _render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
     with helm.Chart.load(str(DEFAULT_CHART)) as c:
         out = c.render(values, name="dmem", namespace="dmem", is_install=True)
-    return [d for k, text in sorted(out.items()) if not k.endswith("NOTES.txt")
-            for d in yaml.safe_load_all(text) if d]
+    return [
+        d
+        for k, text in sorted(out.items())
+        if not k.endswith("NOTES.txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
 
 
 def _merged(values: dict[str, Any] | None) -> dict[str, Any]:

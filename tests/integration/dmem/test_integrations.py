@@ -55,11 +55,18 @@ def worker_env(stack: LocalStack) -> dict[str, str]:
 def corridor(agent: str, n_eps: int = 4) -> list[Transition]:
     """Mundane steps and one trap per episode: the trap is what the gate keeps."""
     return [
-        Transition(tenant=TENANT, agent_id=agent, episode_id=f"{agent}-ep{e}", step=k,
-                   observation=TRAP if k == 4 else f"walking on the quiet road mile {k}",
-                   action="jump" if k == 4 else "walk", reward=-20.0 if k == 4 else -0.1,
-                   next_observation=f"mile {k + 1}")
-        for e in range(n_eps) for k in range(10)
+        Transition(
+            tenant=TENANT,
+            agent_id=agent,
+            episode_id=f"{agent}-ep{e}",
+            step=k,
+            observation=TRAP if k == 4 else f"walking on the quiet road mile {k}",
+            action="jump" if k == 4 else "walk",
+            reward=-20.0 if k == 4 else -0.1,
+            next_observation=f"mile {k + 1}",
+        )
+        for e in range(n_eps)
+        for k in range(10)
     ]
 
 
@@ -82,10 +89,17 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     lines.append("tools/list -> " + ", ".join(sorted(tools)))
 
     for t in corridor("mcp-agent")[:10]:  # one episode through `remember`
-        r = await client.call_tool("remember", {
-            "observation": t.observation, "action": t.action, "reward": t.reward,
-            "next_observation": t.next_observation, "episode_id": t.episode_id,
-            "step": t.step})
+        r = await client.call_tool(
+            "remember",
+            {
+                "observation": t.observation,
+                "action": t.action,
+                "reward": t.reward,
+                "next_observation": t.next_observation,
+                "episode_id": t.episode_id,
+                "step": t.step,
+            },
+        )
         assert not r.is_error, r
     ack = text_of(r)
     assert ack["accepted"] is True and ack["episode_id"] == "mcp-agent-ep0"
@@ -108,8 +122,10 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     for key in ("semantic", "salience", "recency", "lambda", "score"):
         assert key in hits[0]["breakdown"]
     assert {"rpe", "utility", "memory_id"} <= set(hits[0])
-    lines.append(f"recall '{TRAP}' -> {hits[0]['action']} score {hits[0]['score']:.3f} "
-                 f"breakdown {hits[0]['breakdown']} rpe {hits[0]['rpe']:.2f}")
+    lines.append(
+        f"recall '{TRAP}' -> {hits[0]['action']} score {hits[0]['score']:.3f} "
+        f"breakdown {hits[0]['breakdown']} rpe {hits[0]['rpe']:.2f}"
+    )
 
     r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 1}})
     assert not r.is_error and all(h["valence"] == 1 for h in text_of(r))
@@ -129,8 +145,12 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
 
     r = await client.call_tool("forget", {"memory_id": hits[0]["memory_id"]})
     assert not r.is_error and text_of(r)["forgotten"] == 1
-    async with Client(stack.bootstrap, TENANT, topic_prefix=stack.settings.kafka.topic_prefix,
-                          http_url=http_url(stack)) as c:
+    async with Client(
+        stack.bootstrap,
+        TENANT,
+        topic_prefix=stack.settings.kafka.topic_prefix,
+        http_url=http_url(stack),
+    ) as c:
         assert await c.get_memory(hits[0]["memory_id"]) is None
     lines.append(f"forget {hits[0]['memory_id']} -> {text_of(r)}")
     r = await client.call_tool("forget", {})
@@ -143,8 +163,17 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
     from mcp.client.stdio import StdioServerParameters
 
     env = worker_env(stack)
-    args = ["-m", "dmem.cli", "mcp", "--tenant", TENANT, "--http", http_url(stack),
-            "--timeout", "10"]
+    args = [
+        "-m",
+        "dmem.cli",
+        "mcp",
+        "--tenant",
+        TENANT,
+        "--http",
+        http_url(stack),
+        "--timeout",
+        "10",
+    ]
 
     async def over_stdio() -> list[str]:
         params = StdioServerParameters(command=sys.executable, args=args, env=env)
@@ -156,22 +185,40 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
     print("\n".join(transcript))
 
     # streamable HTTP: refuses to start without a token, then 401 without/with a wrong one
-    no_token = subprocess.run([sys.executable, *args, "--transport", "http"], env=env,
-                              capture_output=True, text=True, timeout=60)
+    no_token = subprocess.run(
+        [sys.executable, *args, "--transport", "http"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert no_token.returncode != 0 and "auth-token" in no_token.stderr
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, *args, "--transport", "http", "--port", str(port),
-                             "--auth-token", "s3cret"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *args,
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+            "--auth-token",
+            "s3cret",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         deadline = time.monotonic() + 60
         status = None
         while time.monotonic() < deadline and status is None:
-            req = urllib.request.Request(url, data=b"{}", method="POST",
-                                         headers={"content-type": "application/json"})
+            req = urllib.request.Request(
+                url, data=b"{}", method="POST", headers={"content-type": "application/json"}
+            )
             try:
                 urllib.request.urlopen(req, timeout=5)
                 status = 200
@@ -180,8 +227,12 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
             except OSError:
                 time.sleep(0.3)
         assert status == 401
-        req = urllib.request.Request(url, data=b"{}", method="POST", headers={
-            "content-type": "application/json", "authorization": "Bearer wrong"})
+        req = urllib.request.Request(
+            url,
+            data=b"{}",
+            method="POST",
+            headers={"content-type": "application/json", "authorization": "Bearer wrong"},
+        )
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=5)
         assert err.value.code == 401
@@ -190,14 +241,17 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"},
-                                      timeout=30)
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30)
             async with http, Client(streamable_http_client(url, http_client=http)) as client:
                 tools = (await client.list_tools()).tools
                 assert {t.name for t in tools} == {
-                    "remember", "recall", "report_outcome", "feedback", "forget"}
-                r = await client.call_tool("recall", {"query": "walking on the quiet road",
-                                                      "k": 3})
+                    "remember",
+                    "recall",
+                    "report_outcome",
+                    "feedback",
+                    "forget",
+                }
+                r = await client.call_tool("recall", {"query": "walking on the quiet road", "k": 3})
                 assert not r.is_error
 
         asyncio.run(over_http())
@@ -219,8 +273,9 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
     from dmem.integrations.langgraph import DmemStore
 
     prefix = stack.settings.kafka.topic_prefix
-    sync = SyncClient(stack.bootstrap, TENANT, topic_prefix=prefix,
-                          http_url=http_url(stack), timeout_s=10)
+    sync = SyncClient(
+        stack.bootstrap, TENANT, topic_prefix=prefix, http_url=http_url(stack), timeout_s=10
+    )
     try:
         store = DmemStore(sync)
         ns = ("memories", "user-7")
@@ -228,11 +283,25 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         def remember(state: State) -> dict[str, Any]:
             s = get_store()
             for i in range(30):  # the mundane bulk, then the facts that matter
-                s.put(ns, f"k{i}", {"text": f"small talk about the weather number {i}",
-                                    "reward": -0.1, "topic": "chat"})
+                s.put(
+                    ns,
+                    f"k{i}",
+                    {
+                        "text": f"small talk about the weather number {i}",
+                        "reward": -0.1,
+                        "topic": "chat",
+                    },
+                )
             for i in range(3):
-                s.put(ns, f"allergy{i}", {"text": f"the user is allergic to nuts ({i})",
-                                          "reward": -20.0, "topic": "health"})
+                s.put(
+                    ns,
+                    f"allergy{i}",
+                    {
+                        "text": f"the user is allergic to nuts ({i})",
+                        "reward": -20.0,
+                        "topic": "health",
+                    },
+                )
             return {}
 
         def recall(state: State) -> dict[str, Any]:
@@ -257,8 +326,11 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
 
         item = store.get(ns, "allergy0")
         assert item is not None and item.key == "allergy0"
-        assert item.value == {"text": "the user is allergic to nuts (0)", "reward": -20.0,
-                              "topic": "health"}
+        assert item.value == {
+            "text": "the user is allergic to nuts (0)",
+            "reward": -20.0,
+            "topic": "health",
+        }
         health = store.search(ns, query="allergic", filter={"topic": "health"}, limit=5)
         assert health and all(i.value["topic"] == "health" for i in health)
         assert ns in store.list_namespaces(prefix=("memories",))
@@ -271,8 +343,9 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         meta = docs[0].metadata
         assert set(meta["breakdown"]) == {"semantic", "salience", "recency", "lambda", "score"}
         assert meta["memory_id"] == docs[0].id and meta["valence"] == -1
-        adocs = asyncio.run(DmemRetriever(client=sync, k=3, filters={"valence": -1})
-                            .ainvoke("allergic"))
+        adocs = asyncio.run(
+            DmemRetriever(client=sync, k=3, filters={"valence": -1}).ainvoke("allergic")
+        )
         assert adocs and all(d.metadata["valence"] == -1 for d in adocs)
     finally:
         sync.close()

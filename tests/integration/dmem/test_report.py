@@ -54,8 +54,12 @@ def _pythonpath() -> str:
 async def _run_agent(stack: LocalStack, n: int) -> None:
     s = stack.settings
     p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, linger_ms=5)
-    c = AIOKafkaConsumer(s.topic("memories"), bootstrap_servers=s.kafka.bootstrap,
-                         auto_offset_reset="earliest", enable_auto_commit=False)
+    c = AIOKafkaConsumer(
+        s.topic("memories"),
+        bootstrap_servers=s.kafka.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await p.start()
     await c.start()
     try:

@@ -35,10 +35,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory, broker: str) -> Any:
     import uuid
 
     prefix = f"t{uuid.uuid4().hex[:8]}."
-    env = isolated_env(prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2",
-                       DMEM_AUTH__TOKENS=json.dumps(TOKENS))
-    s = LocalStack(tmp_path_factory.mktemp("auth") / "data", roles=("all",), extra_env=env,
-                   broker_bootstrap=broker)
+    env = isolated_env(
+        prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2", DMEM_AUTH__TOKENS=json.dumps(TOKENS)
+    )
+    s = LocalStack(
+        tmp_path_factory.mktemp("auth") / "data",
+        roles=("all",),
+        extra_env=env,
+        broker_bootstrap=broker,
+    )
     s.start()
     try:
         yield s
@@ -46,8 +51,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, broker: str) -> Any:
         s.stop()
 
 
-def call(method: str, url: str, body: bytes | None = None,
-         token: str | None = None) -> tuple[int, Any, dict[str, str]]:
+def call(
+    method: str, url: str, body: bytes | None = None, token: str | None = None
+) -> tuple[int, Any, dict[str, str]]:
     headers = {"content-type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -106,43 +112,91 @@ def test_bearer_tokens_scope_tenants(stack: LocalStack) -> None:
     assert call("GET", base(stack) + "/health")[0] in (200, 503)
 
     async def sdk() -> None:
-        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
-                              transport="http", http_url=base(stack), token="tok-alpha") as c:
+        async with Client(
+            stack.bootstrap,
+            "alpha",
+            topic_prefix=s.kafka.topic_prefix,
+            transport="http",
+            http_url=base(stack),
+            token="tok-alpha",
+        ) as c:
             hits = await c.search("standing at the edge of crater 4", k=3)
             assert hits and {h.memory_id for h in hits} <= alpha_ids
-        async with Client(stack.bootstrap, "beta", topic_prefix=s.kafka.topic_prefix,
-                              transport="http", http_url=base(stack), token="tok-alpha") as c:
+        async with Client(
+            stack.bootstrap,
+            "beta",
+            topic_prefix=s.kafka.topic_prefix,
+            transport="http",
+            http_url=base(stack),
+            token="tok-alpha",
+        ) as c:
             with pytest.raises(SearchError, match="403"):
                 await c.search("crater", k=3)
-        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix,
-                              transport="http", http_url=base(stack)) as c:
+        async with Client(
+            stack.bootstrap,
+            "alpha",
+            topic_prefix=s.kafka.topic_prefix,
+            transport="http",
+            http_url=base(stack),
+        ) as c:
             with pytest.raises(SearchError, match="401"):
                 await c.search("crater", k=3)
 
     asyncio.run(sdk())
 
 
-scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30))
-json_value = st.recursive(scalar, lambda kids: st.lists(kids, max_size=4)
-                          | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=10)
+scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+)
+json_value = st.recursive(
+    scalar,
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=10,
+)
 bodies = st.one_of(
     st.binary(max_size=200),
     json_value.map(lambda v: json.dumps(v).encode()),
-    st.builds(lambda t, q, k, f, extra: json.dumps(
-        {"tenant": t, "query": q, "k": k, "filters": f, **extra}).encode(),
+    st.builds(
+        lambda t, q, k, f, extra: json.dumps(
+            {"tenant": t, "query": q, "k": k, "filters": f, **extra}
+        ).encode(),
         st.sampled_from(["alpha", "beta", 'alpha" or 1==1', "", "al pha"]),
         st.one_of(st.text(max_size=40), st.none(), st.integers()),
         st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=3)),
-        st.one_of(json_value, st.fixed_dictionaries({"metadata_equals": st.dictionaries(
-            st.text(max_size=10), st.one_of(st.text(max_size=20), st.floats()), max_size=3)})),
-        st.dictionaries(st.sampled_from(["vector", "lambda", "mmr", "episode_id", "step",
-                                         "reply_topic", "expr"]), json_value, max_size=2)),
+        st.one_of(
+            json_value,
+            st.fixed_dictionaries(
+                {
+                    "metadata_equals": st.dictionaries(
+                        st.text(max_size=10),
+                        st.one_of(st.text(max_size=20), st.floats()),
+                        max_size=3,
+                    )
+                }
+            ),
+        ),
+        st.dictionaries(
+            st.sampled_from(
+                ["vector", "lambda", "mmr", "episode_id", "step", "reply_topic", "expr"]
+            ),
+            json_value,
+            max_size=2,
+        ),
+    ),
 )
 
 
-@settings(max_examples=120, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(body=bodies)
 def test_http_fuzz_never_500(stack: LocalStack, body: bytes) -> None:
     code, out, _ = call("POST", base(stack) + "/v1/search", body, "tok-ops")

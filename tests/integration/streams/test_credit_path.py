@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 
 
 def memory(port: int, mid: str, tenant: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/memories/{mid}?tenant={tenant}",
-                                timeout=20) as r:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{port}/v1/memories/{mid}?tenant={tenant}", timeout=20
+    ) as r:
         return dict(json.loads(r.read()))
 
 
@@ -47,19 +48,29 @@ def test_credit_survives_restart_and_ignores_duplicate_outcomes(
     stack.start()
     s = stack.settings
     try:
-        trs = [Transition(tenant="acme", agent_id="a", episode_id="hist", step=i,
-                          observation=f"the budget is {100 * i} dollars" if i % 3 == 0
-                          else f"chatting about weather {i}", action="note",
-                          reward=-30.0 if i % 3 == 0 else 0.0) for i in range(30)]
-        asyncio.run(produce(broker, s.topic("transitions"),
-                            [(b"a", encode(t)) for t in trs]))
+        trs = [
+            Transition(
+                tenant="acme",
+                agent_id="a",
+                episode_id="hist",
+                step=i,
+                observation=f"the budget is {100 * i} dollars"
+                if i % 3 == 0
+                else f"chatting about weather {i}",
+                action="note",
+                reward=-30.0 if i % 3 == 0 else 0.0,
+            )
+            for i in range(30)
+        ]
+        asyncio.run(produce(broker, s.topic("transitions"), [(b"a", encode(t)) for t in trs]))
         asyncio.run(collect(broker, [s.topic("memories")], lambda m: len(m) >= len(trs)))
 
         async def use() -> list:
             async with Client(broker, "acme", topic_prefix=s.kafka.topic_prefix) as c:
                 for _ in range(60):
-                    hits = await c.search("the budget is 300 dollars", k=3,
-                                          episode_id="live-1", step=2)
+                    hits = await c.search(
+                        "the budget is 300 dollars", k=3, episode_id="live-1", step=2
+                    )
                     if hits:
                         return hits
                     await asyncio.sleep(0.5)
@@ -78,8 +89,13 @@ def test_credit_survives_restart_and_ignores_duplicate_outcomes(
 
         outcome = EpisodeOutcome(tenant="acme", episode_id="live-1", reward=10.0, ts=1)
         asyncio.run(produce(broker, s.topic("feedback"), [(b"live-1", encode(outcome))]))
-        after = wait_for(lambda: (rows := {m: memory(port, m, "acme") for m in before})
-                         and all(r["uses"] == 1 for r in rows.values()) and rows)
+        after = wait_for(
+            lambda: (
+                (rows := {m: memory(port, m, "acme") for m in before})
+                and all(r["uses"] == 1 for r in rows.values())
+                and rows
+            )
+        )
         assert after, "credit was not applied after the restart"
         assert all(r["utility"] > 0 for r in after.values())
         # the served weights split the credit: higher weight, more credit

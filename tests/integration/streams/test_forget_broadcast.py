@@ -41,8 +41,9 @@ def test_a_forget_notice_removes_a_row_written_back_in_another_process(
         notices = [
             MemoryEvent(kind="forgotten", memory_id="back", tenant="acme", ts=int(now)),
             # a forget of 2 h ago: its key was written again since, legitimately
-            MemoryEvent(kind="forgotten", memory_id="old", tenant="acme",
-                        ts=int(now - 2 * 3600 * 1000)),  # fmt: skip
+            MemoryEvent(
+                kind="forgotten", memory_id="old", tenant="acme", ts=int(now - 2 * 3600 * 1000)
+            ),  # fmt: skip
             MemoryEvent(kind="written", memory_id="keep", tenant="acme", ts=int(now)),
         ]
 
@@ -61,8 +62,10 @@ def test_a_forget_notice_removes_a_row_written_back_in_another_process(
                 await follower.stop()
 
         assert asyncio.run(run()) == 2  # the two `forgotten` notices, not the `written` one
-        assert sorted(r["id"] for r in store.get(["back", "old", "keep"], tenant="acme")) == \
-            ["keep", "old"]
+        assert sorted(r["id"] for r in store.get(["back", "old", "keep"], tenant="acme")) == [
+            "keep",
+            "old",
+        ]
         # and the row stays gone: this process's writers are refused now
         assert store.upsert([make_record("back")], "core") == 0
     finally:

@@ -38,18 +38,35 @@ def ids_of(store: MemoryStore, tenant: str = "acme") -> set[str]:
 def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryStore]) -> None:
     store = store_factory(dim=8)
     base = unit_vector(8, 1)
-    old = make_record("old", vector=base, reward=1.0, rpe=0.5, created_ts=1000,
-                      last_access_ts=1000, utility=0.4, uses=2)
-    news = [make_record(f"new{i}", vector=unit_vector(8, 10 + i, base=base, noise=0.01),
-                        reward=1.0, rpe=-2.0 - i, created_ts=2000 + i, last_access_ts=2000 + i)
-            for i in range(2)]
+    old = make_record(
+        "old",
+        vector=base,
+        reward=1.0,
+        rpe=0.5,
+        created_ts=1000,
+        last_access_ts=1000,
+        utility=0.4,
+        uses=2,
+    )
+    news = [
+        make_record(
+            f"new{i}",
+            vector=unit_vector(8, 10 + i, base=base, noise=0.01),
+            reward=1.0,
+            rpe=-2.0 - i,
+            created_ts=2000 + i,
+            last_access_ts=2000 + i,
+        )
+        for i in range(2)
+    ]
     other_action = make_record("act", vector=base, action="jump", created_ts=3000)
     far = make_record("far", vector=unit_vector(8, 99), created_ts=3000)
     # never merged with `old`: another route, another reward, a terminal step
     in_buffer = make_record("buf", vector=base, reward=1.0, created_ts=3000)
     rewarded = make_record("rewarded", vector=base, reward=25.0, created_ts=3001)
-    terminal = make_record("terminal", vector=base, reward=1.0, created_ts=3002,
-                           metadata={"done": True})
+    terminal = make_record(
+        "terminal", vector=base, reward=1.0, created_ts=3002, metadata={"done": True}
+    )
     store.upsert([in_buffer], "buffer")
     store.upsert([old, *news, other_action, far, rewarded, terminal], "core")
     eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
@@ -92,16 +109,32 @@ def test_a_rewarded_step_identical_in_text_survives_dedup(
     true repeats (same observation, action, reward) still merge."""
     store = store_factory(dim=8)
     vec = unit_vector(8, 3)
-    obs = {"text": "You are in the kitchen. A fridge is here.", "action": "open fridge",
-           "vector": vec, "valence": 1, "rpe": 1.0}
+    obs = {
+        "text": "You are in the kitchen. A fridge is here.",
+        "action": "open fridge",
+        "vector": vec,
+        "valence": 1,
+        "rpe": 1.0,
+    }
 
     def step(mid: str, ts: int, reward: float, done: bool = False) -> dict[str, Any]:
-        return make_record(mid, created_ts=ts, last_access_ts=ts, reward=reward,
-                           metadata={"done": done, "next": "The fridge is open."}, **obs)
+        return make_record(
+            mid,
+            created_ts=ts,
+            last_access_ts=ts,
+            reward=reward,
+            metadata={"done": done, "next": "The fridge is open."},
+            **obs,
+        )
 
-    rows = [step("plain-1", 100, 0.0), step("scored", 200, 25.0), step("plain-2", 300, 0.0),
-            step("failed", 400, 0.0, done=True), step("plain-3", 500, 0.0),
-            step("scored-again", 600, 25.0)]
+    rows = [
+        step("plain-1", 100, 0.0),
+        step("scored", 200, 25.0),
+        step("plain-2", 300, 0.0),
+        step("failed", 400, 0.0, done=True),
+        step("plain-3", 500, 0.0),
+        step("scored-again", 600, 25.0),
+    ]
     store.upsert(rows, "core")
     eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
     eng.bootstrap()
@@ -135,13 +168,16 @@ def test_a_survivor_stands_for_what_it_folded(store_factory: Callable[..., Memor
     eng.bootstrap()
     assert len(eng.dedup("acme", ["r0", "r1", "r2"], NOW)) == 2
     resp, _ = Responder(store, PassthroughEncoder(dim=8)).answer(
-        RetrievalRequest(request_id="q", tenant="acme", vector=base.tolist(), k=3), NOW)
+        RetrievalRequest(request_id="q", tenant="acme", vector=base.tolist(), k=3), NOW
+    )
     (hit,) = resp.hits
     assert (hit.memory_id, hit.merged_count, hit.merged_ids) == ("r0", 3, ["r1", "r2"])
     applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
-    ups = [UtilityUpdate(update_id="u1", memory_id="r2", tenant="acme", credit=1.0, ts=NOW),
-           UtilityUpdate(update_id="u2", memory_id="r2", tenant="zeta", credit=1.0, ts=NOW),
-           UtilityUpdate(update_id="u3", memory_id="gone", tenant="acme", credit=1.0, ts=NOW)]
+    ups = [
+        UtilityUpdate(update_id="u1", memory_id="r2", tenant="acme", credit=1.0, ts=NOW),
+        UtilityUpdate(update_id="u2", memory_id="r2", tenant="zeta", credit=1.0, ts=NOW),
+        UtilityUpdate(update_id="u3", memory_id="gone", tenant="acme", credit=1.0, ts=NOW),
+    ]
     assert applier.apply(ups) == 1 and applier.skipped == 2
     (row,) = store.get(["r0"], tenant="acme")
     assert row["uses"] == 1 and row["utility"] == pytest.approx(0.2)
@@ -151,8 +187,10 @@ def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryS
     store = store_factory(dim=8)
     base = unit_vector(8, 5)
     rewards = [1.0] * 6 + [1.005] * 3 + [2.0] * 3  # 1.005 agrees with 1.0 (1 %), 2.0 does not
-    rows = [make_record(f"w{i:02d}", vector=base, created_ts=100 + i, reward=r)
-            for i, r in enumerate(rewards)]
+    rows = [
+        make_record(f"w{i:02d}", vector=base, created_ts=100 + i, reward=r)
+        for i, r in enumerate(rewards)
+    ]
     store.upsert(rows, "buffer")
     eng = MaintenanceEngine(store, MaintenancePolicy(), dedup_k=4)
     events = eng.dedup("acme", [r["id"] for r in rows], NOW)
@@ -172,10 +210,19 @@ def test_ttl_and_capacity_evict_lowest_priority(store_factory: Callable[..., Mem
         ts = int(NOW - age_days * DAY_MS)
         return make_record(mid, seed=hash(mid) % 1000, rpe=rpe, created_ts=ts, last_access_ts=ts)
 
-    store.upsert([rec("c1", 0, 5.0), rec("c2", 0, 3.0), rec("c3", 0, 2.0), rec("c4", 0, 1.0)],
-                 "core")
-    store.upsert([rec("expired", 20, 9.0), rec("b-hi", 1, 2.0), rec("b-mid", 1, 1.0),
-                  rec("b-lo", 1, 0.6), rec("other", 1, 0.1) | {"tenant": "zeta"}], "buffer")
+    store.upsert(
+        [rec("c1", 0, 5.0), rec("c2", 0, 3.0), rec("c3", 0, 2.0), rec("c4", 0, 1.0)], "core"
+    )
+    store.upsert(
+        [
+            rec("expired", 20, 9.0),
+            rec("b-hi", 1, 2.0),
+            rec("b-mid", 1, 1.0),
+            rec("b-lo", 1, 0.6),
+            rec("other", 1, 0.1) | {"tenant": "zeta"},
+        ],
+        "buffer",
+    )
     pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3)
     eng = MaintenanceEngine(store, pol)
     eng.bootstrap()
@@ -191,10 +238,13 @@ def test_ttl_and_capacity_evict_lowest_priority(store_factory: Callable[..., Mem
         ("evicted", "b-mid", "buffer_capacity"),
         ("evicted", "b-lo", "buffer_capacity"),
     }
-    assert {r["id"] for r in store.scan(tenant="acme", partition="core",
-                                        output_fields=["id"])} == {"c1", "c2"}
-    assert {r["id"] for r in store.scan(tenant="acme", partition="buffer",
-                                        output_fields=["id"])} == {"b-hi", "c3", "c4"}
+    assert {r["id"] for r in store.scan(tenant="acme", partition="core", output_fields=["id"])} == {
+        "c1",
+        "c2",
+    }
+    assert {
+        r["id"] for r in store.scan(tenant="acme", partition="buffer", output_fields=["id"])
+    } == {"b-hi", "c3", "c4"}
     assert ids_of(store, "zeta") == {"other"}  # other tenants untouched
     assert eng.decay("acme", NOW) == []  # converged
 
@@ -221,8 +271,9 @@ def test_forget_removes_exactly_the_scope(store_factory: Callable[..., MemorySto
 def test_access_flush_is_batched(store_factory: Callable[..., MemoryStore]) -> None:
     store = store_factory(dim=8)
     store.upsert([make_record("m1", uses=1, utility=0.3), make_record("m2", seed=3)], "core")
-    n = flush_access(store, {("acme", "m1"): (3, NOW), ("acme", "m2"): (1, NOW - 5),
-                             ("zeta", "m2"): (1, NOW)})
+    n = flush_access(
+        store, {("acme", "m1"): (3, NOW), ("acme", "m2"): (1, NOW - 5), ("zeta", "m2"): (1, NOW)}
+    )
     assert n == 2
     rows = {r["id"]: r for r in store.get(["m1", "m2"], tenant="acme")}
     assert rows["m1"]["metadata"]["access"] == {"n": 3} and rows["m1"]["last_access_ts"] == NOW
@@ -259,7 +310,9 @@ def test_maintenance_never_touches_another_tenants_same_ids(
     evicted = eng.decay("acme", NOW)
     # a move and an eviction, both of ids zeta holds too
     assert sorted((e.kind, e.memory_id, e.tenant) for e in evicted) == [
-        ("demoted", "dup-c", "acme"), ("evicted", "dup-a", "acme")]
+        ("demoted", "dup-c", "acme"),
+        ("evicted", "dup-a", "acme"),
+    ]
     assert flush_access(store, {("acme", "dup-c"): (2, NOW), ("acme", "dup-a"): (1, NOW)}) == 1
     assert store.get(["dup-c"], tenant="acme")[0]["metadata"]["access"] == {"n": 2}
     forgot = forget_scope(store, "acme", memory_id="dup-c", now=NOW)
@@ -275,14 +328,21 @@ def _health(port: int) -> dict[str, Any]:
 
 def _cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     full = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
-    out = subprocess.run([sys.executable, "-m", "dmem.cli", *args, "--json"], env=full,
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "dmem.cli", *args, "--json"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
-                                 milvus_server_uri: str) -> None:
+def test_pipeline_merges_and_cli(
+    tmp_path: Path, broker: str, topic_prefix: str, milvus_server_uri: str
+) -> None:
     env = isolated_env(
         topic_prefix,
         DMEM_MILVUS__URI=milvus_server_uri,
@@ -296,13 +356,30 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
     s = stack.settings
     port = stack.web_ports[0]
     try:
-        trs = [Transition(tenant="acme", agent_id="a" if i % 2 else "b", episode_id=f"e{i // 10}",
-                          step=i % 10, observation=f"the door number {i % 5} is locked",
-                          action="open", reward=-1.0 if i % 5 == 0 else 1.0)
-                for i in range(40)]
-        trs += [Transition(tenant="zeta", agent_id="a", episode_id="z", step=i,
-                           observation="the door number 1 is locked", action="open", reward=1.0)
-                for i in range(3)]
+        trs = [
+            Transition(
+                tenant="acme",
+                agent_id="a" if i % 2 else "b",
+                episode_id=f"e{i // 10}",
+                step=i % 10,
+                observation=f"the door number {i % 5} is locked",
+                action="open",
+                reward=-1.0 if i % 5 == 0 else 1.0,
+            )
+            for i in range(40)
+        ]
+        trs += [
+            Transition(
+                tenant="zeta",
+                agent_id="a",
+                episode_id="z",
+                step=i,
+                observation="the door number 1 is locked",
+                action="open",
+                reward=1.0,
+            )
+            for i in range(3)
+        ]
         asyncio.run(produce(broker, s.topic("transitions"), [(b"k", encode(t)) for t in trs]))
 
         def settled(msgs: list[Any]) -> bool:
@@ -323,32 +400,40 @@ def test_pipeline_merges_and_cli(tmp_path: Path, broker: str, topic_prefix: str,
         report = _cli(["inspect", "--tenant", "acme"], env | {"DMEM_KAFKA__BROKER": broker})
         # one memory per (agent, door, valence, route) survives; the rest merged into it
         acme = [e for e in written.values() if e["tenant"] == "acme"]
-        scopes = {(e["agent_id"], text[e["memory_id"]], e["valence"], e["partition"])
-                  for e in acme}
+        scopes = {(e["agent_id"], text[e["memory_id"]], e["valence"], e["partition"]) for e in acme}
         assert report["counts"]["core"] + report["counts"]["buffer"] == len(scopes)
         assert report["merged_total"] == len(acme) - len(scopes)
         assert report["recent"] and {e["kind"] for e in report["recent"]} >= {"merged"}
-        out = _cli(["forget", "--tenant", "acme", "--agent", "a"],
-                   env | {"DMEM_KAFKA__BROKER": broker})
+        out = _cli(
+            ["forget", "--tenant", "acme", "--agent", "a"], env | {"DMEM_KAFKA__BROKER": broker}
+        )
         assert out["forgotten"] == len({sc for sc in scopes if sc[0] == "a"})
-        after = _cli(["inspect", "--tenant", "acme", "--no-events"],
-                     env | {"DMEM_KAFKA__BROKER": broker})
-        assert after["counts"]["core"] + after["counts"]["buffer"] == \
-            len({sc for sc in scopes if sc[0] == "b"})
-        zeta = _cli(["inspect", "--tenant", "zeta", "--no-events"],
-                    env | {"DMEM_KAFKA__BROKER": broker})
+        after = _cli(
+            ["inspect", "--tenant", "acme", "--no-events"], env | {"DMEM_KAFKA__BROKER": broker}
+        )
+        assert after["counts"]["core"] + after["counts"]["buffer"] == len(
+            {sc for sc in scopes if sc[0] == "b"}
+        )
+        zeta = _cli(
+            ["inspect", "--tenant", "zeta", "--no-events"], env | {"DMEM_KAFKA__BROKER": broker}
+        )
         assert zeta["counts"]["core"] + zeta["counts"]["buffer"] >= 1
         # the running job's index drops the forgotten memories (from the audit events)
-        want = len({sc for sc in scopes if sc[0] == "b"}) + \
-            zeta["counts"]["core"] + zeta["counts"]["buffer"]
+        want = (
+            len({sc for sc in scopes if sc[0] == "b"})
+            + zeta["counts"]["core"]
+            + zeta["counts"]["buffer"]
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and _health(port)["maintenance"]["indexed"] != want:
             time.sleep(0.5)
         assert _health(port)["maintenance"]["indexed"] == want
         # every write worker clears its operator state from the `control` notices
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and \
-                _health(port)["write"]["forgets_applied"] < out["forgotten"]:
+        while (
+            time.monotonic() < deadline
+            and _health(port)["write"]["forgets_applied"] < out["forgotten"]
+        ):
             time.sleep(0.5)
         assert _health(port)["write"]["forgets_applied"] == out["forgotten"]
     finally:

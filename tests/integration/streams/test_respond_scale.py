@@ -75,9 +75,7 @@ def test_two_respond_workers_share_the_request_topic(
     # until both members are in the group (a join rebalances it), then the measured round
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if all(asyncio.run(ask_all(1))) and all(
-            searches_served(p) > 0 for p in stack.web_ports
-        ):
+        if all(asyncio.run(ask_all(1))) and all(searches_served(p) > 0 for p in stack.web_ports):
             break
         time.sleep(1.0)
     before = [searches_served(p) for p in stack.web_ports]

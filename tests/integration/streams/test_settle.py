@@ -28,8 +28,10 @@ WINDOW_S, DECAY_S = 0.5, 2.0
 def snapshot(uri: str, collection: str) -> dict[str, tuple[str, int]]:
     store = MemoryStore(uri, collection=collection, dim=256).connect()
     try:
-        return {r["id"]: (r["partition"], int(r["merged_count"]))
-                for r in store.scan(tenant="acme", output_fields=["id", "merged_count"])}
+        return {
+            r["id"]: (r["partition"], int(r["merged_count"]))
+            for r in store.scan(tenant="acme", output_fields=["id", "merged_count"])
+        }
     finally:
         store.close()
 
@@ -63,13 +65,15 @@ def test_jobs_settle_and_say_so(tmp_path: Path, broker: str, topic_prefix: str,
         asyncio.run(produce(broker, s.topic("transitions"), [(b"a", encode(t)) for t in trs]))
 
         def all_judged(msgs: list[Any]) -> bool:
-            seen = {e["memory_id"] for e in decode_all(msgs) if e["kind"] in ("written",
-                                                                              "dropped")}
+            seen = {e["memory_id"] for e in decode_all(msgs) if e["kind"] in ("written", "dropped")}
             return len(seen) >= len(trs)
 
         asyncio.run(collect(broker, [s.topic("memories")], all_judged))
-        asyncio.run(produce(broker, s.topic("feedback"),
-                            [(o.episode_id.encode(), encode(o)) for o in outcomes]))
+        asyncio.run(
+            produce(
+                broker, s.topic("feedback"), [(o.episode_id.encode(), encode(o)) for o in outcomes]
+            )
+        )
         t0 = time.monotonic()
         out = wait_settled([url], timeout_s=60, quiet_s=1.0)
         settle_s = time.monotonic() - t0
@@ -83,13 +87,18 @@ def test_jobs_settle_and_say_so(tmp_path: Path, broker: str, topic_prefix: str,
         time.sleep(2 * DECAY_S + 1)
         h = health(url)
         assert h["settled"], h["settle"]
-        assert {k: h["maintenance"].get(k) for k in ("merged", "evicted", "demoted",
-                                                     "promoted", "emitted")} == \
-            {k: mt.get(k) for k in ("merged", "evicted", "demoted", "promoted", "emitted")}
+        assert {
+            k: h["maintenance"].get(k)
+            for k in ("merged", "evicted", "demoted", "promoted", "emitted")
+        } == {k: mt.get(k) for k in ("merged", "evicted", "demoted", "promoted", "emitted")}
         assert snapshot(milvus_server_uri, env["DMEM_MILVUS__COLLECTION"]) == first
         # new input: not settled until it is worked off, and the CLI waits for it
-        more = [t.model_copy(update={"episode_id": "late", "transition_id": None,
-                                     "ts": 1_600_000_100_000 + i}) for i, t in enumerate(trs[:8])]
+        more = [
+            t.model_copy(
+                update={"episode_id": "late", "transition_id": None, "ts": 1_600_000_100_000 + i}
+            )
+            for i, t in enumerate(trs[:8])
+        ]
         asyncio.run(produce(broker, s.topic("transitions"), [(b"a", encode(t)) for t in more]))
         cli = subprocess.run(
             [sys.executable, "-m", "dmem.cli", "wait", "--settled", "--http", url,

@@ -64,8 +64,9 @@ def replay(tmp: Path, trs: list[Transition], policy: MaintenancePolicy) -> dict[
                     for i, t in enumerate(trs[c : c + CHUNK])]  # fmt: skip
             res = pipe.process(raws, now_ms())
             # the episodes that ended in this chunk get their outcome: hindsight writes
-            ended = {t.episode_id for t in trs[c : c + CHUNK]} - {trs[c + CHUNK - 1].episode_id
-                                                                  if c + CHUNK < len(trs) else ""}
+            ended = {t.episode_id for t in trs[c : c + CHUNK]} - {
+                trs[c + CHUNK - 1].episode_id if c + CHUNK < len(trs) else ""
+            }
             later = [pipe.rescore("acme", ep, -10.0, now_ms()) for ep in sorted(ended)]
             written = []
             for r in [res, *later]:
@@ -90,8 +91,7 @@ def replay(tmp: Path, trs: list[Transition], policy: MaintenancePolicy) -> dict[
                 kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
         else:
             raise AssertionError("decay did not reach a fixed point")
-        stored = {r["id"]: r["partition"] for r in store.scan(tenant="acme",
-                                                               output_fields=["id"])}
+        stored = {r["id"]: r["partition"] for r in store.scan(tenant="acme", output_fields=["id"])}
         return {"stored": stored, "routes": routes, "kinds": kinds}
     finally:
         store.close()
@@ -113,8 +113,9 @@ def test_the_live_stream_exercises_every_job(live: dict[str, Any]) -> None:
     assert live["kinds"].get("written:retrospective", 0) > 0  # hindsight writes too
 
 
-@pytest.mark.parametrize("shift_ms", [-400 * DAY_MS, -3 * 365 * DAY_MS + 12_345,
-                                      2 * 365 * DAY_MS, -7_777])
+@pytest.mark.parametrize(
+    "shift_ms", [-400 * DAY_MS, -3 * 365 * DAY_MS + 12_345, 2 * 365 * DAY_MS, -7_777]
+)
 def test_shifting_every_timestamp_changes_nothing(tmp_path: Path, live: dict[str, Any],
                                                   shift_ms: int) -> None:  # fmt: skip
     got = replay(tmp_path, shifted(stream("a", 700, seed=5), {"a": shift_ms}), POLICY)

@@ -251,8 +251,13 @@ def test_a_row_the_store_refuses_is_dead_lettered_and_the_rest_stored(
     stack.start_broker()
     good = corridor(3)
     huge = Transition(
-        tenant=TENANT, agent_id="agent-0", episode_id="huge", step=0,
-        observation="a room with a very long note", action="jump", reward=-50.0,
+        tenant=TENANT,
+        agent_id="agent-0",
+        episode_id="huge",
+        step=0,
+        observation="a room with a very long note",
+        action="jump",
+        reward=-50.0,
         next_observation="\u20ac" * 8000,
         metadata={f"k{i}": "\u20ac" * 500 for i in range(32)},
     )

@@ -40,8 +40,11 @@ class GraphWorld:
         return "You are at the start."
 
     def valid(self) -> list[str]:
-        return {"start": ["go to hall", "go to kitchen"],
-                "kitchen": ["go to hall", "walk to hall"], "hall": HALL}[self.state]
+        return {
+            "start": ["go to hall", "go to kitchen"],
+            "kitchen": ["go to hall", "walk to hall"],
+            "hall": HALL,
+        }[self.state]
 
     def act(self, action: str) -> tuple[str, float, int, bool, bool]:
         if action not in self.valid():
@@ -52,8 +55,13 @@ class GraphWorld:
         if self.state == "start":
             self.state = "kitchen"
             return "You are in the kitchen.", 0.0, 0, False, False
-        return f"You went to {action[6:]}.", float(HALL.index(action)), HALL.index(action), True, \
-            False
+        return (
+            f"You went to {action[6:]}.",
+            float(HALL.index(action)),
+            HALL.index(action),
+            True,
+            False,
+        )
 
 
 class OneHint:
@@ -64,25 +72,44 @@ class OneHint:
         self.outcomes: list[tuple[str, float, dict[str, Any]]] = []
         self.usages: list[tuple[str, dict[str, float], dict[str, Any]]] = []
 
-    async def report_usage(self, episode_id: str, request_id: str, weights: dict[str, float],
-                           **kw: Any) -> None:
+    async def report_usage(
+        self, episode_id: str, request_id: str, weights: dict[str, float], **kw: Any
+    ) -> None:
         self.usages.append((request_id, dict(weights), kw))
+
     async def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
         self.outcomes.append((episode_id, reward, kw))
 
     async def search(self, obs: str, k: int, **_: Any) -> list[Any]:
         if not obs.startswith("You are at the start"):
             return []
-        return [SimpleNamespace(memory_id="m1", action=self.action, reward=1.0, utility=0.0,
-                                breakdown=SimpleNamespace(lambda_=1.0, semantic=1.0,
-                                                          salience=0.5))]
+        return [
+            SimpleNamespace(
+                memory_id="m1",
+                action=self.action,
+                reward=1.0,
+                utility=0.0,
+                breakdown=SimpleNamespace(lambda_=1.0, semantic=1.0, salience=0.5),
+            )
+        ]
 
 
 def _hall_action(hint: str, seed: int) -> tuple[str, int]:
     trace: list[dict[str, Any]] = []
     cfg = SciConfig(tasks=("find-plant",), seed=seed, loop_max_steps=5)
-    asyncio.run(loop_episode(GraphWorld(), OneHint(hint), "find-plant", 1, 1.0,  # type: ignore[arg-type]
-                             cfg, "t", trace, credit=False))
+    asyncio.run(
+        loop_episode(
+            GraphWorld(),
+            OneHint(hint),
+            "find-plant",
+            1,
+            1.0,  # type: ignore[arg-type]
+            cfg,
+            "t",
+            trace,
+            credit=False,
+        )
+    )
     step = trace[-1]
     assert step["memory"] is None  # the hall's action is the random fallback's
     return str(step["action"]), int(step["step"])
@@ -107,8 +134,13 @@ def test_draw_depends_on_the_decision_point_and_revisits_draw_anew() -> None:
     for key, other in (("repeat", 1), ("seed", 1), ("visit", 1)):
         draws = []
         for i in range(10):
-            args: dict[str, Any] = {**base, "obs": f"state {i}", "valid": HALL,
-                                    "avoid": set(), "visit": 0}
+            args: dict[str, Any] = {
+                **base,
+                "obs": f"state {i}",
+                "valid": HALL,
+                "avoid": set(),
+                "visit": 0,
+            }
             a = fallback_action(**args)
             args[key] = other
             draws.append(a != fallback_action(**args))
@@ -134,17 +166,36 @@ def test_loop_outcome_names_its_task_and_the_step_that_earned_it() -> None:
         client = OneHint("go to kitchen")
         cfg = SciConfig(tasks=("find-plant",), loop_max_steps=5, seed=seed)
         trace: list[dict[str, Any]] = []
-        score, _ = asyncio.run(loop_episode(GraphWorld(), client, "find-plant", 1, None,  # type: ignore[arg-type]
-                                            cfg, "hybrid", trace))
+        score, _ = asyncio.run(
+            loop_episode(
+                GraphWorld(),
+                client,
+                "find-plant",
+                1,
+                None,  # type: ignore[arg-type]
+                cfg,
+                "hybrid",
+                trace,
+            )
+        )
         rewarded = [s["step"] for s in trace if s["reward"] != 0]
-        assert client.outcomes == [("find-plant-1-loop-hybrid", float(score), {
-            "agent_id": "loop-hybrid", "task": "find-plant",
-            "step": rewarded[-1] if rewarded else None})]
+        assert client.outcomes == [
+            (
+                "find-plant-1-loop-hybrid",
+                float(score),
+                {
+                    "agent_id": "loop-hybrid",
+                    "task": "find-plant",
+                    "step": rewarded[-1] if rewarded else None,
+                },
+            )
+        ]
 
 
 def test_loop_usage_carries_the_reward_that_followed_the_decision() -> None:
     """Each usage record names the step's reward as step evidence (operators/credit.py:
     an outcome of the opposite sign then neither credits nor blames that use)."""
+
     class RewardingHint(OneHint):
         async def search(self, obs: str, k: int, **kw: Any) -> list[Any]:
             if not obs.startswith("You are in the hall"):
@@ -163,12 +214,23 @@ def test_loop_usage_carries_the_reward_that_followed_the_decision() -> None:
     for world in (GraphWorld(), AmbiguousWorld()):
         client = RewardingHint("go to hall")
         trace: list[dict[str, Any]] = []
-        asyncio.run(loop_episode(world, client, "find-plant", 1, None,  # type: ignore[arg-type]
-                                 SciConfig(tasks=("find-plant",), loop_max_steps=5), "hybrid",
-                                 trace))
+        asyncio.run(
+            loop_episode(
+                world,
+                client,
+                "find-plant",
+                1,
+                None,  # type: ignore[arg-type]
+                SciConfig(tasks=("find-plant",), loop_max_steps=5),
+                "hybrid",
+                trace,
+            )
+        )
         # the reward of the action as resolved (after an ambiguous request too)
-        assert [(u[1], u[2]["reward"]) for u in client.usages] == [({"m1": 1.0}, 0.0),
-                                                                   ({"m1": 1.0}, 7.0)]
+        assert [(u[1], u[2]["reward"]) for u in client.usages] == [
+            ({"m1": 1.0}, 0.0),
+            ({"m1": 1.0}, 7.0),
+        ]
         assert [s["reward"] for s in trace] == [0.0, 7.0]
 
 

@@ -42,15 +42,20 @@ def test_identical_strings_share_the_credit() -> None:
     # 10 memories with the same text (same score), one of them relevant: hit@5 = 0.5
     assert hit_prob([1.0] * 10, [True] + [False] * 9, 5) == pytest.approx(0.5)
     assert mrr([1.0] * 10, [True] + [False] * 9, 10) == pytest.approx(
-        sum(1 / (i + 1) for i in range(10)) / 10)
+        sum(1 / (i + 1) for i in range(10)) / 10
+    )
     assert hit_prob([], [], 5) == 0.0 and math.isfinite(mrr([0.3], [False], 10))
 
 
 def test_rubric_subgoals() -> None:
-    before = rubric("Sequential Subgoals:\n0\tfalse\t   GoalFocus\tfocus on a plant\n"
-                    "Unordered and Optional Subgoals:\n0\tfalse\t  GoalMove\tmove somewhere\n")
-    after = rubric("Sequential Subgoals:\n0\ttrue\t   GoalFocus\tfocus on a plant\n"
-                   "Unordered and Optional Subgoals:\n0\ttrue\t  GoalMove\tmove somewhere\n")
+    before = rubric(
+        "Sequential Subgoals:\n0\tfalse\t   GoalFocus\tfocus on a plant\n"
+        "Unordered and Optional Subgoals:\n0\tfalse\t  GoalMove\tmove somewhere\n"
+    )
+    after = rubric(
+        "Sequential Subgoals:\n0\ttrue\t   GoalFocus\tfocus on a plant\n"
+        "Unordered and Optional Subgoals:\n0\ttrue\t  GoalMove\tmove somewhere\n"
+    )
     assert newly_done(before, after) == ["seq0", "opt0"]
     assert newly_done(after, after) == []
 
@@ -85,7 +90,9 @@ def test_metrics_do_not_depend_on_the_served_order_of_ties() -> None:
     for _ in range(20):
         order = list(range(len(scores)))
         shuffler.shuffle(order)
-        got = (hit_prob([scores[i] for i in order], [rel[i] for i in order], 3),
-               mrr([scores[i] for i in order], [rel[i] for i in order], 10))
+        got = (
+            hit_prob([scores[i] for i in order], [rel[i] for i in order], 3),
+            mrr([scores[i] for i in order], [rel[i] for i in order], 10),
+        )
         assert got == pytest.approx(want)
     assert 0.0 < want[0] < 1.0  # the cut at 3 goes through the tied group

@@ -13,8 +13,11 @@ from dmem_bench.locomo import LocomoConfig, build_streams, evidence_ids, load, p
 
 
 def test_session_maps_to_an_episode_with_next_turns() -> None:
-    turns = [ChatTurn("Ann", "Hi!", "m1", 1000), ChatTurn("Bob", "I got a dog.", "m2", 2000),
-             ChatTurn("Ann", "Wow!", "m3", 3000, {"lang": "en"})]
+    turns = [
+        ChatTurn("Ann", "Hi!", "m1", 1000),
+        ChatTurn("Bob", "I got a dog.", "m2", 2000),
+        ChatTurn("Ann", "Wow!", "m3", 3000, {"lang": "en"}),
+    ]
     ts = chat_transitions(turns, tenant="t", conversation="c-1", session=4)
     assert [t.episode_id for t in ts] == ["c-1:4"] * 3
     assert [t.agent_id for t in ts] == ["c-1"] * 3
@@ -35,13 +38,24 @@ def test_locomo_helpers(tmp_path: Path) -> None:
     want = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp() * 1000
     assert parse_date("1:56 pm on 8 May, 2023") == want
     assert evidence_ids(["D1:3", "D2:1; D2:4", "D3:5 D3:6"]) == [
-        "D1:3", "D2:1", "D2:4", "D3:5", "D3:6"]
+        "D1:3",
+        "D2:1",
+        "D2:4",
+        "D3:5",
+        "D3:6",
+    ]
     for cid, names in (("1", ("A", "B")), ("2", ("C", "D"))):
-        d = {"speaker_a": names[0], "speaker_b": names[1], "qa": [],
-             "session_1_date_time": "1:00 pm on 1 May, 2023",
-             "session_1": [{"speaker": names[j % 2], "dia_id": f"D1:{j + 1}",
-                            "text": f"turn {j} of {cid}"} for j in range(40)],
-             "session_2_date_time": "1:00 pm on 9 May, 2023"}  # no turns
+        d = {
+            "speaker_a": names[0],
+            "speaker_b": names[1],
+            "qa": [],
+            "session_1_date_time": "1:00 pm on 1 May, 2023",
+            "session_1": [
+                {"speaker": names[j % 2], "dia_id": f"D1:{j + 1}", "text": f"turn {j} of {cid}"}
+                for j in range(40)
+            ],
+            "session_2_date_time": "1:00 pm on 9 May, 2023",
+        }  # no turns
         (tmp_path / f"{cid}.json").write_text(json.dumps(d))
     convs = load(tmp_path)
     assert [len(c.sessions) for c in convs] == [1, 1]

@@ -82,8 +82,12 @@ def test_timeout_still_pauses() -> None:
     c = _client(log, answer=False, timeout_s=0.01, retries=1)
     with pytest.raises(ServiceUnavailable):
         asyncio.run(c._search_kafka(_req("lost")))  # noqa: SLF001
-    assert log == ["resume 3", "send dmem.retrieval.requests",
-                   "send dmem.retrieval.requests", "pause 3"]
+    assert log == [
+        "resume 3",
+        "send dmem.retrieval.requests",
+        "send dmem.retrieval.requests",
+        "pause 3",
+    ]
 
 
 def test_fetch_wait_is_configurable() -> None:

@@ -8,9 +8,14 @@ from pathlib import Path
 from dmem_bench.locomo import LocomoConfig
 from dmem_bench.locomo_replay import replay
 
-TOPICS = ["adopted a beagle named Rex", "moved to Lisbon to study architecture",
-          "started a pottery class on Thursdays", "ran the city marathon in four hours",
-          "planted tomatoes and basil", "bought a red kayak for the lake"]
+TOPICS = [
+    "adopted a beagle named Rex",
+    "moved to Lisbon to study architecture",
+    "started a pottery class on Thursdays",
+    "ran the city marathon in four hours",
+    "planted tomatoes and basil",
+    "bought a red kayak for the lake",
+]
 
 
 def write_conversation(d: Path, cid: str, a: str, b: str) -> None:
@@ -23,8 +28,7 @@ def write_conversation(d: Path, cid: str, a: str, b: str) -> None:
             if j % 3 == 0:
                 topic = TOPICS[(int(cid) + n + j) % len(TOPICS)]
                 turns.append({"speaker": a, "dia_id": dia, "text": f"Guess what, I {topic}!"})
-                conv["qa"].append({"question": f"Who {topic}?", "evidence": [dia],
-                                   "category": 4})
+                conv["qa"].append({"question": f"Who {topic}?", "evidence": [dia], "category": 4})
             else:
                 turns.append({"speaker": b, "dia_id": dia, "text": f"Wow, that's great {j}!"})
         conv[f"session_{n}"] = turns

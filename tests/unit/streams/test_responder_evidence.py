@@ -23,14 +23,24 @@ class FakeStore:
 
 def mem(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict[str, Any]:
     """A buffer-tier row (surprise from its rpe)."""
-    return {"id": mid, "similarity": sim, "rpe": 3.0, "utility": utility, "uses": uses,
-            "created_ts": 0, "partition": "buffer", "agent_id": "a", "text": mid}
+    return {
+        "id": mid,
+        "similarity": sim,
+        "rpe": 3.0,
+        "utility": utility,
+        "uses": uses,
+        "created_ts": 0,
+        "partition": "buffer",
+        "agent_id": "a",
+        "text": mid,
+    }
 
 
 def served(rows: list[dict[str, Any]], lam: float | None = None) -> list[tuple[str, float]]:
     r = Responder(FakeStore(rows), PassthroughEncoder(2))
     req = RetrievalRequest.model_validate(
-        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2, "lambda": lam})
+        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2, "lambda": lam}
+    )
     resp, _ = r.answer(req, now_ms=0)
     return [(h.memory_id, h.breakdown.lambda_) for h in resp.hits]
 
