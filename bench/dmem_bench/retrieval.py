@@ -468,13 +468,16 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             return hits
 
         raw_lat: list[float] = []
-        kw = {"topic_prefix": settings.kafka.topic_prefix, "timeout_s": cfg.timeout_s}
+        kw: dict[str, Any] = {
+            "topic_prefix": settings.kafka.topic_prefix,
+            "timeout_s": cfg.timeout_s,
+        }
 
         async def measure() -> dict[str, Any]:
-            kc = Client(local.bootstrap or "", LOAD_TENANT, **kw)  # type: ignore[arg-type]
+            kc = Client(local.bootstrap or "", LOAD_TENANT, **kw)
             hc = Client(
                 local.bootstrap or "", LOAD_TENANT, transport="http", http_url=http_url, **kw
-            )  # type: ignore[arg-type]
+            )
             await kc.start()
             await hc.start()
             try:
