@@ -479,7 +479,7 @@ class MemoryStore:
         segment and auto-compacts the segments that carry deletes (every server
         ``upsert`` deletes its ids from the other partition first), re-indexing
         the compacted ones, and a search issued meanwhile competes with it
-        (docs/design/2026-12-02-ops-store.md). So: trigger one manual compaction,
+        (docs/design/2026-12-01-read-path-latency.md). So: trigger one manual compaction,
         wait for it, then wait until every row is indexed on two consecutive polls.
         Returns ``{"compact_s", "index_s"}``; a timeout raises ``StoreUnavailable``.
         """
@@ -1043,7 +1043,7 @@ class MemoryStore:
         Several partitions: ONE search over all of them; each hit's partition
         comes from the stamp every write puts into ``metadata`` (``PART_KEY``;
         Milvus does not report a hit's partition): one call costs less latency
-        and server CPU than one per partition (docs/design/2026-12-02-ops-store.md).
+        and server CPU than one per partition (docs/design/2026-12-01-read-path-latency.md).
         If any hit lacks a valid stamp (a row written before stamping, or by another
         client), the search falls back to one call per partition, which labels
         hits by construction.

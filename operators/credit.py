@@ -52,7 +52,7 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   alone cannot tell which decision failed the episode, and one late mistake
   would otherwise wipe out the utility of the step that earned a reward.
 
-Cases behind these rules: docs/design/2026-12-02-ops-credit.md.
+Cases behind these rules: docs/design/2026-12-02-closed-loop-credit.md.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ __all__ = [
 MERGE_IDS_KEPT = 1000
 CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
 #: default dedup tau per encoder: the lowest with almost no false merges on real text
-#: (docs/design/2026-12-02-ops-dedup.md)
+#: (docs/design/2026-12-01-dedup-tau.md)
 DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "minilm-static": 0.98, "hash": 0.95, "passthrough": 0.95}
 
 

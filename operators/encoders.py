@@ -24,7 +24,7 @@ Design decisions:
   tokens' rows, so encoding is a table lookup (thousands of texts/s on one core)
   instead of a transformer pass. No PCA: the rows keep MiniLM's 384 dims and are
   not centred (model2vec's default PCA to 256 dims retrieves worse on real text,
-  docs/design/2026-12-02-ops-encoders.md); otherwise the recipe is model2vec's
+  docs/design/2026-12-01-minilm-static-encoder.md); otherwise the recipe is model2vec's
   defaults, no weight tuned on an evaluation set. Distilled once
   (``scripts/setup.sh``, or lazily on first use with a progress line; minutes on
   2 cores) into ``static_path`` (default ``~/.cache/dmem/minilm-static-384``; the
@@ -319,7 +319,7 @@ def remove_common_component(vectors: np.ndarray) -> np.ndarray:
     neighbour 0.95), which crushes what the pipeline compares to absolute levels
     (the dedup tau, the surprise's ``repeat_cos``, the semantic term of the ranking);
     with it the medians are 0.55 and 0.80 (MiniLM: 0.27 and 0.74), at a cost in
-    retrieval (docs/design/2026-12-02-ops-encoders.md).
+    retrieval (docs/design/2026-12-01-minilm-static-encoder.md).
     """
     inv_rank = 1.0 / np.arange(2, vectors.shape[0] + 2)
     mu = (inv_rank / inv_rank.sum()) @ vectors.astype(np.float64)

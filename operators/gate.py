@@ -37,7 +37,7 @@
 - Gate strength g = sigmoid(alpha * s - beta) is reported with every decision
   (it is stored with the memory), independent of the route.
 
-Why the bulk edge: docs/design/2026-12-02-ops-gate-bulk-edge.md.
+Why the bulk edge: docs/design/2026-11-30-gate-percentiles.md.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   memory id (`tie_key`), never by the order the store returned them in, so the
   same query over the same store gets the same answer.
 
-Cases behind these choices: docs/design/2026-12-02-ops-ranking.md.
+Cases behind these choices: docs/design/2026-12-01-ranking-lambda.md.
 """
 
 from __future__ import annotations

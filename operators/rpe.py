@@ -43,7 +43,7 @@ The smoothing choice, and why:
 
 Valence keeps the sign of delta: +1 a pleasant surprise, -1 a painful lesson.
 
-Measurements and rejected alternatives: docs/design/2026-12-02-ops-rpe.md.
+Measurements and rejected alternatives: docs/design/2026-12-01-reward-surprise-scale.md.
 """
 
 from __future__ import annotations

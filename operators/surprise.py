@@ -53,7 +53,7 @@ is still open are rebuilt by live traffic: after a restart novelty is measured
 against what came since, the guard waits for context (it never vetoes without
 one), and a suspect pending at the restart stays dropped.
 
-Measurements and rejected alternatives: docs/design/2026-12-02-ops-surprise.md.
+Measurements and rejected alternatives: docs/design/2026-12-01-context-guard.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Design decisions:
   publishing pattern, and on a sparse-reward stream a value model fitted step
   by step turns its own changing predictions into TD noise that the gate
   stores as surprise. 256 transitions per update is the cadence the gate's
-  defaults were tuned at (docs/design/2026-12-02-ops-value-cadence.md).
+  defaults were tuned at (docs/design/2026-12-02-value-model-cadence.md).
   ``update`` (one TD step on what it is given) remains for direct use. Until a
   tenant's first update its TD errors use reward std 1 (nothing folded yet); the
   write path divides them by its own running sigma anyway.
