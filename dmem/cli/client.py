@@ -12,7 +12,28 @@ import click
 from pydantic import ValidationError
 
 from dmem.cli.common import fail, load_settings
+from dmem.client import Client
 from schemas.errors import DmemError
+
+
+def deployment_client(
+    settings: Any, tenant: str, http_url: str | None, timeout_s: float, token: str | None
+) -> Client:
+    """A client of the deployment the DMEM_* settings describe: over HTTP when a base
+    URL is given, else over Kafka with the settings' connection options."""
+    from streams.admin import kafka_client_kwargs
+
+    kw = kafka_client_kwargs(settings.kafka)
+    return Client(
+        kw.pop("bootstrap_servers"),
+        tenant,
+        topic_prefix=settings.kafka.topic_prefix,
+        http_url=http_url,
+        transport="http" if http_url else "kafka",
+        timeout_s=timeout_s,
+        client_kwargs=kw,
+        token=token,
+    )
 
 
 @click.group()
@@ -81,26 +102,14 @@ def search(
     as_json: bool,
 ) -> None:
     """Search a running deployment (settings from DMEM_* env vars)."""
-    from dmem.client import Client
-    from streams.admin import check_broker, kafka_client_kwargs
+    from streams.admin import check_broker
 
     settings = load_settings()
-    kw = kafka_client_kwargs(settings.kafka)
-    bootstrap = kw.pop("bootstrap_servers")
 
     async def go() -> list[Any]:
         if http_url is None:
             await check_broker(settings.kafka)
-        client = Client(
-            bootstrap,
-            tenant,
-            topic_prefix=settings.kafka.topic_prefix,
-            http_url=http_url,
-            transport="http" if http_url else "kafka",
-            timeout_s=timeout_s,
-            client_kwargs=kw,
-            token=token,
-        )
+        client = deployment_client(settings, tenant, http_url, timeout_s, token)
         async with client:
             return await client.search(query, k, agent_id=agent_id, lambda_=lam)
 
@@ -221,29 +230,15 @@ def mcp(
         from dmem.integrations.mcp import build_server, run_http
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
-    from dmem.client import Client
-    from streams.admin import kafka_client_kwargs
-
     if transport == "http" and not auth_token and not no_auth:
         raise click.ClickException(
             "the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
             "--no-auth serves without one"
         )
     settings = load_settings()
-    kw = kafka_client_kwargs(settings.kafka)
-    bootstrap = kw.pop("bootstrap_servers")
 
     def make_client() -> Client:
-        return Client(
-            bootstrap,
-            tenant,
-            topic_prefix=settings.kafka.topic_prefix,
-            http_url=http_url,
-            transport="http" if http_url else "kafka",
-            timeout_s=timeout_s,
-            client_kwargs=kw,
-            token=token,
-        )
+        return deployment_client(settings, tenant, http_url, timeout_s, token)
 
     server = build_server(make_client, agent_id=agent_id)
     if transport == "stdio":
