@@ -1,6 +1,6 @@
 """Topic registry: logical name -> (default topic, key field, payload model).
 
-Names are configurable with a prefix (`DMEM_TOPIC_PREFIX`, default ``dmem.``).
+Names are configurable with a prefix (`DMEM_KAFKA__TOPIC_PREFIX`, default ``dmem.``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ TOPICS: dict[str, TopicSpec] = {
     "usage": TopicSpec("usage", "episode_id", MemoryUsage),
     "memories": TopicSpec("memories", "memory_id", MemoryEvent),
     "credit": TopicSpec("credit", "memory_id", UtilityUpdate),
-    # value-model checkpoints and operator state, keyed by tenant; compacted
-    "models": TopicSpec("models", "tenant", None, compacted=True),
+    # value-model checkpoints and operator state, keyed by ``tenant|partition``; compacted
+    "models": TopicSpec("models", "tenant|partition", None, compacted=True),
     "deadletter": TopicSpec("deadletter", "original key", DeadLetter),
     # `forgotten` MemoryEvents again (the audit copy stays on ``memories``), keyed
     # by tenant: every write worker reads this small topic whole instead of the

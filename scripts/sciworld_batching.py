@@ -7,9 +7,9 @@ learner directly so that cadences above the settings' cap of 256 can be replayed
     .venv/bin/python scripts/sciworld_batching.py [--cache .dmem-bench/play-default.json]
         [--encoder minilm] BATCH:EVERY [BATCH:EVERY ...]
 
-Before the fixed cadence the model took one TD step per micro-batch, which is
-``EVERY = BATCH`` here (512:512 = how every benchmark published, 1:1 = a live agent
-sending one step at a time). Prints one line per configuration: storage ratio at
+``EVERY = BATCH`` is a model that takes one TD step per micro-batch (512:512 = bulk
+publishing, 1:1 = a live agent sending one step at a time): the comparison behind
+docs/design/2026-12-02-value-model-cadence.md. Prints one line per configuration: storage ratio at
 the gate, core and buffer rows, distinct critical events covered, positive-reward
 events covered and core precision (the bench's own definitions, by event).
 """
@@ -43,7 +43,7 @@ def main() -> None:
         batch, every = (int(x) for x in spec.split(":"))
         p = WritePipeline(Settings(), enc)
         # on the learner, not the settings: the settings cap the cadence at 256 (the
-        # checkpoint's row budget), and 512:512 is how the benches used to publish
+        # checkpoint's row budget), and 512:512 replays bulk publishing
         p.state(TENANT).learner.update_every = every
         routes: dict[str, str] = {}
         for i in range(0, len(trs), batch):

@@ -2,7 +2,7 @@
 
 Processing time only decides *when* a job runs or how long a request waited; what a
 job decides is measured on event time. Operators never read a
-clock: callers pass ``now`` in, so this is the one place the wall clock is read.
+clock: callers pass ``now`` in from here.
 """
 
 from __future__ import annotations

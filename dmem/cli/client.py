@@ -11,7 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from dmem.cli.common import fail, load_settings
+from dmem.cli.common import UsageError, fail, load_settings
 from dmem.client import Client
 from schemas.errors import DmemError
 
@@ -227,9 +227,11 @@ def mcp(
 ) -> None:
     """MCP server (tools remember/recall/report_outcome/feedback/forget) for a deployment."""
     try:
+        import mcp as _mcp  # noqa: F401  (the extra, imported lazily by build_server)
+
         from dmem.integrations.mcp import build_server, run_http
     except ImportError as exc:
-        raise click.ClickException(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
+        raise UsageError(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
     if transport == "http" and not auth_token and not no_auth:
         raise click.ClickException(
             "the http transport needs --auth-token (or DMEM_MCP_TOKEN); "

@@ -12,7 +12,13 @@ from typing import Any, NoReturn
 import click
 from pydantic import ValidationError
 
-__all__ = ["fail", "load_settings", "server_imports"]
+__all__ = ["UsageError", "fail", "load_settings", "server_imports"]
+
+
+class UsageError(click.ClickException):
+    """A bad setting or a missing extra: one line on stderr, exit status 2."""
+
+    exit_code = 2
 
 
 def load_settings(**overrides: Any) -> Any:
@@ -24,7 +30,7 @@ def load_settings(**overrides: Any) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise click.ClickException(f"bad setting {loc}: {first.get('msg')}") from None
+        raise UsageError(f"bad setting {loc}: {first.get('msg')}") from None
 
 
 def fail(exc: BaseException) -> NoReturn:
@@ -42,7 +48,7 @@ def server_imports(command: str) -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as exc:
-        raise click.ClickException(
+        raise UsageError(
             f"`dmem {command}` needs `pip install 'dmem[server]'` "
             f"(module {exc.name!r} is not installed)"
         ) from None

@@ -5,7 +5,7 @@ Routes (registered by `streams.respond.http.wire_respond` through `wire_ingest`)
 - ``POST /v1/transitions`` -> topic ``transitions`` (key ``agent_id``),
 - ``POST /v1/outcomes`` (`EpisodeOutcome`) and ``POST /v1/feedback`` (`Feedback`)
   -> topic ``feedback`` (key ``episode_id``, else ``memory_id``, else ``tenant``:
-  the keys `dmem.client.DmemClient` uses),
+  the keys `dmem.client.Client` uses),
 - ``GET /openapi.json``: the OpenAPI 3.1 document (`streams.respond.openapi`).
 
 Decisions:

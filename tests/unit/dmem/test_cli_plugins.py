@@ -68,6 +68,16 @@ def test_a_server_command_without_the_server_extra_says_what_to_install() -> Non
         with server_imports("worker"):
             import no_such_server_module_x  # noqa: F401
     assert "`dmem worker` needs `pip install 'dmem[server]'`" in err.value.message
+    assert err.value.exit_code == 2
+
+
+def test_a_bad_setting_is_a_usage_error_with_status_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dmem.cli.common import load_settings
+
+    monkeypatch.setenv("DMEM_GATE__Q_HIGH", "5")
+    with pytest.raises(click.ClickException) as err:
+        load_settings()
+    assert err.value.exit_code == 2 and "bad setting gate.q_high" in err.value.message
 
 
 def test_dmem_never_names_the_harness() -> None:
