@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -35,13 +35,16 @@ from schemas.errors import DmemError
 from streams.admin import kafka_client_kwargs
 from streams.settings import Settings
 
+if TYPE_CHECKING:
+    from streams.store import StoreService
+
 log = logging.getLogger("dmem.control")
 
 #: sync, called with the `forgotten` notices of one fetch; runs in a worker thread
 Handler = Callable[[list[MemoryEvent]], None]
 
 
-def echo_to_store(store_service: Any) -> Handler:
+def echo_to_store(store_service: StoreService) -> Handler:
     """The store half: tombstone and re-delete recently forgotten keys (one call per tenant)."""
 
     def handle(events: list[MemoryEvent]) -> None:

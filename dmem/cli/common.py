@@ -7,10 +7,13 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
 
 __all__ = ["UsageError", "fail", "load_settings", "server_imports"]
 
@@ -21,7 +24,7 @@ class UsageError(click.ClickException):
     exit_code = 2
 
 
-def load_settings(**overrides: Any) -> Any:
+def load_settings(**overrides: Any) -> Settings:
     """`streams.settings.Settings` from DMEM_* variables; a bad value is a usage error."""
     from streams.settings import Settings
 
