@@ -16,20 +16,37 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class KafkaSettings(BaseModel):
-    broker: str = "kafka://127.0.0.1:9092"
-    topic_prefix: str = "dmem."
-    partitions: int = Field(default=4, ge=1, le=1024)
-    replication_factor: int = Field(default=1, ge=1)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = None
-    ssl_cafile: str | None = None
-    # Short session/rebalance timeouts: a restarted worker rejoins in seconds.
-    session_timeout_s: float = 10.0
-    rebalance_timeout_s: float = 5.0
-    heartbeat_interval_s: float = 1.0
-    commit_interval_s: float = 1.0
+    broker: str = Field(
+        default="kafka://127.0.0.1:9092",
+        description="bootstrap servers, `kafka://host:port` (several joined by `;` or `,`)",
+    )
+    topic_prefix: str = Field(default="dmem.", description="prefix of every topic name")
+    partitions: int = Field(
+        default=4, ge=1, le=1024, description="partitions of the topics `dmem topics create` makes"
+    )
+    replication_factor: int = Field(
+        default=1, ge=1, description="replication factor of created topics"
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="passed to aiokafka and faust"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="SASL mechanism (with a SASL protocol)"
+    )
+    sasl_username: str | None = Field(default=None, description="SASL user")
+    sasl_password: str | None = Field(default=None, description="SASL password")
+    ssl_cafile: str | None = Field(default=None, description="CA bundle for TLS")
+    session_timeout_s: float = Field(
+        default=10.0,
+        description="Short session/rebalance timeouts: a restarted worker rejoins in seconds.",
+    )
+    rebalance_timeout_s: float = Field(default=5.0, description="consumer-group rebalance timeout")
+    heartbeat_interval_s: float = Field(
+        default=1.0, description="consumer-group heartbeat interval"
+    )
+    commit_interval_s: float = Field(
+        default=1.0, description="auto-commit interval of the groups that auto-commit"
+    )
 
     @field_validator("broker")
     @classmethod
@@ -47,33 +64,67 @@ class KafkaSettings(BaseModel):
 
 
 class MilvusSettings(BaseModel):
-    uri: str = ""  # empty: Milvus Lite file under data_dir
-    collection: str = "dmem_memories"
-    token: str | None = None
-    timeout_s: float = 10.0
-    # Searches use bounded staleness: a Strong read waits for the next server
-    # time tick (200 ms by default). Writes and the jobs' reads stay Strong.
-    search_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = "Bounded"
-    # how long a forgotten memory id is refused by every write (`milvus.tombstones`)
-    tombstone_ttl_s: float = Field(default=3600.0, gt=0.0)
+    uri: str = Field(
+        default="",
+        description="`http://host:19530` for a server; empty: Milvus Lite file under data_dir",
+    )
+    collection: str = Field(default="dmem_memories", description="collection name")
+    token: str | None = Field(default=None, description="Milvus token (`user:password`)")
+    timeout_s: float = Field(default=10.0, description="timeout of one Milvus call")
+    search_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
+        default="Bounded",
+        description=(
+            "Searches use bounded staleness: a Strong read waits for the next server time tick (200"
+            " ms by default). Writes and the jobs' reads stay Strong."
+        ),
+    )
+    tombstone_ttl_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description=(
+            "how long a forgotten memory id is refused by every write (`milvus.tombstones`)"
+        ),
+    )
 
 
 class RespondSettings(BaseModel):
-    concurrency: int = Field(default=4, ge=1, le=64)
-    # The request consumer's fetch wait. The embedded Tansu broker answers a fetch
-    # only when fetch_max_wait_ms expires, not when a record arrives, so a short
-    # wait is the latency floor of the Kafka path; the price is ~200 empty
-    # fetches/s while idle. Apache Kafka answers as soon as data arrives: raise
-    # this to 100-500 there.
-    fetch_max_wait_ms: int = Field(default=5, ge=0, le=10_000)
-    count_ttl_s: float = Field(default=30.0, ge=0.0)
-    half_life_s: float = Field(default=30 * 24 * 3600.0, gt=0.0)
-    # salience and recency only break near-ties of meaning: at most
-    # (1 - lambda) / lambda of cosine; credited evidence moves lambda further
-    lambda_hi: float = Field(default=0.97, ge=0.0, le=1.0)
-    lambda_lo: float = Field(default=0.9, ge=0.0, le=1.0)
-    young: int = Field(default=200, ge=1)
-    mature: int = Field(default=20_000, ge=2)
+    concurrency: int = Field(
+        default=4, ge=1, le=64, description="Kafka requests handled at once per respond worker"
+    )
+    fetch_max_wait_ms: int = Field(
+        default=5,
+        ge=0,
+        le=10_000,
+        description=(
+            "The request consumer's fetch wait. The embedded Tansu broker answers a fetch only when"
+            " fetch_max_wait_ms expires, not when a record arrives, so a short wait is the latency "
+            "floor of the Kafka path; the price is ~200 empty fetches/s while idle. Apache Kafka "
+            "answers as soon as data arrives: raise this to 100-500 there."
+        ),
+    )
+    count_ttl_s: float = Field(
+        default=30.0, ge=0.0, description="cache lifetime of a tenant's memory count (sets lambda)"
+    )
+    half_life_s: float = Field(
+        default=30 * 24 * 3600.0, gt=0.0, description="half-life of the recency term of the ranking"
+    )
+    lambda_hi: float = Field(
+        default=0.97,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "salience and recency only break near-ties of meaning: at most (1 - lambda) / lambda of"
+            " cosine; credited evidence moves lambda further"
+        ),
+    )
+    lambda_lo: float = Field(
+        default=0.9,
+        ge=0.0,
+        le=1.0,
+        description="lambda of a mature tenant (at least `mature` memories)",
+    )
+    young: int = Field(default=200, ge=1, description="memories up to which a tenant is young")
+    mature: int = Field(default=20_000, ge=2, description="memories from which a tenant is mature")
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
     lambda_evidence: float = Field(
         default=0.1,
@@ -87,10 +138,21 @@ class RespondSettings(BaseModel):
         description="with an evidence-lowered lambda only the "
         "explore_ranks * k candidates nearest in meaning can be served",
     )
-    # the live page (streams.respond.live): newest MemoryEvents kept per tenant for
-    # its most recently active tenants; 0 turns the page's background consumer off
-    live_per_tenant: int = Field(default=2000, ge=0, le=100_000)
-    live_max_tenants: int = Field(default=64, ge=1, le=10_000)
+    live_per_tenant: int = Field(
+        default=2000,
+        ge=0,
+        le=100_000,
+        description=(
+            "the live page (streams.respond.live): newest MemoryEvents kept per tenant for its most"
+            " recently active tenants; 0 turns the page's background consumer off"
+        ),
+    )
+    live_max_tenants: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="tenants the live page's ring keeps (most recently active)",
+    )
 
 
 class IngestSettings(BaseModel):
@@ -124,7 +186,9 @@ class IngestSettings(BaseModel):
 
 
 class JobsSettings(BaseModel):
-    credit_gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    credit_gamma: float = Field(
+        default=0.99, ge=0.0, le=1.0, description="discount of an outcome back to the step of a use"
+    )
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
     utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
 
@@ -141,7 +205,7 @@ class MaintenanceSettings(BaseModel):
     rewards have one sign and differ by at most this share of the larger magnitude.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="run the dedup and decay jobs")
     dedup_tau: float | None = Field(
         default=None, gt=0.0, le=1.0, description="merge at cosine >= tau; unset: per encoder"
     )
@@ -151,30 +215,49 @@ class MaintenanceSettings(BaseModel):
     dedup_window_s: float = Field(default=2.0, gt=0.0, description="tumbling window length")
     dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
     dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
-    decay_interval_s: float = Field(default=10.0, gt=0.0)
+    decay_interval_s: float = Field(default=10.0, gt=0.0, description="period of the decay pass")
     half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0.0, description="|rpe| term")
-    utility_weight: float = Field(default=1.0, ge=0.0)
-    access_weight: float = Field(default=0.25, ge=0.0)
-    access_half_life_s: float = Field(default=24 * 3600.0, gt=0.0)
+    utility_weight: float = Field(
+        default=1.0, ge=0.0, description="weight of tanh(utility) in the decay priority"
+    )
+    access_weight: float = Field(
+        default=0.25, ge=0.0, description="weight of the access term in the decay priority"
+    )
+    access_half_life_s: float = Field(
+        default=24 * 3600.0,
+        gt=0.0,
+        description="half-life of the access term (time since last access)",
+    )
     buffer_floor: float = Field(default=0.05, ge=0.0, description="evict buffer below this")
-    buffer_ttl_s: float = Field(default=14 * 24 * 3600.0, gt=0.0)
+    buffer_ttl_s: float = Field(
+        default=14 * 24 * 3600.0,
+        gt=0.0,
+        description="buffer memories unseen this long (stream time) are evicted",
+    )
     demote_below: float = Field(default=0.3, ge=0.0, description="demote core below this")
     promote_above: float = Field(default=0.5, ge=0.0, description="earned value to promote")
     core_capacity: int = Field(default=10_000, ge=0, description="per tenant")
     buffer_capacity: int = Field(default=50_000, ge=0, description="per tenant")
-    max_actions_per_pass: int = Field(default=5000, ge=1)
+    max_actions_per_pass: int = Field(
+        default=5000, ge=1, description="most moves and deletions one decay pass makes"
+    )
     # ages (decay, TTL, capacity priorities) are stream time: the watermark of the
     # memory's clock, one per (tenant, agent) or one per tenant (operators.decay)
     stream_clock: Literal["agent", "tenant"] = Field(
         default="agent", description="whose highest event time a memory's age is measured to"
     )
     refresh_per_pass: int = Field(default=2000, ge=0, description="rows re-read per pass")
-    # Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete +
-    # insert, then compaction and index builds on the server); at 2 s this showed up as
-    # the read path's p99 (12 % of a respond worker's CPU). Access recency at 30 s
-    # granularity is ample next to decay half-lives of hours to days; a kill loses at
-    # most one interval of retrieval counts (flushed on a clean stop).
-    access_flush_s: float = Field(default=30.0, gt=0.0)
+    access_flush_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description=(
+            "Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete + "
+            "insert, then compaction and index builds on the server); at 2 s this showed up as the "
+            "read path's p99 (12 % of a respond worker's CPU). Access recency at 30 s granularity "
+            "is ample next to decay half-lives of hours to days; a kill loses at most one interval "
+            "of retrieval counts (flushed on a clean stop)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> MaintenanceSettings:
@@ -192,14 +275,22 @@ class EncoderSettings(BaseModel):
     fall back to the CPU, whose throughput is 10-100x lower).
     """
 
-    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = "minilm-static"
+    name: Literal["minilm", "minilm-static", "hash", "passthrough"] = Field(
+        default="minilm-static",
+        description=(
+            "`minilm-static` (static embeddings distilled from the bundled MiniLM), `minilm` (torch"
+            " MiniLM, contextual), `hash` (fast, no semantics), `passthrough` (state vectors)"
+        ),
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|cuda(:\d+)?)$",
         description="torch device of minilm: cpu, cuda or cuda:N",
     )
     dim: int = Field(default=256, ge=2, le=4096, description="hash/passthrough dim")
-    cache_size: int = Field(default=50_000, ge=0)
+    cache_size: int = Field(
+        default=50_000, ge=0, description="entries of the encoder's LRU cache of texts"
+    )
     static_path: str | None = Field(
         default=None,
         description="where minilm-static is distilled (default ~/.cache/dmem/minilm-static-384)",
@@ -207,12 +298,16 @@ class EncoderSettings(BaseModel):
 
 
 class ValueSettings(BaseModel):
-    hidden: int = Field(default=64, ge=4)
-    gamma: float = Field(default=0.95, ge=0.0, le=1.0)
-    lr: float = Field(default=3e-3, gt=0.0)
-    polyak: float = Field(default=0.05, gt=0.0, le=1.0)
-    replay_size: int = Field(default=4096, ge=0)
-    replay_batch: int = Field(default=64, ge=1)
+    hidden: int = Field(default=64, ge=4, description="hidden units of the per-tenant value MLP")
+    gamma: float = Field(default=0.95, ge=0.0, le=1.0, description="discount of the TD(0) target")
+    lr: float = Field(default=3e-3, gt=0.0, description="learning rate of the value model")
+    polyak: float = Field(
+        default=0.05, gt=0.0, le=1.0, description="Polyak rate of the target network"
+    )
+    replay_size: int = Field(
+        default=4096, ge=0, description="transitions kept in the replay reservoir"
+    )
+    replay_batch: int = Field(default=64, ge=1, description="replayed transitions per update")
     update_every: int = Field(
         default=256,
         ge=1,
@@ -225,14 +320,22 @@ class ValueSettings(BaseModel):
 
 
 class RpeSettings(BaseModel):
-    smoother_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
-    smoother_kappa: float = Field(default=0.25, ge=0.0)
+    smoother_alpha: float = Field(
+        default=0.05, gt=0.0, le=1.0, description="EMA rate of the per-agent |z| level"
+    )
+    smoother_kappa: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="weight of that level: s = |z| / (1 + kappa * EMA_agent(|z|))",
+    )
 
 
 class IntrinsicSettings(BaseModel):
     """Reward-free surprise mixed into the gate score (`operators.surprise`)."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True, description="mix the reward-free surprise into the gate score"
+    )
     fit_k: float = Field(
         default=1.0,
         description="off-context below unrelated mean + k std "
@@ -258,14 +361,45 @@ class IntrinsicSettings(BaseModel):
 
 
 class GateSettings(BaseModel):
-    q_low: float = Field(default=0.5, gt=0.0, lt=1.0)
-    q_high: float = Field(default=0.9, gt=0.0, lt=1.0)
-    floor: float = Field(default=0.5, ge=0.0)
-    outlier_k: float = Field(default=3.0, gt=0.0)
-    alpha: float = 2.0
-    beta: float = 2.0
-    half_life: float = Field(default=5000.0, gt=0.0)
-    warmup: int = Field(default=50, ge=0)
+    q_low: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description="running quantile of the gate score under which a transition is dropped",
+    )
+    q_high: float = Field(
+        default=0.9,
+        gt=0.0,
+        lt=1.0,
+        description="running quantile at or above which a transition goes to core",
+    )
+    floor: float = Field(
+        default=0.5,
+        ge=0.0,
+        description=(
+            "absolute floor of the thresholds, lowered to the mundane bulk's edge where the stream "
+            "separates scores below it"
+        ),
+    )
+    outlier_k: float = Field(
+        default=3.0,
+        gt=0.0,
+        description="robust outlier rule: s >= median + k * 1.4826 * MAD goes to core",
+    )
+    alpha: float = Field(
+        default=2.0, description="slope of the stored gate value g = sigmoid(alpha * s - beta)"
+    )
+    beta: float = Field(default=2.0, description="offset of the stored gate value")
+    half_life: float = Field(
+        default=5000.0,
+        gt=0.0,
+        description="observations after which old scores weigh half in the quantile sketch",
+    )
+    warmup: int = Field(
+        default=50,
+        ge=0,
+        description="observations decided by the fixed warm-up rule while the sketch fills",
+    )
     drop_exact_repeats: bool = Field(default=True, description="drop exact repeats already in core")
 
     @model_validator(mode="after")
@@ -278,24 +412,44 @@ class GateSettings(BaseModel):
 class AuthSettings(BaseModel):
     """HTTP API bearer tokens (see `streams.auth`): enabled and fail-closed by default."""
 
-    disabled: bool = False
+    disabled: bool = Field(
+        default=False,
+        description="`true` turns HTTP auth off (the embedded `dmem up` and demo set it)",
+    )
     tokens: dict[str, list[str]] = Field(
         default_factory=dict, description='{"token": ["tenant", ...]}; "*" = all'
     )
-    tokens_file: Path | None = None
+    tokens_file: Path | None = Field(
+        default=None, description="JSON file of the same shape as `tokens` (merged)"
+    )
 
 
 class WriteSettings(BaseModel):
-    batch_size: int = Field(default=512, ge=1, le=100_000)
+    batch_size: int = Field(
+        default=512, ge=1, le=100_000, description="most records in one micro-batch"
+    )
     batch_within_s: float = Field(default=0.2, gt=0.0, description="longest wait for a record")
-    # 0: a batch is what the consumer has buffered (no waiting for company, the
-    # default: lowest latency, batches grow with load). > 0: wait up to this long
-    # after the first record for the batch to fill to batch_size (the demo uses it
-    # so every run sees identical micro-batches).
-    linger_s: float = Field(default=0.0, ge=0.0)
-    checkpoint_every_s: float = Field(default=5.0, gt=0.0)
-    eligibility_horizon: int = Field(default=64, ge=1)
-    eligibility_ttl_ms: int = Field(default=3_600_000, ge=1000)
+    linger_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "0: a batch is what the consumer has buffered (no waiting for company, the default: "
+            "lowest latency, batches grow with load). > 0: wait up to this long after the first "
+            "record for the batch to fill to batch_size (the demo uses it so every run sees "
+            "identical micro-batches)."
+        ),
+    )
+    checkpoint_every_s: float = Field(
+        default=5.0, gt=0.0, description="period of the operator-state checkpoints"
+    )
+    eligibility_horizon: int = Field(
+        default=64, ge=1, description="last transitions of an episode kept for hindsight writes"
+    )
+    eligibility_ttl_ms: int = Field(
+        default=3_600_000,
+        ge=1000,
+        description="how long an episode's window waits for its outcome (ingestion time)",
+    )
     retro_cache: int = Field(
         default=10_000, ge=0, description="dropped transitions kept for retrospective writes"
     )
@@ -305,20 +459,43 @@ class WriteSettings(BaseModel):
         description="most transitions one outcome may "
         "write or promote (the most surprising in hindsight)",
     )
-    retry_initial_s: float = 0.2
-    retry_max_s: float = 10.0
+    retry_initial_s: float = Field(
+        default=0.2, description="first backoff of a failed Milvus write"
+    )
+    retry_max_s: float = Field(default=10.0, description="longest backoff of a failed Milvus write")
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DMEM_", env_nested_delimiter="__", extra="ignore")
 
-    app_id: str = "dmem"
-    data_dir: Path = Path("dmem-data")
-    # where `dmem up` announces itself (streams.local.announce), found by `dmem report`
-    runtime_dir: Path = Path("~/.cache/dmem/up")
-    web_host: str = "127.0.0.1"
-    web_port: int = Field(default=6066, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warn", "error", "crit"] = "warn"
+    app_id: str = Field(
+        default="dmem",
+        description=(
+            "prefix of the consumer groups (`<app_id>-write`, `-respond`, ...) and faust app id"
+        ),
+    )
+    data_dir: Path = Field(
+        default=Path("dmem-data"), description="Milvus Lite file (`milvus.db`) and local state"
+    )
+    runtime_dir: Path = Field(
+        default=Path("~/.cache/dmem/up"),
+        description=(
+            "where `dmem up` announces itself (streams.local.announce), found by `dmem report`"
+        ),
+    )
+    web_host: str = Field(
+        default="127.0.0.1",
+        description="address the worker's web server binds (`0.0.0.0` in containers)",
+    )
+    web_port: int = Field(
+        default=6066,
+        ge=0,
+        le=65535,
+        description="port of `/health`, `/metrics` and, on respond workers, the HTTP API",
+    )
+    log_level: Literal["debug", "info", "warn", "error", "crit"] = Field(
+        default="warn", description="log level of the worker"
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     milvus: MilvusSettings = Field(default_factory=MilvusSettings)
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)

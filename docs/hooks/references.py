@@ -77,82 +77,6 @@ def _code(text: Any) -> str:
 
 # --------------------------------------------------------------------------- settings
 
-#: Meanings of the fields that carry neither a ``description`` nor a comment in
-#: `streams.settings`. A field's own ``description`` wins; an entry that names no field
-#: stops the build (so a rename cannot leave a stale line here), and a field with no
-#: meaning from any source is a warning (an error under ``--strict``).
-FALLBACK = {
-    "app_id": "prefix of the consumer groups (`<app_id>-write`, `-respond`, ...) and faust app id",
-    "data_dir": "Milvus Lite file (`milvus.db`) and local state",
-    "web_host": "address the worker's web server binds (`0.0.0.0` in containers)",
-    "web_port": "port of `/health`, `/metrics` and, on respond workers, the HTTP API",
-    "log_level": "log level of the worker",
-    "kafka.broker": "bootstrap servers, `kafka://host:port` (several joined by `;` or `,`)",
-    "kafka.topic_prefix": "prefix of every topic name",
-    "kafka.partitions": "partitions of the topics `dmem topics create` makes",
-    "kafka.replication_factor": "replication factor of created topics",
-    "kafka.security_protocol": "passed to aiokafka and faust",
-    "kafka.sasl_mechanism": "SASL mechanism (with a SASL protocol)",
-    "kafka.sasl_username": "SASL user",
-    "kafka.sasl_password": "SASL password",
-    "kafka.ssl_cafile": "CA bundle for TLS",
-    "kafka.rebalance_timeout_s": "consumer-group rebalance timeout",
-    "kafka.heartbeat_interval_s": "consumer-group heartbeat interval",
-    "kafka.commit_interval_s": "auto-commit interval of the groups that auto-commit",
-    "milvus.uri": "`http://host:19530` for a server; empty: Milvus Lite file under data_dir",
-    "milvus.collection": "collection name",
-    "milvus.token": "Milvus token (`user:password`)",
-    "milvus.timeout_s": "timeout of one Milvus call",
-    "encoder.name": "`minilm-static` (static embeddings distilled from the bundled MiniLM), "
-    "`minilm` (torch MiniLM, contextual), `hash` (fast, no semantics), `passthrough` "
-    "(state vectors)",
-    "encoder.cache_size": "entries of the encoder's LRU cache of texts",
-    "value.hidden": "hidden units of the per-tenant value MLP",
-    "value.gamma": "discount of the TD(0) target",
-    "value.lr": "learning rate of the value model",
-    "value.polyak": "Polyak rate of the target network",
-    "value.replay_size": "transitions kept in the replay reservoir",
-    "value.replay_batch": "replayed transitions per update",
-    "rpe.smoother_alpha": "EMA rate of the per-agent |z| level",
-    "rpe.smoother_kappa": "weight of that level: s = |z| / (1 + kappa * EMA_agent(|z|))",
-    "gate.q_low": "running quantile of the gate score under which a transition is dropped",
-    "gate.q_high": "running quantile at or above which a transition goes to core",
-    "gate.floor": "absolute floor of the thresholds, lowered to the mundane bulk's edge "
-    "where the stream separates scores below it",
-    "gate.outlier_k": "robust outlier rule: s >= median + k * 1.4826 * MAD goes to core",
-    "gate.alpha": "slope of the stored gate value g = sigmoid(alpha * s - beta)",
-    "gate.beta": "offset of the stored gate value",
-    "gate.half_life": "observations after which old scores weigh half in the quantile sketch",
-    "gate.warmup": "observations decided by the fixed warm-up rule while the sketch fills",
-    "intrinsic.enabled": "mix the reward-free surprise into the gate score",
-    "write.batch_size": "most records in one micro-batch",
-    "write.checkpoint_every_s": "period of the operator-state checkpoints",
-    "write.eligibility_horizon": "last transitions of an episode kept for hindsight writes",
-    "write.eligibility_ttl_ms": "how long an episode's window waits for its outcome "
-    "(ingestion time)",
-    "write.retry_initial_s": "first backoff of a failed Milvus write",
-    "write.retry_max_s": "longest backoff of a failed Milvus write",
-    "respond.concurrency": "Kafka requests handled at once per respond worker",
-    "respond.count_ttl_s": "cache lifetime of a tenant's memory count (sets lambda)",
-    "respond.half_life_s": "half-life of the recency term of the ranking",
-    "respond.lambda_hi": "lambda of a young tenant (at most `young` memories)",
-    "respond.lambda_lo": "lambda of a mature tenant (at least `mature` memories)",
-    "respond.young": "memories up to which a tenant is young",
-    "respond.mature": "memories from which a tenant is mature",
-    "respond.live_max_tenants": "tenants the live page's ring keeps (most recently active)",
-    "jobs.credit_gamma": "discount of an outcome back to the step of a use",
-    "maintenance.enabled": "run the dedup and decay jobs",
-    "maintenance.decay_interval_s": "period of the decay pass",
-    "maintenance.utility_weight": "weight of tanh(utility) in the decay priority",
-    "maintenance.access_weight": "weight of the access term in the decay priority",
-    "maintenance.access_half_life_s": "half-life of the access term (time since last access)",
-    "maintenance.buffer_ttl_s": "buffer memories unseen this long (stream time) are evicted",
-    "maintenance.max_actions_per_pass": "most moves and deletions one decay pass makes",
-    "maintenance.access_flush_s": "period of the access-count flush to Milvus",
-    "auth.disabled": "`true` turns HTTP auth off (the embedded `dmem up` and demo set it)",
-    "auth.tokens_file": "JSON file of the same shape as `tokens` (merged)",
-}
-
 
 def _type_name(ann: Any) -> str:
     origin = typing.get_origin(ann)
@@ -215,26 +139,6 @@ def _constraints(field: Any) -> str:
     return ", ".join(out)
 
 
-def _source_comments(cls: type) -> dict[str, str]:
-    """The ``#`` comment block right above each field of a class, keyed by field name."""
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
-    block: list[str] = []
-    for line in lines:
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            block.append(stripped.lstrip("#").strip())
-            continue
-        name = stripped.split(":", 1)[0]
-        if block and ":" in stripped and name.isidentifier():
-            out[name] = " ".join(block)
-        block = []
-    return out
-
-
 def _doc(cls: type) -> str:
     doc = inspect.getdoc(cls) or ""
     base_docs = {inspect.getdoc(b) for b in cls.__mro__[1:]}
@@ -246,7 +150,6 @@ def _settings_rows(
 ) -> None:
     from pydantic import BaseModel
 
-    comments = _source_comments(model)
     rows: list[str] = []
     nested: list[tuple[str, type]] = []
     for name, field in model.model_fields.items():
@@ -257,9 +160,9 @@ def _settings_rows(
         env = f"{prefix}{name}".upper()
         dotted = f"{path}.{name}" if path else name
         seen.add(dotted)
-        desc = field.description or comments.get(name, "") or FALLBACK.get(dotted, "")
+        desc = field.description or ""
         if not desc:
-            log.warning("settings reference: %s has no description", dotted)
+            raise PluginError(f"streams.settings: {dotted} has no Field(description=...)")
         if typing.get_origin(ann) in (dict, list) or ann in (dict, list):
             desc = (desc + " " if desc else "") + "(JSON in the environment variable)"
         rows.append(
@@ -298,9 +201,6 @@ def render_settings() -> str:
     count = [0]
     seen: set[str] = set()
     _settings_rows(cls, env_prefix, "", sections, count, seen)
-    stale = sorted(set(FALLBACK) - seen)
-    if stale:
-        raise PluginError(f"docs/hooks/references.py FALLBACK names no setting: {stale}")
     if count[0] == 0:
         raise PluginError("streams.settings.Settings has no fields: nothing to document")
     head = (
