@@ -1,4 +1,4 @@
-"""LongMemEval on the write path, in process: what a chat memory keeps of long user/assistant histories.
+"""LongMemEval in process: what a chat memory keeps of long user/assistant histories.
 
 Data (`load`, the path is always given): LongMemEval (Wu et al., ICLR 2025), one question
 object per line (``.jsonl`` or ``.jsonl.gz``) with ``question_id``, ``question_type``,
@@ -26,12 +26,14 @@ Abstention questions (``_abs``) and questions without evidence turns count for s
 only (session recall still counts a question with answer sessions). Storage is what a
 search can return over the turns published.
 
-Embeddings are cached on disk (``.dmem-bench/longmemeval-embed-<encoder>.npz``).
+Embeddings are cached in memory (the histories share many sessions) and, with
+``cache`` (a folder), on disk as ``longmemeval-embed-<encoder>.npz``.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import time
@@ -49,7 +51,6 @@ from schemas import Transition
 from schemas.limits import LIMITS
 
 TURN_GAP_MS = 30_000
-DEFAULT_CACHE = Path(".dmem-bench")
 KS = (5, 10)
 METRICS = ("storage_ratio", "evidence_stored_ratio", "turn_recall_at_5", "turn_recall_at_10",
            "store_all_turn_recall_at_5", "store_all_turn_recall_at_10", "session_recall_at_5",
@@ -267,7 +268,7 @@ def summarise(per_q: Sequence[tuple[str, dict[str, float]]]) -> dict[str, Any]:
     """Totals (storage over all turns) and means of the recall keys over the questions
     that define them."""
     out: dict[str, Any] = {"questions": len(per_q)}
-    tot = defaultdict(float)
+    tot: dict[str, float] = defaultdict(float)
     for _, m in per_q:
         for k in ("turns", "stored", "evidence", "evidence_stored"):
             tot[k] += m[k]
@@ -288,22 +289,44 @@ def summarise(per_q: Sequence[tuple[str, dict[str, float]]]) -> dict[str, Any]:
 
 
 class _Cache:
-    """Exact text -> unit embedding, on disk between runs (`dmem.bench.locomo.BaselineCache`)."""
+    """Exact text -> unit embedding, in memory (histories share many sessions), and on
+    disk between runs when ``path`` is given (keyed by the text's SHA-1: the texts
+    themselves are long)."""
 
-    def __init__(self, encoder_name: str, cache: Path | None) -> None:
-        from dmem.bench.locomo import BaselineCache
+    def __init__(self, encoder_name: str, path: Path | None) -> None:
         from operators.encoders import build_encoder
 
-        path = (cache or DEFAULT_CACHE) / f"longmemeval-embed-{encoder_name}.npz"
-        self.inner = BaselineCache(build_encoder(encoder_name, cache_size=0), path)
-        self.name = encoder_name
-        self.dim = int(self.inner.vecs[self.inner.PROBE].shape[-1])
+        self.encoder = build_encoder(encoder_name, cache_size=0)
+        self.name, self.path = encoder_name, path
+        self.vecs: dict[str, np.ndarray] = {}
+        self.added = 0
+        if path is not None and path.exists():
+            with np.load(path, allow_pickle=False) as z:
+                if str(z["encoder"]) == encoder_name:
+                    self.vecs = dict(zip(z["keys"].tolist(), z["emb"], strict=True))
+        self.dim = int(self.encoder.encode(["probe"]).shape[-1])
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha1(text.encode()).hexdigest()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self.inner.encode(list(texts))
+        keys = [self.key(t) for t in texts]
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self.vecs}
+        if missing:
+            emb = self.encoder.encode(list(missing.values()))
+            self.vecs.update(zip(missing, emb, strict=True))
+            self.added += len(missing)
+        return np.stack([self.vecs[k] for k in keys]).astype(np.float32)
 
     def save(self) -> None:
-        self.inner.save()
+        if self.path is None or not self.added:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, encoder=np.array(self.name), keys=np.array(list(self.vecs)),
+                 emb=np.stack(list(self.vecs.values())))
+        tmp.replace(self.path)
 
 
 def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "minilm-static",
@@ -327,7 +350,8 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
     if settings is None:
         settings = Settings()
         settings.encoder.name = encoder  # type: ignore[assignment]
-    enc = _Cache(encoder, cache)
+    enc = _Cache(encoder, None if cache is None else
+                 cache / f"longmemeval-embed-{encoder}.npz")
     build = pipeline or (lambda s, e: WritePipeline(s, e))
     per_q: list[tuple[str, dict[str, float]]] = []
     reasons: dict[str, int] = defaultdict(int)

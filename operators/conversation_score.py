@@ -1,0 +1,185 @@
+"""Prototype reward-free scores for conversations: what a turn tells, not how long it is.
+
+Not wired into the write path. Each candidate replaces the information term of
+`operators.novelty.IntrinsicState` (its ``tokens`` model: ``ids(text)`` then
+``surprisal(ids)`` then ``learn(ids)``, once per turn in stream order), so the rest
+of the intrinsic score (novelty against the agent's bank, the context guard,
+the running-mean normalisation) and the gate stay as they are; `install` swaps
+one in on a tenant's state. Measured with ``dmem.bench.longmemeval`` and the LoCoMo
+replay; the numbers and the choice are in docs/design/2026-12-02-conversation-score.md.
+
+Candidates (``info`` in nats; the intrinsic score divides it by the tenant's
+running mean, so only its ranking across turns matters):
+
+- ``sum`` (the production term): summed token surprisal; grows with length.
+- ``mean``: surprisal per token, shrunk towards zero for very short turns,
+  ``sum / (n + n0)``: a one-word turn cannot outrank a sentence on one rare token.
+- ``topm``: the sum of the ``m`` largest token surprisals (distinct tokens): what
+  the turn's rarest words say. A long turn is credited for its ``m`` most
+  specific words only, a short one loses nothing.
+- ``speaker``: the summed surprisal divided by the running mean of the same
+  speaker's turns (the ``"speaker: "`` prefix of a chat turn): every speaker is
+  judged against its own typical turn, so a verbose speaker does not crowd out a
+  terse one.
+
+`AgentRewardMix`: the reward/intrinsic mix per agent instead of per tenant, so a
+tenant whose other agents earn rewards still scores its chat agents' turns.
+
+`shadow_groups`: the shadow buffer's grouping (runs of skipped turns of one
+session folded into one cheap searchable row that stands for them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from operators.novelty import IntrinsicScore, RewardMix, TokenSurprisal
+
+__all__ = [
+    "CANDIDATES",
+    "AgentRewardMix",
+    "MeanSurprisal",
+    "SpeakerSurprisal",
+    "TopSurprisal",
+    "install",
+    "shadow_groups",
+]
+
+_SPEAKER = re.compile(r"^([^:\n]{1,64}):\s")
+
+
+class MeanSurprisal(TokenSurprisal):
+    """Surprisal per token, ``sum / (n + n0)`` (``n0`` tokens of shrinkage)."""
+
+    def __init__(self, n0: float = 4.0, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.n0 = float(n0)
+
+    def surprisal(self, ids: np.ndarray) -> float:
+        if ids.size == 0:
+            return 0.0
+        return super().surprisal(ids) / (ids.size + self.n0)
+
+
+class TopSurprisal(TokenSurprisal):
+    """The sum of the ``m`` largest surprisals among the turn's distinct tokens."""
+
+    def __init__(self, m: int = 8, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.m = int(m)
+
+    def surprisal(self, ids: np.ndarray) -> float:
+        if ids.size == 0:
+            return 0.0
+        u = np.unique(ids)
+        a = self.smoothing
+        p = (self.counts[u].astype(np.float64) + a) / (self.total + a * self.buckets)
+        s = np.sort(-np.log(p))[::-1]
+        return float(s[: self.m].sum())
+
+
+class SpeakerSurprisal(TokenSurprisal):
+    """Summed surprisal over the running mean of the same speaker's turns.
+
+    The speaker is read from the ``"speaker: "`` prefix of the text (`ids` keeps it
+    for the `surprisal` call that follows); text without one is its own speaker "".
+    """
+
+    def __init__(self, alpha: float = 0.01, max_speakers: int = 256, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.alpha = float(alpha)
+        self.max_speakers = int(max_speakers)
+        self.means: OrderedDict[str, list[float]] = OrderedDict()  # speaker -> [mean, count]
+        self._speaker = ""
+
+    def ids(self, text: str) -> np.ndarray:
+        m = _SPEAKER.match(text)
+        self._speaker = m.group(1).strip().lower() if m else ""
+        return super().ids(text)
+
+    def surprisal(self, ids: np.ndarray) -> float:
+        raw = super().surprisal(ids)
+        st = self.means.get(self._speaker)
+        if st is None:
+            st = self.means[self._speaker] = [raw, 0]
+            while len(self.means) > self.max_speakers:
+                self.means.popitem(last=False)
+        self.means.move_to_end(self._speaker)
+        st[1] += 1
+        mean = st[0] if st[1] > 1 else raw
+        st[0] += max(1.0 / st[1], self.alpha) * (raw - st[0])
+        return raw / max(mean, 1e-9)
+
+
+CANDIDATES: dict[str, Any] = {
+    "sum": None,
+    "mean": MeanSurprisal,
+    "topm": TopSurprisal,
+    "speaker": SpeakerSurprisal,
+}
+
+
+def install(intrinsic: Any, name: str, **kw: Any) -> None:
+    """Give a tenant's `IntrinsicState` the information term ``name`` (fresh counts)."""
+    cls = CANDIDATES[name]
+    if cls is not None:
+        intrinsic.tokens = cls(**kw)
+
+
+class AgentRewardMix:
+    """One `RewardMix` per agent: w_intrinsic of a transition is its own agent's.
+
+    A chat agent publishes reward 0, so its w stays 1 whatever the tenant's other
+    agents earn; a rewarded agent's w falls to 0 as before. Bounded to the
+    ``max_agents`` most recently seen agents (a new agent starts at w = 1, as a new
+    tenant does).
+    """
+
+    def __init__(self, alpha: float = 0.002, rate_full: float = 0.01,
+                 max_agents: int = 4096) -> None:
+        self.alpha, self.rate_full, self.max_agents = alpha, rate_full, max_agents
+        self.mixes: OrderedDict[str, RewardMix] = OrderedDict()
+
+    def observe(self, agents: Sequence[str], rewards: np.ndarray) -> np.ndarray:
+        """Fold each transition's reward into its agent's rate; w per transition."""
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        for a, x in zip(agents, r.tolist(), strict=True):
+            m = self.mixes.get(a)
+            if m is None:
+                m = self.mixes[a] = RewardMix(self.alpha, self.rate_full)
+                while len(self.mixes) > self.max_agents:
+                    self.mixes.popitem(last=False)
+            self.mixes.move_to_end(a)
+            m.observe(np.asarray([x]))
+        return np.asarray([self.mixes[a].weight for a in agents])
+
+
+def weighted(scores: Sequence[IntrinsicScore], w: np.ndarray) -> list[IntrinsicScore]:
+    """Scores with each transition's own weight folded in (the gate then mixes at w = 1)."""
+    return [replace(s, score=float(s.score * wi), raw=float(s.raw * wi))
+            for s, wi in zip(scores, w.tolist(), strict=True)]
+
+
+def shadow_groups(dropped: Sequence[int], session_of: Sequence[int], size: int) -> list[list[int]]:
+    """Runs of at most ``size`` consecutive dropped turns of one session.
+
+    ``dropped``: indices (in stream order) of turns the gate skipped;
+    ``session_of``: each turn's session. Each group becomes one shadow row (the
+    normalised mean of its turns' embeddings) that a search can return; a hit on it
+    stands for every turn in the group.
+    """
+    out: list[list[int]] = []
+    for i in dropped:
+        g = out[-1] if out else None
+        if (g is not None and len(g) < size and session_of[g[-1]] == session_of[i]
+                and i == g[-1] + 1):
+            g.append(i)
+        else:
+            out.append([i])
+    return out
