@@ -25,6 +25,9 @@ running mean, so only its ranking across turns matters):
 `AgentRewardMix`: the reward/intrinsic mix per agent instead of per tenant, so a
 tenant whose other agents earn rewards still scores its chat agents' turns.
 
+`span_horizons`: forgetting horizons that follow the stream's own span instead of
+fixed days, so time alone never ages a conversation's past away.
+
 `shadow_groups`: the shadow buffer's grouping (runs of skipped turns of one
 session folded into one cheap searchable row that stands for them).
 """
@@ -49,6 +52,7 @@ __all__ = [
     "TopSurprisal",
     "install",
     "shadow_groups",
+    "span_horizons",
 ]
 
 _SPEAKER = re.compile(r"^([^:\n]{1,64}):\s")
@@ -183,3 +187,15 @@ def shadow_groups(dropped: Sequence[int], session_of: Sequence[int], size: int) 
         else:
             out.append([i])
     return out
+
+
+def span_horizons(policy: Any, span_ms: int, factor: float = 1.0) -> Any:
+    """``policy`` with half-life and buffer TTL of at least ``factor`` x the stream's span.
+
+    A stream that spans months keeps its early turns as long as one that spans a
+    day keeps its morning: age is measured against the stream's own time scale,
+    and what goes is decided by value and pressure (priority floor, capacities).
+    """
+    h = max(float(policy.half_life_ms), factor * float(span_ms))
+    return replace(policy, half_life_ms=h,
+                   buffer_ttl_ms=int(max(float(policy.buffer_ttl_ms), factor * float(span_ms))))

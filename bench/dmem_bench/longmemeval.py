@@ -159,19 +159,26 @@ def transitions(q: Question) -> list[Turn]:
     return out
 
 
-def forget(events: Iterable[Any], settings: Any) -> set[str]:
+def forget(events: Iterable[Any], settings: Any,
+           horizons: Callable[[Any, int], Any] | None = None) -> set[str]:
     """Memory ids still searchable once the decay job is done with ``events``.
 
     ``events``: the write path's MemoryEvents of one tenant, in order. The index is
     the maintenance job's (`operators.maintenance.TenantIndex`) with its per-agent
     watermarks; passes of `plan_decay` run at the final watermarks until one plans
     nothing (evicted rows leave, demoted and promoted rows change partition).
+    ``horizons(policy, span_ms)``, where given, sets the policy from the stream's span
+    (first to last event time), for measuring span-following horizons.
     """
     from operators.maintenance import BUFFER, CORE, Entry, TenantIndex, plan_decay
     from streams.jobs.maintenance import policy_from
 
     policy = policy_from(settings)
     idx = TenantIndex(per_agent_clock=policy.clock == "agent")
+    events = list(events)
+    if horizons is not None and events:
+        span = max(int(e.event_ts) for e in events) - min(int(e.event_ts) for e in events)
+        policy = horizons(policy, span)
     for ev in events:
         ts = int(ev.event_ts)
         idx.advance(ev.agent_id, ts)
@@ -197,7 +204,8 @@ def forget(events: Iterable[Any], settings: Any) -> set[str]:
 
 
 def replay_question(pipe: Any, q: Question, turns: Sequence[Turn], batch: int,
-                    settings: Any) -> QuestionRun:
+                    settings: Any, horizons: Callable[[Any, int], Any] | None = None
+                    ) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
     from streams.write.pipeline import RawRecord
 
@@ -216,7 +224,7 @@ def replay_question(pipe: Any, q: Question, turns: Sequence[Turn], batch: int,
                 run.routes[ev.memory_id] = f"{ev.kind}:{ev.reason}"
                 events.append(ev)
     # a referred write comes after its off-context drop: the write stands
-    run.kept = forget(events, settings)
+    run.kept = forget(events, settings, horizons)
     return run
 
 
@@ -333,6 +341,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
         batch: int = 64, cache: Path | None = None, settings: Any = None,
         pipeline: Callable[[Any, Any], Any] | None = None,
         searchable: Searchable = kept_rows,
+        horizons: Callable[[Any, int], Any] | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Replay ``data``'s questions through the write path; storage and recall per type.
 
@@ -340,7 +349,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
     environment, with ``encoder`` as the encoder name). ``pipeline(settings, encoder)``
     builds the write pipeline (default `WritePipeline`; a prototype score plugs in
     here). ``searchable`` says what a search can return of a question's history
-    (`kept_rows`: the kept turns).
+    (`kept_rows`: the kept turns). ``horizons``: see `forget`.
     """
     from streams.settings import Settings
     from streams.write.pipeline import WritePipeline
@@ -361,7 +370,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
         texts = [t.transition.text() for t in turns]
         enc.encode(texts + [t.transition.next_text() for t in turns] + [q.question])
         pipe = build(settings, enc)  # one tenant per question: a fresh state each time
-        res = replay_question(pipe, q, turns, batch, settings)
+        res = replay_question(pipe, q, turns, batch, settings, horizons)
         for r in res.routes.values():
             reasons[r] += 1
         for t in turns:
