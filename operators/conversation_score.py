@@ -95,9 +95,11 @@ class SpeakerSurprisal(TokenSurprisal):
     for the `surprisal` call that follows); text without one is its own speaker "".
     """
 
-    def __init__(self, alpha: float = 0.01, max_speakers: int = 256, **kw: Any) -> None:
+    def __init__(self, alpha: float = 0.01, max_speakers: int = 256, n0: float | None = None,
+                 **kw: Any) -> None:
         super().__init__(**kw)
         self.alpha = float(alpha)
+        self.n0 = n0  # set: per token first (`MeanSurprisal`), then per speaker
         self.max_speakers = int(max_speakers)
         self.means: OrderedDict[str, list[float]] = OrderedDict()  # speaker -> [mean, count]
         self._speaker = ""
@@ -109,6 +111,8 @@ class SpeakerSurprisal(TokenSurprisal):
 
     def surprisal(self, ids: np.ndarray) -> float:
         raw = super().surprisal(ids)
+        if self.n0 is not None and ids.size:
+            raw /= ids.size + self.n0
         st = self.means.get(self._speaker)
         if st is None:
             st = self.means[self._speaker] = [raw, 0]
@@ -170,8 +174,10 @@ def weighted(scores: Sequence[IntrinsicScore], w: np.ndarray) -> list[IntrinsicS
             for s, wi in zip(scores, w.tolist(), strict=True)]
 
 
-def shadow_groups(dropped: Sequence[int], session_of: Sequence[int], size: int) -> list[list[int]]:
-    """Runs of at most ``size`` consecutive dropped turns of one session.
+def shadow_groups(dropped: Sequence[int], session_of: Sequence[Any], size: int,
+                  consecutive: bool = True) -> list[list[int]]:
+    """Groups of at most ``size`` dropped turns of one session, consecutive ones only
+    unless ``consecutive`` is False (then a session's dropped turns in order).
 
     ``dropped``: indices (in stream order) of turns the gate skipped;
     ``session_of``: each turn's session. Each group becomes one shadow row (the
@@ -182,7 +188,7 @@ def shadow_groups(dropped: Sequence[int], session_of: Sequence[int], size: int) 
     for i in dropped:
         g = out[-1] if out else None
         if (g is not None and len(g) < size and session_of[g[-1]] == session_of[i]
-                and i == g[-1] + 1):
+                and (i == g[-1] + 1 or not consecutive)):
             g.append(i)
         else:
             out.append([i])

@@ -20,11 +20,12 @@ this final state keeps). Dedup merges are not simulated.
 
 Scoring: the question is asked as exact cosine top-k over what is searchable
 (``k`` = 5 and 10, the same encoder and text for dmem and the store-all baseline).
-Turn recall@k: the share of the question's ``has_answer`` turns among the hits; session
-recall@k: the share of its answer sessions with at least one turn among the hits.
-Abstention questions (``_abs``) and questions without evidence turns count for storage
-only (session recall still counts a question with answer sessions). Storage is what a
-search can return over the turns published.
+Turn recall@k: the share of the question's ``has_answer`` turns among the turns the
+hits stand for; session recall@k: the share of its answer sessions with at least one
+turn among them; ``turns_returned_at_10``: how many turns the top 10 hits stand for
+(10 where every row is one turn). Abstention questions (``_abs``) and questions
+without evidence turns count for storage only (session recall still counts a question
+with answer sessions). Storage is what a search can return over the turns published.
 
 Embeddings are cached in memory (the histories share many sessions) and, with
 ``cache`` (a folder), on disk as ``longmemeval-embed-<encoder>.npz``.
@@ -260,6 +261,7 @@ def score_question(run: QuestionRun, vecs: np.ndarray, qvec: np.ndarray,
     }
     if run.question.abstention:
         return out
+    out["turns_returned_at_10"] = float(sum(len(stands[j]) for j in _topk(rows, qvec, 10)))
     all_stands = [[i] for i in range(len(turns))]
     for name, r, st in (("", rows, stands), ("store_all_", vecs, all_stands)):
         for k in KS:
@@ -286,7 +288,7 @@ def summarise(per_q: Sequence[tuple[str, dict[str, float]]]) -> dict[str, Any]:
     out["storage_ratio"] = tot["stored"] / max(tot["turns"], 1.0)
     out["evidence_stored_ratio"] = (tot["evidence_stored"] / tot["evidence"]
                                     if tot["evidence"] else None)
-    for key in METRICS[2:]:
+    for key in (*METRICS[2:], "turns_returned_at_10"):
         xs = [m[key] for _, m in per_q if key in m]
         out[key] = float(np.mean(xs)) if xs else None
     out["recall_questions"] = sum("turn_recall_at_10" in m for _, m in per_q)
