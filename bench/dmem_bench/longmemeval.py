@@ -247,10 +247,20 @@ def _topk(rows: np.ndarray, q: np.ndarray, k: int) -> list[int]:
 
 
 def score_question(run: QuestionRun, vecs: np.ndarray, qvec: np.ndarray,
-                   searchable: Searchable = kept_rows) -> dict[str, float]:
-    """Storage and recall of one question (recall keys only where they are defined)."""
+                   searchable: Searchable = kept_rows, fold: str = "all") -> dict[str, float]:
+    """Storage and recall of one question (recall keys only where they are defined).
+
+    ``fold``: what a hit on a row that stands for several turns returns: ``all`` of
+    them, or the ``best`` one, the turn closest to the question by a sign-quantised
+    copy of their embeddings (one bit per dimension and turn kept with the row).
+    """
+    if fold not in ("all", "best"):
+        raise ValueError(f"fold must be 'all' or 'best', got {fold!r}")
     turns = run.turns
     rows, stands = searchable(run, vecs)
+    if fold == "best":
+        bits = np.sign(vecs) @ qvec
+        stands = [[max(st, key=lambda i: float(bits[i]))] for st in stands]
     ev = {i for i, t in enumerate(turns) if t.evidence}
     ans = {s for s in run.question.answer_sessions if any(t.session == s for t in turns)}
     out: dict[str, float] = {
@@ -343,7 +353,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
         batch: int = 64, cache: Path | None = None, settings: Any = None,
         pipeline: Callable[[Any, Any], Any] | None = None,
         searchable: Searchable = kept_rows,
-        horizons: Callable[[Any, int], Any] | None = None,
+        horizons: Callable[[Any, int], Any] | None = None, fold: str = "all",
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Replay ``data``'s questions through the write path; storage and recall per type.
 
@@ -351,7 +361,8 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
     environment, with ``encoder`` as the encoder name). ``pipeline(settings, encoder)``
     builds the write pipeline (default `WritePipeline`; a prototype score plugs in
     here). ``searchable`` says what a search can return of a question's history
-    (`kept_rows`: the kept turns). ``horizons``: see `forget`.
+    (`kept_rows`: the kept turns). ``horizons``: see `forget`; ``fold``: see
+    `score_question`.
     """
     from streams.settings import Settings
     from streams.write.pipeline import WritePipeline
@@ -380,7 +391,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
             by_role[role][0] += 1
             by_role[role][1] += t.transition.memory_id in res.kept
         vecs = enc.encode(texts)
-        m = score_question(res, vecs, enc.encode([q.question])[0], searchable)
+        m = score_question(res, vecs, enc.encode([q.question])[0], searchable, fold)
         per_q.append((q.qtype, m))
         if progress is not None and (n + 1) % 10 == 0:
             progress(f"longmemeval: {n + 1}/{len(qs)} questions, "

@@ -131,3 +131,6 @@ def test_score_question_counts_the_turns_a_hit_stands_for(data: Path) -> None:
 
     m = lme.score_question(run, vecs, qvec, folded)
     assert m["stored"] == 1 and m["turn_recall_at_5"] == 1.0 and m["session_recall_at_10"] == 1.0
+    assert m["turns_returned_at_10"] == 2.0
+    best = lme.score_question(run, vecs, qvec, folded, fold="best")
+    assert best["turns_returned_at_10"] == 1.0 and best["turn_recall_at_10"] == 1.0
