@@ -29,7 +29,8 @@ tenant whose other agents earn rewards still scores its chat agents' turns.
 fixed days, so time alone never ages a conversation's past away.
 
 `shadow_groups`: the shadow buffer's grouping (runs of skipped turns of one
-session folded into one cheap searchable row that stands for them).
+session folded into one cheap searchable row that stands for them);
+`shadow_clusters`: the same, folded by topic (nearest open row) instead of by order.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "SpeakerSurprisal",
     "TopSurprisal",
     "install",
+    "shadow_clusters",
     "shadow_groups",
     "span_horizons",
 ]
@@ -205,3 +207,34 @@ def span_horizons(policy: Any, span_ms: int, factor: float = 1.0) -> Any:
     h = max(float(policy.half_life_ms), factor * float(span_ms))
     return replace(policy, half_life_ms=h,
                    buffer_ttl_ms=int(max(float(policy.buffer_ttl_ms), factor * float(span_ms))))
+
+
+def shadow_clusters(dropped: Sequence[int], vecs: np.ndarray, size: int,
+                    tau: float) -> list[list[int]]:
+    """Dropped turns folded online into topic rows: each joins the open row (fewer than
+    ``size`` turns) whose centroid is closest, if that cosine is at least ``tau``, else
+    opens a row. Stream order, one pass, no look-ahead: what a write path can do.
+    """
+    groups: list[list[int]] = []
+    sums: list[np.ndarray] = []
+    open_ids: list[int] = []
+    for i in dropped:
+        v = np.asarray(vecs[i], dtype=np.float64)
+        best, best_cos = -1, tau
+        if open_ids:
+            cents = np.stack([sums[g] for g in open_ids])
+            cents /= np.maximum(np.linalg.norm(cents, axis=1, keepdims=True), 1e-12)
+            cos = cents @ v
+            j = int(np.argmax(cos))
+            if cos[j] >= best_cos:
+                best = open_ids[j]
+        if best < 0:
+            groups.append([i])
+            sums.append(v.copy())
+            open_ids.append(len(groups) - 1)
+        else:
+            groups[best].append(i)
+            sums[best] += v
+            if len(groups[best]) >= size:
+                open_ids.remove(best)
+    return groups
