@@ -67,9 +67,10 @@ def test_transitions_follow_the_chat_mapping(data: Path) -> None:
     turns = lme.transitions(q)
     assert len(turns) == 36
     t = turns[0].transition
-    assert t.observation.startswith("user: ") and t.action == "say" and t.reward == 0.0
+    assert t.observation is not None and t.observation.startswith("user: ")
+    assert t.action == "say" and t.reward == 0.0
     assert t.agent_id == "lme-q1" and t.tenant == "lme-q1"
-    assert turns[1].transition.ts - t.ts == lme.TURN_GAP_MS
+    assert t.ts is not None and turns[1].transition.ts == t.ts + lme.TURN_GAP_MS
     assert [x.evidence for x in turns].count(True) == 1
     assert turns[12].evidence and turns[12].session == "answer_q1"
 
@@ -81,9 +82,10 @@ def test_forget_on_defaults_ages_a_long_chat_away() -> None:
 
     day = 24 * 3600 * 1000
 
-    def ev(mid: str, ts: int, part: str = "buffer") -> MemoryEvent:
+    def ev(mid: str, ts: int) -> MemoryEvent:
         return MemoryEvent(kind="written", memory_id=mid, tenant="t", agent_id="a",
-                           episode_id="e", step=0, partition=part, route=part, reward=0.0,
+                           episode_id="e", step=0, partition="buffer", route="buffer",
+                           reward=0.0,
                            rpe=1.0, rpe_smoothed=1.0, gate=0.5, valence=0, theta_low=0.5,
                            theta_high=1.0, reason="between", event_ts=ts, ts=0)
 
