@@ -1,11 +1,11 @@
 """Prototype reward-free scores for conversations: what a turn tells, not how long it is.
 
 Not wired into the write path. Each candidate replaces the information term of
-`operators.novelty.IntrinsicState` (its ``tokens`` model: ``ids(text)`` then
+`operators.surprise.IntrinsicState` (its ``tokens`` model: ``ids(text)`` then
 ``surprisal(ids)`` then ``learn(ids)``, once per turn in stream order), so the rest
 of the intrinsic score (novelty against the agent's bank, the context guard,
 the running-mean normalisation) and the gate stay as they are; `install` swaps
-one in on a tenant's state. Measured with ``dmem.bench.longmemeval`` and the LoCoMo
+one in on a tenant's state. Measured with ``dmem_bench.longmemeval`` and the LoCoMo
 replay; the numbers and the choice are in docs/design/2026-12-02-conversation-score.md.
 
 Candidates (``info`` in nats; the intrinsic score divides it by the tenant's
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.novelty import IntrinsicScore, RewardMix, TokenSurprisal
+from operators.surprise import IntrinsicScore, RewardMix, TokenSurprisal
 
 __all__ = [
     "CANDIDATES",

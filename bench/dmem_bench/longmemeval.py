@@ -13,7 +13,7 @@ SDK's chat mapping publishes it (`dmem.client.chat_transitions`: observation
 `TURN_GAP_MS` per turn), through the real write pipeline (`streams.write.WritePipeline`,
 `Settings()` read from the environment as the worker reads it) in batches of ``batch``.
 Then forgetting: the decay plan the maintenance job would reach once input is quiet
-(`operators.maintenance.plan_decay` with the settings' policy, passes at the agent's
+(`operators.decay.plan_decay` with the settings' policy, passes at the agent's
 watermark until one finds nothing to do; ages, priorities and TTLs are monotone in
 stream time, so the passes the live job runs while the stream goes on evict nothing
 this final state keeps). Dedup merges are not simulated.
@@ -165,14 +165,14 @@ def forget(events: Iterable[Any], settings: Any,
     """Memory ids still searchable once the decay job is done with ``events``.
 
     ``events``: the write path's MemoryEvents of one tenant, in order. The index is
-    the maintenance job's (`operators.maintenance.TenantIndex`) with its per-agent
+    the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
     watermarks; passes of `plan_decay` run at the final watermarks until one plans
     nothing (evicted rows leave, demoted and promoted rows change partition).
     ``horizons(policy, span_ms)``, where given, sets the policy from the stream's span
     (first to last event time), for measuring span-following horizons.
     """
-    from operators.maintenance import BUFFER, CORE, Entry, TenantIndex, plan_decay
-    from streams.jobs.maintenance import policy_from
+    from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
+    from streams.jobs.rows import policy_from
 
     policy = policy_from(settings)
     idx = TenantIndex(per_agent_clock=policy.clock == "agent")
@@ -415,7 +415,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
 
 def table(res: dict[str, Any]) -> None:
     """The per-type table on stderr."""
-    from dmem.bench.common import print_table
+    from dmem_bench.common import print_table
 
     def f(x: float | None) -> float:
         return math.nan if x is None else float(x)
@@ -431,13 +431,13 @@ def table(res: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``python -m dmem.bench.longmemeval --data PATH [--json] [--questions N]
+    """``python -m dmem_bench.longmemeval --data PATH [--json] [--questions N]
     [--per-type N] [--encoder NAME]``."""
     import argparse
 
-    from dmem.bench.common import emit_json, note
+    from dmem_bench.common import emit_json, note
 
-    p = argparse.ArgumentParser(prog="python -m dmem.bench.longmemeval")
+    p = argparse.ArgumentParser(prog="python -m dmem_bench.longmemeval")
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--questions", type=int, default=0)

@@ -1,4 +1,4 @@
-"""`dmem.bench.longmemeval`: loading, the chat mapping, forgetting and the recall keys."""
+"""`dmem_bench.longmemeval`: loading, the chat mapping, forgetting and the recall keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dmem.bench import longmemeval as lme
+from dmem_bench import longmemeval as lme
 from streams.settings import Settings
 
 FACTS = ["The play I attended was The Glass Menagerie", "I keep my sneakers under the bed",

@@ -15,8 +15,8 @@ from operators.conversation_score import (
     shadow_groups,
     span_horizons,
 )
-from operators.maintenance import DAY_MS, MaintenancePolicy
-from operators.novelty import IntrinsicState, TokenSurprisal
+from operators.decay import DAY_MS, MaintenancePolicy
+from operators.surprise import IntrinsicState, TokenSurprisal
 
 FILLER = "here is a long and helpful answer with many of the usual words " * 8
 
