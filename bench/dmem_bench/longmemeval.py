@@ -1,0 +1,458 @@
+"""LongMemEval in process: what a chat memory keeps of long user/assistant histories.
+
+Data (`load`, the path is always given): LongMemEval (Wu et al., ICLR 2025), one question
+object per line (``.jsonl`` or ``.jsonl.gz``) with ``question_id``, ``question_type``,
+``question``, ``question_date``, ``haystack_sessions`` (lists of ``{"role", "content",
+"has_answer"}`` turns), ``haystack_session_ids``, ``haystack_dates`` and
+``answer_session_ids``.
+
+What runs (`run`): every question's history is one tenant's conversation (tenant and
+agent named after the question), published session by session in time order as the
+SDK's chat mapping publishes it (`dmem.client.chat_transitions`: observation
+``"role: content"``, action ``say``, reward 0, the session's date as event time plus
+`TURN_GAP_MS` per turn), through the real write pipeline (`streams.write.WritePipeline`,
+`Settings()` read from the environment as the worker reads it) in batches of ``batch``.
+Then forgetting: the decay plan the maintenance job would reach once input is quiet
+(`operators.decay.plan_decay` with the settings' policy, passes at the agent's
+watermark until one finds nothing to do; ages, priorities and TTLs are monotone in
+stream time, so the passes the live job runs while the stream goes on evict nothing
+this final state keeps). Dedup merges are not simulated.
+
+Scoring: the question is asked as exact cosine top-k over what is searchable
+(``k`` = 5 and 10, the same encoder and text for dmem and the store-all baseline).
+Turn recall@k: the share of the question's ``has_answer`` turns among the turns the
+hits stand for; session recall@k: the share of its answer sessions with at least one
+turn among them; ``turns_returned_at_10``: how many turns the top 10 hits stand for
+(10 where every row is one turn). Abstention questions (``_abs``) and questions
+without evidence turns count for storage only (session recall still counts a question
+with answer sessions). Storage is what a search can return over the turns published.
+
+Embeddings are cached in memory (the histories share many sessions) and, with
+``cache`` (a folder), on disk as ``longmemeval-embed-<encoder>.npz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dmem.client import ChatTurn, chat_transitions
+from schemas import Transition
+from schemas.limits import LIMITS
+
+TURN_GAP_MS = 30_000
+KS = (5, 10)
+METRICS = ("storage_ratio", "evidence_stored_ratio", "turn_recall_at_5", "turn_recall_at_10",
+           "store_all_turn_recall_at_5", "store_all_turn_recall_at_10", "session_recall_at_5",
+           "session_recall_at_10", "store_all_session_recall_at_5",
+           "store_all_session_recall_at_10")
+
+
+@dataclass
+class Question:
+    qid: str
+    qtype: str
+    question: str
+    question_date: int  # ms since epoch
+    sessions: list[tuple[str, int, list[dict[str, Any]]]]  # (session id, date ms, turns)
+    answer_sessions: frozenset[str]
+
+    @property
+    def abstention(self) -> bool:
+        return self.qid.endswith("_abs")
+
+
+@dataclass
+class Turn:
+    """One published turn: its transition and what the bench knows about it."""
+
+    transition: Transition
+    session: str
+    evidence: bool
+
+
+@dataclass
+class QuestionRun:
+    """A question's published turns and what the write path and forgetting left."""
+
+    question: Question
+    turns: list[Turn]
+    kept: set[str] = field(default_factory=set)  # memory ids searchable at the end
+    routes: dict[str, str] = field(default_factory=dict)
+
+
+def parse_date(text: str) -> int:
+    """``2023/05/20 (Sat) 03:18`` -> ms since epoch (UTC)."""
+    day, _, clock = text.strip().partition(" (")
+    hhmm = clock.partition(") ")[2] or "00:00"
+    dt = datetime.strptime(f"{day} {hhmm}", "%Y/%m/%d %H:%M").replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def load(path: Path, limit: int = 0, per_type: int = 0) -> list[Question]:
+    """The questions of ``path`` (one JSON object a line, gzip by suffix).
+
+    ``per_type`` > 0 keeps the first ``per_type`` questions of each type (a stratified
+    subset in file order); ``limit`` > 0 then keeps the first ``limit``.
+    """
+    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+    out: list[Question] = []
+    seen: dict[str, int] = defaultdict(int)
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            qtype = str(d["question_type"])
+            if per_type and seen[qtype] >= per_type:
+                continue
+            seen[qtype] += 1
+            sessions = [
+                (str(sid), parse_date(date), list(turns))
+                for sid, date, turns in zip(d["haystack_session_ids"], d["haystack_dates"],
+                                            d["haystack_sessions"], strict=True)
+            ]
+            sessions.sort(key=lambda s: s[1])  # stable: same-date sessions keep file order
+            out.append(Question(str(d["question_id"]), qtype, str(d["question"]),
+                                parse_date(str(d["question_date"])), sessions,
+                                frozenset(map(str, d.get("answer_session_ids") or ()))))
+            if limit and len(out) >= limit:
+                break
+    if not out:
+        raise ValueError(f"no LongMemEval questions in {path}")
+    return out
+
+
+def _fit(role: str, text: str) -> str:
+    """The content, cut to what a transition may carry with its ``"role: "`` prefix."""
+    room = LIMITS.max_text_chars - len(role) - 2
+    return text if len(text) <= room else text[:room]
+
+
+def tenant_of(q: Question) -> str:
+    return f"lme-{q.qid}"
+
+
+def transitions(q: Question) -> list[Turn]:
+    """The question's history as the chat mapping publishes it, in time order."""
+    out: list[Turn] = []
+    for n, (sid, date_ms, turns) in enumerate(q.sessions):
+        chat = [ChatTurn(str(t["role"]), _fit(str(t["role"]), str(t["content"]) or " "),
+                         f"{n}-{j}", date_ms + j * TURN_GAP_MS)
+                for j, t in enumerate(turns)]
+        if not chat:
+            continue
+        trs = chat_transitions(chat, tenant=tenant_of(q), conversation=f"lme-{q.qid}",
+                               session=n)
+        out += [Turn(tr, sid, bool(t.get("has_answer"))) for tr, t in zip(trs, turns,
+                                                                          strict=True)]
+    return out
+
+
+def forget(events: Iterable[Any], settings: Any,
+           horizons: Callable[[Any, int], Any] | None = None) -> set[str]:
+    """Memory ids still searchable once the decay job is done with ``events``.
+
+    ``events``: the write path's MemoryEvents of one tenant, in order. The index is
+    the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
+    watermarks; passes of `plan_decay` run at the final watermarks until one plans
+    nothing (evicted rows leave, demoted and promoted rows change partition).
+    ``horizons(policy, span_ms)``, where given, sets the policy from the stream's span
+    (first to last event time), for measuring span-following horizons.
+    """
+    from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
+    from streams.jobs.rows import policy_from
+
+    policy = policy_from(settings)
+    idx = TenantIndex(per_agent_clock=policy.clock == "agent")
+    events = list(events)
+    if horizons is not None and events:
+        span = max(int(e.event_ts) for e in events) - min(int(e.event_ts) for e in events)
+        policy = horizons(policy, span)
+    for ev in events:
+        ts = int(ev.event_ts)
+        idx.advance(ev.agent_id, ts)
+        if ev.kind == "written":
+            idx.upsert(ev.memory_id, Entry(
+                partition=CORE if ev.partition == "core" else BUFFER, created_ts=ts,
+                last_seen_ts=ts, abs_rpe=max(abs(float(ev.rpe)), float(ev.rpe_smoothed)),
+                last_access_ts=ts, agent=str(ev.agent_id or "")))
+    if not settings.maintenance.enabled:
+        return set(idx.ids)
+    for _ in range(1000):
+        plan = plan_decay(idx, policy)
+        if not plan.actions:
+            break
+        for a in plan.actions:
+            if a.kind == "evicted":
+                idx.remove(a.memory_id)
+            elif a.kind == "demoted":
+                idx.set_partition(a.memory_id, BUFFER)
+            elif a.kind == "promoted":
+                idx.set_partition(a.memory_id, CORE)
+    return set(idx.ids)
+
+
+def replay_question(pipe: Any, q: Question, turns: Sequence[Turn], batch: int,
+                    settings: Any, horizons: Callable[[Any, int], Any] | None = None
+                    ) -> QuestionRun:
+    """Feed one question's turns through ``pipe``, then forget as the product would."""
+    from streams.write.pipeline import RawRecord
+
+    run = QuestionRun(q, list(turns))
+    events: list[Any] = []
+    for lo in range(0, len(turns), batch):
+        raws = [RawRecord(value=t.transition.model_dump_json().encode(), key=None,
+                          topic="transitions", partition=0, offset=lo + j)
+                for j, t in enumerate(turns[lo: lo + batch])]
+        res = pipe.process(raws, now_ms=0)
+        if res.dead:
+            raise ValueError(f"longmemeval: {len(res.dead)} records dead-lettered "
+                             f"({res.dead[0][1]})")
+        for ev in res.events:
+            if ev.kind in ("written", "dropped"):
+                run.routes[ev.memory_id] = f"{ev.kind}:{ev.reason}"
+                events.append(ev)
+    # a referred write comes after its off-context drop: the write stands
+    run.kept = forget(events, settings, horizons)
+    return run
+
+
+#: ``searchable(run, vecs) -> (rows, stands_for)``: the searchable rows of a question
+#: (embeddings) and, per row, the indices of the turns a hit on it stands for
+Searchable = Callable[[QuestionRun, np.ndarray], tuple[np.ndarray, list[list[int]]]]
+
+
+def kept_rows(run: QuestionRun, vecs: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+    """One row per kept turn (its own embedding)."""
+    idx = [i for i, t in enumerate(run.turns) if t.transition.memory_id in run.kept]
+    return vecs[idx], [[i] for i in idx]
+
+
+def _topk(rows: np.ndarray, q: np.ndarray, k: int) -> list[int]:
+    if rows.shape[0] == 0:
+        return []
+    return np.argsort(-(rows @ q), kind="stable")[:k].tolist()
+
+
+def score_question(run: QuestionRun, vecs: np.ndarray, qvec: np.ndarray,
+                   searchable: Searchable = kept_rows, fold: str = "all") -> dict[str, float]:
+    """Storage and recall of one question (recall keys only where they are defined).
+
+    ``fold``: what a hit on a row that stands for several turns returns: ``all`` of
+    them, or the ``best`` one, the turn closest to the question by a sign-quantised
+    copy of their embeddings (one bit per dimension and turn kept with the row).
+    """
+    if fold not in ("all", "best"):
+        raise ValueError(f"fold must be 'all' or 'best', got {fold!r}")
+    turns = run.turns
+    rows, stands = searchable(run, vecs)
+    if fold == "best":
+        bits = np.sign(vecs) @ qvec
+        stands = [[max(st, key=lambda i: float(bits[i]))] for st in stands]
+    ev = {i for i, t in enumerate(turns) if t.evidence}
+    ans = {s for s in run.question.answer_sessions if any(t.session == s for t in turns)}
+    out: dict[str, float] = {
+        "turns": float(len(turns)), "stored": float(rows.shape[0]),
+        "evidence": float(len(ev)),
+        "evidence_stored": float(sum(t.transition.memory_id in run.kept
+                                     for t in turns if t.evidence)),
+    }
+    if run.question.abstention:
+        return out
+    out["turns_returned_at_10"] = float(sum(len(stands[j]) for j in _topk(rows, qvec, 10)))
+    all_stands = [[i] for i in range(len(turns))]
+    for name, r, st in (("", rows, stands), ("store_all_", vecs, all_stands)):
+        for k in KS:
+            hit = {i for j in _topk(r, qvec, k) for i in st[j]}
+            if ev:
+                out[f"{name}turn_recall_at_{k}"] = len(hit & ev) / len(ev)
+            if ans:
+                sess = {turns[i].session for i in hit}
+                out[f"{name}session_recall_at_{k}"] = len(sess & ans) / len(ans)
+    return out
+
+
+def summarise(per_q: Sequence[tuple[str, dict[str, float]]]) -> dict[str, Any]:
+    """Totals (storage over all turns) and means of the recall keys over the questions
+    that define them."""
+    out: dict[str, Any] = {"questions": len(per_q)}
+    tot: dict[str, float] = defaultdict(float)
+    for _, m in per_q:
+        for k in ("turns", "stored", "evidence", "evidence_stored"):
+            tot[k] += m[k]
+    out["turns"] = int(tot["turns"])
+    out["stored"] = int(tot["stored"])
+    out["evidence_turns"] = int(tot["evidence"])
+    out["storage_ratio"] = tot["stored"] / max(tot["turns"], 1.0)
+    out["evidence_stored_ratio"] = (tot["evidence_stored"] / tot["evidence"]
+                                    if tot["evidence"] else None)
+    for key in (*METRICS[2:], "turns_returned_at_10"):
+        xs = [m[key] for _, m in per_q if key in m]
+        out[key] = float(np.mean(xs)) if xs else None
+    out["recall_questions"] = sum("turn_recall_at_10" in m for _, m in per_q)
+    for key in ("turn", "session"):
+        a, b = out[f"{key}_recall_at_10"], out[f"store_all_{key}_recall_at_10"]
+        out[f"{key}_recall_ratio"] = a / b if a is not None and b else None
+    return out
+
+
+class _Cache:
+    """Exact text -> unit embedding, in memory (histories share many sessions), and on
+    disk between runs when ``path`` is given (keyed by the text's SHA-1: the texts
+    themselves are long)."""
+
+    def __init__(self, encoder_name: str, path: Path | None) -> None:
+        from operators.encoders import build_encoder
+
+        self.encoder = build_encoder(encoder_name, cache_size=0)
+        self.name, self.path = encoder_name, path
+        self.vecs: dict[str, np.ndarray] = {}
+        self.added = 0
+        if path is not None and path.exists():
+            with np.load(path, allow_pickle=False) as z:
+                if str(z["encoder"]) == encoder_name:
+                    self.vecs = dict(zip(z["keys"].tolist(), z["emb"], strict=True))
+        self.dim = int(self.encoder.encode(["probe"]).shape[-1])
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha1(text.encode()).hexdigest()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        keys = [self.key(t) for t in texts]
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self.vecs}
+        if missing:
+            emb = self.encoder.encode(list(missing.values()))
+            self.vecs.update(zip(missing, emb, strict=True))
+            self.added += len(missing)
+        return np.stack([self.vecs[k] for k in keys]).astype(np.float32)
+
+    def save(self) -> None:
+        if self.path is None or not self.added:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, encoder=np.array(self.name), keys=np.array(list(self.vecs)),
+                 emb=np.stack(list(self.vecs.values())))
+        tmp.replace(self.path)
+
+
+def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "minilm-static",
+        batch: int = 64, cache: Path | None = None, settings: Any = None,
+        pipeline: Callable[[Any, Any], Any] | None = None,
+        searchable: Searchable = kept_rows,
+        horizons: Callable[[Any, int], Any] | None = None, fold: str = "all",
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay ``data``'s questions through the write path; storage and recall per type.
+
+    ``settings``: the write path's and the decay's (default `Settings()` from the
+    environment, with ``encoder`` as the encoder name). ``pipeline(settings, encoder)``
+    builds the write pipeline (default `WritePipeline`; a prototype score plugs in
+    here). ``searchable`` says what a search can return of a question's history
+    (`kept_rows`: the kept turns). ``horizons``: see `forget`; ``fold``: see
+    `score_question`.
+    """
+    from streams.settings import Settings
+    from streams.write.pipeline import WritePipeline
+
+    t0 = time.monotonic()
+    qs = load(data, questions, per_type)
+    if settings is None:
+        settings = Settings()
+        settings.encoder.name = encoder  # type: ignore[assignment]
+    enc = _Cache(encoder, None if cache is None else
+                 cache / f"longmemeval-embed-{encoder}.npz")
+    build = pipeline or (lambda s, e: WritePipeline(s, e))
+    per_q: list[tuple[str, dict[str, float]]] = []
+    reasons: dict[str, int] = defaultdict(int)
+    by_role: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for n, q in enumerate(qs):
+        turns = transitions(q)
+        texts = [t.transition.text() for t in turns]
+        enc.encode(texts + [t.transition.next_text() for t in turns] + [q.question])
+        pipe = build(settings, enc)  # one tenant per question: a fresh state each time
+        res = replay_question(pipe, q, turns, batch, settings, horizons)
+        for r in res.routes.values():
+            reasons[r] += 1
+        for t in turns:
+            role = str((t.transition.metadata or {}).get("speaker", ""))
+            by_role[role][0] += 1
+            by_role[role][1] += t.transition.memory_id in res.kept
+        vecs = enc.encode(texts)
+        m = score_question(res, vecs, enc.encode([q.question])[0], searchable, fold)
+        per_q.append((q.qtype, m))
+        if progress is not None and (n + 1) % 10 == 0:
+            progress(f"longmemeval: {n + 1}/{len(qs)} questions, "
+                     f"{time.monotonic() - t0:.0f}s")
+    enc.save()
+    out = summarise(per_q)
+    out["by_type"] = {
+        qt: {k: v for k, v in summarise([x for x in per_q if x[0] == qt]).items()}
+        for qt in sorted({qt for qt, _ in per_q})
+    }
+    out["storage_by_role"] = {r: c[1] / max(c[0], 1) for r, c in sorted(by_role.items())}
+    out["encoder"] = encoder
+    out["batch"] = batch
+    out["routes"] = dict(sorted(reasons.items()))
+    out["decay"] = {"half_life_s": settings.maintenance.half_life_s,
+                    "buffer_ttl_s": settings.maintenance.buffer_ttl_s,
+                    "enabled": settings.maintenance.enabled}
+    out["elapsed_s"] = time.monotonic() - t0
+    return out
+
+
+def table(res: dict[str, Any]) -> None:
+    """The per-type table on stderr."""
+    from dmem_bench.common import print_table
+
+    def f(x: float | None) -> float:
+        return math.nan if x is None else float(x)
+
+    rows = []
+    for name, r in [*res["by_type"].items(), ("all", res)]:
+        rows.append([name, r["questions"], f(r["storage_ratio"]), f(r["evidence_stored_ratio"]),
+                     f(r["turn_recall_at_10"]), f(r["store_all_turn_recall_at_10"]),
+                     f(r["session_recall_at_10"]), f(r["store_all_session_recall_at_10"])])
+    print_table("LongMemEval (in process)",
+                ["type", "questions", "storage", "evidence stored", "turn@10", "all turn@10",
+                 "session@10", "all session@10"], rows)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``python -m dmem_bench.longmemeval --data PATH [--json] [--questions N]
+    [--per-type N] [--encoder NAME]``."""
+    import argparse
+
+    from dmem_bench.common import emit_json, note
+
+    p = argparse.ArgumentParser(prog="python -m dmem_bench.longmemeval")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--questions", type=int, default=0)
+    p.add_argument("--per-type", type=int, default=0)
+    p.add_argument("--encoder", default="minilm-static")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--cache", type=Path, default=None)
+    a = p.parse_args(argv)
+    res = run(a.data, questions=a.questions, per_type=a.per_type, encoder=a.encoder,
+              batch=a.batch, cache=a.cache, progress=note)
+    table(res)
+    if a.json:
+        emit_json(res)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""`dmem_bench.longmemeval`: loading, the chat mapping, forgetting and the recall keys."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dmem_bench import longmemeval as lme
+from streams.settings import Settings
+
+FACTS = ["The play I attended was The Glass Menagerie", "I keep my sneakers under the bed",
+         "My sister Maya moved to Lisbon", "I bought a red kayak for the lake"]
+
+
+def question(qid: str, qtype: str, n_sessions: int = 6, day0: int = 1) -> dict:
+    sessions, dates, ids = [], [], []
+    for n in range(n_sessions):
+        turns = []
+        for j in range(6):
+            if n == 2 and j == 0:
+                turns.append({"role": "user", "content": FACTS[int(qid[1]) % len(FACTS)],
+                              "has_answer": True})
+            elif j % 2 == 0:
+                turns.append({"role": "user", "content": f"Tell me about topic {n} {j}."})
+            else:
+                turns.append({"role": "assistant",
+                              "content": f"Here is a long answer on topic {n} {j}: " * 5})
+        sessions.append(turns)
+        dates.append(f"2023/05/{day0 + n:02d} (Sat) 1{n}:0{j}")
+        ids.append(f"answer_{qid}" if n == 2 else f"s{qid}_{n}")
+    return {"question_id": qid, "question_type": qtype,
+            "question": FACTS[int(qid[1]) % len(FACTS)] + "?",
+            "answer": "x", "question_date": "2023/06/30 (Fri) 10:00",
+            "haystack_sessions": sessions, "haystack_dates": dates,
+            "haystack_session_ids": ids, "answer_session_ids": [f"answer_{qid}"]}
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    p = tmp_path / "lme.jsonl.gz"
+    qs = [question("q1", "single-session-user"), question("q2", "multi-session"),
+          question("q3_abs", "single-session-user"), question("q4", "multi-session")]
+    with gzip.open(p, "wt") as f:
+        for q in qs:
+            f.write(json.dumps(q) + "\n")
+    return p
+
+
+def test_parse_date() -> None:
+    assert lme.parse_date("2023/05/20 (Sat) 03:18") == 1684552680000
+
+
+def test_load_and_stratify(data: Path) -> None:
+    qs = lme.load(data)
+    assert [q.qid for q in qs] == ["q1", "q2", "q3_abs", "q4"]
+    assert qs[2].abstention and not qs[0].abstention
+    assert [q.qid for q in lme.load(data, per_type=1)] == ["q1", "q2"]
+    assert len(lme.load(data, limit=3)) == 3
+
+
+def test_transitions_follow_the_chat_mapping(data: Path) -> None:
+    q = lme.load(data)[0]
+    turns = lme.transitions(q)
+    assert len(turns) == 36
+    t = turns[0].transition
+    assert t.observation is not None and t.observation.startswith("user: ")
+    assert t.action == "say" and t.reward == 0.0
+    assert t.agent_id == "lme-q1" and t.tenant == "lme-q1"
+    assert t.ts is not None and turns[1].transition.ts == t.ts + lme.TURN_GAP_MS
+    assert [x.evidence for x in turns].count(True) == 1
+    assert turns[12].evidence and turns[12].session == "answer_q1"
+
+
+def test_forget_on_defaults_ages_a_long_chat_away() -> None:
+    """Product defaults: a buffer memory older than the TTL is evicted; without
+    maintenance everything written stays."""
+    from schemas import MemoryEvent
+
+    day = 24 * 3600 * 1000
+
+    def ev(mid: str, ts: int) -> MemoryEvent:
+        return MemoryEvent(kind="written", memory_id=mid, tenant="t", agent_id="a",
+                           episode_id="e", step=0, partition="buffer", route="buffer",
+                           reward=0.0,
+                           rpe=1.0, rpe_smoothed=1.0, gate=0.5, valence=0, theta_low=0.5,
+                           theta_high=1.0, reason="between", event_ts=ts, ts=0)
+
+    events = [ev("old", 0), ev("new", 30 * day)]
+    assert lme.forget(events, Settings()) == {"new"}
+    off = Settings()
+    off.maintenance.enabled = False
+    assert lme.forget(events, off) == {"old", "new"}
+
+
+def test_run_reports_the_contract_keys(data: Path) -> None:
+    res = lme.run(data, encoder="hash", batch=16)
+    for key in ("questions", "turns", "storage_ratio", "evidence_stored_ratio",
+                "turn_recall_at_10", "store_all_turn_recall_at_10", "session_recall_at_10",
+                "store_all_session_recall_at_10"):
+        assert key in res
+        for r in res["by_type"].values():
+            assert key in r
+    assert res["questions"] == 4 and res["turns"] == 4 * 36
+    assert res["recall_questions"] == 3  # the abstention question counts for storage only
+    assert 0.0 < res["storage_ratio"] <= 1.0
+    assert res["store_all_turn_recall_at_10"] == 1.0
+    # deterministic
+    again = lme.run(data, encoder="hash", batch=16)
+    assert again["storage_ratio"] == res["storage_ratio"]
+
+
+def test_score_question_counts_the_turns_a_hit_stands_for(data: Path) -> None:
+    q = lme.load(data)[0]
+    run = lme.QuestionRun(q, lme.transitions(q))
+    n = len(run.turns)
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(n, 8)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    ev = next(i for i, t in enumerate(run.turns) if t.evidence)
+    qvec = vecs[ev]
+    nothing = lme.score_question(run, vecs, qvec)
+    assert nothing["stored"] == 0 and nothing["turn_recall_at_10"] == 0.0
+    assert nothing["store_all_turn_recall_at_10"] == 1.0
+    assert nothing["store_all_session_recall_at_5"] == 1.0
+
+    def folded(run: lme.QuestionRun, vecs: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+        # one row, near the evidence turn, standing for it and its neighbour
+        return vecs[[ev]], [[ev, ev + 1]]
+
+    m = lme.score_question(run, vecs, qvec, folded)
+    assert m["stored"] == 1 and m["turn_recall_at_5"] == 1.0 and m["session_recall_at_10"] == 1.0
+    assert m["turns_returned_at_10"] == 2.0
+    best = lme.score_question(run, vecs, qvec, folded, fold="best")
+    assert best["turns_returned_at_10"] == 1.0 and best["turn_recall_at_10"] == 1.0
