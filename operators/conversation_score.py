@@ -97,8 +97,9 @@ class SpeakerSurprisal(TokenSurprisal):
     for the `surprisal` call that follows); text without one is its own speaker "".
     """
 
-    def __init__(self, alpha: float = 0.01, max_speakers: int = 256, n0: float | None = None,
-                 **kw: Any) -> None:
+    def __init__(
+        self, alpha: float = 0.01, max_speakers: int = 256, n0: float | None = None, **kw: Any
+    ) -> None:
         super().__init__(**kw)
         self.alpha = float(alpha)
         self.n0 = n0  # set: per token first (`MeanSurprisal`), then per speaker
@@ -151,8 +152,9 @@ class AgentRewardMix:
     tenant does).
     """
 
-    def __init__(self, alpha: float = 0.002, rate_full: float = 0.01,
-                 max_agents: int = 4096) -> None:
+    def __init__(
+        self, alpha: float = 0.002, rate_full: float = 0.01, max_agents: int = 4096
+    ) -> None:
         self.alpha, self.rate_full, self.max_agents = alpha, rate_full, max_agents
         self.mixes: OrderedDict[str, RewardMix] = OrderedDict()
 
@@ -172,12 +174,15 @@ class AgentRewardMix:
 
 def weighted(scores: Sequence[IntrinsicScore], w: np.ndarray) -> list[IntrinsicScore]:
     """Scores with each transition's own weight folded in (the gate then mixes at w = 1)."""
-    return [replace(s, score=float(s.score * wi), raw=float(s.raw * wi))
-            for s, wi in zip(scores, w.tolist(), strict=True)]
+    return [
+        replace(s, score=float(s.score * wi), raw=float(s.raw * wi))
+        for s, wi in zip(scores, w.tolist(), strict=True)
+    ]
 
 
-def shadow_groups(dropped: Sequence[int], session_of: Sequence[Any], size: int,
-                  consecutive: bool = True) -> list[list[int]]:
+def shadow_groups(
+    dropped: Sequence[int], session_of: Sequence[Any], size: int, consecutive: bool = True
+) -> list[list[int]]:
     """Groups of at most ``size`` dropped turns of one session, consecutive ones only
     unless ``consecutive`` is False (then a session's dropped turns in order).
 
@@ -189,8 +194,12 @@ def shadow_groups(dropped: Sequence[int], session_of: Sequence[Any], size: int,
     out: list[list[int]] = []
     for i in dropped:
         g = out[-1] if out else None
-        if (g is not None and len(g) < size and session_of[g[-1]] == session_of[i]
-                and (i == g[-1] + 1 or not consecutive)):
+        if (
+            g is not None
+            and len(g) < size
+            and session_of[g[-1]] == session_of[i]
+            and (i == g[-1] + 1 or not consecutive)
+        ):
             g.append(i)
         else:
             out.append([i])
@@ -205,12 +214,16 @@ def span_horizons(policy: Any, span_ms: int, factor: float = 1.0) -> Any:
     and what goes is decided by value and pressure (priority floor, capacities).
     """
     h = max(float(policy.half_life_ms), factor * float(span_ms))
-    return replace(policy, half_life_ms=h,
-                   buffer_ttl_ms=int(max(float(policy.buffer_ttl_ms), factor * float(span_ms))))
+    return replace(
+        policy,
+        half_life_ms=h,
+        buffer_ttl_ms=int(max(float(policy.buffer_ttl_ms), factor * float(span_ms))),
+    )
 
 
-def shadow_clusters(dropped: Sequence[int], vecs: np.ndarray, size: int,
-                    tau: float) -> list[list[int]]:
+def shadow_clusters(
+    dropped: Sequence[int], vecs: np.ndarray, size: int, tau: float
+) -> list[list[int]]:
     """Dropped turns folded online into topic rows: each joins the open row (fewer than
     ``size`` turns) whose centroid is closest, if that cosine is at least ``tau``, else
     opens a row. Stream order, one pass, no look-ahead: what a write path can do.

@@ -53,10 +53,18 @@ from schemas.limits import LIMITS
 
 TURN_GAP_MS = 30_000
 KS = (5, 10)
-METRICS = ("storage_ratio", "evidence_stored_ratio", "turn_recall_at_5", "turn_recall_at_10",
-           "store_all_turn_recall_at_5", "store_all_turn_recall_at_10", "session_recall_at_5",
-           "session_recall_at_10", "store_all_session_recall_at_5",
-           "store_all_session_recall_at_10")
+METRICS = (
+    "storage_ratio",
+    "evidence_stored_ratio",
+    "turn_recall_at_5",
+    "turn_recall_at_10",
+    "store_all_turn_recall_at_5",
+    "store_all_turn_recall_at_10",
+    "session_recall_at_5",
+    "session_recall_at_10",
+    "store_all_session_recall_at_5",
+    "store_all_session_recall_at_10",
+)
 
 
 @dataclass
@@ -120,13 +128,24 @@ def load(path: Path, limit: int = 0, per_type: int = 0) -> list[Question]:
             seen[qtype] += 1
             sessions = [
                 (str(sid), parse_date(date), list(turns))
-                for sid, date, turns in zip(d["haystack_session_ids"], d["haystack_dates"],
-                                            d["haystack_sessions"], strict=True)
+                for sid, date, turns in zip(
+                    d["haystack_session_ids"],
+                    d["haystack_dates"],
+                    d["haystack_sessions"],
+                    strict=True,
+                )
             ]
             sessions.sort(key=lambda s: s[1])  # stable: same-date sessions keep file order
-            out.append(Question(str(d["question_id"]), qtype, str(d["question"]),
-                                parse_date(str(d["question_date"])), sessions,
-                                frozenset(map(str, d.get("answer_session_ids") or ()))))
+            out.append(
+                Question(
+                    str(d["question_id"]),
+                    qtype,
+                    str(d["question"]),
+                    parse_date(str(d["question_date"])),
+                    sessions,
+                    frozenset(map(str, d.get("answer_session_ids") or ())),
+                )
+            )
             if limit and len(out) >= limit:
                 break
     if not out:
@@ -148,20 +167,25 @@ def transitions(q: Question) -> list[Turn]:
     """The question's history as the chat mapping publishes it, in time order."""
     out: list[Turn] = []
     for n, (sid, date_ms, turns) in enumerate(q.sessions):
-        chat = [ChatTurn(str(t["role"]), _fit(str(t["role"]), str(t["content"]) or " "),
-                         f"{n}-{j}", date_ms + j * TURN_GAP_MS)
-                for j, t in enumerate(turns)]
+        chat = [
+            ChatTurn(
+                str(t["role"]),
+                _fit(str(t["role"]), str(t["content"]) or " "),
+                f"{n}-{j}",
+                date_ms + j * TURN_GAP_MS,
+            )
+            for j, t in enumerate(turns)
+        ]
         if not chat:
             continue
-        trs = chat_transitions(chat, tenant=tenant_of(q), conversation=f"lme-{q.qid}",
-                               session=n)
-        out += [Turn(tr, sid, bool(t.get("has_answer"))) for tr, t in zip(trs, turns,
-                                                                          strict=True)]
+        trs = chat_transitions(chat, tenant=tenant_of(q), conversation=f"lme-{q.qid}", session=n)
+        out += [Turn(tr, sid, bool(t.get("has_answer"))) for tr, t in zip(trs, turns, strict=True)]
     return out
 
 
-def forget(events: Iterable[Any], settings: Any,
-           horizons: Callable[[Any, int], Any] | None = None) -> set[str]:
+def forget(
+    events: Iterable[Any], settings: Any, horizons: Callable[[Any, int], Any] | None = None
+) -> set[str]:
     """Memory ids still searchable once the decay job is done with ``events``.
 
     ``events``: the write path's MemoryEvents of one tenant, in order. The index is
@@ -184,10 +208,17 @@ def forget(events: Iterable[Any], settings: Any,
         ts = int(ev.event_ts)
         idx.advance(ev.agent_id, ts)
         if ev.kind == "written":
-            idx.upsert(ev.memory_id, Entry(
-                partition=CORE if ev.partition == "core" else BUFFER, created_ts=ts,
-                last_seen_ts=ts, abs_rpe=max(abs(float(ev.rpe)), float(ev.rpe_smoothed)),
-                last_access_ts=ts, agent=str(ev.agent_id or "")))
+            idx.upsert(
+                ev.memory_id,
+                Entry(
+                    partition=CORE if ev.partition == "core" else BUFFER,
+                    created_ts=ts,
+                    last_seen_ts=ts,
+                    abs_rpe=max(abs(float(ev.rpe)), float(ev.rpe_smoothed)),
+                    last_access_ts=ts,
+                    agent=str(ev.agent_id or ""),
+                ),
+            )
     if not settings.maintenance.enabled:
         return set(idx.ids)
     for _ in range(1000):
@@ -204,22 +235,35 @@ def forget(events: Iterable[Any], settings: Any,
     return set(idx.ids)
 
 
-def replay_question(pipe: Any, q: Question, turns: Sequence[Turn], batch: int,
-                    settings: Any, horizons: Callable[[Any, int], Any] | None = None
-                    ) -> QuestionRun:
+def replay_question(
+    pipe: Any,
+    q: Question,
+    turns: Sequence[Turn],
+    batch: int,
+    settings: Any,
+    horizons: Callable[[Any, int], Any] | None = None,
+) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
     from streams.write.pipeline import RawRecord
 
     run = QuestionRun(q, list(turns))
     events: list[Any] = []
     for lo in range(0, len(turns), batch):
-        raws = [RawRecord(value=t.transition.model_dump_json().encode(), key=None,
-                          topic="transitions", partition=0, offset=lo + j)
-                for j, t in enumerate(turns[lo: lo + batch])]
+        raws = [
+            RawRecord(
+                value=t.transition.model_dump_json().encode(),
+                key=None,
+                topic="transitions",
+                partition=0,
+                offset=lo + j,
+            )
+            for j, t in enumerate(turns[lo : lo + batch])
+        ]
         res = pipe.process(raws, now_ms=0)
         if res.dead:
-            raise ValueError(f"longmemeval: {len(res.dead)} records dead-lettered "
-                             f"({res.dead[0][1]})")
+            raise ValueError(
+                f"longmemeval: {len(res.dead)} records dead-lettered ({res.dead[0][1]})"
+            )
         for ev in res.events:
             if ev.kind in ("written", "dropped"):
                 run.routes[ev.memory_id] = f"{ev.kind}:{ev.reason}"
@@ -246,8 +290,13 @@ def _topk(rows: np.ndarray, q: np.ndarray, k: int) -> list[int]:
     return np.argsort(-(rows @ q), kind="stable")[:k].tolist()
 
 
-def score_question(run: QuestionRun, vecs: np.ndarray, qvec: np.ndarray,
-                   searchable: Searchable = kept_rows, fold: str = "all") -> dict[str, float]:
+def score_question(
+    run: QuestionRun,
+    vecs: np.ndarray,
+    qvec: np.ndarray,
+    searchable: Searchable = kept_rows,
+    fold: str = "all",
+) -> dict[str, float]:
     """Storage and recall of one question (recall keys only where they are defined).
 
     ``fold``: what a hit on a row that stands for several turns returns: ``all`` of
@@ -264,10 +313,12 @@ def score_question(run: QuestionRun, vecs: np.ndarray, qvec: np.ndarray,
     ev = {i for i, t in enumerate(turns) if t.evidence}
     ans = {s for s in run.question.answer_sessions if any(t.session == s for t in turns)}
     out: dict[str, float] = {
-        "turns": float(len(turns)), "stored": float(rows.shape[0]),
+        "turns": float(len(turns)),
+        "stored": float(rows.shape[0]),
         "evidence": float(len(ev)),
-        "evidence_stored": float(sum(t.transition.memory_id in run.kept
-                                     for t in turns if t.evidence)),
+        "evidence_stored": float(
+            sum(t.transition.memory_id in run.kept for t in turns if t.evidence)
+        ),
     }
     if run.question.abstention:
         return out
@@ -296,8 +347,9 @@ def summarise(per_q: Sequence[tuple[str, dict[str, float]]]) -> dict[str, Any]:
     out["stored"] = int(tot["stored"])
     out["evidence_turns"] = int(tot["evidence"])
     out["storage_ratio"] = tot["stored"] / max(tot["turns"], 1.0)
-    out["evidence_stored_ratio"] = (tot["evidence_stored"] / tot["evidence"]
-                                    if tot["evidence"] else None)
+    out["evidence_stored_ratio"] = (
+        tot["evidence_stored"] / tot["evidence"] if tot["evidence"] else None
+    )
     for key in (*METRICS[2:], "turns_returned_at_10"):
         xs = [m[key] for _, m in per_q if key in m]
         out[key] = float(np.mean(xs)) if xs else None
@@ -344,17 +396,30 @@ class _Cache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp.npz")
-        np.savez(tmp, encoder=np.array(self.name), keys=np.array(list(self.vecs)),
-                 emb=np.stack(list(self.vecs.values())))
+        np.savez(
+            tmp,
+            encoder=np.array(self.name),
+            keys=np.array(list(self.vecs)),
+            emb=np.stack(list(self.vecs.values())),
+        )
         tmp.replace(self.path)
 
 
-def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "minilm-static",
-        batch: int = 64, cache: Path | None = None, settings: Any = None,
-        pipeline: Callable[[Any, Any], Any] | None = None,
-        searchable: Searchable = kept_rows,
-        horizons: Callable[[Any, int], Any] | None = None, fold: str = "all",
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    data: Path,
+    *,
+    questions: int = 0,
+    per_type: int = 0,
+    encoder: str = "minilm-static",
+    batch: int = 64,
+    cache: Path | None = None,
+    settings: Any = None,
+    pipeline: Callable[[Any, Any], Any] | None = None,
+    searchable: Searchable = kept_rows,
+    horizons: Callable[[Any, int], Any] | None = None,
+    fold: str = "all",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Replay ``data``'s questions through the write path; storage and recall per type.
 
     ``settings``: the write path's and the decay's (default `Settings()` from the
@@ -372,8 +437,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
     if settings is None:
         settings = Settings()
         settings.encoder.name = encoder  # type: ignore[assignment]
-    enc = _Cache(encoder, None if cache is None else
-                 cache / f"longmemeval-embed-{encoder}.npz")
+    enc = _Cache(encoder, None if cache is None else cache / f"longmemeval-embed-{encoder}.npz")
     build = pipeline or (lambda s, e: WritePipeline(s, e))
     per_q: list[tuple[str, dict[str, float]]] = []
     reasons: dict[str, int] = defaultdict(int)
@@ -394,8 +458,7 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
         m = score_question(res, vecs, enc.encode([q.question])[0], searchable, fold)
         per_q.append((q.qtype, m))
         if progress is not None and (n + 1) % 10 == 0:
-            progress(f"longmemeval: {n + 1}/{len(qs)} questions, "
-                     f"{time.monotonic() - t0:.0f}s")
+            progress(f"longmemeval: {n + 1}/{len(qs)} questions, {time.monotonic() - t0:.0f}s")
     enc.save()
     out = summarise(per_q)
     out["by_type"] = {
@@ -406,9 +469,11 @@ def run(data: Path, *, questions: int = 0, per_type: int = 0, encoder: str = "mi
     out["encoder"] = encoder
     out["batch"] = batch
     out["routes"] = dict(sorted(reasons.items()))
-    out["decay"] = {"half_life_s": settings.maintenance.half_life_s,
-                    "buffer_ttl_s": settings.maintenance.buffer_ttl_s,
-                    "enabled": settings.maintenance.enabled}
+    out["decay"] = {
+        "half_life_s": settings.maintenance.half_life_s,
+        "buffer_ttl_s": settings.maintenance.buffer_ttl_s,
+        "enabled": settings.maintenance.enabled,
+    }
     out["elapsed_s"] = time.monotonic() - t0
     return out
 
@@ -422,12 +487,32 @@ def table(res: dict[str, Any]) -> None:
 
     rows = []
     for name, r in [*res["by_type"].items(), ("all", res)]:
-        rows.append([name, r["questions"], f(r["storage_ratio"]), f(r["evidence_stored_ratio"]),
-                     f(r["turn_recall_at_10"]), f(r["store_all_turn_recall_at_10"]),
-                     f(r["session_recall_at_10"]), f(r["store_all_session_recall_at_10"])])
-    print_table("LongMemEval (in process)",
-                ["type", "questions", "storage", "evidence stored", "turn@10", "all turn@10",
-                 "session@10", "all session@10"], rows)
+        rows.append(
+            [
+                name,
+                r["questions"],
+                f(r["storage_ratio"]),
+                f(r["evidence_stored_ratio"]),
+                f(r["turn_recall_at_10"]),
+                f(r["store_all_turn_recall_at_10"]),
+                f(r["session_recall_at_10"]),
+                f(r["store_all_session_recall_at_10"]),
+            ]
+        )
+    print_table(
+        "LongMemEval (in process)",
+        [
+            "type",
+            "questions",
+            "storage",
+            "evidence stored",
+            "turn@10",
+            "all turn@10",
+            "session@10",
+            "all session@10",
+        ],
+        rows,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -446,8 +531,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--cache", type=Path, default=None)
     a = p.parse_args(argv)
-    res = run(a.data, questions=a.questions, per_type=a.per_type, encoder=a.encoder,
-              batch=a.batch, cache=a.cache, progress=note)
+    res = run(
+        a.data,
+        questions=a.questions,
+        per_type=a.per_type,
+        encoder=a.encoder,
+        batch=a.batch,
+        cache=a.cache,
+        progress=note,
+    )
     table(res)
     if a.json:
         emit_json(res)

@@ -12,8 +12,12 @@ import pytest
 from dmem_bench import longmemeval as lme
 from streams.settings import Settings
 
-FACTS = ["The play I attended was The Glass Menagerie", "I keep my sneakers under the bed",
-         "My sister Maya moved to Lisbon", "I bought a red kayak for the lake"]
+FACTS = [
+    "The play I attended was The Glass Menagerie",
+    "I keep my sneakers under the bed",
+    "My sister Maya moved to Lisbon",
+    "I bought a red kayak for the lake",
+]
 
 
 def question(qid: str, qtype: str, n_sessions: int = 6, day0: int = 1) -> dict:
@@ -22,28 +26,43 @@ def question(qid: str, qtype: str, n_sessions: int = 6, day0: int = 1) -> dict:
         turns = []
         for j in range(6):
             if n == 2 and j == 0:
-                turns.append({"role": "user", "content": FACTS[int(qid[1]) % len(FACTS)],
-                              "has_answer": True})
+                turns.append(
+                    {"role": "user", "content": FACTS[int(qid[1]) % len(FACTS)], "has_answer": True}
+                )
             elif j % 2 == 0:
                 turns.append({"role": "user", "content": f"Tell me about topic {n} {j}."})
             else:
-                turns.append({"role": "assistant",
-                              "content": f"Here is a long answer on topic {n} {j}: " * 5})
+                turns.append(
+                    {
+                        "role": "assistant",
+                        "content": f"Here is a long answer on topic {n} {j}: " * 5,
+                    }
+                )
         sessions.append(turns)
         dates.append(f"2023/05/{day0 + n:02d} (Sat) 1{n}:0{j}")
         ids.append(f"answer_{qid}" if n == 2 else f"s{qid}_{n}")
-    return {"question_id": qid, "question_type": qtype,
-            "question": FACTS[int(qid[1]) % len(FACTS)] + "?",
-            "answer": "x", "question_date": "2023/06/30 (Fri) 10:00",
-            "haystack_sessions": sessions, "haystack_dates": dates,
-            "haystack_session_ids": ids, "answer_session_ids": [f"answer_{qid}"]}
+    return {
+        "question_id": qid,
+        "question_type": qtype,
+        "question": FACTS[int(qid[1]) % len(FACTS)] + "?",
+        "answer": "x",
+        "question_date": "2023/06/30 (Fri) 10:00",
+        "haystack_sessions": sessions,
+        "haystack_dates": dates,
+        "haystack_session_ids": ids,
+        "answer_session_ids": [f"answer_{qid}"],
+    }
 
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     p = tmp_path / "lme.jsonl.gz"
-    qs = [question("q1", "single-session-user"), question("q2", "multi-session"),
-          question("q3_abs", "single-session-user"), question("q4", "multi-session")]
+    qs = [
+        question("q1", "single-session-user"),
+        question("q2", "multi-session"),
+        question("q3_abs", "single-session-user"),
+        question("q4", "multi-session"),
+    ]
     with gzip.open(p, "wt") as f:
         for q in qs:
             f.write(json.dumps(q) + "\n")
@@ -83,11 +102,26 @@ def test_forget_on_defaults_ages_a_long_chat_away() -> None:
     day = 24 * 3600 * 1000
 
     def ev(mid: str, ts: int) -> MemoryEvent:
-        return MemoryEvent(kind="written", memory_id=mid, tenant="t", agent_id="a",
-                           episode_id="e", step=0, partition="buffer", route="buffer",
-                           reward=0.0,
-                           rpe=1.0, rpe_smoothed=1.0, gate=0.5, valence=0, theta_low=0.5,
-                           theta_high=1.0, reason="between", event_ts=ts, ts=0)
+        return MemoryEvent(
+            kind="written",
+            memory_id=mid,
+            tenant="t",
+            agent_id="a",
+            episode_id="e",
+            step=0,
+            partition="buffer",
+            route="buffer",
+            reward=0.0,
+            rpe=1.0,
+            rpe_smoothed=1.0,
+            gate=0.5,
+            valence=0,
+            theta_low=0.5,
+            theta_high=1.0,
+            reason="between",
+            event_ts=ts,
+            ts=0,
+        )
 
     events = [ev("old", 0), ev("new", 30 * day)]
     assert lme.forget(events, Settings()) == {"new"}
@@ -98,9 +132,16 @@ def test_forget_on_defaults_ages_a_long_chat_away() -> None:
 
 def test_run_reports_the_contract_keys(data: Path) -> None:
     res = lme.run(data, encoder="hash", batch=16)
-    for key in ("questions", "turns", "storage_ratio", "evidence_stored_ratio",
-                "turn_recall_at_10", "store_all_turn_recall_at_10", "session_recall_at_10",
-                "store_all_session_recall_at_10"):
+    for key in (
+        "questions",
+        "turns",
+        "storage_ratio",
+        "evidence_stored_ratio",
+        "turn_recall_at_10",
+        "store_all_turn_recall_at_10",
+        "session_recall_at_10",
+        "store_all_session_recall_at_10",
+    ):
         assert key in res
         for r in res["by_type"].values():
             assert key in r
