@@ -447,6 +447,66 @@ def bench_encoders(
         be.emit_json(out)
 
 
+@bench.command("longmemeval")
+@click.option(
+    "--data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="the LongMemEval questions: one JSON object a line (gzip when it ends in .gz)",
+)
+@click.option("--questions", type=click.IntRange(0), default=0, show_default=True, help="0: all")
+@click.option(
+    "--per-type",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="at most this many questions of each type (0: all)",
+)
+@click.option(
+    "--encoder",
+    type=click.Choice(["hash", "minilm", "minilm-static"]),
+    default="minilm-static",
+    show_default=True,
+)
+@click.option("--batch", type=click.IntRange(1), default=64, show_default=True)
+@click.option(
+    "--cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="keep the turns' embeddings in this folder between runs",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+def bench_longmemeval(
+    data: Path,
+    questions: int,
+    per_type: int,
+    encoder: str,
+    batch: int,
+    cache: Path | None,
+    as_json: bool,
+) -> None:
+    """Conversations on LongMemEval, in process on the product's defaults: storage, turn
+    and session recall at 5 and 10 per question type against store-all cosine."""
+    from dmem_bench.common import emit_json, note
+    from dmem_bench.longmemeval import run, table
+
+    try:
+        res = run(
+            data,
+            questions=questions,
+            per_type=per_type,
+            encoder=encoder,
+            batch=batch,
+            cache=cache,
+            progress=note,
+        )
+    except (DmemError, FileNotFoundError, ValueError) as exc:
+        fail(exc)
+    table(res)
+    if as_json:
+        emit_json(res)
+
+
 @bench.command("locomo")
 @click.option(
     "--data",

@@ -177,3 +177,27 @@ def test_score_question_counts_the_turns_a_hit_stands_for(data: Path) -> None:
     assert m["turns_returned_at_10"] == 2.0
     best = lme.score_question(run, vecs, qvec, folded, fold="best")
     assert best["turns_returned_at_10"] == 1.0 and best["turn_recall_at_10"] == 1.0
+
+
+def test_the_bench_command_prints_the_contract_on_its_last_line(data: Path) -> None:
+    from click.testing import CliRunner
+
+    from dmem_bench.cli import bench
+
+    out = CliRunner().invoke(
+        bench, ["longmemeval", "--data", str(data), "--encoder", "hash", "--batch", "16", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["questions"] == 4 and set(res["by_type"]) == {"single-session-user", "multi-session"}
+    assert 0.0 < res["storage_ratio"] <= 1.0
+    assert res["turns"] == sum(t["turns"] for t in res["by_type"].values())
+
+
+def test_the_bench_command_needs_its_data() -> None:
+    from click.testing import CliRunner
+
+    from dmem_bench.cli import bench
+
+    out = CliRunner().invoke(bench, ["longmemeval", "--json"])
+    assert out.exit_code == 2 and "Missing option '--data'" in out.output
