@@ -56,6 +56,9 @@ class WorkerProcess:
     def start(self) -> None:
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        # faust logs to stdout, block-buffered into a file: unbuffered, a worker that
+        # is killed still leaves every line it logged (its assignments, its last error)
+        env["PYTHONUNBUFFERED"] = "1"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.worker", "--role", self.role],
