@@ -66,8 +66,7 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     assert out["health_503_in_outage"] > 0
     assert out["store_unhealthy_metric_in_outage"] > 0
     assert out["max_rss_mb"] > 0
-    # one worker: each restart is a rebalance (issue 15; whether the restarted worker
-    # finds checkpoints depends on how long the killed one ran: restores are checked by
-    # tests/integration/streams/test_write_rebalance.py)
+    # one worker: rebalances are counted from the workers' own log lines, which a
+    # SIGKILL can cut before the assignment is logged, so the count is reported, not
+    # asserted; rebalances and state moves are tested in test_write_rebalance.py
     assert out["workers"] == 1
-    assert out["rebalances"] >= 1
