@@ -55,33 +55,38 @@ class CacheEncoder:
         return self.cache.encode(list(texts))
 
 
+def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> list[Any]:
+    """Feed ``transitions`` through ``pipe`` in batches of ``batch``, in process; the
+    ``written``/``dropped`` MemoryEvents in order. A dead letter is an error."""
+    from streams.write.pipeline import RawRecord
+
+    out: list[Any] = []
+    for lo in range(0, len(transitions), batch):
+        raws = [
+            RawRecord(
+                value=tr.model_dump_json().encode(),
+                key=None,
+                topic="transitions",
+                partition=0,
+                offset=lo + j,
+            )
+            for j, tr in enumerate(transitions[lo : lo + batch])
+        ]
+        res = pipe.process(raws, now_ms=0)
+        if res.dead:
+            raise ValueError(f"{label}: {len(res.dead)} records dead-lettered ({res.dead[0][1]})")
+        out += [ev for ev in res.events if ev.kind in ("written", "dropped")]
+    return out
+
+
 def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, str]:
     """Feed one conversation's turns through ``pipe``; memory id -> final route reason.
 
     The last ``written``/``dropped`` event wins: a ``referred`` write supersedes the
     ``dropped: off_context`` event of a suspect, as in the live `memories` topic.
     """
-    from streams.write.pipeline import RawRecord
-
-    out: dict[str, str] = {}
-    for lo in range(0, len(stream), batch):
-        raws = [
-            RawRecord(
-                value=it.transition.model_dump_json().encode(),
-                key=None,
-                topic="transitions",
-                partition=0,
-                offset=lo + j,
-            )
-            for j, it in enumerate(stream[lo : lo + batch])
-        ]
-        res = pipe.process(raws, now_ms=0)
-        if res.dead:
-            raise ValueError(f"replay: {len(res.dead)} records dead-lettered")
-        for ev in res.events:
-            if ev.kind in ("written", "dropped"):
-                out[ev.memory_id] = f"{ev.kind}:{ev.reason}"
-    return out
+    events = decisions(pipe, [it.transition for it in stream], batch, "replay")
+    return {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
 
 
 def topk_labels(

@@ -244,30 +244,11 @@ def replay_question(
     horizons: Callable[[Any, int], Any] | None = None,
 ) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
-    from streams.write.pipeline import RawRecord
+    from dmem_bench.locomo_replay import decisions
 
     run = QuestionRun(q, list(turns))
-    events: list[Any] = []
-    for lo in range(0, len(turns), batch):
-        raws = [
-            RawRecord(
-                value=t.transition.model_dump_json().encode(),
-                key=None,
-                topic="transitions",
-                partition=0,
-                offset=lo + j,
-            )
-            for j, t in enumerate(turns[lo : lo + batch])
-        ]
-        res = pipe.process(raws, now_ms=0)
-        if res.dead:
-            raise ValueError(
-                f"longmemeval: {len(res.dead)} records dead-lettered ({res.dead[0][1]})"
-            )
-        for ev in res.events:
-            if ev.kind in ("written", "dropped"):
-                run.routes[ev.memory_id] = f"{ev.kind}:{ev.reason}"
-                events.append(ev)
+    events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval")
+    run.routes = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
     # a referred write comes after its off-context drop: the write stands
     run.kept = forget(events, settings, horizons)
     return run
