@@ -206,7 +206,7 @@ class Client:
         credit baseline is the running mean outcome per (tenant, agent, task), so an
         agent that plays tasks on different score scales should name the task, or a
         good outcome of a low-scoring task is judged against the others' and blames
-        the memories that earned it (README "Delayed credit"). ``step``: the step
+        the memories that earned it (docs/concepts/credit.md). ``step``: the step
         that earned the outcome (its last reward), if known: usages after it are
         outside the outcome (no credit, no blame, not counted as uses)."""
         assert self._producer is not None, "call start() first"
@@ -565,7 +565,7 @@ def chat_transitions(
     session: str | int,
     start_step: int = 0,
 ) -> list[Transition]:
-    """Map one session of a conversation to Transitions (README "Conversations").
+    """Map one session of a conversation to Transitions (docs/reference/sdk.md).
 
     - ``agent_id`` = the conversation (the memory's owner and the search scope),
       ``episode_id`` = ``<conversation>:<session>`` (a session is an episode),

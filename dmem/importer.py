@@ -8,7 +8,7 @@ before validation); otherwise it is a transition when it has an ``action``, an
 
 Decisions:
 - Event time is kept: a line's ``ts`` is its original event time (a year ago is fine:
-  the jobs measure ages in stream time, README "Guarantees"), so an import stores what
+  the jobs measure ages in stream time, docs/guarantees/delivery.md), so an import stores what
   the live stream stored.
 - Nothing is skipped silently: every line that does not validate is reported on stderr
   with its line number and reason, counted (``invalid``), and makes the exit status 1;

@@ -1,6 +1,6 @@
 """`dmem wait --settled`: wait until a deployment's jobs reached their fixed point.
 
-Polls ``GET /health`` of every given worker (README "Guarantees": each worker
+Polls ``GET /health`` of every given worker (docs/guarantees/delivery.md: each worker
 reports its components' pending work and ``settled``) until all of them say
 ``settled`` on every poll for ``quiet_s`` in a row (a record between two workers,
 produced by one and not yet fetched by the other, can hide from a single poll).

@@ -54,7 +54,7 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
 - ``unprocessed``: valid transitions with no MemoryEvent at all (must be 0);
 - ``orphans``: rows in Milvus whose latest MemoryEvent says ``dropped`` (a
   replay after a kill re-routed a transition that was already upserted; see
-  README "Guarantees": kept, not lost, reported);
+  docs/guarantees/delivery.md: kept, not lost, reported);
 - ``bad_inputs`` / ``dead_lettered``: bad records published / distinct source
   offsets of dead letters (a replay may dead-letter a record twice; counted
   once); ``good_dead_lettered`` (valid records dead-lettered, must be 0) and

@@ -1,6 +1,6 @@
 """librdkafka clients (kcat, confluent-kafka) against the embedded broker.
 
-Findings (README "Clients", BENCHMARKS.md "Embedded stack"):
+Findings (docs/operations/local.md, BENCHMARKS.md "Embedded stack"):
 - librdkafka < 2.2.0 (Debian 12's kcat 1.7.1 links 2.0.2) cannot read the
   embedded Tansu broker's ApiVersions v3 answer: Tansu writes its four tagged
   fields (SupportedFeatures, FinalizedFeaturesEpoch, FinalizedFeatures,

@@ -391,12 +391,12 @@ def worker_env(cfg: LocomoConfig) -> dict[str, str]:
       conversation out, which measures the decay policy, not the gate. Maintenance
       (dedup, decay passes, capacities) still runs. A longer decay interval does
       *not* switch decay off: once input is quiet the job runs passes until one
-      finds nothing to do (README "Maintenance", settled), which is how an earlier
+      finds nothing to do (docs/concepts/maintenance.md, settled), which is how an earlier
       run with ``DECAY_INTERVAL_S=1e9`` lost most early-session turns (recall@10
       0.039 against 0.254 with the horizons and 0.259 for store-all cosine; one
       conversation, 300 turns, hash encoder).
       Chat deployments that must remember for months set the same two settings.
-    - Dedup threshold 0.98 with MiniLM (README "Maintenance": 0.95 is tuned for
+    - Dedup threshold 0.98 with MiniLM (docs/concepts/maintenance.md: 0.95 is tuned for
       the hash encoder; MiniLM rates short sentences closer).
     """
     horizon = str(10 * 365 * 24 * 3600)

@@ -385,7 +385,7 @@ def run_retrieval(cfg: BenchConfig) -> dict[str, Any]:
             raise
         info["stack_start_s"] = round(time.monotonic() - t0, 2)
         settings = local.settings
-        info["read_config"] = {  # what the latency depends on (README "Read path")
+        info["read_config"] = {  # what the latency depends on (docs/concepts/retrieval.md)
             "search_consistency": env["DMEM_MILVUS__SEARCH_CONSISTENCY"],
             "respond_fetch_max_wait_ms": settings.respond.fetch_max_wait_ms,
             "client_fetch_max_wait_ms": Client("-", "-").fetch_max_wait_ms,

@@ -51,7 +51,7 @@ count: ``pipeline_tps``, ``speedup`` = pipeline_tps / pipeline_tps(1 worker),
 repeats) with ``efficiency_vs_bottleneck`` = that / workers. Honest for the
 machine: the workers, the broker, Milvus and this driver share its cores, so on
 2 cores extra workers add no CPU capacity (they can only overlap Milvus round
-trips); more workers pay off where each has cores of its own (README "Scaling").
+trips); more workers pay off where each has cores of its own (docs/operations/scaling.md).
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ Publish a transition
   kcat:    echo '{one}' \\
              | kcat -P -b {kafka} -t dmem.transitions -k a1
            (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
-            see README "Clients"; use curl then)
+            see docs/operations/local.md; use curl then)
 Search
   curl:    curl -sX POST {http}/v1/search -d '{{"tenant":"t1","query":"locked door","k":5}}'
 (Ctrl-C to stop; data kept in {info["data_dir"]})"""
@@ -288,8 +288,8 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
         if mode == "lite" and milvus == "auto":
             print(
                 "note: Milvus Lite (the Milvus server wheel is not installed, or this data "
-                "dir holds Lite data): searches slow down with the rows held; see README "
-                '"Embedded stack"',
+                "dir holds Lite data): searches slow down with the rows held; see "
+                "docs/design/2026-12-01-embedded-milvus-server.md",
                 file=sys.stderr,
                 flush=True,
             )

@@ -4,7 +4,7 @@
 with HotSpot's default, the same episode (same variation, same seeded random
 actions over the sorted valid-action list) lists other objects after other
 episodes, which made the closed loop's paired conditions start from different
-simulator states (BENCHMARKS.md "Determinism").
+simulator states (BENCHMARKS.md "ScienceWorld", Determinism).
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_one_agents_skewed_clock_deletes_nothing_of_another(tmp_path: Path) -> N
     assert skewed["stored"] == straight["stored"]
     assert skewed["routes"] == straight["routes"]
     # with one clock per tenant the agent running a year ahead ages everyone's memories:
-    # why the default is a clock per agent (README "Guarantees")
+    # why the default is a clock per agent (docs/guarantees/delivery.md)
     tenant = MaintenancePolicy(tau=0.95, core_capacity=60, buffer_capacity=120,
                                clock="tenant")  # fmt: skip
     lost = replay(tmp_path / "tenant-clock", shifted(both, {"b": year}), tenant)

@@ -1,4 +1,4 @@
-"""The chat-turn -> Transition mapping (README "Conversations") and the LoCoMo loader."""
+"""The chat-turn -> Transition mapping (docs/reference/sdk.md) and the LoCoMo loader."""
 
 from __future__ import annotations
 
