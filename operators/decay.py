@@ -63,8 +63,10 @@ __all__ = [
     "PriorityIndex",
     "TenantIndex",
     "entry_from_row",
+    "horizons",
     "plan_decay",
     "priority",
+    "span_horizons",
     "tenant_priorities",
 ]
 
@@ -93,6 +95,9 @@ class MaintenancePolicy:
     buffer_capacity: int = 50_000
     max_actions: int = 5_000
     clock: str = "agent"  # "agent": one watermark per (tenant, agent); "tenant": one per tenant
+    #: horizons follow the clock's own span: half-life and buffer TTL are at least
+    #: ``span_factor`` x (watermark - the earliest event time of that clock); 0: fixed
+    span_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.clock not in ("agent", "tenant"):
@@ -108,8 +113,19 @@ class MaintenancePolicy:
                 f"promote_above ({self.promote_above}) must exceed demote_below "
                 f"({self.demote_below}) or entries flip between core and buffer"
             )
+        if not (np.isfinite(self.span_factor) and self.span_factor >= 0.0):
+            raise ValueError(f"span_factor must be a finite number >= 0, got {self.span_factor}")
         if self.core_capacity < 0 or self.buffer_capacity < 0 or self.max_actions < 1:
             raise ValueError("capacities must be >= 0 and max_actions >= 1")
+
+
+def horizons(
+    span_ms: np.ndarray | float, policy: MaintenancePolicy
+) -> tuple[np.ndarray, np.ndarray]:
+    """(half-life, buffer TTL) in ms for clocks that span ``span_ms``: the policy's,
+    or ``span_factor`` x the span where that is longer."""
+    span = policy.span_factor * np.maximum(np.asarray(span_ms, dtype=np.float64), 0.0)
+    return np.maximum(policy.half_life_ms, span), np.maximum(float(policy.buffer_ttl_ms), span)
 
 
 def priority(
@@ -119,11 +135,14 @@ def priority(
     hits: np.ndarray | float,
     since_access_ms: np.ndarray | float,
     policy: MaintenancePolicy,
+    half_life_ms: np.ndarray | float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(priority, earned) arrays; see the module doc for the formula."""
+    """(priority, earned) arrays; see the module doc for the formula. ``half_life_ms``:
+    per entry (`horizons`); None: the policy's."""
     age = np.maximum(np.asarray(age_ms, dtype=np.float64), 0.0)
     since = np.maximum(np.asarray(since_access_ms, dtype=np.float64), 0.0)
-    surprise = np.abs(np.asarray(abs_rpe, dtype=np.float64)) * np.exp2(-age / policy.half_life_ms)
+    h = policy.half_life_ms if half_life_ms is None else np.asarray(half_life_ms, np.float64)
+    surprise = np.abs(np.asarray(abs_rpe, dtype=np.float64)) * np.exp2(-age / h)
     h = np.maximum(np.asarray(hits, dtype=np.float64), 0.0)
     access = policy.access_weight * np.log2(1.0 + h) * np.exp2(-since / policy.access_half_life_ms)
     earned = policy.utility_weight * np.tanh(np.asarray(utility, dtype=np.float64)) + access
@@ -177,6 +196,7 @@ _COLS: tuple[tuple[str, Any], ...] = (
     ("last_access_ts", np.int64),
 )
 _UNSEEN = np.iinfo(np.int64).min
+_NEVER = np.iinfo(np.int64).max
 
 
 class TenantIndex:
@@ -195,6 +215,7 @@ class TenantIndex:
         self.per_agent_clock = per_agent_clock
         self.clocks: dict[str, int] = {}  # clock key (agent id, or "") -> code
         self.watermark = np.full(4, _UNSEEN, dtype=np.int64)  # code -> stream time
+        self.origin = np.full(4, _NEVER, dtype=np.int64)  # code -> earliest event time
         self.cursor = 0  # round-robin refresh position
 
     def __len__(self) -> int:
@@ -222,12 +243,18 @@ class TenantIndex:
                 bigger = np.full(2 * self.watermark.shape[0], _UNSEEN, dtype=np.int64)
                 bigger[: self.watermark.shape[0]] = self.watermark
                 self.watermark = bigger
+                first = np.full(bigger.shape[0], _NEVER, dtype=np.int64)
+                first[: self.origin.shape[0]] = self.origin
+                self.origin = first
         return code
 
     def advance(self, agent: str | None, event_ts: int) -> bool:
         """An event time seen from `agent`: its clock's watermark moves up to it.
-        True when it moved (ages changed)."""
+        True when it moved (ages changed). Also the clock's origin (its earliest event
+        time: the span the horizons follow, `span_now`)."""
         code = self._clock(agent)
+        if event_ts < self.origin[code]:
+            self.origin[code] = event_ts
         if event_ts > self.watermark[code]:
             self.watermark[code] = event_ts
             return True
@@ -248,6 +275,11 @@ class TenantIndex:
         """Per entry: the stream time of its clock (what its ages are measured against)."""
         return self.watermark[self.clock_col[: len(self.ids)]]
 
+    def origin_now(self) -> np.ndarray:
+        """Per entry: the earliest event time its clock has seen. After a restart the
+        index is rebuilt from the stored rows, so it is the oldest stored memory's."""
+        return self.origin[self.clock_col[: len(self.ids)]]
+
     def upsert(self, mid: str, e: Entry) -> None:
         i = self.slot.get(mid)
         if i is None:
@@ -260,6 +292,7 @@ class TenantIndex:
             self.cols[name][i] = getattr(e, name)
         code = self._clock(e.agent)
         self.clock_col[i] = code
+        self.advance(e.agent, e.created_ts)
         self.advance(e.agent, max(e.created_ts, e.last_seen_ts))
 
     def set_partition(self, mid: str, partition: int) -> bool:
@@ -391,7 +424,17 @@ def tenant_priorities(
         v["hits"],
         now - v["last_access_ts"],
         policy,
+        span_horizons(t, policy, now)[0],
     )
+
+
+def span_horizons(
+    t: TenantIndex, policy: MaintenancePolicy, now: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry: (half-life, buffer TTL) from its clock's span up to ``now``."""
+    first = t.origin_now()
+    span = np.where(first == _NEVER, 0, now - np.minimum(first, now))
+    return horizons(span, policy)
 
 
 def plan_decay(t: TenantIndex, policy: MaintenancePolicy,
@@ -411,9 +454,8 @@ def plan_decay(t: TenantIndex, policy: MaintenancePolicy,
     plan.priorities = p
     core = v["partition"] == CORE
     buf = ~core
-    stale = ((now - v["last_seen_ts"]) > policy.buffer_ttl_ms) & (
-        (now - v["last_access_ts"]) > policy.buffer_ttl_ms
-    )
+    ttl_ms = span_horizons(t, policy, now)[1]
+    stale = ((now - v["last_seen_ts"]) > ttl_ms) & ((now - v["last_access_ts"]) > ttl_ms)
     ttl = buf & stale
     floor = buf & ~ttl & (p < policy.buffer_floor)
     faded = core & (p < policy.demote_below)

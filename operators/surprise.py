@@ -72,6 +72,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "AgentRewardMix",
     "Contamination",
     "IntrinsicConfig",
     "IntrinsicScore",
@@ -148,14 +149,83 @@ class RewardMix:
         return m
 
 
+class AgentRewardMix:
+    """One `RewardMix` per agent: a transition's w_intrinsic is its own agent's.
+
+    One tenant may hold chats and rewarded agents side by side: a chat agent
+    publishes reward 0, so its w stays 1 whatever the tenant's other agents earn,
+    and a rewarded agent's w falls to 0 as a rewarded tenant's did. Bounded to the
+    ``max_agents`` most recently seen agents; an agent seen for the first time (or
+    again after eviction) starts at w = 1, as a new tenant does, and the rewards of
+    its first batch are folded in before its w is read.
+    """
+
+    def __init__(
+        self, alpha: float = 0.002, rate_full: float = 0.01, max_agents: int = 4096
+    ) -> None:
+        RewardMix(alpha, rate_full)  # validates the knobs
+        if max_agents < 1:
+            raise ValueError(f"max_agents must be >= 1, got {max_agents}")
+        self.alpha, self.rate_full, self.max_agents = alpha, rate_full, max_agents
+        self.mixes: OrderedDict[str, RewardMix] = OrderedDict()
+
+    def _of(self, agent: str) -> RewardMix:
+        return _bounded(
+            self.mixes, agent, lambda: RewardMix(self.alpha, self.rate_full), self.max_agents
+        )
+
+    def observe(self, agents: Sequence[str], rewards: np.ndarray) -> np.ndarray:
+        """Fold each transition's reward into its agent's rate, then w per transition."""
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if len(agents) != r.size:
+            raise ValueError("one reward per agent entry")
+        for a in dict.fromkeys(agents):  # each agent once, in order of appearance
+            self._of(a).observe(r[[i for i, x in enumerate(agents) if x == a]])
+        return np.asarray([self.mixes[a].weight for a in agents], dtype=np.float64)
+
+    def weight(self, agent: str) -> float:
+        """The agent's current w (1 for an agent not seen yet)."""
+        m = self.mixes.get(agent)
+        return 1.0 if m is None else m.weight
+
+    def set_rate_full(self, rate_full: float) -> None:
+        RewardMix(self.alpha, rate_full)
+        self.rate_full = rate_full
+        for m in self.mixes.values():
+            m.rate_full = rate_full
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "rate_full": self.rate_full,
+            "max_agents": self.max_agents,
+            "agents": {a: [m.rate, m.count] for a, m in self.mixes.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AgentRewardMix:
+        out = cls(float(d["alpha"]), float(d["rate_full"]), int(d["max_agents"]))
+        for a, (rate, count) in d["agents"].items():
+            m = out._of(str(a))
+            m.rate, m.count = float(rate), int(count)
+        return out
+
+
 class TokenSurprisal:
     """Online unigram model over hashed tokens; surprisal of a text in nats."""
 
-    def __init__(self, buckets: int = 1 << 14, smoothing: float = 0.5) -> None:
+    def __init__(
+        self, buckets: int = 1 << 14, smoothing: float = 0.5, n0: float | None = None
+    ) -> None:
         if buckets < 2 or smoothing <= 0:
             raise ValueError("buckets must be >= 2 and smoothing > 0")
+        if n0 is not None and not (math.isfinite(n0) and n0 >= 0.0):
+            raise ValueError(f"n0 must be a finite number >= 0 or None, got {n0}")
         self.buckets = int(buckets)
         self.smoothing = float(smoothing)
+        #: None: the summed surprisal; a number: ``sum / (n + n0)``, the surprisal per
+        #: token shrunk towards 0 for turns of a few tokens (`surprisal`)
+        self.n0 = n0
         self.counts = np.zeros(self.buckets, dtype=np.float32)
         self.total = 0.0
 
@@ -169,13 +239,28 @@ class TokenSurprisal:
             out.append(h % self.buckets)
         return np.asarray(out, dtype=np.int64)
 
-    def surprisal(self, ids: np.ndarray) -> float:
+    def summed(self, ids: np.ndarray) -> float:
         """Sum of -log p(token) under the counts so far (decide before learning)."""
         if ids.size == 0:
             return 0.0
         a = self.smoothing
         p = (self.counts[ids].astype(np.float64) + a) / (self.total + a * self.buckets)
         return float(-np.log(p).sum())
+
+    def scaled(self, total: float, n: int) -> float:
+        """The information term from a summed surprisal over ``n`` tokens: the sum, or
+        per token, ``sum / (n + n0)``, when ``n0`` is set.
+
+        Why per token for utterances: summed surprisal grows with length, so it ranks
+        a verbose speaker's long answers above a terse one's disclosures ("I moved to
+        Lisbon"); per token it measures how specific the words are. ``n0`` tokens of
+        shrinkage keep a one-word turn with one rare token from outranking a sentence.
+        """
+        return total if self.n0 is None else total / (n + self.n0)
+
+    def surprisal(self, ids: np.ndarray) -> float:
+        """The information term of a text's token ids (`scaled` of `summed`)."""
+        return self.scaled(self.summed(ids), int(ids.size))
 
     def learn(self, ids: np.ndarray) -> None:
         np.add.at(self.counts, ids, 1.0)
@@ -191,13 +276,19 @@ class TokenSurprisal:
         return {
             "buckets": self.buckets,
             "smoothing": self.smoothing,
+            "n0": self.n0,
             "total": self.total,
             "counts_b64": base64.b64encode(self.counts.astype(np.float16).tobytes()).decode(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TokenSurprisal:
-        t = cls(buckets=int(d["buckets"]), smoothing=float(d["smoothing"]))
+        n0 = d.get("n0")
+        t = cls(
+            buckets=int(d["buckets"]),
+            smoothing=float(d["smoothing"]),
+            n0=None if n0 is None else float(n0),
+        )
         raw = np.frombuffer(base64.b64decode(d["counts_b64"]), dtype=np.float16)
         t.counts = raw.astype(np.float32)
         if t.counts.shape != (t.buckets,):
@@ -301,6 +392,9 @@ class IntrinsicConfig:
     stats_alpha: float = 0.01
     warmup: int = 20
     reward_rate_full: float = 0.01
+    #: the information term per token with this many tokens of shrinkage
+    #: (`TokenSurprisal.surprisal`); None: summed over the tokens
+    info_n0: float | None = 4.0
     #: contamination-adaptive cut (`Contamination`): off-context where the posterior
     #: of "injected" exceeds this; 2/3 = only when injected is at least twice as
     #: likely as real (losing a real turn is worse than keeping a distractor); 1 = off
@@ -324,6 +418,8 @@ class IntrinsicConfig:
             raise ValueError("bank_per_agent, max_agents >= 1 and warmup >= 0")
         if self.window < 1 or self.lookahead < 0:
             raise ValueError("window must be >= 1 and lookahead >= 0")
+        if self.info_n0 is not None and not (math.isfinite(self.info_n0) and self.info_n0 >= 0.0):
+            raise ValueError(f"info_n0 must be a finite number >= 0 or None, got {self.info_n0}")
         if not 0.0 < self.off_posterior <= 1.0:
             raise ValueError(f"off_posterior must be in (0, 1], got {self.off_posterior}")
         if self.hist_bins < 4 or not 0.0 < self.hist_alpha <= 1.0 or self.hist_warmup < 0:
@@ -495,11 +591,14 @@ class IntrinsicState:
     def __init__(self, dim: int, config: IntrinsicConfig | None = None, seed: int = 0) -> None:
         self.dim = int(dim)
         self.config = config or IntrinsicConfig()
-        self.tokens = TokenSurprisal()
+        self.tokens = TokenSurprisal(n0=self.config.info_n0)
         self.rnd = RndSurprise(self.dim, seed=seed)
-        self.mix = RewardMix(rate_full=self.config.reward_rate_full)
+        self.mix = AgentRewardMix(
+            rate_full=self.config.reward_rate_full, max_agents=self.config.max_agents
+        )
         a = self.config.stats_alpha
         self.info_mean = _Running(a)  # mean information of a scored turn
+        self.total_mean = _Running(a)  # mean summed information (the guard's exemption)
         self.unrel_mean = _Running(a)  # mean cosine turn <-> a bank memory
         self.unrel_sq = _Running(a)  # mean squared cosine (for the std)
         self.bank: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
@@ -618,11 +717,12 @@ class IntrinsicState:
             text = texts[i]
             if text is not None:
                 tok = self.tokens.ids(text)
-                info = self.tokens.surprisal(tok)
+                total = self.tokens.summed(tok)
+                info = self.tokens.surprisal(tok)  # (a subclass may define its own term)
                 self.tokens.learn(tok)
             else:
                 assert rnd_err is not None
-                info = float(rnd_err[i])
+                info = total = float(rnd_err[i])
             bank = self._agent_bank(agent)
             novelty = 1.0
             cos = None
@@ -652,8 +752,12 @@ class IntrinsicState:
             self.info_mean.add(info)
             raw = info * factor / max(mean_info, 1e-9)
             # never without a context and a yardstick, nor for a turn that says several
-            # typical turns' worth (a fact announced out of the blue)
-            off = bool(recent) and fit < threshold and raw < cfg.fit_exempt
+            # typical turns' worth in all (a fact announced out of the blue): judged on
+            # the summed information, which a long specific announcement has plenty of
+            mean_total = self.total_mean.mean if self.total_mean.count else total
+            self.total_mean.add(total)
+            exempt = total * factor / max(mean_total, 1e-9) >= cfg.fit_exempt
+            off = bool(recent) and fit < threshold and not exempt
             vind = self._vindicated(agent, vec)
             self._window_stats(agent, vec, cos, fit if recent else None)
             if off and ids is not None and cfg.lookahead > 0:
@@ -691,13 +795,18 @@ class IntrinsicState:
             "config": self.config.__dict__,
             "tokens": self.tokens.to_dict(),
             "rnd": self.rnd.to_dict(),
-            "mix": self.mix.to_dict(),
+            "mixes": self.mix.to_dict(),
             "running": {name: [r.mean, r.count] for name, r in self._runnings().items()},
             "contamination": self.contamination.to_dict(),
         }
 
     def _runnings(self) -> dict[str, _Running]:
-        return {"info": self.info_mean, "unrel": self.unrel_mean, "unrel_sq": self.unrel_sq}
+        return {
+            "info": self.info_mean,
+            "total": self.total_mean,
+            "unrel": self.unrel_mean,
+            "unrel_sq": self.unrel_sq,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], config: IntrinsicConfig | None = None) -> IntrinsicState:
@@ -711,11 +820,21 @@ class IntrinsicState:
         cfg = config or IntrinsicConfig(**{k: v for k, v in d["config"].items() if k in known})
         st = cls(int(d["dim"]), cfg)
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
+        rescaled = st.tokens.n0 != cfg.info_n0
+        st.tokens.n0 = cfg.info_n0
         st.rnd = RndSurprise.from_dict(d["rnd"])
-        st.mix = RewardMix.from_dict(d["mix"])
-        st.mix.rate_full = cfg.reward_rate_full
+        # a checkpoint with one tenant-wide mix ("mix") gives no agent's rate: every
+        # agent relearns its own from its next batch on
+        if "mixes" in d:
+            st.mix = AgentRewardMix.from_dict(d["mixes"])
+        st.mix.set_rate_full(cfg.reward_rate_full)
         for name, r in st._runnings().items():
-            r.mean, r.count = float(d["running"][name][0]), int(d["running"][name][1])
+            if name in d["running"]:
+                r.mean, r.count = float(d["running"][name][0]), int(d["running"][name][1])
+        if "total" not in d["running"]:  # the summed term was the information term
+            st.total_mean.mean, st.total_mean.count = st.info_mean.mean, st.info_mean.count
+        if rescaled:  # the mean information was on the other term's scale
+            st.info_mean = _Running(cfg.stats_alpha)
         if "contamination" in d:  # absent from older checkpoints
             st.contamination.load(d["contamination"])
         return st

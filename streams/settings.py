@@ -216,7 +216,14 @@ class MaintenanceSettings(BaseModel):
     dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
     dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
     decay_interval_s: float = Field(default=10.0, gt=0.0, description="period of the decay pass")
-    half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0.0, description="|rpe| term")
+    half_life_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0.0,
+        description=(
+            "half-life of the |rpe| term; the least one, see span_factor (a clock that "
+            "spans longer decays more slowly)"
+        ),
+    )
     utility_weight: float = Field(
         default=1.0, ge=0.0, description="weight of tanh(utility) in the decay priority"
     )
@@ -232,7 +239,22 @@ class MaintenanceSettings(BaseModel):
     buffer_ttl_s: float = Field(
         default=14 * 24 * 3600.0,
         gt=0.0,
-        description="buffer memories unseen this long (stream time) are evicted",
+        description=(
+            "buffer memories unseen this long (stream time) are evicted; the least TTL, "
+            "see span_factor"
+        ),
+    )
+    span_factor: float = Field(
+        default=1.0,
+        ge=0.0,
+        description=(
+            "horizons follow each clock's own span: half-life and buffer TTL are at least "
+            "this times (the clock's watermark - its earliest event time), so time alone "
+            "never ages away the past of a stream that spans months (a chat whose sessions "
+            "are weeks apart); what goes is then decided by value and capacity. A stream "
+            "that spans less than the fixed horizons (an RL run of hours) is unchanged. "
+            "0: fixed horizons"
+        ),
     )
     demote_below: float = Field(default=0.3, ge=0.0, description="demote core below this")
     promote_above: float = Field(default=0.5, ge=0.0, description="earned value to promote")

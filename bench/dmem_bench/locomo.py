@@ -19,8 +19,8 @@ embedded Milvus server where its wheel is installed, else Milvus Lite (``--milvu
    noise turn per two real ones on average. Nothing published marks a noise turn:
    real and noise turns carry the same fields (speaker, text, an opaque message id
    by stream position, event time); which is which is known to the bench only.
-   The worker runs with default settings except `worker_env` (forgetting
-   horizons of a months-long chat; MiniLM's dedup threshold).
+   The worker runs on the product's defaults (forgetting included) except
+   `worker_env` (the encoder; MiniLM's dedup threshold).
 3. Settle: every published turn has a ``written``/``dropped`` MemoryEvent and
    the memories topic has been quiet for `SETTLE_QUIET_S` (dedup windows closed).
    ``merged`` events map a removed memory to its survivor, which then stands for it.
@@ -383,28 +383,13 @@ async def ask(
 
 
 def worker_env(cfg: LocomoConfig) -> dict[str, str]:
-    """The worker's settings: defaults, except the two this data set needs.
-
-    - Forgetting horizons of ten years (``HALF_LIFE_S``, ``BUFFER_TTL_S``): LoCoMo
-      spans months of event time, and the default decay (7-day half-life of the
-      surprise term, 14-day buffer TTL, both in stream time) ages most of a
-      conversation out, which measures the decay policy, not the gate. Maintenance
-      (dedup, decay passes, capacities) still runs. A longer decay interval does
-      *not* switch decay off: once input is quiet the job runs passes until one
-      finds nothing to do (docs/concepts/maintenance.md, settled), which is how an earlier
-      run with ``DECAY_INTERVAL_S=1e9`` lost most early-session turns (recall@10
-      0.039 against 0.254 with the horizons and 0.259 for store-all cosine; one
-      conversation, 300 turns, hash encoder).
-      Chat deployments that must remember for months set the same two settings.
-    - Dedup threshold 0.98 with MiniLM (docs/concepts/maintenance.md: 0.95 is tuned for
-      the hash encoder; MiniLM rates short sentences closer).
+    """The worker's settings: the product's defaults (forgetting included: its
+    horizons follow each conversation's own span, ``span_factor``), except the
+    encoder the run names and, with MiniLM, the dedup threshold 0.98
+    (docs/concepts/maintenance.md: 0.95 is tuned for the hash encoder; MiniLM rates
+    short sentences closer).
     """
-    horizon = str(10 * 365 * 24 * 3600)
-    env = {
-        "DMEM_ENCODER__NAME": cfg.encoder,
-        "DMEM_MAINTENANCE__HALF_LIFE_S": horizon,
-        "DMEM_MAINTENANCE__BUFFER_TTL_S": horizon,
-    }
+    env = {"DMEM_ENCODER__NAME": cfg.encoder}
     if cfg.encoder == "minilm":
         env["DMEM_MAINTENANCE__DEDUP_TAU"] = "0.98"
     return env

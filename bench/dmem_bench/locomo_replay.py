@@ -7,8 +7,10 @@ keys, context guard and its suspects: the real `streams.write.WritePipeline`, wi
 (`dmem_bench.locomo.build_streams`: the same seed, noise drawn from the other
 conversations loaded), and evidence recall by exact cosine top-k over what it kept.
 
-What it leaves out, and why that is acceptable for developing the gate: no broker,
-no Milvus, no dedup job and no hybrid ranking (live, these moved recall by ~0.02;
+Forgetting: the decay job's fixed point on the settings' maintenance policy once
+input is quiet (`dmem_bench.longmemeval.forget`). What it leaves out, and why that is
+acceptable for developing the gate: no broker, no Milvus, no dedup job and no hybrid
+ranking (live, these moved recall by ~0.02;
 BENCHMARKS.md "LoCoMo"); the turns are fed one conversation (tenant) after the other
 in batches of ``batch`` (64: the live worker's batches are smaller; the intrinsic
 score is per turn and batch-independent, the gate's thresholds are fixed per batch).
@@ -79,14 +81,24 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> 
     return out
 
 
-def replay_stream(pipe: Any, stream: Sequence[Item], batch: int) -> dict[str, str]:
-    """Feed one conversation's turns through ``pipe``; memory id -> final route reason.
+def replay_stream(
+    pipe: Any, stream: Sequence[Item], batch: int, settings: Any = None
+) -> tuple[dict[str, str], set[str]]:
+    """Feed one conversation's turns through ``pipe``: (memory id -> final route
+    reason, the ids still stored once the decay job is done with them on
+    ``settings``' maintenance policy, `dmem_bench.longmemeval.forget`; without
+    ``settings``, every written id).
 
     The last ``written``/``dropped`` event wins: a ``referred`` write supersedes the
     ``dropped: off_context`` event of a suspect, as in the live `memories` topic.
     """
+    from dmem_bench.longmemeval import forget
+
     events = decisions(pipe, [it.transition for it in stream], batch, "replay")
-    return {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
+    final = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
+    if settings is None:
+        return final, {m for m, r in final.items() if r.startswith("written")}
+    return final, forget(events, settings)
 
 
 def topk_labels(
@@ -133,10 +145,10 @@ def replay(
     n_real = n_noise = kept_real = kept_noise = 0
     for conv in convs:
         stream = streams.items[conv.cid]
-        final = replay_stream(pipe, stream, batch)
+        final, kept_ids = replay_stream(pipe, stream, batch, settings)
         for r in final.values():
             reasons[r] += 1
-        kept = [it for it in stream if final.get(it.transition.memory_id, "").startswith("written")]
+        kept = [it for it in stream if it.transition.memory_id in kept_ids]
         real = [it for it in stream if not it.noise]
         n_real += len(real)
         n_noise += len(stream) - len(real)

@@ -183,17 +183,13 @@ def transitions(q: Question) -> list[Turn]:
     return out
 
 
-def forget(
-    events: Iterable[Any], settings: Any, horizons: Callable[[Any, int], Any] | None = None
-) -> set[str]:
+def forget(events: Iterable[Any], settings: Any) -> set[str]:
     """Memory ids still searchable once the decay job is done with ``events``.
 
     ``events``: the write path's MemoryEvents of one tenant, in order. The index is
     the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
     watermarks; passes of `plan_decay` run at the final watermarks until one plans
     nothing (evicted rows leave, demoted and promoted rows change partition).
-    ``horizons(policy, span_ms)``, where given, sets the policy from the stream's span
-    (first to last event time), for measuring span-following horizons.
     """
     from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
     from streams.jobs.rows import policy_from
@@ -201,9 +197,6 @@ def forget(
     policy = policy_from(settings)
     idx = TenantIndex(per_agent_clock=policy.clock == "agent")
     events = list(events)
-    if horizons is not None and events:
-        span = max(int(e.event_ts) for e in events) - min(int(e.event_ts) for e in events)
-        policy = horizons(policy, span)
     for ev in events:
         ts = int(ev.event_ts)
         idx.advance(ev.agent_id, ts)
@@ -241,7 +234,6 @@ def replay_question(
     turns: Sequence[Turn],
     batch: int,
     settings: Any,
-    horizons: Callable[[Any, int], Any] | None = None,
 ) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
     from dmem_bench.locomo_replay import decisions
@@ -250,7 +242,7 @@ def replay_question(
     events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval")
     run.routes = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
     # a referred write comes after its off-context drop: the write stands
-    run.kept = forget(events, settings, horizons)
+    run.kept = forget(events, settings)
     return run
 
 
@@ -397,7 +389,6 @@ def run(
     settings: Any = None,
     pipeline: Callable[[Any, Any], Any] | None = None,
     searchable: Searchable = kept_rows,
-    horizons: Callable[[Any, int], Any] | None = None,
     fold: str = "all",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -407,7 +398,7 @@ def run(
     environment, with ``encoder`` as the encoder name). ``pipeline(settings, encoder)``
     builds the write pipeline (default `WritePipeline`; a prototype score plugs in
     here). ``searchable`` says what a search can return of a question's history
-    (`kept_rows`: the kept turns). ``horizons``: see `forget`; ``fold``: see
+    (`kept_rows`: the kept turns). ``fold``: see
     `score_question`.
     """
     from streams.settings import Settings
@@ -428,7 +419,7 @@ def run(
         texts = [t.transition.text() for t in turns]
         enc.encode(texts + [t.transition.next_text() for t in turns] + [q.question])
         pipe = build(settings, enc)  # one tenant per question: a fresh state each time
-        res = replay_question(pipe, q, turns, batch, settings, horizons)
+        res = replay_question(pipe, q, turns, batch, settings)
         for r in res.routes.values():
             reasons[r] += 1
         for t in turns:
@@ -453,6 +444,7 @@ def run(
     out["decay"] = {
         "half_life_s": settings.maintenance.half_life_s,
         "buffer_ttl_s": settings.maintenance.buffer_ttl_s,
+        "span_factor": settings.maintenance.span_factor,
         "enabled": settings.maintenance.enabled,
     }
     out["elapsed_s"] = time.monotonic() - t0

@@ -68,6 +68,7 @@ def policy_from(settings: Settings) -> MaintenancePolicy:
         buffer_capacity=m.buffer_capacity,
         max_actions=m.max_actions_per_pass,
         clock=m.stream_clock,
+        span_factor=m.span_factor,
     )
 
 

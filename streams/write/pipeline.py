@@ -293,25 +293,33 @@ def intrinsic_scores(
     s: np.ndarray,
     s2: np.ndarray,
     r: np.ndarray,
-) -> tuple[float, list[IntrinsicScore] | None]:
-    """(w_intrinsic, per-transition intrinsic scores) for a tenant's batch.
+) -> tuple[np.ndarray, list[IntrinsicScore | None] | None]:
+    """(w_intrinsic per transition, its intrinsic score or None) for a tenant's batch.
 
-    The reward rate is folded in first; with w = 0 (a rewarded stream) nothing
-    else is computed, so reward-driven tenants pay nothing and route as before.
+    Each agent's reward rate is folded in first (`AgentRewardMix`); only the
+    transitions of agents with w > 0 are scored, in stream order, so a rewarded
+    agent pays nothing and routes by its extrinsic score alone, bit for bit, even
+    beside chats in the same tenant. ``None`` for the scores: nothing was scored.
     """
+    w = np.zeros(len(ts), dtype=np.float64)
     if not settings.intrinsic.enabled:
-        return 0.0, None
-    w = st.intrinsic.mix.observe(r)
-    if w <= 0.0:
-        return 0.0, None
-    return w, st.intrinsic.score_batch(
-        [t.agent_id for t in ts],
-        [t.observation for t in ts],
-        s,
-        s2,
-        [t.next_observation is not None or t.next_state is not None for t in ts],
-        [t.memory_id for t in ts],
+        return w, None
+    w = st.intrinsic.mix.observe([t.agent_id for t in ts], r)
+    idx = [i for i in range(len(ts)) if w[i] > 0.0]
+    if not idx:
+        return w, None
+    scored = st.intrinsic.score_batch(
+        [ts[i].agent_id for i in idx],
+        [ts[i].observation for i in idx],
+        s[idx],
+        s2[idx],
+        [ts[i].next_observation is not None or ts[i].next_state is not None for i in idx],
+        [ts[i].memory_id for i in idx],
     )
+    out: list[IntrinsicScore | None] = [None] * len(ts)
+    for i, x in zip(idx, scored, strict=True):
+        out[i] = x
+    return w, out
 
 
 def content_key(t: Transition) -> str:
@@ -556,7 +564,10 @@ class WritePipeline:
         stored_rpe = [float(x) for x in z]
         if intr is not None:
             ext = scores
-            scores = [gate_score(e, x.score, w_int) for e, x in zip(ext, intr, strict=True)]
+            scores = [
+                e if x is None else gate_score(e, x.score, float(wi))
+                for e, x, wi in zip(ext, intr, w_int.tolist(), strict=True)
+            ]
             # where reward-free surprise routed it, that is the memory's surprise (> 0)
             stored_rpe = [
                 g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe, strict=True)
@@ -573,7 +584,7 @@ class WritePipeline:
                     route, reason = "drop", "repeat"
             if route != "drop":
                 st.remember(key, route, t.memory_id)
-            elif intr is not None and intr[i].off_context and scores[i] == 0.0:
+            elif intr is not None and (xi := intr[i]) is not None and xi.off_context and not score:
                 reason = "off_context"
             out.decisions.append(d)
             val = valence(float(deltas[i]))
@@ -630,10 +641,9 @@ class WritePipeline:
                 float(d.theta_low),
                 float(d.theta_high),
             )
-            if intr is not None:
-                x = intr[i]
+            if intr is not None and (x := intr[i]) is not None:
                 row["metadata"]["surprise"] = {
-                    "w": round(w_int, 4),
+                    "w": round(float(w_int[i]), 4),
                     "intrinsic": round(x.score, 4),
                     "info": round(x.info, 3),
                     "novelty": round(x.novelty, 4),
@@ -647,8 +657,8 @@ class WritePipeline:
         self,
         st: TenantState,
         tenant: str,
-        intr: Sequence[IntrinsicScore],
-        w_int: float,
+        intr: Sequence[IntrinsicScore | None],
+        w_int: np.ndarray,
         now_ms: int,
         out: BatchResult,
     ) -> None:
@@ -662,10 +672,12 @@ class WritePipeline:
         is superseded by this ``written`` one, as a retrospective write is.
         """
         plan = self.gate.plan(st.gate_state)
-        for x in intr:
-            for mid, raw, vec in x.vindicates:
+        for x, w in zip(intr, w_int.tolist(), strict=True):
+            if x is None:
+                continue
+            for mid, raw, vec in x.vindicates:  # suspects of the same agent: its w
                 t = st.recent.get(mid)
-                s_w = w_int * raw
+                s_w = w * raw
                 route = self.gate.route(plan, s_w)[0] if t is not None else "drop"
                 if t is None or route == "drop":
                     continue
@@ -713,7 +725,7 @@ class WritePipeline:
                     float(plan[0]),
                     float(plan[1]),
                 )
-                row["metadata"]["surprise"] = {"w": round(w_int, 4), "intrinsic": round(raw, 4)}
+                row["metadata"]["surprise"] = {"w": round(w, 4), "intrinsic": round(raw, 4)}
                 out.upserts[cast(Partition, route)].append(row)
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:

@@ -187,10 +187,10 @@ def test_late_outcome_writes_dropped_transitions_retrospectively() -> None:
         for k in range(10)
     ]
     run(p, raws_of(warm))
-    quiet = [
+    quiet = [  # the rewarded agent's own quiet episode (a new agent would start at w = 1)
         Transition(
             tenant="t",
-            agent_id="a",
+            agent_id="w",
             episode_id="quiet",
             step=k,
             observation=f"quiet room {k}",

@@ -37,7 +37,7 @@ def test_rewarded_stream_routes_exactly_as_without_intrinsic() -> None:
             Settings(intrinsic=IntrinsicSettings(enabled=False)), HashingEncoder(dim=64)
         )
         assert routes(on, ts) == routes(off, ts)
-        assert on.tenants[ts[0].tenant].intrinsic.mix.weight == 0.0
+        assert on.tenants[ts[0].tenant].intrinsic.mix.weight(ts[0].agent_id) == 0.0
 
 
 FILLER = [
@@ -89,7 +89,7 @@ def test_reward_free_chat_keeps_news_and_drops_filler_and_repeats() -> None:
     assert share("repeat") <= 0.25, kept
     assert share("filler") <= 0.25, kept
     st = p.tenants["t"]
-    assert st.intrinsic.mix.weight == 1.0
+    assert st.intrinsic.mix.weight("c1") == 1.0
     # the state, intrinsic part included, survives a checkpoint
     p2 = WritePipeline(Settings(), HashingEncoder(dim=256))
     p2.restore("t", p.snapshot("t"))
@@ -130,3 +130,29 @@ def test_an_off_context_turn_referred_to_later_is_written_and_noise_is_not() -> 
     # the reply refers back to it and it is written
     assert trail[opener] == [("dropped", "off_context"), ("written", "referred")]
     assert trail[intruder] == [("dropped", "off_context")]
+
+
+def test_a_chat_beside_a_rewarded_agent_is_scored_and_the_agent_routes_as_alone() -> None:
+    """The reward mix is per agent: a tenant whose grid agent earns rewards still
+    scores its chat agent's turns (the chat's w stays 1), and the grid agent routes
+    exactly as it does in a tenant of its own (its w is 0, its steps are not scored)."""
+    grid = [
+        t.model_copy(update={"tenant": "t"})
+        for t, _, _ in q_learning_transitions("cliffwalking", 400, seed=5)
+    ]
+    fact = chat_transitions(
+        [ChatTurn("user", "I'm allergic to nuts.")], tenant="t", conversation="chat", session=1
+    )
+    both = WritePipeline(Settings(), HashingEncoder(dim=64))
+    alone = WritePipeline(Settings(), HashingEncoder(dim=64))
+    got = routes(both, grid + fact)
+    assert got[:-1] == routes(alone, grid)
+    assert got[-1][0] != "drop", got[-1]
+    mix = both.tenants["t"].intrinsic.mix
+    assert mix.weight(grid[0].agent_id) == 0.0 and mix.weight("chat") == 1.0
+    # the per-agent rates survive a checkpoint
+    p2 = WritePipeline(Settings(), HashingEncoder(dim=64))
+    p2.restore("t", both.snapshot("t"))
+    mix2 = p2.tenants["t"].intrinsic.mix
+    assert mix2.weight(grid[0].agent_id) == 0.0 and mix2.weight("chat") == 1.0
+    assert mix2.mixes[grid[0].agent_id].count == len(grid)

@@ -124,7 +124,11 @@ def test_forget_on_defaults_ages_a_long_chat_away() -> None:
         )
 
     events = [ev("old", 0), ev("new", 30 * day)]
-    assert lme.forget(events, Settings()) == {"new"}
+    # product defaults: the horizons follow the chat's own 30-day span
+    assert lme.forget(events, Settings()) == {"old", "new"}
+    fixed = Settings()
+    fixed.maintenance.span_factor = 0.0
+    assert lme.forget(events, fixed) == {"new"}
     off = Settings()
     off.maintenance.enabled = False
     assert lme.forget(events, off) == {"old", "new"}

@@ -6,17 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from operators.conversation_score import (
-    AgentRewardMix,
-    MeanSurprisal,
     SpeakerSurprisal,
     TopSurprisal,
     install,
     shadow_clusters,
     shadow_groups,
-    span_horizons,
 )
-from operators.decay import DAY_MS, MaintenancePolicy
-from operators.surprise import IntrinsicState, TokenSurprisal
+from operators.decay import DAY_MS, MaintenancePolicy, horizons
+from operators.surprise import AgentRewardMix, IntrinsicState, TokenSurprisal
 
 FILLER = "here is a long and helpful answer with many of the usual words " * 8
 
@@ -37,7 +34,7 @@ def warm(model: TokenSurprisal) -> None:
 def test_sum_ranks_by_length_mean_by_content() -> None:
     fact = "user: The play I attended was The Glass Menagerie"
     long = "assistant: " + FILLER
-    plain, mean = TokenSurprisal(), MeanSurprisal()
+    plain, mean = TokenSurprisal(), TokenSurprisal(n0=4.0)
     warm(plain)
     warm(mean)
     assert score(plain, long) > score(plain, fact)
@@ -63,10 +60,11 @@ def test_speaker_surprisal_judges_each_speaker_by_its_own_mean() -> None:
 
 def test_install_swaps_the_information_term() -> None:
     st = IntrinsicState(8)
-    install(st, "mean")
-    assert isinstance(st.tokens, MeanSurprisal)
+    assert st.tokens.n0 == 4.0  # the write path's term: per token
     install(st, "sum")
-    assert isinstance(st.tokens, MeanSurprisal)  # "sum" keeps what is there
+    assert st.tokens.n0 is None
+    install(st, "topm", m=4)
+    assert isinstance(st.tokens, TopSurprisal) and st.tokens.m == 4
 
 
 def test_reward_mix_per_agent() -> None:
@@ -95,6 +93,8 @@ def test_shadow_clusters_fold_by_topic() -> None:
 
 def test_span_horizons_never_shorter_than_the_defaults() -> None:
     p = MaintenancePolicy()
-    assert span_horizons(p, DAY_MS) == p
-    q = span_horizons(p, 90 * DAY_MS)
-    assert q.half_life_ms == 90 * DAY_MS and q.buffer_ttl_ms == 90 * DAY_MS
+    h, ttl = horizons(np.array([DAY_MS, 90 * DAY_MS]), p)
+    assert h.tolist() == [p.half_life_ms, 90 * DAY_MS]
+    assert ttl.tolist() == [p.buffer_ttl_ms, 90 * DAY_MS]
+    h0, _ = horizons(90 * DAY_MS, MaintenancePolicy(span_factor=0.0))
+    assert float(h0) == p.half_life_ms

@@ -197,6 +197,30 @@ def test_merge_arithmetic_and_idempotency() -> None:
     assert top["metadata"]["credit_ids"] == ["c0", "c1"]
 
 
+def test_horizons_follow_the_clocks_span() -> None:
+    """A clock spanning 30 days keeps a 20-day-old buffer memory (TTL >= span) and its
+    30-day-old core memory (half-life >= span: 1 * 2^-1 = 0.5 >= 0.3); a clock that
+    spans a day decays on the fixed horizons, as with span_factor 0."""
+    long = index_of({"old-buf": e(BUFFER, 20, 5.0), "old-core": e(CORE, 30, 1.0)})
+    assert plan_decay(long, MaintenancePolicy(), NOW).actions == []
+    fixed = {(a.memory_id, a.kind) for a in plan_decay(
+        long, MaintenancePolicy(span_factor=0.0), NOW).actions}  # fmt: skip
+    assert fixed == {("old-buf", "evicted"), ("old-core", "demoted")}
+    short = {"a": e(BUFFER, 1, 0.03), "b": e(CORE, 0.5, 0.2), "c": e(BUFFER, 0.2, 1.0)}
+    for pol in (MaintenancePolicy(), MaintenancePolicy(span_factor=0.0)):
+        got = {(a.memory_id, a.kind) for a in plan_decay(index_of(short), pol, NOW).actions}
+        assert got == {("a", "evicted"), ("b", "demoted")}
+    # factor 1: an entry is never older than its clock's span, so the TTL never fires
+    # and the |rpe| term keeps at least half; value and capacity decide (0.3: demoted)
+    weak = index_of({"first": e(CORE, 90, 0.5), "last": e(BUFFER, 0, 0.02)})
+    got = {
+        (a.memory_id, a.kind, a.reason) for a in plan_decay(weak, MaintenancePolicy(), NOW).actions
+    }
+    assert got == {("first", "demoted", "faded"), ("last", "evicted", "below_floor")}
+    with pytest.raises(ValueError, match="span_factor"):
+        MaintenancePolicy(span_factor=-1.0)
+
+
 def index_of(entries: dict[str, Entry]) -> TenantIndex:
     t = TenantIndex(capacity=2)
     for k, e in entries.items():
@@ -218,7 +242,7 @@ def e(part: int, age_days: float, rpe: float, **kw: float) -> Entry:
 
 
 def test_decay_ttl_floor_fade_promote() -> None:
-    pol = MaintenancePolicy()
+    pol = MaintenancePolicy(span_factor=0.0)  # fixed horizons (7 d half-life, 14 d TTL)
     t = index_of(
         {
             "old-buf": e(BUFFER, 20, 5.0),  # past TTL (14 d)
