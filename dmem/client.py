@@ -399,8 +399,12 @@ class Client:
         step: int | None = None,
         mmr: bool = False,
         request_id: str | None = None,
+        as_of: int | None = None,
         **filters: Any,
     ) -> list[Hit]:
+        """Search the tenant's memories. ``as_of``: when the question is asked (event
+        time, ms): later memories are left out, recency is measured from it.
+        ``filters``: the `SearchFilters` fields."""
         req = RetrievalRequest.model_validate(
             {
                 "request_id": request_id or uuid.uuid4().hex,
@@ -413,6 +417,7 @@ class Client:
                 "episode_id": episode_id,
                 "step": step,
                 "mmr": mmr,
+                "as_of": as_of,
                 "filters": SearchFilters(**filters),
             }
         )

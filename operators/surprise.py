@@ -10,12 +10,15 @@ mean information (1 = a typical turn, so the gate's floor 0.5 means "half of wha
 a typical turn says"), and 0 when the turn is off-context:
 
 - **Information** (`TokenSurprisal`): the Shannon surprisal of the text's tokens
-  under the tenant's online unigram model (hashed counts, add-a smoothing), summed
-  over tokens, in nats. Greetings and back-channel are a few frequent tokens; a
-  turn that introduces people, places and events is many rare ones; summed, so a
-  long specific turn carries more than a short one. Transitions without text use
-  the error of a random-network-distillation predictor on the embedding
-  (`RndSurprise`).
+  under the tenant's online unigram model (hashed counts, add-a smoothing), per
+  token with ``info_n0`` tokens of shrinkage, ``sum / (n + n0)``, in nats.
+  Greetings and back-channel are a few frequent tokens; a turn that introduces
+  people, places and events is rare ones. Per token, not summed: a sum grows with
+  length, so it ranked an assistant's long answers above the user's short
+  disclosures ("The play I attended was The Glass Menagerie"), which are what
+  later questions ask about; the shrinkage keeps a one-word turn with one rare
+  token from outranking a sentence. Transitions without text use the error of a
+  random-network-distillation predictor on the embedding (`RndSurprise`).
 - **Novelty against what is stored**: 1 - max cosine to the agent's bank of
   stored embeddings. A near-repeat of a memory is worth little however
   informative it was the first time: the score is scaled by
@@ -26,9 +29,10 @@ a typical turn says"), and 0 when the turn is off-context:
   observation); an injected one is not. The yardstick is the agent's own
   "unrelated" level: the running mean and std of the cosine between a turn and
   the bank (near-repeats, >= ``repeat_cos``, left out). A turn whose fit is below
-  mean + ``fit_k`` * std is off-context and scores 0 (reason ``off_context``),
-  unless its score before the veto is ``fit_exempt`` typical turns' worth or more
-  (a fact announced out of the blue).
+  mean + ``fit_k`` * std (default 0: it fits its neighbours no better than an
+  average unrelated memory does) is off-context and scores 0 (reason
+  ``off_context``), unless its summed information is ``fit_exempt`` typical turns'
+  worth or more (a fact announced out of the blue).
 - **Suspects and vindication**: a vetoed turn waits for the agent's next
   ``lookahead`` turns; the first whose cosine to it clears the threshold it failed
   refers back to it (`IntrinsicScore.vindicates`) and the write path writes it
@@ -38,9 +42,12 @@ a typical turn says"), and 0 when the turn is off-context:
   clean stream and a contaminated one at once, so the guard also estimates, per
   tenant, how much of its stream is off-context and the posterior that a turn
   with a given fit is, and vetoes below max(``fit_k``, the fit where that
-  posterior reaches ``off_posterior``). Default 2/3: only where injected is at
-  least twice as likely as real (losing a real turn costs more than keeping a
-  distractor).
+  posterior reaches ``off_posterior``). Default 0.9: only where injected is at
+  least nine times as likely as real (losing a real turn costs more than keeping a
+  distractor, and on a clean chat the estimate of the injected share runs high:
+  measured in docs/design/2026-12-02-conversation-score.md).
+- **The mix** (`AgentRewardMix`, `gate_score`): per agent, rewards switch the
+  intrinsic score off; a chat beside a rewarded agent in one tenant keeps its own.
 - **Batch independence**: every part is decided per turn in stream order; the
   bank is the turns this state rates as memories (score >= ``bank_min``,
   vindicated suspects included), not the gate's later routes, so a turn scores
@@ -95,7 +102,7 @@ def gate_score(extrinsic: float, intrinsic: float, w_intrinsic: float) -> float:
     extrinsic score alone, bit for bit; a reward-free one (extrinsic = 0) routes by intrinsic
     surprise alone; in between, a transition is kept if either channel finds it
     surprising, and neither channel's scale dilutes the other's. ``w`` comes from
-    `RewardMix` (it adapts to how much of the stream carries rewards).
+    the agent's `RewardMix` (it adapts to how much of its stream carries rewards).
     """
     return max(float(extrinsic), float(w_intrinsic) * float(intrinsic))
 
@@ -103,13 +110,14 @@ def gate_score(extrinsic: float, intrinsic: float, w_intrinsic: float) -> float:
 class RewardMix:
     """w_intrinsic = max(0, 1 - rate / rate_full): rewards switch intrinsic surprise off.
 
-    ``rate`` is the decayed share of the tenant's transitions with a non-zero
+    ``rate`` is the decayed share of one agent's transitions with a non-zero
     reward (exact mean for the first 1/alpha, then EMA with horizon ~1/alpha).
     A Gymnasium or ScienceWorld stream pays or costs reward on many steps (rate
     far above ``rate_full`` = 1 %), so w = 0 and routing is the extrinsic RPE's
     alone; a chat publishes reward 0 (its thumbs arrive as `Feedback` and
     become credit, not transition rewards), so w = 1. The batch's rewards are
-    folded in before w is read, so a tenant's first batch is already judged.
+    folded in before w is read, so an agent's first batch is already judged.
+    One per agent (`AgentRewardMix`).
     """
 
     def __init__(self, alpha: float = 0.002, rate_full: float = 0.01) -> None:
@@ -382,7 +390,7 @@ class IntrinsicConfig:
     """Validated knobs of the intrinsic score (defaults documented in the module)."""
 
     repeat_cos: float = 0.9
-    fit_k: float = 1.0
+    fit_k: float = 0.0
     fit_exempt: float = 3.0
     window: int = 4
     lookahead: int = 4
@@ -396,9 +404,10 @@ class IntrinsicConfig:
     #: (`TokenSurprisal.surprisal`); None: summed over the tokens
     info_n0: float | None = 4.0
     #: contamination-adaptive cut (`Contamination`): off-context where the posterior
-    #: of "injected" exceeds this; 2/3 = only when injected is at least twice as
-    #: likely as real (losing a real turn is worse than keeping a distractor); 1 = off
-    off_posterior: float = 2.0 / 3.0
+    #: of "injected" exceeds this; 0.9 = only when injected is at least nine times as
+    #: likely as real (losing a real turn is worse than keeping a distractor, and the
+    #: estimate of the injected share runs high on a clean chat); 1 = off
+    off_posterior: float = 0.9
     hist_bins: int = 40
     hist_alpha: float = 0.002
     hist_warmup: int = 100

@@ -251,6 +251,15 @@ class RetrievalRequest(Model):
     step: int | None = Field(default=None, ge=0)
     reply_topic: Ident | None = None
     ts: int | None = Field(default=None, ge=0)
+    as_of: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "when the question is asked, in event time (ms): memories written after it "
+            "are left out, and recency is measured from it instead of the memories' "
+            "stream clock (a question about last week, asked of a replayed history)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _has_query(self) -> RetrievalRequest:

@@ -359,7 +359,7 @@ class IntrinsicSettings(BaseModel):
         default=True, description="mix the reward-free surprise into the gate score"
     )
     fit_k: float = Field(
-        default=1.0,
+        default=0.0,
         description="off-context below unrelated mean + k std "
         "(a later turn that fits a vetoed one that well writes it: referred)",
     )
@@ -370,15 +370,27 @@ class IntrinsicSettings(BaseModel):
         default=0.01,
         gt=0.0,
         le=1.0,
-        description="share of rewarded transitions that turns intrinsic surprise fully off",
+        description=(
+            "share of an agent's transitions with a reward that turns its intrinsic "
+            "surprise fully off (per agent: a chat beside a rewarded agent keeps its own)"
+        ),
+    )
+    info_n0: float | None = Field(
+        default=4.0,
+        ge=0.0,
+        description=(
+            "the information term is the text's token surprisal per token, shrunk by this "
+            "many tokens (sum / (n + n0)), so a long turn does not outrank a short "
+            "disclosure by length; null: the summed surprisal"
+        ),
     )
     off_posterior: float = Field(
-        default=2.0 / 3.0,
+        default=0.9,
         gt=0.0,
         le=1.0,
         description="off-context also where the estimated posterior "
         "of 'injected' exceeds this (contamination-adaptive cut; "
-        "2/3: injected twice as likely as real; 1 = off)",
+        "0.9: injected nine times as likely as real; 1 = off)",
     )
 
 

@@ -522,7 +522,10 @@ def bench_longmemeval(
     help="noise turns from other conversations per real turn (0.5 = one per two)",
 )
 @click.option(
-    "--encoder", type=click.Choice(["hash", "minilm"]), default="minilm", show_default=True
+    "--encoder",
+    type=click.Choice(["hash", "minilm", "minilm-static"]),
+    default="minilm",
+    show_default=True,
 )
 @click.option("--conversations", type=click.IntRange(0), default=0, help="first N (0 = all)")
 @click.option(

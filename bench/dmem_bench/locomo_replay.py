@@ -8,7 +8,7 @@ keys, context guard and its suspects: the real `streams.write.WritePipeline`, wi
 conversations loaded), and evidence recall by exact cosine top-k over what it kept.
 
 Forgetting: the decay job's fixed point on the settings' maintenance policy once
-input is quiet (`dmem_bench.longmemeval.forget`). What it leaves out, and why that is
+input is quiet (`forget`). What it leaves out, and why that is
 acceptable for developing the gate: no broker, no Milvus, no dedup job and no hybrid
 ranking (live, these moved recall by ~0.02;
 BENCHMARKS.md "LoCoMo"); the turns are fed one conversation (tenant) after the other
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +81,62 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> 
     return out
 
 
+def forget(events: Iterable[Any], settings: Any) -> set[str]:
+    """Memory ids still searchable once the decay job is done with ``events``.
+
+    ``events``: the write path's MemoryEvents of one tenant, in order. The index is
+    the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
+    watermarks; passes of `plan_decay` run at the final watermarks until one plans
+    nothing (evicted rows leave, demoted and promoted rows change partition).
+    """
+    from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
+    from streams.jobs.rows import policy_from
+
+    policy = policy_from(settings)
+    idx = TenantIndex(per_agent_clock=policy.clock == "agent")
+    events = list(events)
+    for ev in events:
+        ts = int(ev.event_ts)
+        idx.advance(ev.agent_id, ts)
+        if ev.kind == "written":
+            idx.upsert(
+                ev.memory_id,
+                Entry(
+                    partition=CORE if ev.partition == "core" else BUFFER,
+                    created_ts=ts,
+                    last_seen_ts=ts,
+                    abs_rpe=max(abs(float(ev.rpe)), float(ev.rpe_smoothed)),
+                    last_access_ts=ts,
+                    agent=str(ev.agent_id or ""),
+                ),
+            )
+    if not settings.maintenance.enabled:
+        return set(idx.ids)
+    for _ in range(1000):
+        plan = plan_decay(idx, policy)
+        if not plan.actions:
+            break
+        for a in plan.actions:
+            if a.kind == "evicted":
+                idx.remove(a.memory_id)
+            elif a.kind == "demoted":
+                idx.set_partition(a.memory_id, BUFFER)
+            elif a.kind == "promoted":
+                idx.set_partition(a.memory_id, CORE)
+    return set(idx.ids)
+
+
 def replay_stream(
     pipe: Any, stream: Sequence[Item], batch: int, settings: Any = None
 ) -> tuple[dict[str, str], set[str]]:
     """Feed one conversation's turns through ``pipe``: (memory id -> final route
     reason, the ids still stored once the decay job is done with them on
-    ``settings``' maintenance policy, `dmem_bench.longmemeval.forget`; without
+    ``settings``' maintenance policy, `forget`; without
     ``settings``, every written id).
 
     The last ``written``/``dropped`` event wins: a ``referred`` write supersedes the
     ``dropped: off_context`` event of a suspect, as in the live `memories` topic.
     """
-    from dmem_bench.longmemeval import forget
-
     events = decisions(pipe, [it.transition for it in stream], batch, "replay")
     final = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
     if settings is None:

@@ -39,7 +39,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -183,51 +183,6 @@ def transitions(q: Question) -> list[Turn]:
     return out
 
 
-def forget(events: Iterable[Any], settings: Any) -> set[str]:
-    """Memory ids still searchable once the decay job is done with ``events``.
-
-    ``events``: the write path's MemoryEvents of one tenant, in order. The index is
-    the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
-    watermarks; passes of `plan_decay` run at the final watermarks until one plans
-    nothing (evicted rows leave, demoted and promoted rows change partition).
-    """
-    from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
-    from streams.jobs.rows import policy_from
-
-    policy = policy_from(settings)
-    idx = TenantIndex(per_agent_clock=policy.clock == "agent")
-    events = list(events)
-    for ev in events:
-        ts = int(ev.event_ts)
-        idx.advance(ev.agent_id, ts)
-        if ev.kind == "written":
-            idx.upsert(
-                ev.memory_id,
-                Entry(
-                    partition=CORE if ev.partition == "core" else BUFFER,
-                    created_ts=ts,
-                    last_seen_ts=ts,
-                    abs_rpe=max(abs(float(ev.rpe)), float(ev.rpe_smoothed)),
-                    last_access_ts=ts,
-                    agent=str(ev.agent_id or ""),
-                ),
-            )
-    if not settings.maintenance.enabled:
-        return set(idx.ids)
-    for _ in range(1000):
-        plan = plan_decay(idx, policy)
-        if not plan.actions:
-            break
-        for a in plan.actions:
-            if a.kind == "evicted":
-                idx.remove(a.memory_id)
-            elif a.kind == "demoted":
-                idx.set_partition(a.memory_id, BUFFER)
-            elif a.kind == "promoted":
-                idx.set_partition(a.memory_id, CORE)
-    return set(idx.ids)
-
-
 def replay_question(
     pipe: Any,
     q: Question,
@@ -236,7 +191,7 @@ def replay_question(
     settings: Any,
 ) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
-    from dmem_bench.locomo_replay import decisions
+    from dmem_bench.locomo_replay import decisions, forget
 
     run = QuestionRun(q, list(turns))
     events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval")

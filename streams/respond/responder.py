@@ -16,6 +16,8 @@ in a worker thread. Decisions:
   lambda).
 - Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
   served ids and their normalised score weights.
+- A request's ``as_of`` (the question's date, event time) leaves out memories
+  written after it and measures recency from it.
 - Time: recency and the access stamps are stream time on the memories' own
   clock, never the wall clock: per (tenant, agent) (or per tenant, with
   ``DMEM_MAINTENANCE__STREAM_CLOCK=tenant``) the highest event time this
@@ -71,8 +73,9 @@ def store_filter(req: RetrievalRequest) -> dict[str, Any]:
     rng: dict[str, int] = {}
     if f.since_ms is not None:
         rng[">="] = f.since_ms
-    if f.until_ms is not None:
-        rng["<="] = f.until_ms
+    until = [x for x in (f.until_ms, req.as_of) if x is not None]
+    if until:  # nothing written after the question was asked
+        rng["<="] = min(until)
     if rng:
         out["created_ts"] = rng
     if f.min_utility is not None:
@@ -184,7 +187,10 @@ class Responder:
             )
             vectors = {r["id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
         stream_now = self.clock.observe(req.tenant, cands)
-        ranked = rank(pool, self.policy, lam, stream_now, req.k, vectors)
+        # recency from the question's own time where it says one; the access stamps
+        # (`on_access`) stay on the memories' clock
+        now_rank: float | dict[str, int] = stream_now if req.as_of is None else float(req.as_of)
+        ranked = rank(pool, self.policy, lam, now_rank, req.k, vectors)
         folded = self.merged_ids([r.row for r in ranked])
         hits = [
             Hit(

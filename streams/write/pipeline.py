@@ -283,6 +283,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         repeat_cos=i.repeat_cos,
         reward_rate_full=i.reward_rate_full,
         off_posterior=i.off_posterior,
+        info_n0=i.info_n0,
     )
 
 

@@ -285,7 +285,7 @@ def test_hindsight_is_bounded_and_selective() -> None:
     long_ep = [
         Transition(
             tenant="t",
-            agent_id="a",
+            agent_id="w",  # the rewarded agent: its w is 0
             episode_id="long",
             step=k,
             observation=f"corridor {k}",
@@ -327,7 +327,7 @@ def test_hindsight_usual_outcome_writes_nothing() -> None:
         ep = [
             Transition(
                 tenant="t",
-                agent_id="a",
+                agent_id="w",  # the rewarded agent: its w is 0
                 episode_id=f"ep{e}",
                 step=k,
                 observation=f"corridor {e} {k}",
@@ -343,7 +343,7 @@ def test_hindsight_usual_outcome_writes_nothing() -> None:
     ep = [
         Transition(
             tenant="t",
-            agent_id="a",
+            agent_id="w",  # the rewarded agent: its w is 0
             episode_id="rare",
             step=k,
             observation=f"vault {k}",

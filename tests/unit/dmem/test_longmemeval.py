@@ -94,9 +94,12 @@ def test_transitions_follow_the_chat_mapping(data: Path) -> None:
     assert turns[12].evidence and turns[12].session == "answer_q1"
 
 
-def test_forget_on_defaults_ages_a_long_chat_away() -> None:
-    """Product defaults: a buffer memory older than the TTL is evicted; without
-    maintenance everything written stays."""
+def test_forget_on_defaults_follows_the_chats_span() -> None:
+    from dmem_bench.locomo_replay import forget
+
+    """Product defaults: the horizons follow the chat's own span, so a 30-day-old
+    buffer memory of a 30-day chat stays; fixed horizons (span_factor 0) evict it
+    after the 14-day TTL; without maintenance everything written stays."""
     from schemas import MemoryEvent
 
     day = 24 * 3600 * 1000
@@ -125,13 +128,13 @@ def test_forget_on_defaults_ages_a_long_chat_away() -> None:
 
     events = [ev("old", 0), ev("new", 30 * day)]
     # product defaults: the horizons follow the chat's own 30-day span
-    assert lme.forget(events, Settings()) == {"old", "new"}
+    assert forget(events, Settings()) == {"old", "new"}
     fixed = Settings()
     fixed.maintenance.span_factor = 0.0
-    assert lme.forget(events, fixed) == {"new"}
+    assert forget(events, fixed) == {"new"}
     off = Settings()
     off.maintenance.enabled = False
-    assert lme.forget(events, off) == {"old", "new"}
+    assert forget(events, off) == {"old", "new"}
 
 
 def test_run_reports_the_contract_keys(data: Path) -> None:

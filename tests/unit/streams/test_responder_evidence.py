@@ -64,3 +64,31 @@ def test_credited_top_k_keeps_the_schedule_lambda() -> None:
     # an explicit lambda is never adapted
     blamed = [mem(f"x{i}", 0.9, utility=-2.0, uses=1) for i in range(3)]
     assert {lam for _, lam in served([*blamed, mem("far", 0.3)], lam=0.2)} == {0.2}
+
+
+def test_as_of_bounds_the_search_and_measures_recency_from_the_question() -> None:
+    """``as_of``: nothing written after the question (the store filter's upper bound,
+    the tighter of it and ``until_ms``), and recency measured from the question's
+    time, not from the newest memory the responder has read."""
+    from streams.respond.responder import store_filter
+
+    def req(**kw: Any) -> RetrievalRequest:
+        return RetrievalRequest.model_validate(
+            {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2, **kw}
+        )
+
+    assert store_filter(req(as_of=500)) == {"created_ts": {"<=": 500}}
+    assert store_filter(req(as_of=500, filters={"until_ms": 300, "since_ms": 10})) == {
+        "created_ts": {">=": 10, "<=": 300}
+    }
+    assert store_filter(req()) == {}
+    day = 24 * 3600 * 1000
+    old = mem("old", 0.9) | {"created_ts": 0}
+    new = mem("new", 0.9) | {"created_ts": 60 * day}
+    r = Responder(FakeStore([old, new]), PassthroughEncoder(2))
+    live, _ = r.answer(req(), now_ms=0)  # recency from the newest read: "new" is fresh
+    rec = {h.memory_id: h.breakdown.recency for h in live.hits}
+    assert rec["new"] == 1.0 and rec["old"] < 1.0
+    asked, _ = r.answer(req(as_of=0), now_ms=0)  # asked on day 0: "old" is fresh
+    rec = {h.memory_id: h.breakdown.recency for h in asked.hits}
+    assert rec["old"] == 1.0
