@@ -475,6 +475,13 @@ def bench_encoders(
     default=None,
     help="keep the turns' embeddings in this folder between runs",
 )
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(".dmem-bench/longmemeval.png"),
+    show_default=True,
+    help="recall per question type against store-all",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_longmemeval(
     data: Path,
@@ -483,11 +490,13 @@ def bench_longmemeval(
     encoder: str,
     batch: int,
     cache: Path | None,
+    plot: Path,
     as_json: bool,
 ) -> None:
     """Conversations on LongMemEval, in process on the product's defaults: storage, turn
     and session recall at 5 and 10 per question type against store-all cosine."""
     from dmem_bench.common import emit_json, note
+    from dmem_bench.longmemeval import plot as plot_recall
     from dmem_bench.longmemeval import run, table
 
     try:
@@ -503,6 +512,8 @@ def bench_longmemeval(
     except (DmemError, FileNotFoundError, ValueError) as exc:
         fail(exc)
     table(res)
+    plot_recall(plot, res)
+    note(f"plot: {plot}")
     if as_json:
         emit_json(res)
 

@@ -406,6 +406,40 @@ def run(
     return out
 
 
+def plot(path: Path, res: dict[str, Any]) -> None:
+    """Turn and session recall@10 per question type, dmem against store-all cosine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [*res["by_type"].items(), ("all", res)]
+    names = [n.replace("single-session-", "ss-") for n, _ in groups]
+    keys = [
+        ("turn_recall_at_10", "dmem turn@10"),
+        ("store_all_turn_recall_at_10", "store-all turn@10"),
+        ("session_recall_at_10", "dmem session@10"),
+        ("store_all_session_recall_at_10", "store-all session@10"),
+    ]
+    x = np.arange(len(groups))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for j, (key, label) in enumerate(keys):
+        vals = [float(r.get(key) or 0.0) for _, r in groups]
+        ax.bar(x + (j - 1.5) * 0.2, vals, 0.2, label=label)
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("evidence recall@10")
+    ax.set_title(
+        f"LongMemEval: {res['questions']} questions, storage {res['storage_ratio']:.2f} "
+        f"({res['encoder']}, product defaults)"
+    )
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def table(res: dict[str, Any]) -> None:
     """The per-type table on stderr."""
     from dmem_bench.common import print_table
