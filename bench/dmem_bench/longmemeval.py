@@ -427,13 +427,13 @@ def plot(path: Path, res: dict[str, Any]) -> None:
         vals = [float(r.get(key) or 0.0) for _, r in groups]
         ax.bar(x + (j - 1.5) * 0.2, vals, 0.2, label=label)
     ax.set_xticks(x, names, fontsize=8)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.2)
     ax.set_ylabel("evidence recall@10")
     ax.set_title(
         f"LongMemEval: {res['questions']} questions, storage {res['storage_ratio']:.2f} "
         f"({res['encoder']}, product defaults)"
     )
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
