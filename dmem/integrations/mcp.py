@@ -16,7 +16,7 @@ MCP client sees are the ones the stream enforces):
   next step of that episode (counted by this server). Whether it is *stored* is
   the gate's decision, made asynchronously by the write role: ``remember`` answers
   once the broker has the transition, not once it is searchable.
-- ``recall(query, k=5, filters?, lambda_?)``: hits with their score breakdown,
+- ``recall(query, k=5, filters?, lambda_?, as_of?)``: hits with their score breakdown,
   RPE, valence and utility.
 - ``report_outcome(episode_id, reward)``: the late reward of an episode (credit).
 - ``feedback(memory_id, thumbs)``: thumbs up / down on one memory.
@@ -162,11 +162,14 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         k: int = 5,
         filters: SearchFilters | None = None,
         lambda_: float | None = None,
+        as_of: int | None = None,
     ) -> list[dict[str, Any]]:
+        """``as_of``: when the question is asked (event time, ms): later memories are
+        left out and recency is measured from it."""
         f = (filters or SearchFilters()).model_dump(exclude={"schema_version"}, exclude_none=True)
 
         async def go(c: Client) -> list[dict[str, Any]]:
-            hits = await c.search(query, k, lambda_=lambda_, **f)
+            hits = await c.search(query, k, lambda_=lambda_, as_of=as_of, **f)
             return [h.model_dump(mode="json", by_alias=True) for h in hits]
 
         result: list[dict[str, Any]] = await call("search", go)
