@@ -45,7 +45,7 @@ a typical turn says"), and 0 when the turn is off-context:
   posterior reaches ``off_posterior``). Default 0.9: only where injected is at
   least nine times as likely as real (losing a real turn costs more than keeping a
   distractor, and on a clean chat the estimate of the injected share runs high:
-  measured in docs/design/2026-12-02-conversation-score.md).
+  measured in docs/design/2026-12-03-conversation-defaults.md).
 - **The mix** (`AgentRewardMix`, `gate_score`): per agent, rewards switch the
   intrinsic score off; a chat beside a rewarded agent in one tenant keeps its own.
 - **Batch independence**: every part is decided per turn in stream order; the
@@ -187,8 +187,11 @@ class AgentRewardMix:
         r = np.asarray(rewards, dtype=np.float64).reshape(-1)
         if len(agents) != r.size:
             raise ValueError("one reward per agent entry")
-        for a in dict.fromkeys(agents):  # each agent once, in order of appearance
-            self._of(a).observe(r[[i for i, x in enumerate(agents) if x == a]])
+        rows: dict[str, list[int]] = {}  # each agent once, in order of appearance
+        for i, a in enumerate(agents):
+            rows.setdefault(a, []).append(i)
+        for a, idx in rows.items():
+            self._of(a).observe(r[idx])
         return np.asarray([self.mixes[a].weight for a in agents], dtype=np.float64)
 
     def weight(self, agent: str) -> float:

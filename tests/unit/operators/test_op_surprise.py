@@ -358,3 +358,39 @@ def test_settings_win_over_the_checkpointed_knobs() -> None:
     back = IntrinsicState.from_dict(d, new)
     assert back.config == new and back.mix.rate_full == 0.05
     assert IntrinsicState.from_dict(d).config == st.config  # without one: the checkpoint's
+
+
+def test_agent_reward_mix_is_per_agent_bounded_and_checkpointed() -> None:
+    from operators.surprise import AgentRewardMix
+
+    mix = AgentRewardMix(max_agents=2)
+    # one batch, interleaved: the grid agent is rewarded on 2 of 4 steps, the chat never
+    w = mix.observe(
+        ["grid", "chat", "grid", "grid", "chat", "grid"], np.array([1, 0, 0, 0, 0, 1.0])
+    )
+    assert w.tolist() == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]  # read after the batch is folded in
+    assert mix.mixes["grid"].count == 4 and mix.mixes["chat"].count == 2
+    back = AgentRewardMix.from_dict(orjson.loads(orjson.dumps(mix.to_dict())))
+    assert back.weight("grid") == 0.0 and back.weight("chat") == 1.0
+    mix.observe(["new"], np.zeros(1))  # a third agent evicts the least recently seen
+    assert set(mix.mixes) == {"chat", "new"} and mix.weight("grid") == 1.0
+    with pytest.raises(ValueError, match="one reward"):
+        mix.observe(["a", "b"], np.zeros(1))
+
+
+def test_a_checkpoint_of_the_summed_term_restarts_the_information_mean() -> None:
+    """A state saved with the summed information (n0 None) restored under the per-token
+    default: counts are kept, the running mean (on the other scale) starts afresh, and
+    the guard's exemption keeps the summed mean."""
+    enc = HashingEncoder(dim=32)
+    old = IntrinsicState(32, IntrinsicConfig(info_n0=None))
+    texts = ["user: my sister moved to Lisbon last spring", "assistant: that sounds great"] * 5
+    vecs = enc.encode(texts)
+    old.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+    d = orjson.loads(orjson.dumps(old.to_dict()))
+    back = IntrinsicState.from_dict(d, IntrinsicConfig())
+    assert back.tokens.n0 == 4.0 and back.tokens.total == old.tokens.total
+    assert back.info_mean.count == 0
+    assert back.total_mean.mean == pytest.approx(old.total_mean.mean)
+    same = IntrinsicState.from_dict(d, IntrinsicConfig(info_n0=None))
+    assert same.info_mean.count == old.info_mean.count
