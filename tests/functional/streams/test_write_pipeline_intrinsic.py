@@ -175,3 +175,40 @@ def test_a_chat_beside_a_rewarded_agent_is_scored_and_the_agent_routes_as_alone(
     mix2 = p2.tenants["t"].intrinsic.mix
     assert mix2.weight(grid[0].agent_id) == 0.0 and mix2.weight("chat") == 1.0
     assert mix2.mixes[grid[0].agent_id].count == len(grid)
+
+
+def test_small_talk_in_any_register_drops_and_short_typed_facts_stay() -> None:
+    """Texting register: emoji, one-word replies, typos. After the gate's warm-up
+    (its first ``gate.warmup`` scores use fixed thresholds) every short disclosure is
+    kept, typos and all, and the small talk around it is dropped."""
+    import random
+
+    rng = random.Random(1)
+    small = ["lol", "ok", "😂😂", "👍", "haha", "k thx", "yeah", "omg 😍", "sure!", "ok ok"]
+    facts = [
+        "im alergic to nutz btw",
+        "my bro Jake moved to Denver last wk",
+        "got a new job at Pfizer as a chemist",
+        "we adopted a cat named Miso 🐱",
+        "my flight to Tokyo is on the 14th",
+        "I sold my old Honda Civic yesterday",
+        "my daughter Lia starts kindergarten in sept",
+        "doc says my knee needs surgery in march",
+        "we r moving to a flat in Leeds",
+        "my mom turns 70 on friday, party at Rosa's",
+        "i quit coffee 2 weeks ago",
+        "bought a used Yamaha piano for 900 bucks",
+    ]
+    turns: list[ChatTurn] = []
+    for fact in facts:
+        turns += [ChatTurn("Ann" if j % 2 else "Bob", rng.choice(small)) for j in range(10)]
+        turns.append(ChatTurn("Ann", fact))
+    ts = chat_transitions(turns, tenant="t", conversation="c1", session=1)
+    settings = Settings()
+    got = routes(WritePipeline(settings, HashingEncoder(dim=256)), ts)
+    kept: Counter[tuple[str, bool]] = Counter()
+    for t, (route, _) in list(zip(ts, got, strict=True))[settings.gate.warmup :]:
+        kind = "fact" if t.text().split(": ", 1)[1] in facts else "small"
+        kept[kind, route != "drop"] += 1
+    assert kept["fact", False] == 0 and kept["fact", True] >= 6, kept
+    assert kept["small", True] <= 0.1 * (kept["small", True] + kept["small", False]), kept
