@@ -27,9 +27,19 @@ counts the retrievals that served the memory (``metadata.access.n``);
 ``since_access`` runs from ``last_access_ts`` (stamped by the responder on the
 same clock). The earned part (utility and access terms) alone decides promotion.
 
+Horizons follow each clock's span (`span_horizons`): the half-life and the buffer
+TTL of an entry are ``max(policy value, span_factor * (watermark - origin))`` of
+its clock, where the origin is the earliest ``created_ts`` of the clock's memories.
+An agent whose stream spans months decays on months; one that spans hours on the
+policy's fixed values. At ``span_factor`` >= 1 no entry is older than its clock's
+span, so the TTL never fires and value and capacity decide what goes. A memory with
+a bogus early ``created_ts`` (0, seconds for milliseconds) stretches its clock's
+span to match it; with ``clock="tenant"`` one clock, and so one span, serves every
+agent of the tenant.
+
 Rules per tenant (`plan_decay`):
 
-- buffer entries neither seen nor accessed for ``buffer_ttl_ms`` are evicted
+- buffer entries neither seen nor accessed for the buffer TTL are evicted
   (``ttl``); buffer entries with p below ``buffer_floor`` too (``below_floor``);
 - core entries with p below ``demote_below`` are demoted (``faded``);
 - buffer entries whose earned value reaches ``promote_above`` are promoted
@@ -141,8 +151,8 @@ def priority(
     per entry (`horizons`); None: the policy's."""
     age = np.maximum(np.asarray(age_ms, dtype=np.float64), 0.0)
     since = np.maximum(np.asarray(since_access_ms, dtype=np.float64), 0.0)
-    h = policy.half_life_ms if half_life_ms is None else np.asarray(half_life_ms, np.float64)
-    surprise = np.abs(np.asarray(abs_rpe, dtype=np.float64)) * np.exp2(-age / h)
+    half = policy.half_life_ms if half_life_ms is None else np.asarray(half_life_ms, np.float64)
+    surprise = np.abs(np.asarray(abs_rpe, dtype=np.float64)) * np.exp2(-age / half)
     h = np.maximum(np.asarray(hits, dtype=np.float64), 0.0)
     access = policy.access_weight * np.log2(1.0 + h) * np.exp2(-since / policy.access_half_life_ms)
     earned = policy.utility_weight * np.tanh(np.asarray(utility, dtype=np.float64)) + access
@@ -250,11 +260,8 @@ class TenantIndex:
 
     def advance(self, agent: str | None, event_ts: int) -> bool:
         """An event time seen from `agent`: its clock's watermark moves up to it.
-        True when it moved (ages changed). Also the clock's origin (its earliest event
-        time: the span the horizons follow, `span_now`)."""
+        True when it moved (ages changed)."""
         code = self._clock(agent)
-        if event_ts < self.origin[code]:
-            self.origin[code] = event_ts
         if event_ts > self.watermark[code]:
             self.watermark[code] = event_ts
             return True
@@ -276,8 +283,10 @@ class TenantIndex:
         return self.watermark[self.clock_col[: len(self.ids)]]
 
     def origin_now(self) -> np.ndarray:
-        """Per entry: the earliest event time its clock has seen. After a restart the
-        index is rebuilt from the stored rows, so it is the oldest stored memory's."""
+        """Per entry: its clock's origin, the earliest ``created_ts`` of any memory of
+        that clock this index has held (`span_horizons`). Only stored memories count,
+        not dropped events, so a rebuild from the stored rows after a restart finds
+        the same origin unless the oldest memories were evicted since."""
         return self.origin[self.clock_col[: len(self.ids)]]
 
     def upsert(self, mid: str, e: Entry) -> None:
@@ -292,7 +301,8 @@ class TenantIndex:
             self.cols[name][i] = getattr(e, name)
         code = self._clock(e.agent)
         self.clock_col[i] = code
-        self.advance(e.agent, e.created_ts)
+        if e.created_ts < self.origin[code]:
+            self.origin[code] = e.created_ts
         self.advance(e.agent, max(e.created_ts, e.last_seen_ts))
 
     def set_partition(self, mid: str, partition: int) -> bool:

@@ -14,7 +14,7 @@ a typical turn says"), and 0 when the turn is off-context:
   token with ``info_n0`` tokens of shrinkage, ``sum / (n + n0)``, in nats.
   Greetings and back-channel are a few frequent tokens; a turn that introduces
   people, places and events is rare ones. Per token, not summed: a sum grows with
-  length, so it ranked an assistant's long answers above the user's short
+  length, so it would rank an assistant's long answers above the user's short
   disclosures ("The play I attended was The Glass Menagerie"), which are what
   later questions ask about; the shrinkage keeps a one-word turn with one rare
   token from outranking a sentence. Transitions without text use the error of a
@@ -162,7 +162,7 @@ class AgentRewardMix:
 
     One tenant may hold chats and rewarded agents side by side: a chat agent
     publishes reward 0, so its w stays 1 whatever the tenant's other agents earn,
-    and a rewarded agent's w falls to 0 as a rewarded tenant's did. Bounded to the
+    and a rewarded agent's w falls to 0. Bounded to the
     ``max_agents`` most recently seen agents; an agent seen for the first time (or
     again after eviction) starts at w = 1, as a new tenant does, and the rewards of
     its first batch are folded in before its w is read.
@@ -190,9 +190,10 @@ class AgentRewardMix:
         rows: dict[str, list[int]] = {}  # each agent once, in order of appearance
         for i, a in enumerate(agents):
             rows.setdefault(a, []).append(i)
-        for a, idx in rows.items():
-            self._of(a).observe(r[idx])
-        return np.asarray([self.mixes[a].weight for a in agents], dtype=np.float64)
+        # each agent's w as its rewards are folded in: a batch of more agents than
+        # ``max_agents`` evicts its own first ones from the map, not from the answer
+        w = {a: self._of(a).observe(r[idx]) for a, idx in rows.items()}
+        return np.asarray([w[a] for a in agents], dtype=np.float64)
 
     def weight(self, agent: str) -> float:
         """The agent's current w (1 for an agent not seen yet)."""
@@ -730,7 +731,10 @@ class IntrinsicState:
             if text is not None:
                 tok = self.tokens.ids(text)
                 total = self.tokens.summed(tok)
-                info = self.tokens.surprisal(tok)  # (a subclass may define its own term)
+                if type(self.tokens).surprisal is TokenSurprisal.surprisal:
+                    info = self.tokens.scaled(total, int(tok.size))
+                else:  # a measured alternative term (`operators.conversation_score`)
+                    info = self.tokens.surprisal(tok)
                 self.tokens.learn(tok)
             else:
                 assert rnd_err is not None
@@ -839,13 +843,14 @@ class IntrinsicState:
         # agent relearns its own from its next batch on
         if "mixes" in d:
             st.mix = AgentRewardMix.from_dict(d["mixes"])
+            st.mix.max_agents = cfg.max_agents
         st.mix.set_rate_full(cfg.reward_rate_full)
         for name, r in st._runnings().items():
             if name in d["running"]:
                 r.mean, r.count = float(d["running"][name][0]), int(d["running"][name][1])
-        if "total" not in d["running"]:  # the summed term was the information term
+        if "total" not in d["running"]:  # a checkpoint whose information term is the sum
             st.total_mean.mean, st.total_mean.count = st.info_mean.mean, st.info_mean.count
-        if rescaled:  # the mean information was on the other term's scale
+        if rescaled:  # the mean information is on the other term's scale
             st.info_mean = _Running(cfg.stats_alpha)
         if "contamination" in d:  # absent from older checkpoints
             st.contamination.load(d["contamination"])

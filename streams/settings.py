@@ -247,6 +247,7 @@ class MaintenanceSettings(BaseModel):
     span_factor: float = Field(
         default=1.0,
         ge=0.0,
+        allow_inf_nan=False,
         description=(
             "horizons follow each clock's own span: half-life and buffer TTL are at least "
             "this times (the clock's watermark - its earliest event time), so time alone "
@@ -378,6 +379,7 @@ class IntrinsicSettings(BaseModel):
     info_n0: float | None = Field(
         default=4.0,
         ge=0.0,
+        allow_inf_nan=False,
         description=(
             "the information term is the text's token surprisal per token, shrunk by this "
             "many tokens (sum / (n + n0)), so a long turn does not outrank a short "
@@ -500,7 +502,10 @@ class WriteSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DMEM_", env_nested_delimiter="__", extra="ignore")
+    # "null" in a variable sets an optional field to None (DMEM_INTRINSIC__INFO_N0=null)
+    model_config = SettingsConfigDict(
+        env_prefix="DMEM_", env_nested_delimiter="__", extra="ignore", env_parse_none_str="null"
+    )
 
     app_id: str = Field(
         default="dmem",

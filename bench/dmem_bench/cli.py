@@ -509,10 +509,10 @@ def bench_longmemeval(
             cache=cache,
             progress=note,
         )
-    except (DmemError, FileNotFoundError, ValueError) as exc:
+        table(res)
+        plot_recall(plot, res)
+    except (DmemError, FileNotFoundError, ValueError, OSError) as exc:
         fail(exc)
-    table(res)
-    plot_recall(plot, res)
     note(f"plot: {plot}")
     if as_json:
         emit_json(res)

@@ -155,7 +155,8 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
 
     @server.tool(
         description="Search memory: hits ranked by meaning, surprise and outcome, "
-        "each with its score breakdown, RPE, valence and utility."
+        "each with its score breakdown, RPE, valence and utility. as_of (optional): "
+        "when the question is asked, event time in ms; later memories are left out."
     )
     async def recall(
         query: Text,
@@ -164,8 +165,6 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         lambda_: float | None = None,
         as_of: int | None = None,
     ) -> list[dict[str, Any]]:
-        """``as_of``: when the question is asked (event time, ms): later memories are
-        left out and recency is measured from it."""
         f = (filters or SearchFilters()).model_dump(exclude={"schema_version"}, exclude_none=True)
 
         async def go(c: Client) -> list[dict[str, Any]]:

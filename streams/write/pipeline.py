@@ -299,8 +299,9 @@ def intrinsic_scores(
 
     Each agent's reward rate is folded in first (`AgentRewardMix`); only the
     transitions of agents with w > 0 are scored, in stream order, so a rewarded
-    agent pays nothing and routes by its extrinsic score alone, bit for bit, even
-    beside chats in the same tenant. ``None`` for the scores: nothing was scored.
+    agent pays nothing and its gate score is its extrinsic score alone, even
+    beside chats in the same tenant (whose transitions still move the tenant's
+    value model and gate thresholds). ``None`` for the scores: nothing was scored.
     """
     w = np.zeros(len(ts), dtype=np.float64)
     if not settings.intrinsic.enabled:

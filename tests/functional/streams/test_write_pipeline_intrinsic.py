@@ -153,8 +153,9 @@ def test_an_off_context_turn_referred_to_later_is_written_and_noise_is_not() -> 
 
 def test_a_chat_beside_a_rewarded_agent_is_scored_and_the_agent_routes_as_alone() -> None:
     """The reward mix is per agent: a tenant whose grid agent earns rewards still
-    scores its chat agent's turns (the chat's w stays 1), and the grid agent routes
-    exactly as it does in a tenant of its own (its w is 0, its steps are not scored)."""
+    scores its chat agent's turns (the chat's w stays 1), and the grid agent's steps
+    are not scored (its w is 0): before the chat arrives it routes exactly as in a
+    tenant of its own."""
     grid = [
         t.model_copy(update={"tenant": "t"})
         for t, _, _ in q_learning_transitions("cliffwalking", 400, seed=5)

@@ -130,7 +130,9 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     # as of a time before the trap was written: it is not among the hits
     asked = {"query": TRAP, "k": 3, "as_of": hits[0]["created_ts"] - 1}
     r = await client.call_tool("recall", asked)
-    assert not r.is_error and all(h["created_ts"] < hits[0]["created_ts"] for h in text_of(r))
+    assert not r.is_error
+    assert hits[0]["memory_id"] not in {h["memory_id"] for h in text_of(r)}
+    assert all(h["created_ts"] < hits[0]["created_ts"] for h in text_of(r))
     r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 1}})
     assert not r.is_error and all(h["valence"] == 1 for h in text_of(r))
     r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 7}})

@@ -95,11 +95,10 @@ def test_transitions_follow_the_chat_mapping(data: Path) -> None:
 
 
 def test_forget_on_defaults_follows_the_chats_span() -> None:
-    from dmem_bench.locomo_replay import forget
-
     """Product defaults: the horizons follow the chat's own span, so a 30-day-old
     buffer memory of a 30-day chat stays; fixed horizons (span_factor 0) evict it
     after the 14-day TTL; without maintenance everything written stays."""
+    from dmem_bench.locomo_replay import forget
     from schemas import MemoryEvent
 
     day = 24 * 3600 * 1000

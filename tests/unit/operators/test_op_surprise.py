@@ -376,6 +376,9 @@ def test_agent_reward_mix_is_per_agent_bounded_and_checkpointed() -> None:
     assert set(mix.mixes) == {"chat", "new"} and mix.weight("grid") == 1.0
     with pytest.raises(ValueError, match="one reward"):
         mix.observe(["a", "b"], np.zeros(1))
+    # a batch of more agents than the bound: every transition still gets its w
+    wide = AgentRewardMix(max_agents=2).observe(["a", "b", "c", "a"], np.array([1.0, 0, 0, 1]))
+    assert wide.tolist() == [0.0, 1.0, 1.0, 0.0]
 
 
 def test_a_checkpoint_of_the_summed_term_restarts_the_information_mean() -> None:
