@@ -223,7 +223,8 @@ def test_ttl_and_capacity_evict_lowest_priority(store_factory: Callable[..., Mem
         ],
         "buffer",
     )
-    pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3)
+    # fixed horizons: this checks the TTL rule (span-following horizons are unit-tested)
+    pol = MaintenancePolicy(core_capacity=2, buffer_capacity=3, span_factor=0.0)
     eng = MaintenanceEngine(store, pol)
     eng.bootstrap()
     events = eng.decay("acme", NOW)
@@ -303,7 +304,7 @@ def test_maintenance_never_touches_another_tenants_same_ids(
         return [{**r, "vector": r["vector"].tobytes()} for r in rows]
 
     before = zeta()
-    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95))
+    eng = MaintenanceEngine(store, MaintenancePolicy(tau=0.95, span_factor=0.0))  # TTL evicts
     eng.bootstrap()
     merged = eng.dedup("acme", ["dup-b"], NOW)
     assert [(e.kind, e.memory_id, e.tenant) for e in merged] == [("merged", "dup-b", "acme")]
