@@ -177,7 +177,7 @@ class Memory:
 
         Each dict has ``memory_id, text, action, reward, rpe, valence, utility,
         partition, episode_id, agent_id, step, created_ts, score`` and
-        ``breakdown`` (``semantic, salience, recency, lambda, score``).
+        ``breakdown`` (``semantic, salience, recency, lambda, score, supersedes``).
         ``filters`` pass through to the client's ``search``: structured filters
         (``valence=-1``, ``partition="core"``, ``min_utility=...``,
         ``since_ms``/``until_ms``, ``metadata_equals={...}``) and ranking

@@ -30,14 +30,13 @@ session folded into one cheap searchable row that stands for them);
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from operators.surprise import TokenSurprisal
+from operators.surprise import SPEAKER_PREFIX, TokenSurprisal
 
 __all__ = [
     "CANDIDATES",
@@ -47,8 +46,6 @@ __all__ = [
     "shadow_clusters",
     "shadow_groups",
 ]
-
-_SPEAKER = re.compile(r"^([^:\n]{1,64}):\s")
 
 
 class TopSurprisal(TokenSurprisal):
@@ -85,7 +82,7 @@ class SpeakerSurprisal(TokenSurprisal):
         self._speaker = ""
 
     def ids(self, text: str) -> np.ndarray:
-        m = _SPEAKER.match(text)
+        m = SPEAKER_PREFIX.match(text)
         self._speaker = m.group(1).strip().lower() if m else ""
         return super().ids(text)
 

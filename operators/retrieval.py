@@ -62,6 +62,12 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - MMR (optional): greedy maximal marginal relevance on the re-ranked list,
   ``mmr_score = score - mu * max cosine to already-selected``.
 - Weights of the served hits (for credit) are the scores normalised to sum 1.
+- Updates (`supersede`): a memory the write path recorded as an update of an older
+  one (``metadata.updates``: the same agent's nearest memory, far above the
+  unrelated level; "I moved my sneakers to the closet" after "I keep my sneakers
+  under the bed") is ranked directly above that memory when both are candidates,
+  whatever their scores: the later statement is the current one. The hit's
+  breakdown names the memory it superseded.
 - Ties: wherever candidates are ordered, exactly equal values are ordered by
   memory id (`tie_key`), never by the order the store returned them in, so the
   same query over the same store gets the same answer.
@@ -258,6 +264,53 @@ class Ranked:
     recency: float
     lam: float
     score: float
+    #: the id of an older candidate this memory updates and is ranked above
+    supersedes: str | None = None
+
+
+def updated_id(row: Mapping[str, Any]) -> str | None:
+    """The memory id ``row`` updates (``metadata.updates``, set by the write path)."""
+    meta = row.get("metadata")
+    ref = meta.get("updates") if isinstance(meta, Mapping) else None
+    return str(ref) if isinstance(ref, str) and ref else None
+
+
+def supersede(scored: Sequence[Ranked]) -> list[Ranked]:
+    """Order ``scored`` by score, a later statement directly above the older one it updates.
+
+    A memory that updates another (``metadata.updates``) and is newer than it takes the
+    older one's place when it scored lower: its sort score is the older one's, and of
+    the two it comes first (chains follow in event-time order). Nothing else moves,
+    and without updates among the candidates the order is exactly score then id.
+    """
+    by_id = {str(r.row.get("id")): r for r in scored}
+    eff: dict[str, float] = {}
+    lifted: dict[str, str] = {}
+    for r in sorted(scored, key=lambda r: (int(r.row.get("created_ts", 0) or 0), tie_key(r.row))):
+        rid = str(r.row.get("id"))
+        eff[rid] = r.score
+        ref = updated_id(r.row)
+        if ref is None or ref == rid or (old := by_id.get(ref)) is None:
+            continue
+        if int(r.row.get("created_ts", 0) or 0) <= int(old.row.get("created_ts", 0) or 0):
+            continue
+        if eff.get(ref, old.score) >= r.score:
+            eff[rid] = eff.get(ref, old.score)
+            lifted[rid] = ref
+    out = [
+        Ranked(r.row, r.semantic, r.salience, r.recency, r.lam, r.score, lifted.get(rid))
+        if (rid := str(r.row.get("id"))) in lifted
+        else r
+        for r in scored
+    ]
+    # a lifted memory sorts before the one it lifted to (equal sort score): rank by
+    # (sort score, how many updates deep, id); the depth is 0 for everything not lifted
+    depth: dict[str, int] = {}
+    for rid in sorted(lifted, key=lambda i: int(by_id[i].row.get("created_ts", 0) or 0)):
+        depth[rid] = depth.get(lifted[rid], 0) + 1
+    out.sort(key=lambda r: (-eff[str(r.row.get("id"))], -depth.get(str(r.row.get("id")), 0),
+                            tie_key(r.row)))  # fmt: skip
+    return out
 
 
 def rank(
@@ -291,7 +344,8 @@ def rank(
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
         score = lam * sem + (1.0 - lam) * sal * rec
         scored.append(Ranked(row, sem, sal, rec, lam, score))
-    scored.sort(key=lambda r: (-r.score, tie_key(r.row)))  # exact ties: by memory id
+    # exact ties: by memory id; a later statement above the older one it updates
+    scored = supersede(scored)
     if not vectors:
         return scored[:k]
     chosen: list[Ranked] = []

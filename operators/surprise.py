@@ -94,6 +94,9 @@ _TOKEN = re.compile(r"[a-z0-9']+")
 _MIX_FORMAT = 1
 MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkpoints)
 
+#: the speaker of a chat turn: the ``"speaker: "`` prefix of the chat mapping's text
+SPEAKER_PREFIX = re.compile(r"^([^:\n]{1,64}):\s")
+
 
 def gate_score(extrinsic: float, intrinsic: float, w_intrinsic: float) -> float:
     """The one gate score: max(extrinsic, w * intrinsic).
@@ -407,6 +410,16 @@ class IntrinsicConfig:
     #: the information term per token with this many tokens of shrinkage
     #: (`TokenSurprisal.surprisal`); None: summed over the tokens
     info_n0: float | None = 4.0
+    #: how far each speaker of a chat (the ``"speaker: "`` prefix of a turn) is judged
+    #: against its own typical turn: the information is divided by that speaker's
+    #: running mean to this power (0: one yardstick for every speaker; 1: each speaker
+    #: only against itself). Between the two, a verbose speaker cannot crowd out a
+    #: terse one, and a speaker whose turns are all informative still keeps more.
+    speaker_pooling: float = 0.5
+    #: a written turn whose nearest memory of the same agent is this many standard
+    #: deviations above the unrelated level speaks of the same thing: it updates that
+    #: memory (`IntrinsicScore.updates`), and a search ranks it above the older one
+    update_k: float = 3.0
     #: contamination-adaptive cut (`Contamination`): off-context where the posterior
     #: of "injected" exceeds this; 0.9 = only when injected is at least nine times as
     #: likely as real (losing a real turn is worse than keeping a distractor, and the
@@ -433,6 +446,10 @@ class IntrinsicConfig:
             raise ValueError("window must be >= 1 and lookahead >= 0")
         if self.info_n0 is not None and not (math.isfinite(self.info_n0) and self.info_n0 >= 0.0):
             raise ValueError(f"info_n0 must be a finite number >= 0 or None, got {self.info_n0}")
+        if not (math.isfinite(self.speaker_pooling) and 0.0 <= self.speaker_pooling <= 1.0):
+            raise ValueError(f"speaker_pooling must be in [0, 1], got {self.speaker_pooling}")
+        if not (math.isfinite(self.update_k) and self.update_k >= 0.0):
+            raise ValueError(f"update_k must be a finite number >= 0, got {self.update_k}")
         if not 0.0 < self.off_posterior <= 1.0:
             raise ValueError(f"off_posterior must be in (0, 1], got {self.off_posterior}")
         if self.hist_bins < 4 or not 0.0 < self.hist_alpha <= 1.0 or self.hist_warmup < 0:
@@ -452,6 +469,9 @@ class IntrinsicScore:
     #: (memory id, raw score, embedding) of earlier off-context suspects this turn
     #: refers back to: the veto was wrong, the write path routes them by ``raw``
     vindicates: tuple[tuple[str, float, np.ndarray], ...] = ()
+    #: the memory id of the agent's earlier memory this turn speaks of (nearest in the
+    #: bank, at least ``update_k`` std above the unrelated level), if any
+    updates: str | None = None
 
 
 @dataclass
@@ -614,7 +634,10 @@ class IntrinsicState:
         self.total_mean = _Running(a)  # mean summed information (the guard's exemption)
         self.unrel_mean = _Running(a)  # mean cosine turn <-> a bank memory
         self.unrel_sq = _Running(a)  # mean squared cosine (for the std)
+        #: per agent and speaker ("agent\x1fspeaker"): mean information of its turns
+        self.speakers: OrderedDict[str, _Running] = OrderedDict()
         self.bank: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
+        self.bank_ids: OrderedDict[str, deque[str | None]] = OrderedDict()  # beside ``bank``
         self.recent: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
         self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
         c = self.config
@@ -631,12 +654,17 @@ class IntrinsicState:
             return None
         return np.stack(list(dq))
 
-    def stored(self, agent: str, vec: np.ndarray) -> None:
-        """Add ``vec`` to ``agent``'s bank (novelty and the unrelated level are measured
-        against it). `score_batch` adds every turn it rates as a memory itself."""
+    def stored(self, agent: str, vec: np.ndarray, memory_id: str | None = None) -> None:
+        """Add ``vec`` (the memory ``memory_id``) to ``agent``'s bank (novelty and the
+        unrelated level are measured against it). `score_batch` adds every turn it
+        rates as a memory itself."""
         cfg = self.config
         dq = _bounded(self.bank, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents)
         dq.append(np.asarray(vec, dtype=np.float32).copy())
+        di = _bounded(
+            self.bank_ids, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents
+        )
+        di.append(memory_id)
 
     def _unrelated(self) -> tuple[float, float] | None:
         if self.unrel_mean.count < self.config.warmup:
@@ -736,6 +764,7 @@ class IntrinsicState:
                 else:  # a measured alternative term (`operators.conversation_score`)
                     info = self.tokens.surprisal(tok)
                 self.tokens.learn(tok)
+                info = self._per_speaker(agent, text, info)
             else:
                 assert rnd_err is not None
                 info = total = float(rnd_err[i])
@@ -757,6 +786,12 @@ class IntrinsicState:
                 fits.append(float(s_next[i] @ vec))
             fit = max(fits) if fits else 1.0
             unrel = self._unrelated()
+            updates = None
+            if cos is not None and unrel is not None:
+                j = int(np.argmax(cos))
+                if float(cos[j]) >= unrel[0] + cfg.update_k * unrel[1]:
+                    known = self.bank_ids.get(agent)
+                    updates = known[j] if known is not None and j < len(known) else None
             threshold = -math.inf
             if unrel is not None:
                 # fit_k, or the contamination-adaptive cut (`Contamination`, in the same
@@ -789,6 +824,7 @@ class IntrinsicState:
                     off,
                     float(raw),
                     tuple((v.memory_id, v.raw, v.vec) for v in vind),
+                    updates,
                 )
             )
             recent.append(np.asarray(vec, dtype=np.float32).copy())
@@ -796,12 +832,28 @@ class IntrinsicState:
             # score never depends on batch boundaries or on the gate's routes)
             for v in vind:
                 if v.raw >= cfg.bank_min:
-                    self.stored(agent, v.vec)
+                    self.stored(agent, v.vec, v.memory_id)
             if score >= cfg.bank_min:
-                self.stored(agent, vec)
+                self.stored(agent, vec, None if ids is None else ids[i])
         if rnd_err is not None:
             self.rnd.learn(s)
         return out
+
+    def _per_speaker(self, agent: str, text: str, info: float) -> float:
+        """``info`` over the running mean of its speaker's turns to the power
+        ``speaker_pooling`` (the mean before this turn; a speaker's first turn is its
+        own yardstick). A text without a ``"speaker: "`` prefix is the speaker ""."""
+        g = self.config.speaker_pooling
+        if g <= 0.0:
+            return info
+        m = SPEAKER_PREFIX.match(text)
+        key = f"{agent}\x1f{m.group(1).strip().lower() if m else ''}"
+        r = _bounded(
+            self.speakers, key, lambda: _Running(self.config.stats_alpha), self.config.max_agents
+        )
+        mean = r.mean if r.count else info
+        r.add(info)
+        return info / max(mean, 1e-9) ** g
 
     # ----------------------------------------------------------- checkpoints
     def to_dict(self) -> dict[str, Any]:
@@ -814,6 +866,7 @@ class IntrinsicState:
             "mixes": self.mix.to_dict(),
             "running": {name: [r.mean, r.count] for name, r in self._runnings().items()},
             "contamination": self.contamination.to_dict(),
+            "speakers": {k: [r.mean, r.count] for k, r in self.speakers.items()},
         }
 
     def _runnings(self) -> dict[str, _Running]:
@@ -854,4 +907,10 @@ class IntrinsicState:
             st.info_mean = _Running(cfg.stats_alpha)
         if "contamination" in d:  # absent from older checkpoints
             st.contamination.load(d["contamination"])
+        if not rescaled:  # per-speaker means are on the information term's scale
+            for key, (mean, count) in list(d.get("speakers", {}).items())[-cfg.max_agents :]:
+                r = st.speakers[str(key)] = _Running(cfg.stats_alpha)
+                r.mean, r.count = float(mean), int(count)
+        if "speakers" not in d and cfg.speaker_pooling > 0.0:  # the unpooled term's mean
+            st.info_mean = _Running(cfg.stats_alpha)
         return st

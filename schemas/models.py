@@ -276,6 +276,9 @@ class ScoreBreakdown(BaseModel):
     recency: float
     lambda_: float = Field(alias="lambda")
     score: float
+    #: the id of an older memory this one updates and was ranked above (a later
+    #: statement of the same thing comes first); None when nothing was re-ordered
+    supersedes: str | None = None
 
 
 class Hit(BaseModel):

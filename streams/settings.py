@@ -386,6 +386,29 @@ class IntrinsicSettings(BaseModel):
             "disclosure by length; null: the summed surprisal"
         ),
     )
+    speaker_pooling: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "how far each speaker of a chat (the 'speaker: ' prefix of a turn) is judged "
+            "against its own typical turn: the information is divided by that speaker's "
+            "running mean to this power (0: one yardstick for all speakers; 1: each only "
+            "against itself), so a verbose speaker does not crowd out a terse one"
+        ),
+    )
+    update_k: float = Field(
+        default=3.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "a written chat turn whose nearest earlier memory of the same agent is this "
+            "many standard deviations above the unrelated level (the encoder's cosine "
+            "between unrelated turns) speaks of the same thing: it is recorded as an "
+            "update of that memory, and a search that finds both ranks the later first"
+        ),
+    )
     off_posterior: float = Field(
         default=0.9,
         gt=0.0,

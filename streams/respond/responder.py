@@ -217,6 +217,7 @@ class Responder:
                         "recency": r.recency,
                         "lambda": r.lam,
                         "score": r.score,
+                        "supersedes": r.supersedes,
                     }
                 ),
             )

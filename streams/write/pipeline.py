@@ -284,6 +284,8 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         reward_rate_full=i.reward_rate_full,
         off_posterior=i.off_posterior,
         info_n0=i.info_n0,
+        speaker_pooling=i.speaker_pooling,
+        update_k=i.update_k,
     )
 
 
@@ -651,6 +653,8 @@ class WritePipeline:
                     "novelty": round(x.novelty, 4),
                     "fit": round(x.fit, 4),
                 }
+                if x.updates is not None and x.updates != t.memory_id:
+                    row["metadata"]["updates"] = x.updates
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
             self._vindicate(st, tenant, intr, w_int, now_ms, out)

@@ -169,6 +169,7 @@ def test_get_relevant_memories_passes_usage_context_and_filters() -> None:
         "recency": 1.0,
         "lambda": 0.8,
         "score": 0.9,
+        "supersedes": None,
     }
     assert m.last_memories == got
     m.get_relevant_memories("edge", k=1)

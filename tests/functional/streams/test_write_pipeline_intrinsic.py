@@ -213,3 +213,30 @@ def test_small_talk_in_any_register_drops_and_short_typed_facts_stay() -> None:
         kept[kind, route != "drop"] += 1
     assert kept["fact", False] == 0 and kept["fact", True] >= 6, kept
     assert kept["small", True] <= 0.1 * (kept["small", True] + kept["small", False]), kept
+
+
+def test_a_later_statement_of_the_same_thing_is_recorded_as_its_update() -> None:
+    """The write path names the earlier memory a turn restates with a change
+    (``metadata.updates``); the ranking then puts the later one first."""
+    p = WritePipeline(Settings(), HashingEncoder(dim=256))
+    turns: list[ChatTurn] = []
+    for r in range(12):
+        for j, f in enumerate(FILLER):
+            turns.append(ChatTurn("Ann" if j % 2 else "Bob", f))
+        turns.append(ChatTurn("Ann", FACTS[r % len(FACTS)] + f" (week {r})"))
+        if r == 4:
+            turns.append(ChatTurn("Ann", "I keep my running sneakers under the bed in my room."))
+        if r == 10:
+            turns.append(ChatTurn("Ann", "I keep my running sneakers in the hall closet now."))
+    ts = chat_transitions(turns, tenant="t", conversation="c1", session=1)
+    rows: dict[str, dict] = {}
+    raws = raws_of(ts)
+    for i in range(0, len(raws), 16):
+        res = p.process(raws[i : i + 16], now_ms=1_000 + i)
+        rows |= {r["id"]: r for part in res.upserts.values() for r in part}
+    first, later = (t for t in ts if "sneakers" in t.observation)
+    assert first.memory_id in rows and later.memory_id in rows
+    assert rows[later.memory_id]["metadata"].get("updates") == first.memory_id
+    # news about other things is no update of the sneakers
+    news = [rows[t.memory_id] for t in ts if "(week" in t.observation and t.memory_id in rows]
+    assert news and all(r["metadata"].get("updates") != first.memory_id for r in news)

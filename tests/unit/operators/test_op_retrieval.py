@@ -295,3 +295,54 @@ def test_evidence_lambda_does_not_depend_on_the_order_of_tied_candidates() -> No
         lam, pool = p.adapt(0.97, list(order), 3)
         assert lam == pytest.approx(want)
         assert [r["id"] for r in pool] == ["a", "b", "c", "y", "z"]
+
+
+def _upd(mid: str, sim: float, ts: int, updates: str | None = None) -> dict:
+    r = row(mid, sim)
+    r["created_ts"] = ts
+    if updates is not None:
+        r["metadata"] = {"updates": updates}
+    return r
+
+
+def test_a_later_update_ranks_directly_above_the_memory_it_updates() -> None:
+    p = RankPolicy.hybrid()
+    cands = [
+        _upd("old", 0.80, 1_000),  # "I keep my sneakers under the bed."
+        _upd("mid", 0.70, 2_000),  # unrelated, in between
+        _upd("new", 0.60, 3_000, updates="old"),  # "I moved my sneakers to the closet."
+        _upd("far", 0.50, 4_000),
+    ]
+    ranked = rank(cands, p, 0.95, 5_000.0, 4)
+    assert [r.row["id"] for r in ranked] == ["new", "old", "mid", "far"]
+    assert ranked[0].supersedes == "old" and ranked[1].supersedes is None
+    assert ranked[0].score < ranked[2].score  # its own score is kept for the breakdown
+    top1 = rank(cands, p, 0.95, 5_000.0, 1)
+    assert [r.row["id"] for r in top1] == ["new"]
+
+
+def test_updates_chain_in_event_time_and_an_older_claimed_update_moves_nothing() -> None:
+    p = RankPolicy.hybrid()
+    chain = [
+        _upd("v1", 0.9, 1_000),
+        _upd("v2", 0.6, 2_000, updates="v1"),
+        _upd("v3", 0.5, 3_000, updates="v2"),
+        _upd("x", 0.8, 500),
+    ]
+    assert [r.row["id"] for r in rank(chain, p, 0.95, 5_000.0, 4)] == ["v3", "v2", "v1", "x"]
+    # a pointer to a newer memory (a replayed or skewed clock) is not an update
+    back = [_upd("a", 0.9, 5_000), _upd("b", 0.5, 1_000, updates="a"), _upd("c", 0.7, 2_000)]
+    assert [r.row["id"] for r in rank(back, p, 0.95, 6_000.0, 3)] == ["a", "c", "b"]
+    # the updated memory absent from the candidates: plain score order
+    alone = [_upd("n", 0.5, 3_000, updates="gone"), _upd("m", 0.7, 1_000)]
+    assert [r.row["id"] for r in rank(alone, p, 0.95, 6_000.0, 2)] == ["m", "n"]
+
+
+def test_without_updates_the_order_is_exactly_score_then_id() -> None:
+    rnd = random.Random(7)
+    p = RankPolicy.hybrid()
+    for _ in range(50):
+        cands = [_upd(f"m{i}", round(rnd.random(), 2), rnd.randrange(10)) for i in range(12)]
+        got = [r.row["id"] for r in rank(cands, p, 0.95, 20.0, 12)]
+        scored = [(r.score, r.row["id"]) for r in rank(cands, p, 0.95, 20.0, 12)]
+        assert got == [mid for _, mid in sorted(scored, key=lambda x: (-x[0], x[1]))]

@@ -397,3 +397,44 @@ def test_a_checkpoint_of_the_summed_term_restarts_the_information_mean() -> None
     assert back.total_mean.mean == pytest.approx(old.total_mean.mean)
     same = IntrinsicState.from_dict(d, IntrinsicConfig(info_n0=None))
     assert same.info_mean.count == old.info_mean.count
+
+
+def test_speaker_pooling_judges_each_speaker_partly_against_its_own_turns() -> None:
+    """A verbose speaker with rare words in every turn no longer crowds out a terse one:
+    with pooling each speaker's information is divided by (its own mean)^pooling."""
+    enc = HashingEncoder(dim=64)
+    texts: list[str] = []
+    for i in range(60):
+        texts.append(f"assistant: consider quinoa{i} zucchini{i} paprika{i} tahini{i} sumac{i}")
+        texts.append(f"user: my cat is {i} months old")
+    vecs = enc.encode(texts)
+
+    def ratio(pooling: float) -> float:
+        st = IntrinsicState(64, IntrinsicConfig(speaker_pooling=pooling))
+        sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+        user = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("u")])
+        bot = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("a")])
+        return float(user / bot)
+
+    r0, r5, r1 = ratio(0.0), ratio(0.5), ratio(1.0)
+    assert r0 < 0.95 * r5 < 0.95 * 0.95 * r1
+    assert r1 == pytest.approx(1.0, abs=0.15)  # each only against itself
+    with pytest.raises(ValueError):
+        IntrinsicConfig(speaker_pooling=1.5)
+
+
+def test_speaker_means_survive_a_checkpoint_and_stay_bounded() -> None:
+    enc = HashingEncoder(dim=32)
+    st = IntrinsicState(32, IntrinsicConfig(max_agents=3))
+    texts = [f"s{i % 5}: news number {i} about lisbon" for i in range(30)]
+    vecs = enc.encode(texts)
+    st.score_batch(["a"] * 30, texts, vecs, vecs, [False] * 30)
+    assert len(st.speakers) == 3  # the three speakers heard last
+    back = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())))
+    assert {k: (r.mean, r.count) for k, r in back.speakers.items()} == {
+        k: (r.mean, r.count) for k, r in st.speakers.items()
+    }
+    # a checkpoint without speaker means (unpooled information) restarts the mean
+    d = orjson.loads(orjson.dumps(st.to_dict()))
+    del d["speakers"]
+    assert IntrinsicState.from_dict(d).info_mean.count == 0
