@@ -827,6 +827,7 @@ class WritePipeline:
                 score: float = score,
                 val: int = val,
                 strength: float = strength,
+                event_ts: int | None = None,
             ) -> MemoryEvent:
                 return MemoryEvent(
                     kind=cast(Any, kind),
@@ -845,6 +846,7 @@ class WritePipeline:
                     theta_high=float(theta_high),
                     reason="retrospective",
                     ts=now_ms,
+                    event_ts=event_ts,
                 )
 
             if e.route == "buffer":
@@ -871,7 +873,7 @@ class WritePipeline:
                     float(theta_high),
                 )
             )
-            out.events.append(event("written", t.agent_id, t.reward))
+            out.events.append(event("written", t.agent_id, t.reward, event_ts=created))
         if out.events:
             self.dirty.add(key)
         return out
