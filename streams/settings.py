@@ -514,6 +514,15 @@ class WriteSettings(BaseModel):
         description="most transitions one outcome may "
         "write or promote (the most surprising in hindsight)",
     )
+    outcome_wait_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description=(
+            "an outcome whose event time is ahead of the transitions the write path has "
+            "processed waits up to this long for them before it is re-scored (an outcome "
+            "read before its episode would find nothing to re-score)"
+        ),
+    )
     retry_initial_s: float = Field(
         default=0.2, description="first backoff of a failed Milvus write"
     )

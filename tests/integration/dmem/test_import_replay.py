@@ -91,7 +91,7 @@ def test_import_a_logged_run(tmp_path: Path, broker: str, topic_prefix: str,
         assert (rep["transition"], rep["outcome"], rep["invalid"]) == (20, 4, 2)
         assert [e["line"] for e in rep["errors"]] == [4, 9]
         assert f"{path}:4: invalid record" in err and f"{path}:9: malformed JSON" in err
-        assert rep["stored_before_outcomes"] is True
+        assert rep["write_committed"] is True
         wait_settled([url], timeout_s=90)
         store = MemoryStore(milvus_server_uri, collection=env["DMEM_MILVUS__COLLECTION"],
                             dim=256).connect()  # fmt: skip
