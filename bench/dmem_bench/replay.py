@@ -5,7 +5,7 @@ Two streams, each with fixed event times:
 - ``rewarded``: an epsilon-greedy Q-learning agent in a Gymnasium toy_text world
   (`dmem_bench.demo.q_learning_transitions`, fixed seed; CliffWalking by default), one
   step a second of event time; after each episode the agent's usage records (it acted on
-  the memories of its last `USED_STEPS` steps, ``source="agent"``) and its
+  the memories of its `USED_STEPS` worst and last steps, ``source="agent"``) and its
   `EpisodeOutcome` (the return), stamped with the episode's last event time;
 - ``chat``: a two-person conversation (`make_chat`, fixed seed) of sessions three days
   apart, a turn every 40 s, mapped by `dmem.client.chat_transitions`; people repeat
@@ -31,9 +31,11 @@ memory stored by both.
 
 The last stdout line (``--json``) has the contract keys: ``runs`` (the variants),
 ``same_ids_min`` and ``same_partitions_min`` (the smallest pairwise Jaccard over both
-streams), ``utility_max_diff``, ``critical_merged_away`` (every run: critical
-transitions folded into a survivor that is not critical or whose reward differs beyond
-the tolerance), ``merges_across_reward`` (every run), and from the rewarded stream's
+streams), ``utility_max_diff``, ``same_routes_min`` (the write path's own share: the
+smallest pairwise share of transitions the gate routed alike), ``critical_merged_away``
+(every run: critical transitions folded into a survivor that is not critical or whose
+reward differs beyond the tolerance), ``merges_across_reward`` (every run), and from
+the rewarded stream's
 ``full`` and ``shifted`` runs: ``published``, ``stored_live``, ``stored_shifted``,
 ``same_ids_ratio``, ``same_partitions``, ``routes_same``, ``critical_live``,
 ``merges``, ``evicted_live``, ``evicted_shifted``; ``settle_s`` (the slowest run: last
@@ -89,7 +91,11 @@ def make_stream(env_name: str, steps: int, seed: int) -> list[Record]:
 
     def close() -> None:
         last = episode[-1]
-        for tr in episode[-USED_STEPS:]:  # it acted on what it remembered of these steps
+        # it acted on what it remembered of its most painful steps and its last ones
+        worst = sorted(episode, key=lambda t: (t.reward, t.step))[:USED_STEPS]
+        used = sorted({t.step: t for t in worst + episode[-USED_STEPS:]}.values(),
+                      key=lambda t: t.step)  # fmt: skip
+        for tr in used:
             out.append(MemoryUsage(tenant=TENANT, episode_id=last.episode_id,
                                    request_id=f"{tr.episode_id}:{tr.step}",
                                    agent_id=last.agent_id, step=tr.step,
@@ -421,6 +427,12 @@ def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
         runs = {v: one_run(name, v, stream, encoder, seed) for v in variants}
         judged = {v: judge(r, stream) for v, r in runs.items()}
         pairs = pairwise({v: r["rows"] for v, r in runs.items()})
+        for p in pairs:  # the write path's own decisions (the gate's routes), for the cause
+            ra, rb = judged[p["a"]]["routes"], judged[p["b"]]["routes"]
+            keys = set(ra) | set(rb)
+            p["same_routes"] = round(
+                sum(ra.get(k) == rb.get(k) for k in keys) / max(1, len(keys)), 4
+            )
         judged_all[name] = judged
         per_stream[name] = {
             "published": sum(isinstance(x, Transition) for x in stream),
@@ -428,6 +440,7 @@ def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
             "same_ids_min": min((p["same_ids"] for p in pairs), default=1.0),
             "same_partitions_min": min((p["same_partitions"] for p in pairs), default=1.0),
             "utility_max_diff": max((p["utility_diff"] for p in pairs), default=0.0),
+            "same_routes_min": min((p["same_routes"] for p in pairs), default=1.0),
             "runs": {v: {k: x for k, x in j.items() if k != "routes"} for v, j in judged.items()},
             "pairs": pairs,
             "rows": {v: r["rows"] for v, r in runs.items()},
@@ -439,6 +452,7 @@ def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
         "same_ids_min": min(s["same_ids_min"] for s in per_stream.values()),
         "same_partitions_min": min(s["same_partitions_min"] for s in per_stream.values()),
         "utility_max_diff": max(s["utility_max_diff"] for s in per_stream.values()),
+        "same_routes_min": min(s["same_routes_min"] for s in per_stream.values()),
         "critical_merged_away": sum(j["critical_merged_away"] for j in every),
         "merges_across_reward": sum(j["merges_across_reward"] for j in every),
         "settle_s": max(j["settle_s"] for j in every),
@@ -472,6 +486,7 @@ def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
              r["settle_s"]) for v, r in s["runs"].items()])  # fmt: skip
         note(
             f"  {name}: same ids (Jaccard) min {s['same_ids_min']}, same partitions min "
-            f"{s['same_partitions_min']}, utility max diff {s['utility_max_diff']:.3g}"
+            f"{s['same_partitions_min']}, utility max diff {s['utility_max_diff']:.3g}, "
+            f"same gate routes min {s['same_routes_min']}"
         )
     return out

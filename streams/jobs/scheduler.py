@@ -219,8 +219,9 @@ class MaintenanceJob(Service):
         acted = deferred = 0
         try:
             for tenant in sorted(self.engine.index.tenants):
+                hold = frozenset(self.windows.pending.get(tenant, ()))  # dedup decides first
                 events = await self.store_service._retry(  # noqa: SLF001
-                    "decay", self.engine.decay, tenant, now_ms(), refresh
+                    "decay", self.engine.decay, tenant, now_ms(), refresh, hold
                 )
                 acted += len(events)
                 deferred += self.engine.last_deferred
