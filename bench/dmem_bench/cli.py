@@ -897,7 +897,8 @@ def bench_sciworld(
     "--variants",
     default="full,one,restart,shifted,hog,import",
     show_default=True,
-    help="comma-separated ways to process each stream (at least two)",
+    help="comma-separated ways to process each stream (at least two; also lockstep, "
+    "lockstep-shifted)",
 )
 @click.option(
     "--streams",

@@ -22,7 +22,10 @@ once per variant (`VARIANTS`):
   published while it is down, the worker started again: it reads the rest in bulk;
 - ``shifted``: as ``full`` with every event time 400 days earlier;
 - ``hog``: as ``full`` with a process spinning a core beside the stack;
-- ``import``: the stream written to a JSON-lines log and published by ``dmem import``.
+- ``import``: the stream written to a JSON-lines log and published by ``dmem import``;
+- ``lockstep`` and ``lockstep-shifted`` (not run by default): groups of `LOCKSTEP`
+  transitions, each one micro-batch, its outcomes after it, the next group once the jobs
+  settled: every run sees the same micro-batches, live and 400 days back.
 
 After each run the bench waits until every job has settled and reads the store and the
 ``memories`` events. Between every pair of runs of a stream: the Jaccard similarity of
@@ -35,7 +38,7 @@ streams), ``utility_max_diff``, ``same_routes_min`` (the write path's own share:
 smallest pairwise share of transitions the gate routed alike), ``critical_merged_away``
 (every run: critical transitions folded into a survivor that is not critical or whose
 reward differs beyond the tolerance), ``merges_across_reward`` (every run), and from
-the rewarded stream's
+the rewarded stream's ``lockstep`` and ``lockstep-shifted`` runs when they ran, else its
 ``full`` and ``shifted`` runs: ``published``, ``stored_live``, ``stored_shifted``,
 ``same_ids_ratio``, ``same_partitions``, ``routes_same``, ``critical_live``,
 ``merges``, ``evicted_live``, ``evicted_shifted``; ``settle_s`` (the slowest run: last
@@ -76,7 +79,9 @@ SHIFT_MS = -400 * DAY_MS
 BASE_TS = 1_764_547_200_000  # 2025-12-01T00:00Z: event times are part of the stream
 STEP_MS = 1_000
 USED_STEPS = 4
-VARIANTS = ("full", "one", "restart", "shifted", "hog", "import")
+VARIANTS = ("full", "one", "restart", "shifted", "hog", "import", "lockstep", "lockstep-shifted")
+DEFAULT_VARIANTS = VARIANTS[:6]
+LOCKSTEP = 256
 STREAMS = ("rewarded", "chat")
 Record = Transition | EpisodeOutcome | MemoryUsage
 
@@ -176,14 +181,33 @@ def _route(settings: Settings, rec: Record) -> tuple[str, bytes]:
     return settings.topic("feedback"), rec.episode_id.encode()
 
 
-async def _publish(settings: Settings, records: list[Record], one: bool = False) -> None:
-    """Publish in stream order: at full speed, or (`one`) each record awaited."""
+def _groups(records: list[Record], chunk: int) -> list[list[Record]]:
+    """Up to `chunk` transitions each, with the records that follow them up to the next
+    transition (usage and outcomes stay behind their episode)."""
+    out: list[list[Record]] = []
+    n = chunk  # transitions in the current group
+    for rec in records:
+        if isinstance(rec, Transition) and n >= chunk:
+            out.append([])
+            n = 0
+        if not out:
+            out.append([])
+        out[-1].append(rec)
+        n += isinstance(rec, Transition)
+    return out
+
+
+async def _publish(settings: Settings, records: list[Record], chunk: int | None = None,
+                   settle_url: str | None = None) -> None:  # fmt: skip
+    """Publish in stream order: at full speed, or in groups of `chunk` transitions, each
+    awaited (its transitions until their ``memories`` events, then its outcomes until
+    the hindsight agent committed them, then, with `settle_url`, until the jobs settled)."""
     kw = kafka_client_kwargs(settings.kafka)
     producer = AIOKafkaProducer(linger_ms=5, **kw)
     await producer.start()
     consumer = None
     seen: set[str] = set()
-    if one:
+    if chunk is not None:
         consumer = AIOKafkaConsumer(
             settings.topic("memories"),
             auto_offset_reset="earliest",
@@ -193,23 +217,35 @@ async def _publish(settings: Settings, records: list[Record], one: bool = False)
         )
         await consumer.start()
     try:
-        for rec in records:
-            topic, key = _route(settings, rec)
-            md = await (await producer.send(topic, encode(rec), key=key))
-            if consumer is None:
-                continue
-            if isinstance(rec, Transition):
-                deadline = time.monotonic() + 120
-                while rec.memory_id not in seen:
-                    if time.monotonic() > deadline:
-                        raise ServiceUnavailable("the write path stopped answering")
-                    for msgs in (await consumer.getmany(timeout_ms=200)).values():
-                        seen.update(orjson.loads(m.value)["memory_id"] for m in msgs)
-            elif isinstance(rec, EpisodeOutcome):
-                ends = {TopicPartition(md.topic, md.partition): md.offset + 1}
-                if not await wait_committed(settings, settings.app_id, ends, 120):
-                    raise ServiceUnavailable("the hindsight agent did not take the outcome")
-        await producer.flush()
+        if consumer is None or chunk is None:
+            for rec in records:
+                topic, key = _route(settings, rec)
+                await producer.send(topic, encode(rec), key=key)
+            await producer.flush()
+            return
+        for group in _groups(records, chunk):
+            trs = [r for r in group if isinstance(r, Transition)]
+            for tr in trs:
+                topic, key = _route(settings, tr)
+                await producer.send(topic, encode(tr), key=key)
+            await producer.flush()
+            deadline = time.monotonic() + 180
+            while any(tr.memory_id not in seen for tr in trs):
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable("the write path stopped answering")
+                for msgs in (await consumer.getmany(timeout_ms=200)).values():
+                    seen.update(orjson.loads(m.value)["memory_id"] for m in msgs)
+            for rec in group:
+                if isinstance(rec, Transition):
+                    continue
+                topic, key = _route(settings, rec)
+                md = await (await producer.send(topic, encode(rec), key=key))
+                if isinstance(rec, EpisodeOutcome):
+                    ends = {TopicPartition(md.topic, md.partition): md.offset + 1}
+                    if not await wait_committed(settings, settings.app_id, ends, 120):
+                        raise ServiceUnavailable("the hindsight agent did not take the outcome")
+            if settle_url is not None:
+                await asyncio.to_thread(wait_settled, [settle_url], 300.0, 0.5)
     finally:
         await producer.stop()
         if consumer is not None:
@@ -263,6 +299,9 @@ def one_run(stream_name: str, variant: str, records: list[Record], encoder: str 
 
     tmp = Path(tempfile.mkdtemp(prefix=f"dmem-bench-replay-{stream_name}-{variant}-"))
     env = {"DMEM_APP_ID": f"dmem-bench-replay-{seed}"}
+    if variant.startswith("lockstep"):  # a group is exactly one micro-batch
+        env.update(DMEM_WRITE__BATCH_SIZE=str(LOCKSTEP), DMEM_WRITE__BATCH_WITHIN_S="5",
+                   DMEM_WRITE__LINGER_S="5")  # fmt: skip
     if encoder:
         env["DMEM_ENCODER__NAME"] = encoder
     stack = LocalStack(tmp, roles=("all",), extra_env=env)
@@ -276,8 +315,12 @@ def one_run(stream_name: str, variant: str, records: list[Record], encoder: str 
             hog = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
             hog.start()
         t0 = time.monotonic()
+        url = f"http://127.0.0.1:{stack.web_ports[0]}"
         if variant == "one":
-            asyncio.run(_publish(settings, records, one=True))
+            asyncio.run(_publish(settings, records, chunk=1))
+        elif variant.startswith("lockstep"):
+            shift = SHIFT_MS if variant.endswith("shifted") else 0
+            asyncio.run(_publish(settings, _shifted(records, shift), LOCKSTEP, url))
         elif variant == "restart":
             half = len(records) // 2
             asyncio.run(_publish(settings, records[:half]))
@@ -415,7 +458,7 @@ def _jaccard(a: set[Any], b: set[Any]) -> float:
 
 def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
         encoder: str | None = None, chat_turns: int = 120,
-        variants: tuple[str, ...] = VARIANTS,
+        variants: tuple[str, ...] = DEFAULT_VARIANTS,
         streams: tuple[str, ...] = STREAMS) -> dict[str, Any]:  # fmt: skip
     t0 = time.monotonic()
     made = {"rewarded": lambda: make_stream(env_name, steps, seed),
@@ -459,9 +502,11 @@ def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
     }
     main = per_stream.get("rewarded") or next(iter(per_stream.values()))
     js = judged_all.get("rewarded") or next(iter(judged_all.values()))
-    live, shifted = js.get("full"), js.get("shifted")
+    # the legacy pair: lockstep when it ran (every run sees the same micro-batches)
+    pair = ("lockstep", "lockstep-shifted") if "lockstep" in js else ("full", "shifted")
+    live, shifted = js.get(pair[0]), js.get(pair[1])
     if live is not None and shifted is not None:
-        rl, rs = main["rows"]["full"], main["rows"]["shifted"]
+        rl, rs = main["rows"][pair[0]], main["rows"][pair[1]]
         common = set(rl) & set(rs)
         out.update({
             "published": main["published"], "outcomes": main["outcomes"],
