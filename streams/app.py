@@ -203,9 +203,13 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
             except (orjson.JSONDecodeError, ValidationError):
                 continue  # the credit job dead-letters bad feedback
             # event time, not arrival, decides what it re-scores: its episode's
-            # transitions first (the wait only decides when; bounded for lost ones)
+            # transitions first (the wait only decides when). An outcome stamped after
+            # its episode's last step goes once the write path has stored everything
+            # it has seen; the wait is bounded for transitions that never come.
             waited = 0.0
             while not pipeline.caught_up(out.tenant, out.ts) and waited < wait_s:
+                if await backlog(writer.consumer, writer.committed) == 0:
+                    break
                 await asyncio.sleep(0.05)
                 waited += 0.05
             result = await asyncio.to_thread(

@@ -519,8 +519,9 @@ class WriteSettings(BaseModel):
         ge=0.0,
         description=(
             "an outcome whose event time is ahead of the transitions the write path has "
-            "processed waits up to this long for them before it is re-scored (an outcome "
-            "read before its episode would find nothing to re-score)"
+            "processed waits up to this long for them, or until the write path has stored "
+            "everything it has read, before it is re-scored (an outcome read before its "
+            "episode would find nothing to re-score)"
         ),
     )
     retry_initial_s: float = Field(
