@@ -515,3 +515,21 @@ def test_a_window_never_sees_rows_of_later_windows(
     store.upsert([make_record("y", vector=v, created_ts=200, reward=0.995)], "buffer")
     eng.dedup("acme", ["y", "z"], NOW, 300 if bounded else None)
     assert ids_of(store) == ({"x", "z"} if bounded else {"x", "y"})
+
+
+def test_decay_leaves_memories_whose_dedup_is_pending(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """A memory still waiting for its dedup decision is not evicted yet (whether it is
+    merged or evicted first must not depend on when the pass ran); once decided, it is."""
+    store = store_factory(dim=8)
+    old = int(NOW - 20 * DAY_MS)
+    store.upsert([make_record("fresh", seed=1, created_ts=NOW, last_access_ts=NOW),
+                  make_record("stale", seed=2, created_ts=old, last_access_ts=old)],
+                 "buffer")  # fmt: skip
+    eng = MaintenanceEngine(store, MaintenancePolicy(span_factor=0.0))  # 14-day TTL
+    eng.bootstrap()
+    assert eng.decay("acme", NOW, hold=frozenset({"stale"})) == []
+    assert ids_of(store) == {"fresh", "stale"}
+    events = eng.decay("acme", NOW)
+    assert [(e.kind, e.memory_id) for e in events] == [("evicted", "stale")]
