@@ -1,10 +1,11 @@
 """`dmem import FILE.jsonl`: publish a logged run (historical transitions and outcomes).
 
-One JSON object per line: a `Transition`, an `EpisodeOutcome` or a `Feedback`. A line
-may say what it is with ``"type": "transition" | "outcome" | "feedback"`` (removed
-before validation); otherwise it is a transition when it has an ``action``, an
-``observation`` or a ``state``, feedback when it has ``kind``, ``memory_id`` or
-``value``, else an outcome. ``--tenant T`` puts every record into tenant T.
+One JSON object per line: a `Transition`, an `EpisodeOutcome`, a `Feedback` or a
+`MemoryUsage`. A line may say what it is with ``"type": "transition" | "outcome" |
+"feedback" | "usage"`` (removed before validation); otherwise it is a transition when
+it has an ``action``, an ``observation`` or a ``state``, usage when it has
+``memory_ids``, feedback when it has ``kind``, ``memory_id`` or ``value``, else an
+outcome. ``--tenant T`` puts every record into tenant T.
 
 Decisions:
 - Event time is kept: a line's ``ts`` is its original event time (a year ago is fine:
@@ -17,11 +18,13 @@ Decisions:
   of tenant, agent, episode, step), outcomes their ``outcome_id`` (default
   ``<episode>:final``), so importing a file twice stores each transition once and
   credits each outcome once.
-- Order: transitions go first (acks=all); outcomes and feedback only once the write
-  path has committed every imported transition (its consumer group's offsets; up to
-  ``wait_s``), so hindsight re-scoring finds the episodes' windows instead of racing
-  ahead of them. Without a write worker the outcomes are published after the wait with
-  a warning.
+- Order: the file's order (acks=all), as the live stream had it: transitions to
+  ``transitions``, usage to ``usage``, outcomes and feedback to ``feedback``. The
+  hindsight agent holds an outcome until the write path has processed its tenant's
+  transitions up to the outcome's event time, so an outcome never races ahead of its
+  episode, and the import re-scores each episode where the live run did. At the end
+  the import waits (up to ``wait_s``) until the write path has committed every
+  imported transition (``write_committed``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from dmem.progress import Progress
-from schemas import EpisodeOutcome, Feedback, Transition, encode
+from schemas import EpisodeOutcome, Feedback, MemoryUsage, Transition, encode
 from streams.admin import check_broker, kafka_client_kwargs
 from streams.settings import Settings
 from streams.write.pipeline import validation_reason
@@ -47,7 +50,8 @@ from streams.write.pipeline import validation_reason
 __all__ = ["ImportReport", "parse_line", "run_import", "wait_committed"]
 
 KINDS: dict[str, type[BaseModel]] = {
-    "transition": Transition, "outcome": EpisodeOutcome, "feedback": Feedback}  # fmt: skip
+    "transition": Transition, "outcome": EpisodeOutcome, "feedback": Feedback,
+    "usage": MemoryUsage}  # fmt: skip
 CHUNK = 1000
 
 
@@ -58,13 +62,13 @@ class ImportReport:
     counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
     invalid: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)  # the first 100
-    stored_before_outcomes: bool = True
+    write_committed: bool = True
     elapsed_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"lines": self.lines, "published": self.published, **self.counts,
                 "invalid": self.invalid, "errors": self.errors,
-                "stored_before_outcomes": self.stored_before_outcomes,
+                "write_committed": self.write_committed,
                 "elapsed_s": round(self.elapsed_s, 3)}  # fmt: skip
 
 
@@ -77,6 +81,8 @@ def parse_line(line: bytes, tenant: str | None = None) -> tuple[str, BaseModel]:
     if kind is None:
         if {"action", "observation", "state"} & data.keys():
             kind = "transition"
+        elif "memory_ids" in data:
+            kind = "usage"
         elif {"kind", "memory_id", "value"} & data.keys():
             kind = "feedback"
         else:
@@ -126,7 +132,6 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                    wait_s: float) -> ImportReport:  # fmt: skip
     rep = ImportReport()
     t0 = time.monotonic()
-    later: list[tuple[str, bytes, bytes]] = []  # outcomes and feedback: (topic, key, value)
     producer = AIOKafkaProducer(acks="all", linger_ms=5, **kafka_client_kwargs(settings.kafka))
     await producer.start()
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
@@ -147,18 +152,19 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                 continue
             rep.counts[kind] += 1
             if isinstance(rec, Transition):
-                await producer.send(topic, encode(rec), key=rec.agent_id.encode())
-                pending += 1
-                if pending >= CHUNK:
-                    await producer.flush()
-                    rep.published += pending
-                    pending = 0
+                where, key = topic, rec.agent_id
             else:
-                key = getattr(rec, "episode_id", None) or getattr(rec, "memory_id", "")
-                later.append((settings.topic("feedback"), str(key).encode(), encode(rec)))
+                where = settings.topic("usage" if isinstance(rec, MemoryUsage) else "feedback")
+                key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
+            await producer.send(where, encode(rec), key=key.encode())
+            pending += 1
+            if pending >= CHUNK:
+                await producer.flush()
+                rep.published += pending
+                pending = 0
         await producer.flush()
         rep.published += pending
-        if later and rep.counts["transition"]:
+        if rep.counts["transition"]:
             probe = AIOKafkaConsumer(**kafka_client_kwargs(settings.kafka))
             await probe.start()
             try:
@@ -166,21 +172,14 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                 ends = await probe.end_offsets([TopicPartition(topic, p) for p in parts])
             finally:
                 await probe.stop()
-            rep.stored_before_outcomes = await wait_committed(
+            rep.write_committed = await wait_committed(
                 settings, settings.group("write"), dict(ends), wait_s, "write path stored"
             )
-            if not rep.stored_before_outcomes:
+            if not rep.write_committed:
                 sys.stderr.write(
                     "\ndmem import: warning: the write path has not stored every "
-                    "transition yet; publishing the outcomes anyway (hindsight "
-                    "re-scoring may miss their episodes)\n"
+                    "transition yet (it goes on in the background)\n"
                 )
-        for i, (t, key, value) in enumerate(later, 1):
-            await producer.send(t, value, key=key)
-            if i % CHUNK == 0:
-                await producer.flush()
-        await producer.flush()
-        rep.published += len(later)
     finally:
         await producer.stop()
     rep.elapsed_s = time.monotonic() - t0

@@ -54,6 +54,7 @@ __all__ = [
     "CREDIT_IDS_KEPT",
     "DEDUP_TAU_BY_ENCODER",
     "MERGE_IDS_KEPT",
+    "EventTimeWindows",
     "MergeGroup",
     "is_critical",
     "merge_rows",
@@ -178,6 +179,103 @@ def plan_merges(
         )
         for s, ms in members.items()
     ]
+
+
+class EventTimeWindows:
+    """Which new memories the dedup job decides on next, by event time (pure, no clock).
+
+    Per tenant: the **watermark** is the highest event time seen (``written`` and
+    ``dropped`` events), and a new memory is *due* once its event time is at or below
+    the watermark minus the allowed lateness. Due memories come out sorted by
+    (event time, id), so the order the dedup job folds them in is a function of the
+    stream, not of how the fetcher interleaved partitions or when a timer fired.
+    Greedy oldest-first clustering (`plan_merges`) over a sequence cut anywhere gives
+    the clustering of the whole sequence as long as every cut's rows are newer than
+    what was decided before and see only that (the job's ANN search is bounded by
+    `due`'s ``as_of``): so any batching gives the same merges.
+
+    A memory that arrives after its tenant's watermark passed its event time plus the
+    lateness (``late``) is decided with the next due rows, against memories newer than
+    itself: it still becomes the survivor of its repeats (the oldest wins), but a chain
+    of near-threshold repeats may fold differently than in event-time order.
+    ``flush`` makes everything pending due (the job calls it when its input is idle:
+    a processing-time timer deciding *when*, at the price above for rows later still).
+
+    ``pos`` (the record's partition and offset) lets the job commit below the oldest
+    record still pending (`low_offsets`), so a restart re-reads exactly those.
+    """
+
+    def __init__(self, lateness_ms: int) -> None:
+        if lateness_ms < 0:
+            raise ValueError(f"lateness_ms must be >= 0, got {lateness_ms}")
+        self.lateness_ms = lateness_ms
+        self.pending: dict[str, dict[str, tuple[int, Any]]] = {}  # tenant -> id -> (ts, pos)
+        self.watermark: dict[str, int] = {}
+        self.closed: dict[str, int] = {}  # tenant -> highest event time decided so far
+        self.late = 0
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.pending.values())
+
+    def advance(self, tenant: str, event_ts: int) -> None:
+        """An event time seen on `tenant`'s stream: the watermark moves up to it."""
+        if event_ts > self.watermark.get(tenant, event_ts - 1):
+            self.watermark[tenant] = event_ts
+
+    def add(self, tenant: str, memory_id: str, event_ts: int, pos: Any = None) -> None:
+        """A new memory to decide on (a repeat of a pending id keeps its first position)."""
+        self.advance(tenant, event_ts)
+        if event_ts <= self.closed.get(tenant, event_ts - 1):
+            self.late += 1
+        self.pending.setdefault(tenant, {}).setdefault(memory_id, (event_ts, pos))
+
+    def remove(self, tenant: str, memory_id: str) -> None:
+        self.pending.get(tenant, {}).pop(memory_id, None)
+
+    def bound(self, tenant: str) -> int | None:
+        """Event times at or below this are due (None: nothing seen yet)."""
+        wm = self.watermark.get(tenant)
+        return None if wm is None else wm - self.lateness_ms
+
+    def has_due(self) -> bool:
+        for tenant, p in self.pending.items():
+            b = self.bound(tenant)
+            if b is not None and any(ts <= b for ts, _ in p.values()):
+                return True
+        return False
+
+    def due(self, tenant: str, flush: bool = False) -> list[tuple[int, str, int]]:
+        """The due memories as (event time, id, as_of) in (event time, id) order; they
+        leave the pending set. ``as_of`` bounds what a memory is compared with: the
+        stored memories with event times up to it, which are those decided before
+        (the newest event time decided so far, or its own when that is newer)."""
+        p = self.pending.get(tenant, {})
+        b = self.bound(tenant)
+        out = sorted((ts, mid) for mid, (ts, _) in p.items()
+                     if flush or (b is not None and ts <= b))  # fmt: skip
+        for _, mid in out:
+            del p[mid]
+        if not p:
+            self.pending.pop(tenant, None)
+        closed = self.closed.get(tenant)
+        res = []
+        for ts, mid in out:
+            closed = ts if closed is None else max(closed, ts)
+            res.append((ts, mid, closed))
+        if closed is not None:
+            self.closed[tenant] = closed
+        return res
+
+    def low_offsets(self) -> dict[Any, int]:
+        """pos -> the lowest offset still pending, per partition (``pos`` = (partition,
+        offset)); partitions without pending records are absent."""
+        low: dict[Any, int] = {}
+        for p in self.pending.values():
+            for _, pos in p.values():
+                if pos is not None:
+                    part, off = pos
+                    low[part] = min(low.get(part, off), off)
+        return low
 
 
 def _count(row: Mapping[str, Any]) -> int:

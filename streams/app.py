@@ -193,6 +193,7 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:
         """Late outcomes: re-score the episode's eligibility window (hindsight)."""
         await writer.ready_event.wait()  # not before the first assignment's states
+        wait_s = settings.write.outcome_wait_s
         async for value in stream:
             try:
                 data = orjson.loads(value)
@@ -201,6 +202,16 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 out = EpisodeOutcome.model_validate(data)
             except (orjson.JSONDecodeError, ValidationError):
                 continue  # the credit job dead-letters bad feedback
+            # event time, not arrival, decides what it re-scores: its episode's
+            # transitions first (the wait only decides when). An outcome stamped after
+            # its episode's last step goes once the write path has stored everything
+            # it has seen; the wait is bounded for transitions that never come.
+            waited = 0.0
+            while not pipeline.caught_up(out.tenant, out.ts) and waited < wait_s:
+                if await backlog(writer.consumer, writer.committed) == 0:
+                    break
+                await asyncio.sleep(0.05)
+                waited += 0.05
             result = await asyncio.to_thread(
                 pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
             )

@@ -212,8 +212,27 @@ class MaintenanceSettings(BaseModel):
     dedup_reward_tol: float = Field(
         default=0.01, ge=0.0, lt=1.0, description="relative reward tolerance of a merge"
     )
-    dedup_window_s: float = Field(default=2.0, gt=0.0, description="tumbling window length")
-    dedup_max_window: int = Field(default=5000, ge=1, description="close a window early")
+    dedup_window_s: float = Field(
+        default=2.0,
+        gt=0.0,
+        description=(
+            "processing time: due memories are deduped at most this often, and a tenant "
+            "whose input was idle this long has all its pending memories deduped (when, "
+            "never what: see allowed_lateness_ms)"
+        ),
+    )
+    dedup_max_window: int = Field(
+        default=5000, ge=1, description="most memories one dedup step reads (due ones in order)"
+    )
+    allowed_lateness_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description=(
+            "event time: a new memory is deduped once its tenant's watermark (highest "
+            "event time seen) is this far past its event time; a hindsight write older "
+            "than this when it arrives is late (deduped on arrival against newer ones)"
+        ),
+    )
     dedup_k: int = Field(default=8, ge=1, le=1024, description="ANN neighbours per new memory")
     decay_interval_s: float = Field(default=10.0, gt=0.0, description="period of the decay pass")
     half_life_s: float = Field(
@@ -517,6 +536,16 @@ class WriteSettings(BaseModel):
         ge=0,
         description="most transitions one outcome may "
         "write or promote (the most surprising in hindsight)",
+    )
+    outcome_wait_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description=(
+            "an outcome whose event time is ahead of the transitions the write path has "
+            "processed waits up to this long for them, or until the write path has stored "
+            "everything it has read, before it is re-scored (an outcome read before its "
+            "episode would find nothing to re-score)"
+        ),
     )
     retry_initial_s: float = Field(
         default=0.2, description="first backoff of a failed Milvus write"

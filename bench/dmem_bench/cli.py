@@ -868,9 +868,16 @@ def bench_sciworld(
 @click.option(
     "--steps",
     type=click.IntRange(1),
-    default=3000,
+    default=600,
     show_default=True,
-    help="Gymnasium steps (each episode's outcome follows its last step)",
+    help="rewarded stream: Gymnasium steps (each episode's usage and outcome follow it)",
+)
+@click.option(
+    "--chat-turns",
+    type=click.IntRange(1),
+    default=120,
+    show_default=True,
+    help="chat stream: turns (sessions of 12, three days apart)",
 )
 @click.option(
     "--env",
@@ -886,13 +893,38 @@ def bench_sciworld(
     default=None,
     help="encoder of the stack [default: the stack's, minilm-static]",
 )
+@click.option(
+    "--variants",
+    default="full,one,restart,shifted,hog,import",
+    show_default=True,
+    help="comma-separated ways to process each stream (at least two; also lockstep, "
+    "lockstep-shifted)",
+)
+@click.option(
+    "--streams",
+    "stream_names",
+    default="rewarded,chat",
+    show_default=True,
+    help="comma-separated streams",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_replay(steps: int, env_name: str, seed: int, encoder: str | None, as_json: bool) -> None:
-    """One stream live and shifted 400 days back, every job on: same store, nothing lost."""
+def bench_replay(steps: int, chat_turns: int, env_name: str, seed: int, encoder: str | None,
+                 variants: str, stream_names: str, as_json: bool) -> None:  # fmt: skip
+    """The same streams processed live, record by record, after a restart, shifted 400
+    days, beside a CPU hog and imported: the same memory every time."""
     import dmem_bench.replay as br
 
+    chosen = tuple(v for v in variants.split(",") if v)
+    names = tuple(s for s in stream_names.split(",") if s)
+    if len(chosen) < 2 or not set(chosen) <= set(br.VARIANTS):
+        fail(
+            click.BadParameter(f"at least two of {', '.join(br.VARIANTS)}", param_hint="--variants")
+        )
+    if not names or not set(names) <= set(br.STREAMS):
+        fail(click.BadParameter(f"some of {', '.join(br.STREAMS)}", param_hint="--streams"))
     try:
-        out = br.run(steps=steps, env_name=env_name, seed=seed, encoder=encoder)
+        out = br.run(steps=steps, env_name=env_name, seed=seed, encoder=encoder,
+                     chat_turns=chat_turns, variants=chosen, streams=names)  # fmt: skip
     except DmemError as exc:
         fail(exc)
     if as_json:

@@ -1,38 +1,56 @@
-"""`dmem bench replay`: one real stream, live and 400 days in the past, through the
-embedded stack with every job enabled; nothing may be lost to the clock or to a merge.
+"""`dmem bench replay`: the same stream makes the same memory, however it is processed.
 
-The stream: an epsilon-greedy Q-learning agent in a Gymnasium toy_text world
-(`dmem_bench.demo.q_learning_transitions`, fixed seed; CliffWalking by default) with an
-`EpisodeOutcome` (the episode's return) after each episode. Run 1 (live) stamps
-every transition with the wall clock when it is published and records the stamps;
-run 2 (shifted) publishes the same transitions with those stamps minus 400 days (a
-logged run replayed a year later). Each run: a fresh embedded stack (broker, one
-worker with every role: write path, hindsight, responder, credit, maintenance, Milvus
-Lite) with the default job settings; transitions go out in lockstep chunks of the
-worker's batch size (each awaited on ``dmem.memories``, as in the demo, so both runs
-see identical micro-batches), each chunk's finished episodes' outcomes after it
-(awaited until the hindsight agent has processed them), and the next chunk only once
-the jobs have settled (`dmem wait --settled`): the dedup job clusters greedily, so
-near-duplicate chains (a ~ b ~ c, a !~ c) fold into different survivors when rows
-arrive in a different order, and lockstep gives both runs the same processing order
-(without it: Jaccard 0.96 at 3,000 steps, every other number equal). After the last
-chunk the bench waits until every worker reports ``settled`` (``settle_s``), reads the
-store and the memory events.
+Two streams, each with fixed event times:
 
-The last stdout line (``--json``) has the contract keys: ``published``,
-``stored_live``, ``stored_shifted``, ``same_ids_ratio`` (Jaccard of the two stored id
-sets), ``critical_live`` (stored critical memories of the live run:
-`operators.dedup.is_critical`, reward != 0 or terminal, counted with what they
-stand for), ``critical_merged_away`` (both runs: critical transitions folded into a
-survivor that is not critical or whose reward differs beyond the tolerance),
-``merges`` (live), ``merges_across_reward`` (both runs), ``evicted_live``,
-``evicted_shifted``, ``settle_s`` (the slower run: from the last published record to
-settled), plus ``routes_same`` and each run's details.
+- ``rewarded``: an epsilon-greedy Q-learning agent in a Gymnasium toy_text world
+  (`dmem_bench.demo.q_learning_transitions`, fixed seed; CliffWalking by default), one
+  step a second of event time; after each episode the agent's usage records (it acted on
+  the memories of its `USED_STEPS` worst and last steps, ``source="agent"``) and its
+  `EpisodeOutcome` (the return), stamped with the episode's last event time;
+- ``chat``: a two-person conversation (`make_chat`, fixed seed) of sessions three days
+  apart, a turn every 40 s, mapped by `dmem.client.chat_transitions`; people repeat
+  themselves, so dedup has work.
+
+Each stream goes through a fresh embedded stack (broker, one worker with every role:
+write path, hindsight, responder, credit, maintenance, Milvus Lite; product defaults)
+once per variant (`VARIANTS`):
+
+- ``full``: every record published at full speed, in stream order;
+- ``one``: one record at a time, each awaited (a transition until its ``memories``
+  event, an outcome until the hindsight agent committed it);
+- ``restart``: the first half at full speed, the worker stopped, the second half
+  published while it is down, the worker started again: it reads the rest in bulk;
+- ``shifted``: as ``full`` with every event time 400 days earlier;
+- ``hog``: as ``full`` with a process spinning a core beside the stack;
+- ``import``: the stream written to a JSON-lines log and published by ``dmem import``;
+- ``lockstep`` and ``lockstep-shifted`` (not run by default): groups of `LOCKSTEP`
+  transitions, each one micro-batch, its outcomes after it, the next group once the jobs
+  settled: every run sees the same micro-batches, live and 400 days back.
+
+After each run the bench waits until every job has settled and reads the store and the
+``memories`` events. Between every pair of runs of a stream: the Jaccard similarity of
+the stored ids, of the (id, partition) pairs, and the largest utility difference of a
+memory stored by both.
+
+The last stdout line (``--json``) has the contract keys: ``runs`` (the variants),
+``same_ids_min`` and ``same_partitions_min`` (the smallest pairwise Jaccard over both
+streams), ``utility_max_diff``, ``same_routes_min`` (the write path's own share: the
+smallest pairwise share of transitions the gate routed alike), ``critical_merged_away``
+(every run: critical transitions folded into a survivor that is not critical or whose
+reward differs beyond the tolerance), ``merges_across_reward`` (every run), and from
+the rewarded stream's ``lockstep`` and ``lockstep-shifted`` runs when they ran, else its
+``full`` and ``shifted`` runs: ``published``, ``stored_live``, ``stored_shifted``,
+``same_ids_ratio``, ``same_partitions``, ``routes_same``, ``critical_live``,
+``merges``, ``evicted_live``, ``evicted_shifted``; ``settle_s`` (the slowest run: last
+published record to settled); per stream, each run's details and the pairwise table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import multiprocessing
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -41,112 +59,197 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dmem.importer import wait_committed
+from dmem.client import ChatTurn, chat_transitions
+from dmem.importer import run_import, wait_committed
 from dmem.wait import wait_settled
-from dmem_bench.common import (
-    Progress,
-    emit_json,
-    machine_info,
-    note,
-    print_table,
-    publish_lockstep,
-    teardown,
-)
+from dmem_bench.common import emit_json, machine_info, note, print_table, teardown
 from operators.decay import DAY_MS
 from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
-from schemas import EpisodeOutcome, Transition, encode
+from schemas import EpisodeOutcome, MemoryUsage, Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.local.stack import LocalStack
 from streams.settings import Settings
 
-__all__ = ["emit_json", "run"]
+__all__ = ["STREAMS", "VARIANTS", "emit_json", "make_chat", "make_stream", "pairwise", "run"]
 
-CHUNK = 256
 TENANT = "replay"
 SHIFT_MS = -400 * DAY_MS
+BASE_TS = 1_764_547_200_000  # 2025-12-01T00:00Z: event times are part of the stream
+STEP_MS = 1_000
+USED_STEPS = 4
+VARIANTS = ("full", "one", "restart", "shifted", "hog", "import", "lockstep", "lockstep-shifted")
+DEFAULT_VARIANTS = VARIANTS[:6]
+LOCKSTEP = 256
+STREAMS = ("rewarded", "chat")
+Record = Transition | EpisodeOutcome | MemoryUsage
 
 
-def make_stream(env_name: str, steps: int, seed: int) -> list[Transition | EpisodeOutcome]:
-    """The transitions with each episode's outcome (its return) right after its last step."""
+def make_stream(env_name: str, steps: int, seed: int) -> list[Record]:
+    """The agent's transitions (a step a second), and after each episode its usage
+    records and its outcome (the return), at the episode's last event time."""
     from dmem_bench.demo import q_learning_transitions
 
-    out: list[Transition | EpisodeOutcome] = []
-    ret = 0.0
-    for tr, _, _ in q_learning_transitions(env_name, steps, seed, tenant=TENANT):
-        prev = next((x for x in reversed(out) if isinstance(x, Transition)), None)
-        if prev is not None and prev.episode_id != tr.episode_id:  # it ended (or timed out)
-            out.append(EpisodeOutcome(tenant=TENANT, episode_id=prev.episode_id,
-                                      agent_id=prev.agent_id, reward=ret))  # fmt: skip
-            ret = 0.0
+    out: list[Record] = []
+    episode: list[Transition] = []
+
+    def close() -> None:
+        last = episode[-1]
+        # it acted on what it remembered of its most painful steps and its last ones
+        worst = sorted(episode, key=lambda t: (t.reward, t.step))[:USED_STEPS]
+        used = sorted({t.step: t for t in worst + episode[-USED_STEPS:]}.values(),
+                      key=lambda t: t.step)  # fmt: skip
+        for tr in used:
+            out.append(MemoryUsage(tenant=TENANT, episode_id=last.episode_id,
+                                   request_id=f"{tr.episode_id}:{tr.step}",
+                                   agent_id=last.agent_id, step=tr.step,
+                                   memory_ids=[tr.memory_id], weights=[1.0], ts=last.ts or 0,
+                                   source="agent"))  # fmt: skip
+        out.append(EpisodeOutcome(tenant=TENANT, episode_id=last.episode_id,
+                                  agent_id=last.agent_id, ts=last.ts,
+                                  reward=sum(t.reward for t in episode)))  # fmt: skip
+        episode.clear()
+
+    for i, (tr, _, _) in enumerate(q_learning_transitions(env_name, steps, seed, tenant=TENANT)):
+        if episode and episode[-1].episode_id != tr.episode_id:  # it ended (or timed out)
+            close()
+        tr = tr.model_copy(update={"ts": BASE_TS + i * STEP_MS})
         out.append(tr)
-        ret += tr.reward
+        episode.append(tr)
+    if episode:
+        close()
     return out
 
 
-async def _drive(settings: Settings, url: str, stream: list[Transition | EpisodeOutcome],
-                 stamps: list[int] | None, alive: Any) -> dict[str, Any]:  # fmt: skip
-    """Publish in lockstep; returns the stamps used, the routes and the last publish time."""
+PEOPLE = ("Ana", "Ben")
+FACTS = (
+    "I adopted a {pet} called {name} last week",
+    "my sister is moving to {city} in {month}",
+    "I signed up for a {sport} class on {day}s",
+    "the {pet} chewed my {thing} again",
+    "I'm reading a book about {topic} for my club",
+    "we booked the trip to {city} for {month}",
+    "work sent me to a {topic} training on {day}",
+)
+SLOTS = {
+    "pet": ("dog", "cat", "parrot", "rabbit"),
+    "name": ("Rex", "Miso", "Kiwi", "Bruno"),
+    "city": ("Lisbon", "Osaka", "Denver", "Tunis"),
+    "month": ("March", "June", "October"),
+    "sport": ("climbing", "swimming", "salsa"),
+    "day": ("Monday", "Thursday", "Saturday"),
+    "thing": ("shoes", "charger", "headphones"),
+    "topic": ("volcanoes", "tax law", "medieval cooking", "sleep"),
+}
+SMALL_TALK = ("haha ok", "cool", "same here", "sounds good", "lol", "really?")
+
+
+def make_chat(turns: int, seed: int, per_session: int = 12) -> list[Record]:
+    """A conversation of `turns` turns: facts, facts said again (verbatim or nearly),
+    small talk; sessions three days apart, a turn every 40 s."""
+    rng = random.Random(seed)
+    said: list[str] = []
+    out: list[Record] = []
+    for session in range((turns + per_session - 1) // per_session):
+        start = BASE_TS + session * 3 * DAY_MS
+        chat = []
+        for j in range(min(per_session, turns - session * per_session)):
+            roll = rng.random()
+            if said and roll < 0.3:  # a repeat: verbatim, or with a word more
+                text = rng.choice(said) + rng.choice(("", "", " btw", " again"))
+            elif roll < 0.55:
+                text = rng.choice(SMALL_TALK)
+            else:
+                tmpl = rng.choice(FACTS)
+                text = tmpl.format(**{k: rng.choice(v) for k, v in SLOTS.items()})
+                said.append(text)
+            chat.append(ChatTurn(speaker=PEOPLE[j % 2], text=text, ts=start + j * 40_000))
+        out += chat_transitions(chat, tenant=TENANT, conversation="pair", session=session)
+    return out
+
+
+def _shifted(stream: list[Record], shift_ms: int) -> list[Record]:
+    return [r.model_copy(update={"ts": (r.ts or 0) + shift_ms}) for r in stream]
+
+
+def _route(settings: Settings, rec: Record) -> tuple[str, bytes]:
+    if isinstance(rec, Transition):
+        return settings.topic("transitions"), rec.agent_id.encode()
+    if isinstance(rec, MemoryUsage):
+        return settings.topic("usage"), rec.episode_id.encode()
+    return settings.topic("feedback"), rec.episode_id.encode()
+
+
+def _groups(records: list[Record], chunk: int) -> list[list[Record]]:
+    """Up to `chunk` transitions each, with the records that follow them up to the next
+    transition (usage and outcomes stay behind their episode)."""
+    out: list[list[Record]] = []
+    n = chunk  # transitions in the current group
+    for rec in records:
+        if isinstance(rec, Transition) and n >= chunk:
+            out.append([])
+            n = 0
+        if not out:
+            out.append([])
+        out[-1].append(rec)
+        n += isinstance(rec, Transition)
+    return out
+
+
+async def _publish(settings: Settings, records: list[Record], chunk: int | None = None,
+                   settle_url: str | None = None) -> None:  # fmt: skip
+    """Publish in stream order: at full speed, or in groups of `chunk` transitions, each
+    awaited (its transitions until their ``memories`` events, then its outcomes until
+    the hindsight agent committed them, then, with `settle_url`, until the jobs settled)."""
     kw = kafka_client_kwargs(settings.kafka)
     producer = AIOKafkaProducer(linger_ms=5, **kw)
-    consumer = AIOKafkaConsumer(settings.topic("memories"), auto_offset_reset="earliest",
-                                enable_auto_commit=False, fetch_max_wait_ms=20, **kw)  # fmt: skip
     await producer.start()
-    await consumer.start()
-    routes: dict[str, str] = {}
-    used: list[int] = []
-    n_tr = sum(isinstance(x, Transition) for x in stream)
-    progress = Progress("published", n_tr)
-    published = 0
-    i = 0
+    consumer = None
+    seen: set[str] = set()
+    if chunk is not None:
+        consumer = AIOKafkaConsumer(
+            settings.topic("memories"),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=20,
+            **kw,
+        )
+        await consumer.start()
     try:
-        while i < len(stream):
-            chunk: list[Transition] = []
-            outcomes: list[EpisodeOutcome] = []
-            while i < len(stream) and len(chunk) < CHUNK:
-                item = stream[i]
-                i += 1
-                if isinstance(item, Transition):
-                    ts = int(time.time() * 1000) if stamps is None else stamps[len(used)]
-                    used.append(ts)
-                    chunk.append(item.model_copy(update={"ts": ts}))
-                else:
-                    outcomes.append(item.model_copy(update={"ts": used[-1]}))
-            while i < len(stream) and isinstance(stream[i], EpisodeOutcome):
-                item = stream[i]
-                assert isinstance(item, EpisodeOutcome)
-                outcomes.append(item.model_copy(update={"ts": used[-1]}))
-                i += 1
-            published += len(chunk)
-
-            def on_event(m: Any) -> None:
-                ev = orjson.loads(m.value)
-                if ev["kind"] in ("written", "dropped") and ev["reason"] != "retrospective":
-                    routes.setdefault(ev["memory_id"], str(ev["route"]))
-
-            def answered(n: int = published) -> bool:
-                return len(routes) >= n
-
-            await publish_lockstep(producer, consumer, settings.topic("transitions"), chunk,
-                                   answered, on_event, alive)  # fmt: skip
-            ends: dict[TopicPartition, int] = {}
-            for o in outcomes:  # the hindsight agent re-scores them before the next chunk
-                md = await (await producer.send(settings.topic("feedback"), encode(o),
-                                                key=o.episode_id.encode()))  # fmt: skip
-                tp = TopicPartition(md.topic, md.partition)
-                ends[tp] = max(ends.get(tp, 0), md.offset + 1)
-            # faust's group (the app id) commits what the hindsight agent has processed
-            if ends and not await wait_committed(settings, settings.app_id, ends, 120):
-                raise ServiceUnavailable("the hindsight agent did not take the outcomes")
-            if i < len(stream):  # lockstep for the jobs too (see the module doc)
-                await asyncio.to_thread(wait_settled, [url], 300.0, 0.5)
-            progress.update(published)
+        if consumer is None or chunk is None:
+            for rec in records:
+                topic, key = _route(settings, rec)
+                await producer.send(topic, encode(rec), key=key)
+            await producer.flush()
+            return
+        for group in _groups(records, chunk):
+            trs = [r for r in group if isinstance(r, Transition)]
+            for tr in trs:
+                topic, key = _route(settings, tr)
+                await producer.send(topic, encode(tr), key=key)
+            await producer.flush()
+            deadline = time.monotonic() + 180
+            while any(tr.memory_id not in seen for tr in trs):
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable("the write path stopped answering")
+                for msgs in (await consumer.getmany(timeout_ms=200)).values():
+                    seen.update(orjson.loads(m.value)["memory_id"] for m in msgs)
+            for rec in group:
+                if isinstance(rec, Transition):
+                    continue
+                topic, key = _route(settings, rec)
+                md = await (await producer.send(topic, encode(rec), key=key))
+                if isinstance(rec, EpisodeOutcome):
+                    ends = {TopicPartition(md.topic, md.partition): md.offset + 1}
+                    if not await wait_committed(settings, settings.app_id, ends, 120):
+                        raise ServiceUnavailable("the hindsight agent did not take the outcome")
+            if settle_url is not None:
+                await asyncio.to_thread(wait_settled, [settle_url], 300.0, 0.5)
     finally:
         await producer.stop()
-        await consumer.stop()
-    return {"stamps": used, "routes": routes, "published": published,
-            "last_publish": time.monotonic()}  # fmt: skip
+        if consumer is not None:
+            await consumer.stop()
 
 
 async def _events(settings: Settings) -> list[dict[str, Any]]:
@@ -174,60 +277,114 @@ async def _events(settings: Settings) -> list[dict[str, Any]]:
         await c.stop()
 
 
-def one_run(label: str, stream: list[Transition | EpisodeOutcome], stamps: list[int] | None,
-            encoder: str | None, seed: int) -> dict[str, Any]:  # fmt: skip
+def _spin() -> None:  # pragma: no cover - runs in the hog process
+    while True:
+        pass
+
+
+def _import(settings: Settings, records: list[Record], tmp: Path) -> None:
+    path = tmp / "log.jsonl"
+    kinds = {Transition: "transition", EpisodeOutcome: "outcome", MemoryUsage: "usage"}
+    path.write_bytes(b"".join(orjson.dumps({"type": kinds[type(r)], **r.model_dump(
+        mode="json", exclude_none=True)}) + b"\n" for r in records))  # fmt: skip
+    rep = run_import(settings, path)
+    if rep.invalid:
+        raise ValueError(f"the import refused {rep.invalid} lines: {rep.errors[:3]}")
+
+
+def one_run(stream_name: str, variant: str, records: list[Record], encoder: str | None,
+            seed: int) -> dict[str, Any]:  # fmt: skip
+    """One fresh stack, one variant; the stored rows and the ``memories`` events."""
     from milvus import MemoryStore
 
-    tmp = Path(tempfile.mkdtemp(prefix=f"dmem-bench-replay-{label}-"))
-    env = {
-        "DMEM_APP_ID": f"dmem-bench-replay-{seed}",
-        "DMEM_WRITE__BATCH_SIZE": str(CHUNK),
-        "DMEM_WRITE__BATCH_WITHIN_S": "5",
-        "DMEM_WRITE__LINGER_S": "5",  # a lockstep chunk is exactly one micro-batch
-    }
+    tmp = Path(tempfile.mkdtemp(prefix=f"dmem-bench-replay-{stream_name}-{variant}-"))
+    env = {"DMEM_APP_ID": f"dmem-bench-replay-{seed}"}
+    if variant.startswith("lockstep"):  # a group is exactly one micro-batch
+        env.update(DMEM_WRITE__BATCH_SIZE=str(LOCKSTEP), DMEM_WRITE__BATCH_WITHIN_S="5",
+                   DMEM_WRITE__LINGER_S="5")  # fmt: skip
     if encoder:
         env["DMEM_ENCODER__NAME"] = encoder
     stack = LocalStack(tmp, roles=("all",), extra_env=env)
+    hog = None
     failed = True
     try:
-        note(f"run {label}: embedded broker + one worker (every role, Milvus Lite) ...")
+        note(f"{stream_name} / {variant}: embedded broker + one worker (every role) ...")
         stack.start()
         settings = stack.settings
-        worker, port = stack.workers[0], stack.web_ports[0]
-        url = f"http://127.0.0.1:{port}"
-        res = asyncio.run(_drive(settings, url, stream, stamps, lambda: worker.alive))
-        note(f"  run {label}: all published; waiting until every job has settled ...")
-        wait_settled([url], timeout_s=600, quiet_s=1.0)
-        settle_s = time.monotonic() - res["last_publish"]
+        if variant == "hog":
+            hog = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+            hog.start()
+        t0 = time.monotonic()
+        url = f"http://127.0.0.1:{stack.web_ports[0]}"
+        if variant == "one":
+            asyncio.run(_publish(settings, records, chunk=1))
+        elif variant.startswith("lockstep"):
+            shift = SHIFT_MS if variant.endswith("shifted") else 0
+            asyncio.run(_publish(settings, _shifted(records, shift), LOCKSTEP, url))
+        elif variant == "restart":
+            half = len(records) // 2
+            asyncio.run(_publish(settings, records[:half]))
+            wait_settled([f"http://127.0.0.1:{stack.web_ports[0]}"], 600.0, 1.0)
+            stack.stop_workers()
+            asyncio.run(_publish(settings, records[half:]))
+            stack.wait_ready(stack.start_worker("all"))
+        elif variant == "import":
+            _import(settings, records, tmp)
+        else:
+            shift = SHIFT_MS if variant == "shifted" else 0
+            asyncio.run(_publish(settings, _shifted(records, shift) if shift else records))
+        published = time.monotonic()
+        wait_settled([f"http://127.0.0.1:{stack.web_ports[0]}"], 900.0, 1.0)
+        settle_s = time.monotonic() - published
+        elapsed_s = time.monotonic() - t0
         events = asyncio.run(_events(settings))
         stack.stop_workers()
         dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
         store = MemoryStore(settings.milvus_uri, collection=settings.milvus.collection,
                             dim=dim).connect()  # fmt: skip
         try:
-            rows = {r["id"]: r for r in store.scan(tenant=TENANT, output_fields=[
-                "id", "reward", "merged_count", "metadata", "partition"])}  # fmt: skip
+            rows = {
+                r["id"]: r
+                for r in store.scan(
+                    tenant=TENANT,
+                    output_fields=[
+                        "id",
+                        "reward",
+                        "merged_count",
+                        "metadata",
+                        "partition",
+                        "utility",
+                        "uses",
+                    ],
+                )
+            }
         finally:
             store.close()
-        policy_tol = settings.maintenance.dedup_reward_tol
+        tol = settings.maintenance.dedup_reward_tol
         failed = False
     finally:
+        if hog is not None:
+            hog.kill()
+            hog.join()
         teardown(stack, None, tmp, failed)
-    return {"res": res, "events": events, "rows": rows, "settle_s": settle_s,
-            "tol": policy_tol}  # fmt: skip
+    return {"events": events, "rows": rows, "settle_s": settle_s, "tol": tol,
+            "elapsed_s": elapsed_s}  # fmt: skip
 
 
-def judge(run: dict[str, Any], stream: list[Transition | EpisodeOutcome]) -> dict[str, Any]:
+def judge(run: dict[str, Any], stream: list[Record]) -> dict[str, Any]:
     """Merges, losses and counts of one run (see the module doc)."""
     by_id = {t.memory_id: t for t in stream if isinstance(t, Transition)}
     rows, tol = run["rows"], run["tol"]
     into: dict[str, str] = {}
+    routes: dict[str, str] = {}
     evicted = 0
     for ev in run["events"]:
         if ev["kind"] == "merged" and ev.get("reason", "").startswith("into "):
             into[ev["memory_id"]] = ev["reason"].split()[1]
         elif ev["kind"] == "evicted":
             evicted += 1
+        elif ev["kind"] in ("written", "dropped") and ev["reason"] != "retrospective":
+            routes.setdefault(ev["memory_id"], str(ev["route"]))
 
     def final(mid: str) -> str:
         seen = set()
@@ -263,55 +420,118 @@ def judge(run: dict[str, Any], stream: list[Transition | EpisodeOutcome]) -> dic
         "merges": len(into),
         "merges_across_reward": across,
         "evicted": evicted,
-        "written": sum(1 for r in run["res"]["routes"].values() if r != "drop"),
+        "written": sum(1 for r in routes.values() if r != "drop"),
+        "routes": routes,
+        "utility_nonzero": sum(float(r.get("utility") or 0.0) != 0.0 for r in rows.values()),
         "settle_s": round(run["settle_s"], 2),
+        "elapsed_s": round(run["elapsed_s"], 1),
     }
 
 
-def run(steps: int = 3000, env_name: str = "cliffwalking", seed: int = 7,
-        encoder: str | None = None) -> dict[str, Any]:  # fmt: skip
-    stream = make_stream(env_name, steps, seed)
+def pairwise(rows: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """For every pair of runs (variant -> stored rows by id): Jaccard of the ids, of the
+    (id, partition) pairs, and the largest utility difference on the common ids."""
+    out = []
+    for a, b in itertools.combinations(rows, 2):
+        ra, rb = rows[a], rows[b]
+        ids_a, ids_b = set(ra), set(rb)
+        parts_a = {(i, r["partition"]) for i, r in ra.items()}
+        parts_b = {(i, r["partition"]) for i, r in rb.items()}
+        common = ids_a & ids_b
+        diff = max((abs(float(ra[i].get("utility") or 0.0) - float(rb[i].get("utility") or 0.0))
+                    for i in common), default=0.0)  # fmt: skip
+        out.append(
+            {
+                "a": a,
+                "b": b,
+                "same_ids": _jaccard(ids_a, ids_b),
+                "same_partitions": _jaccard(parts_a, parts_b),
+                "utility_diff": diff,
+            }
+        )
+    return out
+
+
+def _jaccard(a: set[Any], b: set[Any]) -> float:
+    return round(len(a & b) / len(a | b), 4) if a | b else 1.0
+
+
+def run(steps: int = 600, env_name: str = "cliffwalking", seed: int = 7,
+        encoder: str | None = None, chat_turns: int = 120,
+        variants: tuple[str, ...] = DEFAULT_VARIANTS,
+        streams: tuple[str, ...] = STREAMS) -> dict[str, Any]:  # fmt: skip
     t0 = time.monotonic()
-    live = one_run("live", stream, None, encoder, seed)
-    shifted_stamps = [ts + SHIFT_MS for ts in live["res"]["stamps"]]
-    shifted = one_run("shifted", stream, shifted_stamps, encoder, seed)
-    a, b = judge(live, stream), judge(shifted, stream)
-    ids_a, ids_b = set(live["rows"]), set(shifted["rows"])
-    union = ids_a | ids_b
-    out = {
-        "published": live["res"]["published"],
-        "outcomes": sum(isinstance(x, EpisodeOutcome) for x in stream),
-        "stored_live": a["stored"],
-        "stored_shifted": b["stored"],
-        "same_ids_ratio": round(len(ids_a & ids_b) / len(union), 4) if union else 1.0,
-        "same_partitions": all(
-            live["rows"][i]["partition"] == shifted["rows"][i]["partition"] for i in ids_a & ids_b
-        ),
-        "routes_same": live["res"]["routes"] == shifted["res"]["routes"],
-        "critical_live": a["critical"],
-        "critical_merged_away": a["critical_merged_away"] + b["critical_merged_away"],
-        "merges": a["merges"],
-        "merges_across_reward": a["merges_across_reward"] + b["merges_across_reward"],
-        "evicted_live": a["evicted"],
-        "evicted_shifted": b["evicted"],
-        "settle_s": max(a["settle_s"], b["settle_s"]),
-        "shift_days": SHIFT_MS // DAY_MS,
-        "live": a,
-        "shifted": b,
-        "env": env_name,
-        "steps": steps,
-        "seed": seed,
-        "encoder": encoder or Settings().encoder.name,
-        "elapsed_s": round(time.monotonic() - t0, 1),
-        "machine": machine_info(),
+    made = {"rewarded": lambda: make_stream(env_name, steps, seed),
+            "chat": lambda: make_chat(chat_turns, seed)}  # fmt: skip
+    per_stream: dict[str, Any] = {}
+    judged_all: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in streams:
+        stream = made[name]()
+        runs = {v: one_run(name, v, stream, encoder, seed) for v in variants}
+        judged = {v: judge(r, stream) for v, r in runs.items()}
+        pairs = pairwise({v: r["rows"] for v, r in runs.items()})
+        for p in pairs:  # the write path's own decisions (the gate's routes), for the cause
+            ra, rb = judged[p["a"]]["routes"], judged[p["b"]]["routes"]
+            keys = set(ra) | set(rb)
+            p["same_routes"] = round(
+                sum(ra.get(k) == rb.get(k) for k in keys) / max(1, len(keys)), 4
+            )
+        judged_all[name] = judged
+        per_stream[name] = {
+            "published": sum(isinstance(x, Transition) for x in stream),
+            "outcomes": sum(isinstance(x, EpisodeOutcome) for x in stream),
+            "same_ids_min": min((p["same_ids"] for p in pairs), default=1.0),
+            "same_partitions_min": min((p["same_partitions"] for p in pairs), default=1.0),
+            "utility_max_diff": max((p["utility_diff"] for p in pairs), default=0.0),
+            "same_routes_min": min((p["same_routes"] for p in pairs), default=1.0),
+            "runs": {v: {k: x for k, x in j.items() if k != "routes"} for v, j in judged.items()},
+            "pairs": pairs,
+            "rows": {v: r["rows"] for v, r in runs.items()},
+        }
+    every = [j for js in judged_all.values() for j in js.values()]
+    out: dict[str, Any] = {
+        "runs": list(variants),
+        "streams": list(streams),
+        "same_ids_min": min(s["same_ids_min"] for s in per_stream.values()),
+        "same_partitions_min": min(s["same_partitions_min"] for s in per_stream.values()),
+        "utility_max_diff": max(s["utility_max_diff"] for s in per_stream.values()),
+        "same_routes_min": min(s["same_routes_min"] for s in per_stream.values()),
+        "critical_merged_away": sum(j["critical_merged_away"] for j in every),
+        "merges_across_reward": sum(j["merges_across_reward"] for j in every),
+        "settle_s": max(j["settle_s"] for j in every),
     }
-    print_table("dmem bench replay", ["metric", "live", "shifted 400 d"], [
-        ("stored", a["stored"], b["stored"]),
-        ("merges", a["merges"], b["merges"]),
-        ("merges across reward", a["merges_across_reward"], b["merges_across_reward"]),
-        ("critical merged away", a["critical_merged_away"], b["critical_merged_away"]),
-        ("evicted", a["evicted"], b["evicted"]),
-        ("settle s", a["settle_s"], b["settle_s"]),
-        ("same ids (Jaccard)", out["same_ids_ratio"], ""),
-    ])  # fmt: skip
+    main = per_stream.get("rewarded") or next(iter(per_stream.values()))
+    js = judged_all.get("rewarded") or next(iter(judged_all.values()))
+    # the legacy pair: lockstep when it ran (every run sees the same micro-batches)
+    pair = ("lockstep", "lockstep-shifted") if "lockstep" in js else ("full", "shifted")
+    live, shifted = js.get(pair[0]), js.get(pair[1])
+    if live is not None and shifted is not None:
+        rl, rs = main["rows"][pair[0]], main["rows"][pair[1]]
+        common = set(rl) & set(rs)
+        out.update({
+            "published": main["published"], "outcomes": main["outcomes"],
+            "stored_live": live["stored"], "stored_shifted": shifted["stored"],
+            "same_ids_ratio": _jaccard(set(rl), set(rs)),
+            "same_partitions": all(rl[i]["partition"] == rs[i]["partition"] for i in common),
+            "routes_same": live["routes"] == shifted["routes"],
+            "critical_live": live["critical"], "merges": live["merges"],
+            "evicted_live": live["evicted"], "evicted_shifted": shifted["evicted"],
+        })  # fmt: skip
+    for s in per_stream.values():
+        s.pop("rows")
+    out.update({
+        "per_stream": per_stream, "env": env_name, "steps": steps, "chat_turns": chat_turns,
+        "seed": seed, "encoder": encoder or Settings().encoder.name,
+        "elapsed_s": round(time.monotonic() - t0, 1), "machine": machine_info(),
+    })  # fmt: skip
+    for name, s in per_stream.items():
+        print_table(f"dmem bench replay: {name}", ["variant", "stored", "core", "merges",
+                    "evicted", "utility != 0", "settle s"], [
+            (v, r["stored"], r["stored_core"], r["merges"], r["evicted"], r["utility_nonzero"],
+             r["settle_s"]) for v, r in s["runs"].items()])  # fmt: skip
+        note(
+            f"  {name}: same ids (Jaccard) min {s['same_ids_min']}, same partitions min "
+            f"{s['same_partitions_min']}, utility max diff {s['utility_max_diff']:.3g}, "
+            f"same gate routes min {s['same_routes_min']}"
+        )
     return out

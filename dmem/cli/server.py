@@ -84,12 +84,12 @@ def _store(settings: Any) -> Any:
     type=float,
     default=120.0,
     show_default=True,
-    help="seconds to wait for the write path to store the transitions before "
-    "the outcomes are published",
+    help="seconds to wait at the end for the write path to store the transitions "
+    "(records are published in the file's order)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> None:
-    """Publish a JSONL file of historical transitions, outcomes and feedback.
+    """Publish a JSONL file of historical transitions, usage, outcomes and feedback.
 
     Event times (`ts`) are kept; invalid lines are reported (line: reason) and make the
     exit status 1; records are idempotent by id (re-importing stores nothing twice)."""

@@ -28,8 +28,13 @@ __all__ = ["DecayEngine"]
 class DecayEngine(IndexedEngine):
     """Decay passes over the index (sync, runs in a worker thread)."""
 
-    def decay(self, tenant: str, now: int, refresh: bool = True) -> list[MemoryEvent]:
+    def decay(self, tenant: str, now: int, refresh: bool = True,
+              hold: frozenset[str] = frozenset()) -> list[MemoryEvent]:  # fmt: skip
         """One decay pass for one tenant; bounded Milvus I/O (see module doc).
+
+        `hold`: memories whose dedup is not decided yet (their event time is not due):
+        no action on them, so whether a row is merged or evicted first does not depend
+        on when the pass ran.
 
         Ages are the tenant's stream time (the index's watermarks); `now` only
         stamps the events (processing time). ``refresh=False`` (a settling pass)
@@ -42,6 +47,8 @@ class DecayEngine(IndexedEngine):
         self.refresh(tenant, touched + t.next_refresh(self.refresh_per_pass if refresh else 0))
         plan = plan_decay(t, self.policy)
         events: list[MemoryEvent] = []
+        if hold:
+            plan.actions = [a for a in plan.actions if a.memory_id not in hold]
         if plan.actions:
             chosen = [a.memory_id for a in plan.actions]
             rows = unique_rows(get_bounded(self.store, tenant, chosen, [
@@ -56,7 +63,7 @@ class DecayEngine(IndexedEngine):
                     t.upsert(mid, entry_from_row(r))
                     fresh.add(mid)
             plan = plan_decay(t, self.policy)  # with the fresh values
-            actions = [a for a in plan.actions if a.memory_id in fresh]
+            actions = [a for a in plan.actions if a.memory_id in fresh and a.memory_id not in hold]
             events = self._execute(tenant, t, actions, rows, now)
         self.last_deferred = plan.deferred
         ms = (time.perf_counter() - t0) * 1e3

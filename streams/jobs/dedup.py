@@ -1,12 +1,15 @@
 """Dedup (jobs role): merge each window of new memories into near-duplicates.
 
 `streams.jobs.scheduler.MaintenanceJob` collects ``written`` events per tenant
-in tumbling processing-time windows (``dedup_window_s``). At window close
-`DedupEngine.dedup` reads the window's rows (with vectors) and groups them by
-merge scope (`operators.dedup.merge_scope`: agent, action, valence,
-partition, terminal flag, reward sign, user metadata). Each scope's rows are
-searched against Milvus (one batched ANN query per scope, in the scope's
-partition and reward sign, top ``dedup_k`` excluding the window's own ids);
+until their event time is due (`operators.dedup.EventTimeWindows`: the tenant's
+watermark minus the allowed lateness). `DedupEngine.dedup` reads the due rows
+(with vectors) and groups them by merge scope (`operators.dedup.merge_scope`:
+agent, action, valence, partition, terminal flag, reward sign, user metadata).
+Each scope's rows are searched against Milvus (one batched ANN query per scope,
+in the scope's partition and reward sign, top ``dedup_k`` excluding the window's
+own ids, among the rows with ``created_ts`` up to ``as_of``: the store as of the
+window's event time, never rows of later windows that are written and not yet
+decided);
 rows within cosine ``tau`` whose rewards agree are merged oldest-first
 (`plan_merges`, `merge_rows`): the survivor is rewritten, the others deleted,
 one ``merged`` event each. The job commits a window's offsets only after its
@@ -52,14 +55,16 @@ class DedupEngine(IndexedEngine):
     """Dedup windows over the index (sync, runs in a worker thread)."""
 
     def _neighbors(self, tenant: str, scope: Scope, vectors: np.ndarray,
-                   exclude: list[str]) -> set[str]:  # fmt: skip
+                   exclude: list[str], as_of: int | None = None) -> set[str]:  # fmt: skip
         """Ids of stored rows in `scope`'s partition and reward sign within tau of any
-        of `vectors` (batched ANN; the rest of the scope is checked on the rows)."""
+        of `vectors`, created at or before `as_of` (batched ANN; the rest of the scope
+        is checked on the rows)."""
         agent, action, valence, part, _done, sign, context = scope
         reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
+        bounded = {"created_ts": {"<=": int(as_of)}} if as_of is not None else {}
         flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
             "action": action, "valence": valence, "reward": reward,
-            **context_filter(context)})  # fmt: skip
+            **context_filter(context), **bounded})  # fmt: skip
         if exclude:
             flt = E.and_all([flt, f"not ({self.store.key_filter(tenant, exclude)})"])
         client = self.store.client
@@ -87,8 +92,12 @@ class DedupEngine(IndexedEngine):
                         found.add(str((h.get("entity") or {})["id"]))
         return found
 
-    def dedup(self, tenant: str, ids: Sequence[str], now: int) -> list[MemoryEvent]:
-        """Merge one tenant's window of new memories into existing ones (and each other)."""
+    def dedup(self, tenant: str, ids: Sequence[str], now: int,
+              as_of: int | None = None) -> list[MemoryEvent]:  # fmt: skip
+        """Merge one tenant's window of new memories into existing ones (and each other).
+
+        `as_of` (event time): only stored rows created at or before it are candidates
+        (None: every stored row); `now` only stamps the events."""
         rows = {k: r for k, r in unique_rows(self.store.get(list(ids), tenant=tenant,
                                                         with_vector=True)).items()
                 if r.get("tenant") == tenant}  # fmt: skip
@@ -99,7 +108,7 @@ class DedupEngine(IndexedEngine):
         events: list[MemoryEvent] = []
         for scope, sids in scopes.items():
             vecs = np.stack([np.asarray(rows[m][VECTOR_FIELD], dtype=np.float32) for m in sids])
-            near = self._neighbors(tenant, scope, vecs, sids) - set(sids)
+            near = self._neighbors(tenant, scope, vecs, sids, as_of) - set(sids)
             group_rows = {m: rows[m] for m in sids}
             if near:
                 for mid, r in unique_rows(

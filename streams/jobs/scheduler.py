@@ -2,10 +2,17 @@
 
 `MaintenanceJob` (one per deployment, like the credit job: capacities are per
 tenant) reads every partition of ``dmem.memories`` through the consumer group
-``<app_id>-maintenance``, keeps `MaintenanceEngine`'s index current, closes
-dedup windows (`streams.jobs.dedup`) and runs decay passes
-(`streams.jobs.decay`). The pure logic is in `operators.decay` and `operators.dedup`; this
-module is the part that talks to Kafka.
+``<app_id>-maintenance``, keeps `MaintenanceEngine`'s index current, dedups new
+memories (`streams.jobs.dedup`) and runs decay passes (`streams.jobs.decay`). The
+pure logic is in `operators.decay` and `operators.dedup`; this module is the part
+that talks to Kafka.
+
+Event time decides what, processing time only when: new memories wait in
+`operators.dedup.EventTimeWindows` until their tenant's watermark is
+``allowed_lateness_ms`` past their event time, then go to dedup in (event time, id)
+order, at most every ``dedup_window_s``; a tenant idle for ``dedup_window_s`` has
+everything pending deduped. Offsets are committed below the oldest pending record,
+so a restart re-reads exactly what was not decided yet.
 
 Settling: after a change, passes follow each other (at most every
 ``SETTLE_PASS_S``) until one finds nothing to do; then the job waits for input
@@ -26,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from mode import Service
 from pydantic import ValidationError
 
+from operators.dedup import EventTimeWindows
 from schemas import MemoryEvent, encode
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.clock import now_ms
@@ -69,8 +77,9 @@ class MaintenanceJob(Service):
         self.engine: MaintenanceEngine | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
-        self.windows: dict[str, dict[str, None]] = {}
-        self.window_started: float | None = None
+        self.windows = EventTimeWindows(settings.maintenance.allowed_lateness_ms)
+        self.last_close = 0.0
+        self.last_input = time.monotonic()
         self.emitted = 0
         self.bad = 0
         self.ready = False
@@ -99,7 +108,7 @@ class MaintenanceJob(Service):
 
     @property
     def pending(self) -> int:
-        return sum(len(w) for w in self.windows.values())
+        return len(self.windows)
 
     async def _run(self) -> None:
         assert self.consumer is not None
@@ -124,17 +133,15 @@ class MaintenanceJob(Service):
             for msgs in batch.values():
                 for msg in msgs:
                     self._observe(msg)
-            if (
-                self.windows
-                and self.window_started is not None
-                and (
-                    time.monotonic() - self.window_started >= m.dedup_window_s
-                    or self.pending >= m.dedup_max_window
-                )
-            ):
-                await self._close_windows()
-            elif batch and not self.windows:
-                await commit_or_replay(self.consumer, "maintenance")
+            clock = time.monotonic()
+            if batch:
+                self.last_input = clock
+            flush = clock - self.last_input >= m.dedup_window_s  # input idle: close all
+            if self.pending and (flush or (clock - self.last_close >= m.dedup_window_s
+                                           and self.windows.has_due())):  # fmt: skip
+                await self._close_windows(flush)
+            elif batch:
+                await self._commit()
             # the timer, or (settling) input is quiet and a pass has something to look at:
             # passes follow each other until one finds nothing to do, then the job waits
             idle = not batch and not self.windows and self.dirty
@@ -154,12 +161,15 @@ class MaintenanceJob(Service):
             return
         if self.engine.observe(ev):
             self.dirty = True
+        if ev.kind in ("written", "dropped") and ev.event_ts is not None:
+            self.windows.advance(ev.tenant, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None:
-            if not self.windows:
-                self.window_started = time.monotonic()
-            self.windows.setdefault(ev.tenant, {})[ev.memory_id] = None
+            # an event without an event time is decided with the tenant's next due rows
+            ts = ev.event_ts if ev.event_ts is not None else self.windows.bound(ev.tenant)
+            self.windows.add(ev.tenant, ev.memory_id, ts if ts is not None else 0,
+                             (msg.partition, msg.offset))  # fmt: skip
         elif ev.kind in REMOVED:
-            self.windows.get(ev.tenant, {}).pop(ev.memory_id, None)
+            self.windows.remove(ev.tenant, ev.memory_id)
 
     async def _emit(self, events: list[MemoryEvent]) -> None:
         assert self.producer is not None
@@ -168,23 +178,40 @@ class MaintenanceJob(Service):
             await self.producer.send(topic, encode(ev), key=ev.memory_id.encode())
         self.emitted += len(events)
 
-    async def _close_windows(self) -> None:
+    async def _commit(self) -> None:
+        """Commit every partition up to its oldest record still pending (or all it read)."""
+        assert self.consumer is not None
+        low = self.windows.low_offsets()
+        offsets = {}
+        for tp in self.consumer.assignment():
+            offsets[tp] = low.get(tp.partition, await self.consumer.position(tp))
+        if offsets:
+            await commit_or_replay(self.consumer, "maintenance", offsets)
+
+    async def _close_windows(self, flush: bool) -> None:
+        """Dedup every tenant's due memories (all pending ones on `flush`), oldest first,
+        in steps of at most ``dedup_max_window``; each step sees the store as of its
+        newest event time (`DedupEngine.dedup`'s ``as_of``)."""
         assert self.engine is not None and self.consumer is not None
-        windows, self.windows, self.window_started = self.windows, {}, None
+        step = self.settings.maintenance.dedup_max_window
         self.busy = True
         try:
-            for tenant, ids in windows.items():
-                if ids:
+            for tenant in sorted(self.windows.pending):
+                due = self.windows.due(tenant, flush)
+                for i in range(0, len(due), step):
+                    chunk = due[i : i + step]
                     events = await self.store_service._retry(  # noqa: SLF001
-                        "dedup", self.engine.dedup, tenant, list(ids), now_ms()
-                    )
+                        "dedup", self.engine.dedup, tenant, [m for _, m, _ in chunk],
+                        now_ms(), chunk[-1][2],
+                    )  # fmt: skip
                     self.dirty = True  # the window's rows are read: the index is exact now
                     await self._emit(events)
             assert self.producer is not None
             await self.producer.flush()
-            await commit_or_replay(self.consumer, "maintenance")
+            await self._commit()
         finally:
             self.busy = False
+            self.last_close = time.monotonic()
 
     async def _decay(self, refresh: bool = True) -> None:
         assert self.engine is not None
@@ -192,8 +219,9 @@ class MaintenanceJob(Service):
         acted = deferred = 0
         try:
             for tenant in sorted(self.engine.index.tenants):
+                hold = frozenset(self.windows.pending.get(tenant, ()))  # dedup decides first
                 events = await self.store_service._retry(  # noqa: SLF001
-                    "decay", self.engine.decay, tenant, now_ms(), refresh
+                    "decay", self.engine.decay, tenant, now_ms(), refresh, hold
                 )
                 acted += len(events)
                 deferred += self.engine.last_deferred

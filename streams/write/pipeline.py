@@ -397,6 +397,9 @@ class WritePipeline:
         #: every partition of its tenant on first use (the automatic migration)
         self.seeds: dict[str, bytes] = {}
         self.processed = 0
+        #: per tenant, the highest event time of a transition processed: the hindsight
+        #: agent holds an outcome until its episode's transitions are in (`caught_up`)
+        self.event_time_seen: dict[str, int] = {}
         # process / rescore / forget / snapshot run in worker threads of two agents
         # (write batches, late outcomes): one at a time per pipeline
         self.lock = threading.RLock()
@@ -525,6 +528,8 @@ class WritePipeline:
                 result.dead.append((raw.key, item))
             else:  # replay inside one batch: last wins
                 good[(item.tenant, item.memory_id)] = (raw.partition, item)
+                if item.ts is not None and item.ts > self.event_time_seen.get(item.tenant, -1):
+                    self.event_time_seen[item.tenant] = item.ts
         by_key: dict[StateKey, list[Transition]] = {}
         for part, t in good.values():
             by_key.setdefault((t.tenant, part), []).append(t)
@@ -752,6 +757,11 @@ class WritePipeline:
                 self.dirty.add((t, part))
 
     # -- retrospective re-scoring -------------------------------------------
+    def caught_up(self, tenant: str, event_ts: int | None) -> bool:
+        """True once a transition of `tenant` at or after `event_ts` was processed: an
+        outcome stamped then is re-scored with its episode's transitions in."""
+        return event_ts is None or self.event_time_seen.get(tenant, -1) >= event_ts
+
     def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
         with self.lock:
             return self._rescore(tenant, episode_id, outcome, now_ms)
@@ -831,6 +841,7 @@ class WritePipeline:
                 score: float = score,
                 val: int = val,
                 strength: float = strength,
+                event_ts: int | None = None,
             ) -> MemoryEvent:
                 return MemoryEvent(
                     kind=cast(Any, kind),
@@ -849,6 +860,7 @@ class WritePipeline:
                     theta_high=float(theta_high),
                     reason="retrospective",
                     ts=now_ms,
+                    event_ts=event_ts,
                 )
 
             if e.route == "buffer":
@@ -875,7 +887,7 @@ class WritePipeline:
                     float(theta_high),
                 )
             )
-            out.events.append(event("written", t.agent_id, t.reward))
+            out.events.append(event("written", t.agent_id, t.reward, event_ts=created))
         if out.events:
             self.dirty.add(key)
         return out

@@ -1,6 +1,6 @@
-"""`dmem import` (historical transitions and outcomes, per-line errors, idempotent) and
-`dmem bench replay` at toy scale (the JSON contract: live and 400 days shifted store
-the same memories, nothing critical merged away)."""
+"""`dmem import` (historical transitions and outcomes, per-line errors, idempotent, the
+same memory as the live run) and `dmem bench replay` at toy scale (the JSON contract:
+live and 400 days shifted store the same memories, nothing critical merged away)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_import_a_logged_run(tmp_path: Path, broker: str, topic_prefix: str,
         assert (rep["transition"], rep["outcome"], rep["invalid"]) == (20, 4, 2)
         assert [e["line"] for e in rep["errors"]] == [4, 9]
         assert f"{path}:4: invalid record" in err and f"{path}:9: malformed JSON" in err
-        assert rep["stored_before_outcomes"] is True
+        assert rep["write_committed"] is True
         wait_settled([url], timeout_s=90)
         store = MemoryStore(milvus_server_uri, collection=env["DMEM_MILVUS__COLLECTION"],
                             dim=256).connect()  # fmt: skip
@@ -126,18 +126,49 @@ def test_import_a_logged_run(tmp_path: Path, broker: str, topic_prefix: str,
             pass
 
 
-def test_bench_replay_contract() -> None:
+def _bench_replay(*args: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "dmem.cli", "bench", "replay", "--steps", "260", "--encoder",
-         "hash", "--json"], capture_output=True, text=True, timeout=600, check=False,
+        [sys.executable, "-m", "dmem.cli", "bench", "replay", "--encoder", "hash", *args,
+         "--json"], capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "PYTHONPATH": _pythonpath()})  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in CONTRACT:
+    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return res
+
+
+def test_bench_replay_contract() -> None:
+    res = _bench_replay(
+        "--steps", "260", "--variants", "lockstep,lockstep-shifted", "--streams", "rewarded"
+    )
+    for key in CONTRACT + ("runs", "same_ids_min", "same_partitions_min", "utility_max_diff"):
         assert key in res, key
+    assert res["runs"] == ["lockstep", "lockstep-shifted"]
     assert res["published"] == 260 and res["outcomes"] >= 1
     assert res["stored_shifted"] > 0 and res["stored_live"] == res["stored_shifted"]
     assert res["same_ids_ratio"] >= 0.99 and res["routes_same"] and res["same_partitions"]
+    assert res["same_ids_min"] == res["same_ids_ratio"]
     assert res["critical_merged_away"] == 0 and res["merges_across_reward"] == 0
     assert res["evicted_live"] == res["evicted_shifted"]
     assert 0 <= res["settle_s"] <= 2 * (2.0 + 10.0)  # dedup window + decay interval
+
+
+@pytest.mark.xfail(
+    reason="the write path's gate routes depend on the micro-batching (per-batch thresholds "
+    "and RPE scale), hindsight re-scores with the scale of the moment it runs, and the "
+    "credit applier skips updates for rows not yet written: full speed and an import "
+    "differ (docs/design/2026-12-03-event-time-jobs.md)",
+    strict=False,
+)
+def test_an_import_of_the_log_stores_what_the_live_run_stored() -> None:
+    """The same rewarded and chat streams published live (in stream order, at full
+    speed) and written to a log that ``dmem import`` publishes: the same memories, in
+    the same partitions, with the same utilities."""
+    res = _bench_replay("--steps", "200", "--chat-turns", "36", "--variants", "full,import")
+    assert res["runs"] == ["full", "import"] and res["streams"] == ["rewarded", "chat"]
+    for name in ("rewarded", "chat"):
+        s = res["per_stream"][name]
+        assert s["runs"]["full"]["stored"] > 0, name
+        assert s["runs"]["import"]["stored"] == s["runs"]["full"]["stored"], name
+    assert res["same_ids_min"] >= 0.99 and res["same_partitions_min"] >= 0.99
+    assert res["utility_max_diff"] <= 1e-6
+    assert res["critical_merged_away"] == 0 and res["merges_across_reward"] == 0
