@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 
 class KafkaSettings(BaseModel):
@@ -532,6 +532,21 @@ class Settings(BaseSettings):
         le=65535,
         description="port of `/health`, `/metrics` and, on respond workers, the HTTP API",
     )
+    web_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host header names the web server answers (else 421; DNS rebinding). Empty: the "
+            "loopback names when web_host is a loopback address, any host otherwise; "
+            '`["*"]`: any host (`streams.webguard`)'
+        ),
+    )
+    web_allowed_origins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "browser origins (`https://app.example.com`) allowed besides the allowed hosts; a "
+            "request from any other Origin is refused with 403 where hosts are restricted"
+        ),
+    )
     log_level: Literal["debug", "info", "warn", "error", "crit"] = Field(
         default="warn", description="log level of the worker"
     )
@@ -564,3 +579,25 @@ class Settings(BaseSettings):
         from schemas.topics import topic_name
 
         return topic_name(logical, self.kafka.topic_prefix)
+
+
+#: settings whose keys or values are secrets: an error names the setting, never its content
+SECRET_LOCS = (("auth", "tokens"), ("kafka", "sasl_password"), ("milvus", "token"))
+
+
+def setting_error(exc: ValidationError | SettingsError) -> str:
+    """The first error of a settings `ValidationError` as one line: ``bad setting loc: msg``.
+
+    A location inside a secret (a token of ``auth.tokens`` is a dict key, so it is part of
+    the location) is cut at the setting's name; the input value is never shown. A
+    variable that is not JSON where JSON is expected (`SettingsError`) is named by its
+    field, not quoted.
+    """
+    if isinstance(exc, SettingsError):
+        return f"bad setting: {exc} (not valid JSON?)"
+    first = exc.errors(include_input=False, include_url=False)[0]
+    loc = tuple(str(x) for x in first.get("loc", ()))
+    for secret in SECRET_LOCS:
+        if loc[: len(secret)] == secret:
+            loc = secret
+    return f"bad setting {'.'.join(loc)}: {first.get('msg')}"

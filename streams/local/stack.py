@@ -37,6 +37,7 @@ import orjson
 from milvus.server import EmbeddedMilvusServer
 from schemas.errors import ConfigError, ServiceUnavailable
 from streams.admin import ensure_topics
+from streams.auth import load_tokens
 from streams.local.announce import announce_stack, withdraw
 from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
 from streams.settings import Settings
@@ -123,12 +124,29 @@ class LocalStack:
             "DMEM_DATA_DIR": str(self.data_dir),
             "DMEM_WEB_PORT": str(web_port),
         }
-        if not any(k.startswith("DMEM_AUTH__") for k in self.extra_env):
+        if not self.auth_configured:
             # the embedded stack listens on 127.0.0.1 only: no HTTP tokens unless the
-            # caller configures them (see streams.auth for the fail-closed default)
+            # user (environment) or the caller (extra_env) configures them; the Host,
+            # Origin and Content-Type guards (streams.webguard) still hold
             env["DMEM_AUTH__DISABLED"] = "true"
         env.update(self.extra_env)
         return env
+
+    @property
+    def auth_configured(self) -> bool:
+        """Whether the user or the caller set any ``DMEM_AUTH__*``: then it is used as is."""
+        return any(k.startswith("DMEM_AUTH__") for k in (*self.extra_env, *os.environ))
+
+    def auth_summary(self) -> str:
+        """One line for the first screen: is HTTP auth on, and with how many tokens."""
+        a = self.settings.auth
+        if a.disabled:
+            how = "DMEM_AUTH__DISABLED" if self.auth_configured else "no DMEM_AUTH__TOKENS set"
+            return f"off ({how}: any local process may read and write every tenant)"
+        n = len(load_tokens(a.tokens, a.tokens_file))
+        if not n:
+            return "on, no tokens configured: every /v1 request gets 401"
+        return f"on ({n} token{'s' if n != 1 else ''}; send Authorization: Bearer <token>)"
 
     @property
     def settings(self) -> Settings:
@@ -251,6 +269,7 @@ def first_screen(info: Mapping[str, object]) -> str:
   http    {http}   (OpenAPI: {http}/openapi.json)
   milvus  {info["milvus"]}   ({info["milvus_mode"]})
   ui      {info.get("ui", str(http) + "/ui/")}   (live page; token as for /v1)
+  auth    {info.get("auth", "off")}
   data    {info["data_dir"]}
 
 Publish a transition
@@ -266,7 +285,8 @@ Publish a transition
            (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
             see docs/operations/local.md; use curl then)
 Search
-  curl:    curl -sX POST {http}/v1/search -d '{{"tenant":"t1","query":"locked door","k":5}}'
+  curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json' \\
+             -d '{{"tenant":"t1","query":"locked door","k":5}}'
 (Ctrl-C to stop; data kept in {info["data_dir"]})"""
 
 
@@ -303,6 +323,7 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
             "data_dir": str(stack.data_dir),
         }
         info["ui"] = f"{info['http']}/ui/"  # the live page (streams.respond.ui)
+        info["auth"] = stack.auth_summary()
         announced = announce_stack(stack.settings, info)
         if as_json:
             print(orjson.dumps(info).decode(), flush=True)

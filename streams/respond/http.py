@@ -62,6 +62,9 @@ from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.respond")
 
+#: reply topic handles kept (least recently used dropped first; one is rebuilt on demand)
+MAX_REPLY_TOPICS = 256
+
 
 class RequestConsumer(Service):
     """Consumes retrieval requests (consumer group ``<app_id>-respond``)."""
@@ -129,6 +132,12 @@ def json_response(view: View, body: Any, status: int = 200) -> Response:
     return view.bytes(orjson.dumps(body), content_type="application/json", status=status)
 
 
+def public_error(exc: BaseException) -> str:
+    """What a client is told about a failure of the store or the broker: its kind, never
+    its text (which names the Milvus or broker address); the worker log has the detail."""
+    return f"unavailable: {type(exc).__name__} (details in the respond worker's log)"
+
+
 def _invalid(view: View, exc: ValidationError) -> Response:
     detail = json.loads(exc.json(include_url=False, include_input=False))
     return json_response(view, {"error": "invalid request", "detail": detail}, 422)
@@ -179,9 +188,11 @@ class RespondApi:
         name = req.reply_topic or self.responses_name
         if not name.startswith(self.responses_name):
             raise InvalidRecord(f"reply_topic must start with {self.responses_name!r}")
-        if name not in self.reply_topics:
-            self.reply_topics[name] = raw_topic(self.app, name)
-        return self.reply_topics[name]
+        topic = self.reply_topics.pop(name, None) or raw_topic(self.app, name)
+        self.reply_topics[name] = topic  # most recently used last
+        while len(self.reply_topics) > MAX_REPLY_TOPICS:  # bounded: clients choose the names
+            del self.reply_topics[next(iter(self.reply_topics))]
+        return topic
 
     async def answer(self, req: RetrievalRequest) -> RetrievalResponse:
         try:
@@ -233,7 +244,7 @@ class RespondApi:
             log.warning("search failed for %s: %s", req.request_id, exc)
             self.errors += 1
             resp = RetrievalResponse(
-                request_id=req.request_id, tenant=req.tenant, error=f"unavailable: {exc}"
+                request_id=req.request_id, tenant=req.tenant, error=public_error(exc)
             )
         await topic.send(key=req.request_id.encode(), value=encode(resp))
 
@@ -257,7 +268,8 @@ class RespondApi:
         try:
             resp = await self.answer(req)
         except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
+            log.warning("search failed for %s: %s", req.request_id, exc)
+            return json_response(view, {"error": public_error(exc)}, 503)
         status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
         return json_response(view, resp.model_dump(mode="json", by_alias=True), status)
 
@@ -287,7 +299,9 @@ class RespondApi:
         return await self._forget(view, request, body, missing=404)
 
     async def forget(self, view: View, request: Request) -> Response:
-        """``POST /v1/forget``."""
+        """``POST /v1/forget``: authenticated before the body is read."""
+        if (no := self.denied(view, request)) is not None:
+            return no
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
