@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import orjson
 
@@ -43,6 +44,17 @@ from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
 from streams.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+#: files the local stack and its processes create are readable by their owner only:
+#: memories, logs (which quote records) and the broker's data are the user's
+PRIVATE_UMASK = 0o077
+
+
+def open_private(path: Path) -> BinaryIO:
+    """Open a log for appending, created owner-only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return open(fd, "ab")  # noqa: SIM115 - the caller hands it to a child and closes it
 
 
 class WorkerProcess:
@@ -60,7 +72,7 @@ class WorkerProcess:
         # faust logs to stdout, block-buffered into a file: unbuffered, a worker that
         # is killed still leaves every line it logged (its assignments, its last error)
         env["PYTHONUNBUFFERED"] = "1"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open_private(self.log_path)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.worker", "--role", self.role],
             env=env,
@@ -68,7 +80,9 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,  # the Milvus Lite file, faust's data dir: owner only
         )
+        log.close()  # the child holds its own descriptor
 
     @property
     def alive(self) -> bool:
@@ -160,7 +174,7 @@ class LocalStack:
             os.environ.update(saved)
 
     def start_broker(self) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.bootstrap is None:
             self.broker = EmbeddedBroker(log_path=self.data_dir / "broker.log")
             self.bootstrap = self.broker.start()
@@ -214,11 +228,27 @@ class LocalStack:
         """Start the embedded Milvus server when the mode asks for it; returns the mode."""
         mode = self.milvus_mode()
         if mode == "server":
+            # loopback only: milvus has no authentication here, so nothing off this
+            # machine may reach it (milvus.server: its own network namespace + a relay)
             self.milvus_server = EmbeddedMilvusServer(
-                self.data_dir / "milvus-server", stop_grace_s=5
+                self.data_dir / "milvus-server", stop_grace_s=5, loopback_only=True
             )
             self.extra_env["DMEM_MILVUS__URI"] = self.milvus_server.start(timeout_s=timeout_s)
+            if self.milvus_server.isolation_error:
+                print(
+                    "warning: the embedded Milvus server listens on every interface, without "
+                    f"authentication ({self.milvus_server.isolation_error}); firewall its ports "
+                    "or use --milvus lite",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return mode
+
+    @property
+    def milvus_loopback(self) -> bool:
+        """The embedded Milvus server runs and is reachable from this machine only."""
+        srv = self.milvus_server
+        return srv is not None and srv.running and srv.isolation_error is None
 
     def start(self) -> LocalStack:
         self.start_broker()
@@ -262,12 +292,16 @@ def tail(path: Path, lines: int = 15) -> str:
 def first_screen(info: Mapping[str, object]) -> str:
     """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
     http, kafka = info["http"], info["kafka"]
+    reach = ""
+    if info["milvus_mode"] == "server":
+        reach = (", this machine only" if info.get("milvus_loopback")
+                 else ", REACHABLE FROM OTHER MACHINES, no authentication")  # fmt: skip
     one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'
            '"observation":"door is open","action":"walk"}')  # fmt: skip
     return f"""dmem is up
   kafka   {kafka}   (topic dmem.transitions, key = agent_id)
   http    {http}   (OpenAPI: {http}/openapi.json)
-  milvus  {info["milvus"]}   ({info["milvus_mode"]})
+  milvus  {info["milvus"]}   ({info["milvus_mode"]}{reach})
   ui      {info.get("ui", str(http) + "/ui/")}   (live page; token as for /v1)
   auth    {info.get("auth", "off")}
   data    {info["data_dir"]}
@@ -318,6 +352,7 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
             "kafka": stack.bootstrap,
             "milvus": stack.settings.milvus_uri,
             "milvus_mode": mode,
+            "milvus_loopback": stack.milvus_loopback,
             "http": f"http://127.0.0.1:{stack.web_ports[0]}",
             "roles": list(stack.roles),
             "data_dir": str(stack.data_dir),
