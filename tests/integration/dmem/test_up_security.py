@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,11 +27,10 @@ from typing import Any
 import pytest
 
 from schemas import Transition
+from tests.integration.dmem import spawn_up
 
 pytestmark = pytest.mark.integration
 
-DMEM = [sys.executable, "-m", "dmem.cli"]
-REPO = Path(__file__).resolve().parents[3]
 TOKENS = {"tok-one": ["t1"], "tok-two": ["t2"]}
 
 
@@ -42,15 +40,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Any
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_AUTH__")}
     env |= {"DMEM_ENCODER__NAME": "hash", "DMEM_AUTH__TOKENS": json.dumps(TOKENS),
             "DMEM_WRITE__BATCH_WITHIN_S": "0.1"}  # fmt: skip
-    proc = subprocess.Popen(
-        DMEM + ["up", "--json", "--data-dir", str(data)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = spawn_up(data, env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
