@@ -54,6 +54,7 @@ from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
+from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.responder import Responder
 from streams.respond.ui import wire_ui
@@ -161,6 +162,8 @@ class RespondApi:
         self.memories = raw_topic(app, settings.topic("memories"))
         self.control = raw_topic(app, settings.topic("control"))
         self.authorizer = Authorizer.from_settings(settings)
+        self.limiter = TenantLimiter(settings.respond.tenant_searches,
+                                     settings.respond.tenant_search_queue)  # fmt: skip
         self._responder: Responder | None = None
         self.errors = 0
 
@@ -195,8 +198,11 @@ class RespondApi:
         return topic
 
     async def answer(self, req: RetrievalRequest) -> RetrievalResponse:
+        """Answer in a worker thread, in the tenant's turn (`TenantBusy` when it has too
+        many searches in flight)."""
         try:
-            resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
+            async with self.limiter.turn(req.tenant):
+                resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
         except InvalidRecord as exc:
             return RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         if usage is not None:
@@ -240,6 +246,8 @@ class RespondApi:
             return
         try:
             resp = await self.answer(req)
+        except TenantBusy as exc:  # says nothing but the tenant's own count
+            resp = RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - answer with the error, keep serving
             log.warning("search failed for %s: %s", req.request_id, exc)
             self.errors += 1
@@ -267,6 +275,10 @@ class RespondApi:
             return no
         try:
             resp = await self.answer(req)
+        except TenantBusy as exc:
+            busy = json_response(view, {"error": str(exc)}, 429)
+            busy.headers["Retry-After"] = "1"
+            return busy
         except DmemError as exc:
             log.warning("search failed for %s: %s", req.request_id, exc)
             return json_response(view, {"error": public_error(exc)}, 503)
@@ -387,6 +399,7 @@ def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn
     return lambda: {
         "answered": api.answered,
         "errors": api.errors,
+        "busy_refused": api.limiter.refused,
         "live": live(),
         "ingested": ingest.accepted,
         "ingest_unavailable": ingest.unavailable,
