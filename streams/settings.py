@@ -586,6 +586,13 @@ class Settings(BaseSettings):
             "request from any other Origin is refused with 403 where hosts are restricted"
         ),
     )
+    metrics_tenant_labels: Literal["hash", "name", "none"] = Field(
+        default="hash",
+        description=(
+            "the `tenant` label of /metrics (open to scrapers): a hash of the id, the id "
+            "itself (trusted scrapers only), or none (one series for all tenants)"
+        ),
+    )
     log_level: Literal["debug", "info", "warn", "error", "crit"] = Field(
         default="warn", description="log level of the worker"
     )

@@ -54,6 +54,7 @@ from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
+from streams.metrics import tenant_label
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.responder import Responder
@@ -354,7 +355,8 @@ class RespondApi:
         counts = await asyncio.to_thread(
             lambda: {p: st.count(p, tenant) for p in ("core", "buffer")}
         )
-        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values())})
+        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values()),
+                                    "metrics_label": tenant_label(tenant)})  # fmt: skip
 
     @property
     def answered(self) -> int:
