@@ -292,6 +292,10 @@ def tail(path: Path, lines: int = 15) -> str:
 def first_screen(info: Mapping[str, object]) -> str:
     """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
     http, kafka = info["http"], info["kafka"]
+    # with auth on, the examples carry the header they need
+    bearer = (
+        " -H 'Authorization: Bearer <token>'" if str(info.get("auth", "")).startswith("on") else ""
+    )
     reach = ""
     if info["milvus_mode"] == "server":
         reach = (", this machine only" if info.get("milvus_loopback")
@@ -307,7 +311,7 @@ def first_screen(info: Mapping[str, object]) -> str:
   data    {info["data_dir"]}
 
 Publish a transition
-  curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json' \\
+  curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json'{bearer} \\
              -d '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,
                   "observation":"door is locked","action":"use key","reward":1.0}}'
   Python:  from dmem import SyncClient, Transition
@@ -319,7 +323,7 @@ Publish a transition
            (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
             see docs/operations/local.md; use curl then)
 Search
-  curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json' \\
+  curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json'{bearer} \\
              -d '{{"tenant":"t1","query":"locked door","k":5}}'
 (Ctrl-C to stop; data kept in {info["data_dir"]})"""
 

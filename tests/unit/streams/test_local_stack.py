@@ -77,3 +77,6 @@ def test_first_screen_says_whether_auth_is_on() -> None:
     # every POST example sends its JSON type (the server refuses others with 415)
     posts = [line for line in text.splitlines() if "curl -sX POST" in line]
     assert posts and all("Content-Type: application/json" in p for p in posts)
+    assert all("Authorization: Bearer <token>" in p for p in posts)
+    off = first_screen({**info, "auth": "off (no DMEM_AUTH__TOKENS set: ...)"})
+    assert "Authorization" not in off
