@@ -93,11 +93,17 @@ if cfg.get("relay_port") is not None:
         lsock.setsockopt(_so.SOL_SOCKET, _so.SO_REUSEADDR, 1)
         lsock.bind(("127.0.0.1", cfg["relay_port"]))
         lsock.listen(128)
+    except OSError as exc:
+        say({"error": "relay port %d: %s" % (cfg["relay_port"], exc)})
+        sys.exit(1)
+    unshared = False
+    try:
         uid, gid = os.getuid(), os.getgid()
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
             err = ctypes.get_errno()
             raise OSError(err, "unshare(user, net): " + os.strerror(err))
+        unshared = True
         for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
                            ("gid_map", "%d %d 1" % (gid, gid))):
             with open("/proc/self/" + name, "w") as fh:
@@ -110,7 +116,7 @@ if cfg.get("relay_port") is not None:
     except OSError as exc:
         lsock.close()
         isolation_error = str(exc)
-        if cfg.get("require_isolation"):
+        if unshared or cfg.get("require_isolation"):  # half isolated: no way back
             say({"error": "cannot isolate milvus on loopback: %s" % exc})
             sys.exit(1)
 try:

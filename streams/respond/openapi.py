@@ -120,6 +120,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "core": {"type": "integer"},
             "buffer": {"type": "integer"},
             "total": {"type": "integer"},
+            "metrics_label": {
+                "type": "string",
+                "description": "the tenant's `tenant` label on /metrics",
+            },
         },
     }
     forgotten = {

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from schemas import Transition
+from streams.metrics import tenant_label
 from tests.integration.dmem import spawn_up
 
 pytestmark = pytest.mark.integration
@@ -83,6 +84,7 @@ def test_up_uses_the_users_tokens_and_says_so(up: tuple[dict[str, Any], int]) ->
     assert call(base, "GET", "/v1/stats?tenant=t1", token="tok-two")[0] == 403
     code, body = call(base, "GET", "/v1/stats?tenant=t1", token="tok-one")
     assert code == 200 and body["tenant"] == "t1"
+    assert body["metrics_label"] == tenant_label("t1", "hash")  # what /metrics shows for t1
     # /v1/forget: 401 before the (malformed) body is read
     assert call(base, "POST", "/v1/forget", b"{not json")[0] == 401
 
