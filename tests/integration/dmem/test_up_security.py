@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +27,7 @@ import pytest
 from schemas import Transition
 from streams.metrics import tenant_label
 from tests.integration.dmem import spawn_up
+from tests.integration.procs import command_name, descendants, listeners
 
 pytestmark = pytest.mark.integration
 
@@ -118,55 +117,18 @@ def test_foreign_host_and_origin_refused(up: tuple[dict[str, Any], int]) -> None
     assert call(base, "GET", "/router/", Host=f"localhost:{port}")[0] == 404  # faust's pages off
 
 
-def _listeners(pids: set[int]) -> list[str]:
-    """Listening TCP addresses (this network namespace's view) held by `pids`."""
-    inodes: set[str] = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    out = []
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
-                addr = cols[1].split(":")[0]
-                out.append(
-                    ".".join(str(int(addr[i : i + 2], 16)) for i in (6, 4, 2, 0))
-                    if len(addr) == 8
-                    else addr
-                )
-    return out
-
-
 def test_embedded_milvus_listens_on_loopback_only(up: tuple[dict[str, Any], int]) -> None:
     info, up_pid = up
     if info["milvus_mode"] != "server":
         pytest.skip("the Milvus server wheel is not installed: `dmem up` runs Milvus Lite")
     assert info["milvus_loopback"] is True
-    # every process of the stack: `dmem up` and its children, grandchildren, ...
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in ps.splitlines():
-        pid, ppid = map(int, line.split())
-        children.setdefault(ppid, []).append(pid)
-    tree, todo = set(), [up_pid]
-    while todo:
-        p = todo.pop()
-        tree.add(p)
-        todo.extend(children.get(p, []))
-    milvus = {p for p in tree if Path(f"/proc/{p}/comm").read_text().strip() == "milvus"}
+    tree = descendants(up_pid)  # dmem up and every process under it
+    milvus = {p for p in tree if command_name(p) == "milvus"}
     assert milvus, "no milvus process under dmem up"
     for p in milvus:  # milvus itself lives in a network namespace of its own
         assert os.readlink(f"/proc/{p}/ns/net") != os.readlink("/proc/self/ns/net")
-        assert _listeners({p}) == []
-    # what is reachable on this machine's interfaces: the loopback relay, nothing else
-    launcher = {p for p in tree if p not in milvus and "milvus" in Path(
-        f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")}  # fmt: skip
-    addrs = _listeners(launcher | milvus)
-    assert addrs and set(addrs) == {"127.0.0.1"}, addrs
+        assert listeners({p}) == []
+    # what the whole stack listens on (broker, worker, the Milvus relay): loopback only
+    addrs = listeners(tree)
+    assert len(addrs) >= 3 and set(addrs) == {"127.0.0.1"}, addrs
     assert info["milvus"] == f"http://127.0.0.1:{info['milvus'].rsplit(':', 1)[1]}"
