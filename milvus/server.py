@@ -80,6 +80,45 @@ cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["install_dir"])
 def say(obj):
     sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+os.umask(0o077)  # data, logs and configs: owner only
+relay, isolation_error = None, None
+if cfg.get("relay_port") is not None:
+    # loopback only: milvus binds every component on all interfaces (":port"), so it
+    # runs in a network namespace of its own (a user namespace makes that unprivileged)
+    # that has nothing but its own loopback; the one listener on the host's 127.0.0.1,
+    # made before the unshare and so still in the host's namespace, relays to the proxy
+    import ctypes, socket as _so, struct
+    lsock = _so.socket(_so.AF_INET, _so.SOCK_STREAM)
+    try:
+        lsock.setsockopt(_so.SOL_SOCKET, _so.SO_REUSEADDR, 1)
+        lsock.bind(("127.0.0.1", cfg["relay_port"]))
+        lsock.listen(128)
+    except OSError as exc:
+        say({"error": "relay port %d: %s" % (cfg["relay_port"], exc)})
+        sys.exit(1)
+    unshared = False
+    try:
+        uid, gid = os.getuid(), os.getgid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, "unshare(user, net): " + os.strerror(err))
+        unshared = True
+        for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
+                           ("gid_map", "%d %d 1" % (gid, gid))):
+            with open("/proc/self/" + name, "w") as fh:
+                fh.write(text)
+        probe = _so.socket(_so.AF_INET, _so.SOCK_DGRAM)  # ifconfig lo up
+        flags = struct.unpack("16sh", fcntl.ioctl(probe, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(probe, 0x8914, struct.pack("16sh", b"lo", flags | 0x1))
+        probe.close()
+        relay = lsock
+    except OSError as exc:
+        lsock.close()
+        isolation_error = str(exc)
+        if unshared or cfg.get("require_isolation"):  # half isolated: no way back
+            say({"error": "cannot isolate milvus on loopback: %s" % exc})
+            sys.exit(1)
 try:
     import milvus as _wheel
     from milvus import default_server as srv
@@ -161,10 +200,45 @@ try:
     # the wheel expects the server to have started, then returns quickly
     srv.wait_for_started = True
     srv.start()
+    if relay is not None:
+        import socket as _so
+        def pump(src, dst):
+            try:
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for sk in (src, dst):
+                    try:
+                        sk.shutdown(_so.SHUT_RDWR)
+                    except OSError:
+                        pass
+        def serve(port):
+            while True:
+                try:
+                    outer, _ = relay.accept()
+                except OSError:
+                    return
+                try:
+                    inner = _so.create_connection(("127.0.0.1", port))
+                except OSError:
+                    outer.close()
+                    continue
+                for sk in (outer, inner):
+                    sk.setsockopt(_so.IPPROTO_TCP, _so.TCP_NODELAY, 1)
+                threading.Thread(target=pump, args=(outer, inner), daemon=True).start()
+                threading.Thread(target=pump, args=(inner, outer), daemon=True).start()
+        threading.Thread(target=serve, args=(srv.listen_port,), daemon=True).start()
     # the wheel may have scanned upward from our port: report what it really uses
     say({"port": srv.listen_port, "web_port": srv.webservice_port,
          "pid": srv.server_proc.pid,
-         "ports": {k: conf.get(k) for k in cfg["ports"]}})
+         "ports": {k: conf.get(k) for k in cfg["ports"]},
+         "relay_port": relay.getsockname()[1] if relay is not None else None,
+         "isolation_error": isolation_error})
 except BaseException as exc:
     say({"error": "%s: %s" % (type(exc).__name__, exc), "trace": traceback.format_exc()})
     try:
@@ -218,6 +292,8 @@ class EmbeddedMilvusServer:
         session_ttl_s: int = 10,
         time_tick_ms: int | None = None,
         extra_config: Mapping[str, Any] | None = None,
+        loopback_only: bool = False,
+        require_isolation: bool = False,
     ) -> None:
         self.base_dir = Path(base_dir).expanduser().resolve()
         self.install_dir = Path(install_dir or default_install_dir()).expanduser().resolve()
@@ -229,6 +305,12 @@ class EmbeddedMilvusServer:
         self.extra_config: dict[str, Any] = dict(extra_config or {})
         if time_tick_ms is not None:
             self.extra_config["proxy.timeTickInterval"] = int(time_tick_ms)
+        self.loopback_only = loopback_only
+        self.require_isolation = require_isolation
+        #: after a start with ``loopback_only``: None when milvus is reachable on the
+        #: host's 127.0.0.1 only, else why it could not be isolated (it then listens on
+        #: every interface, as without ``loopback_only``)
+        self.isolation_error: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.start_s: float | None = None
@@ -278,7 +360,7 @@ class EmbeddedMilvusServer:
         if self.running:
             return self.uri
         self.check_installed()
-        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         keys = [
             "etcd_port", "root_coord_port", "proxy_port", "proxy_internal_port",
             "query_coord_port", "query_node_port", "index_coord_port", "index_node_port",
@@ -288,6 +370,7 @@ class EmbeddedMilvusServer:
             "ports": {k: _free_port() for k in keys},
             "web_port": _free_port(),
             "etcd_peer_port": _free_port(),
+            "relay_port": _free_port() if self.loopback_only else None,
         }
         self._ports = ports
         settings = {
@@ -298,9 +381,12 @@ class EmbeddedMilvusServer:
             "grace_s": self.stop_grace_s,
             "session_ttl_s": self.session_ttl_s,
             "extra_config": self.extra_config,
+            "require_isolation": self.require_isolation,
         }
         t0 = time.monotonic()
-        with open(self.base_dir / "launcher.log", "ab") as launcher_log:
+        log_fd = os.open(self.base_dir / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o600)  # fmt: skip
+        with open(log_fd, "ab") as launcher_log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", _CHILD, json.dumps(settings)],
                 cwd=str(self.base_dir),
@@ -329,6 +415,9 @@ class EmbeddedMilvusServer:
                 f"embedded Milvus failed to start: {msg['error']} (logs: {self.log_dir})"
             )
         self.port = int(msg["port"])
+        self.isolation_error = msg.get("isolation_error") if self.loopback_only else None
+        if msg.get("relay_port"):  # clients reach milvus through the host-side relay
+            self.port = int(msg["relay_port"])
         if isinstance(msg.get("ports"), dict):  # what the wheel really used: restart() pins it
             self._ports = {
                 **ports,

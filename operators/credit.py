@@ -58,10 +58,18 @@ Cases behind these rules: docs/design/2026-12-02-closed-loop-credit.md.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CreditAssigner", "CreditUpdate", "OutcomeRecord", "UsageRecord", "apply_utility"]
+__all__ = [
+    "CreditAssigner",
+    "CreditUpdate",
+    "EpisodeWindows",
+    "OutcomeRecord",
+    "UsageRecord",
+    "apply_utility",
+]
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,96 @@ class _Episode:
     credited: set[str] = field(default_factory=set)  # request ids already credited
 
 
+class EpisodeWindows:
+    """The open episode windows, capped per tenant, each tenant's ordered by last activity.
+
+    A tenant at ``per_tenant`` open episodes that opens another loses its own least
+    recently active one; at ``total`` over all tenants the tenant holding the most
+    loses its least recently active one. So one tenant's flood of new episodes only
+    ever evicts its own windows, never another tenant's open episode (unless that
+    tenant holds more). Each tenant's order is a heap of (last activity, episode)
+    with lazy deletion (a touch pushes a new entry, the stale one is skipped when it
+    surfaces; the heap is rebuilt from the live windows when stale entries outnumber
+    them), so opening, touching and evicting are O(log n) amortised and `expire`
+    costs O(expired log n) plus one step per tenant.
+    """
+
+    def __init__(self, per_tenant: int, total: int) -> None:
+        if per_tenant < 1 or total < 1:
+            raise ValueError("episode caps must be >= 1")
+        self.per_tenant = per_tenant
+        self.total = total
+        self._tenants: dict[str, dict[str, _Episode]] = {}
+        self._heaps: dict[str, list[tuple[int, int, str]]] = {}
+        self._size = 0
+        self._seq = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def get(self, key: tuple[str, str]) -> _Episode | None:
+        return self._tenants.get(key[0], {}).get(key[1])
+
+    def open_count(self, tenant: str) -> int:
+        return len(self._tenants.get(tenant, ()))
+
+    def _push(self, tenant: str, episode_id: str, last_ms: int) -> None:
+        self._seq += 1
+        heap = self._heaps.setdefault(tenant, [])
+        heapq.heappush(heap, (last_ms, self._seq, episode_id))
+        live = self._tenants[tenant]
+        if len(heap) > 2 * len(live) + 16:  # mostly stale entries: rebuild from the live
+            heap[:] = [(ep.last_ms, n, eid) for n, (eid, ep) in enumerate(live.items())]
+            heapq.heapify(heap)
+
+    def _remove(self, tenant: str, episode_id: str) -> _Episode:
+        live = self._tenants[tenant]
+        ep = live.pop(episode_id)
+        self._size -= 1
+        if not live:  # the tenant's last window: its bookkeeping goes too (bounded maps)
+            del self._tenants[tenant]
+            self._heaps.pop(tenant, None)
+        return ep
+
+    def _pop_until(self, tenant: str, before_ms: int | None) -> list[_Episode]:
+        """Remove the tenant's least recently active window (``before_ms`` None), or
+        every window last active before ``before_ms``."""
+        out: list[_Episode] = []
+        heap = self._heaps.get(tenant, [])
+        while heap and (before_ms is None or heap[0][0] < before_ms):
+            last_ms, _, eid = heapq.heappop(heap)
+            ep = self._tenants.get(tenant, {}).get(eid)
+            if ep is None or ep.last_ms != last_ms:
+                continue  # stale: the window was touched later or is gone
+            out.append(self._remove(tenant, eid))
+            if before_ms is None:
+                break
+        return out
+
+    def touch(self, tenant: str, episode_id: str, now_ms: int) -> _Episode:
+        """The episode's window, opened (evicting per the caps) if new, marked active."""
+        ep = self.get((tenant, episode_id))
+        if ep is None:
+            if self.open_count(tenant) >= self.per_tenant:
+                self.evicted += len(self._pop_until(tenant, None))
+            elif self._size >= self.total:
+                largest = max(self._tenants, key=lambda t: (len(self._tenants[t]), t == tenant))
+                self.evicted += len(self._pop_until(largest, None))
+            ep = _Episode(tenant=tenant, last_ms=now_ms)
+            self._tenants.setdefault(tenant, {})[episode_id] = ep
+            self._size += 1
+            self._push(tenant, episode_id, now_ms)
+        elif now_ms > ep.last_ms:
+            ep.last_ms = now_ms
+            self._push(tenant, episode_id, now_ms)
+        return ep
+
+    def expire(self, before_ms: int) -> list[_Episode]:
+        """Remove and return the windows last active before ``before_ms``."""
+        return [ep for t in list(self._heaps) for ep in self._pop_until(t, before_ms)]
+
+
 def _uid(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
 
@@ -120,6 +218,7 @@ class CreditAssigner:
         ttl_ms: int = 3_600_000,
         baseline_alpha: float = 0.05,
         max_episodes: int = 100_000,
+        max_episodes_per_tenant: int = 10_000,
     ) -> None:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError("gamma must be in [0, 1]")
@@ -129,7 +228,7 @@ class CreditAssigner:
         self.ttl_ms = ttl_ms
         self.baseline_alpha = baseline_alpha
         self.max_episodes = max_episodes
-        self.episodes: dict[tuple[str, str], _Episode] = {}
+        self.episodes = EpisodeWindows(min(max_episodes_per_tenant, max_episodes), max_episodes)
         self.baselines: dict[tuple[str, str, str], tuple[float, int]] = {}
         self.duplicate_outcomes = 0
         self.expired_without_outcome = 0
@@ -152,16 +251,7 @@ class CreditAssigner:
         self.baselines[key] = (mean + w * (reward - mean), n + 1)
 
     def _episode(self, tenant: str, episode_id: str, now_ms: int) -> _Episode:
-        key = (tenant, episode_id)
-        ep = self.episodes.get(key)
-        if ep is None:
-            if len(self.episodes) >= self.max_episodes:
-                oldest = min(self.episodes, key=lambda k: self.episodes[k].last_ms)
-                del self.episodes[oldest]
-            ep = _Episode(tenant=tenant)
-            self.episodes[key] = ep
-        ep.last_ms = max(ep.last_ms, now_ms)
-        return ep
+        return self.episodes.touch(tenant, episode_id, now_ms)
 
     def on_usage(
         self, tenant: str, episode_id: str, usage: UsageRecord, now_ms: int
@@ -233,11 +323,8 @@ class CreditAssigner:
 
     def expire(self, now_ms: int) -> int:
         """Drop windows idle for longer than the TTL; returns how many."""
-        dead = [k for k, ep in self.episodes.items() if now_ms - ep.last_ms > self.ttl_ms]
-        for k in dead:
-            if self.episodes[k].outcome is None:
-                self.expired_without_outcome += 1
-            del self.episodes[k]
+        dead = self.episodes.expire(now_ms - self.ttl_ms)
+        self.expired_without_outcome += sum(1 for ep in dead if ep.outcome is None)
         return len(dead)
 
 

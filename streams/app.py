@@ -46,6 +46,7 @@ from streams.metrics import install_metrics
 from streams.settings import Settings
 from streams.settle import backlog
 from streams.store import StoreService
+from streams.webguard import guard_middleware
 from streams.write.consumer import WriteConsumer
 from streams.write.pipeline import WritePipeline
 
@@ -115,6 +116,13 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         stream_buffer_maxsize=max(4096, settings.write.batch_size * 2),
         datadir=str(settings.data_dir / "faust"),
         broker_credentials=faust_credentials(settings),
+        # faust's own pages (/router/, /table/, /graph/, stats) expose the cluster layout
+        # and table contents without auth; the worker serves only its own routes
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_application_options={"middlewares": [guard_middleware(settings)]},
     )
     encoder = make_encoder(settings)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)

@@ -35,12 +35,21 @@ before the group's first commit). The respond and jobs roles' own aiokafka
 consumers are not included.
 Tenants are labels, so very many tenants mean many series: keep tenant ids a
 bounded set (they are ids, not user input).
+
+``/metrics`` needs no token (scrapers), so by default it does not name tenants:
+the ``tenant`` label is ``t-`` and 12 hex digits of a BLAKE2b hash of the tenant id
+(``metrics_tenant_labels=hash``; `tenant_label` computes it, and ``GET /v1/stats``
+returns a tenant's own label to its token). A hash hides names from whoever reads
+the page, but a guessed name can be confirmed: ``none`` drops the tenant from the
+labels (one series for all), ``name`` keeps the ids where only trusted scrapers
+reach the port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import math
 import time
@@ -67,24 +76,51 @@ QUANTILES = (("q50", 0.5), ("q90", 0.9), ("q99", 0.99))
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-GATE_DECISIONS = Counter(
+#: how the ``tenant`` label is written: "hash" (default), "name" or "none"
+#: (`install_metrics` sets it from the settings of the process)
+TENANT_LABELS = ["hash"]
+
+
+def tenant_label(tenant: str, mode: str | None = None) -> str:
+    """The ``tenant`` label value of a tenant id (see the module doc)."""
+    mode = mode or TENANT_LABELS[0]
+    if mode == "name":
+        return tenant
+    if mode == "none":
+        return "*"
+    return "t-" + hashlib.blake2b(tenant.encode(), digest_size=6).hexdigest()
+
+
+class _ByTenant:
+    """A labelled metric whose ``tenant`` label goes through `tenant_label`."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+
+    def labels(self, **labels: str) -> Any:
+        if "tenant" in labels:
+            labels["tenant"] = tenant_label(labels["tenant"])
+        return self.metric.labels(**labels)
+
+
+GATE_DECISIONS = _ByTenant(Counter(
     "dmem_gate_decisions",
     "Write-path gate decisions by route",
     ["route", "tenant"],
     registry=REGISTRY,
-)
-GATE_RPE = Gauge(
+))  # fmt: skip
+GATE_RPE = _ByTenant(Gauge(
     "dmem_gate_rpe",
     "Current gate thresholds and smoothed |RPE| quantiles of each tenant's sketch",
     ["tenant", "name"],
     registry=REGISTRY,
-)
-VALUE_LOSS = Gauge(
+))  # fmt: skip
+VALUE_LOSS = _ByTenant(Gauge(
     "dmem_value_loss",
     "Last TD (Huber) loss of the tenant's value model",
     ["tenant"],
     registry=REGISTRY,
-)
+))  # fmt: skip
 MILVUS_LATENCY = Histogram(
     "dmem_milvus_latency_seconds",
     "Milvus call latency (write: one acknowledged batch upsert, retries included)",
@@ -104,12 +140,12 @@ CONSUMER_LAG = Gauge(
     ["topic", "partition"],
     registry=REGISTRY,
 )
-CREDIT_UPDATES = Counter(
+CREDIT_UPDATES = _ByTenant(Counter(
     "dmem_credit_updates_applied",
     "Utility updates (credit) applied to memories",
     ["tenant"],
     registry=REGISTRY,
-)
+))  # fmt: skip
 PARTITION_SIZE = Gauge(
     "dmem_memories",
     "Rows in each Milvus partition of the collection",
@@ -275,6 +311,7 @@ def exposition() -> bytes:
 
 def install_metrics(app: Any, ctx: RoleContext) -> None:
     """Add ``GET /metrics`` (Prometheus text format) to the faust app."""
+    TENANT_LABELS[0] = ctx.settings.metrics_tenant_labels
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:

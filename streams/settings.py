@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 
 class KafkaSettings(BaseModel):
@@ -138,6 +138,24 @@ class RespondSettings(BaseModel):
         description="with an evidence-lowered lambda only the "
         "explore_ranks * k candidates nearest in meaning can be served",
     )
+    tenant_searches: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description=(
+            "searches of one tenant answered at once on a respond worker, HTTP and Kafka "
+            "together; more wait their turn, so one tenant cannot hold every search thread"
+        ),
+    )
+    tenant_search_queue: int = Field(
+        default=32,
+        ge=0,
+        le=10_000,
+        description=(
+            "searches of one tenant waiting for a turn; beyond it a search is refused at once "
+            "(HTTP 429 with Retry-After, a Kafka reply with a `busy:` error)"
+        ),
+    )
     live_per_tenant: int = Field(
         default=2000,
         ge=0,
@@ -170,6 +188,12 @@ class IngestSettings(BaseModel):
         description="records produced and not yet "
         "acknowledged by the broker, all requests together (else 429)",
     )
+    max_inflight_per_tenant: int = Field(
+        default=2000,
+        ge=1,
+        description="records of one tenant produced and not yet acknowledged (else 429 for "
+        "that tenant only): one tenant cannot take the whole max_inflight",
+    )
     ack_timeout_s: float = Field(
         default=10.0, gt=0.0, description="wait for the broker's acks=all before 503"
     )
@@ -177,10 +201,12 @@ class IngestSettings(BaseModel):
 
     @model_validator(mode="after")
     def _fits(self) -> IngestSettings:
-        if self.max_batch > self.max_inflight:
+        limit = min(self.max_inflight, self.max_inflight_per_tenant)
+        if self.max_batch > limit:
             raise ValueError(
-                f"ingest max_batch ({self.max_batch}) must not exceed "
-                f"max_inflight ({self.max_inflight}): such a batch never fits"
+                f"ingest max_batch ({self.max_batch}) must not exceed max_inflight "
+                f"({self.max_inflight}) nor max_inflight_per_tenant "
+                f"({self.max_inflight_per_tenant}): such a batch never fits"
             )
         return self
 
@@ -191,6 +217,19 @@ class JobsSettings(BaseModel):
     )
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
     utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
+    credit_max_episodes: int = Field(
+        default=100_000,
+        ge=1,
+        description="open credit episode windows of a jobs worker, all tenants together",
+    )
+    credit_max_episodes_per_tenant: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "open credit episode windows of one tenant: a tenant at its cap evicts its own "
+            "least recently active window, never another tenant's (`operators.credit`)"
+        ),
+    )
 
 
 class MaintenanceSettings(BaseModel):
@@ -584,6 +623,28 @@ class Settings(BaseSettings):
         le=65535,
         description="port of `/health`, `/metrics` and, on respond workers, the HTTP API",
     )
+    web_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host header names the web server answers (else 421; DNS rebinding). Empty: the "
+            "loopback names when web_host is a loopback address, any host otherwise; "
+            '`["*"]`: any host (`streams.webguard`)'
+        ),
+    )
+    web_allowed_origins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "browser origins (`https://app.example.com`) allowed besides the allowed hosts; a "
+            "request from any other Origin is refused with 403 where hosts are restricted"
+        ),
+    )
+    metrics_tenant_labels: Literal["hash", "name", "none"] = Field(
+        default="hash",
+        description=(
+            "the `tenant` label of /metrics (open to scrapers): a hash of the id, the id "
+            "itself (trusted scrapers only), or none (one series for all tenants)"
+        ),
+    )
     log_level: Literal["debug", "info", "warn", "error", "crit"] = Field(
         default="warn", description="log level of the worker"
     )
@@ -616,3 +677,25 @@ class Settings(BaseSettings):
         from schemas.topics import topic_name
 
         return topic_name(logical, self.kafka.topic_prefix)
+
+
+#: settings whose keys or values are secrets: an error names the setting, never its content
+SECRET_LOCS = (("auth", "tokens"), ("kafka", "sasl_password"), ("milvus", "token"))
+
+
+def setting_error(exc: ValidationError | SettingsError) -> str:
+    """The first error of a settings `ValidationError` as one line: ``bad setting loc: msg``.
+
+    A location inside a secret (a token of ``auth.tokens`` is a dict key, so it is part of
+    the location) is cut at the setting's name; the input value is never shown. A
+    variable that is not JSON where JSON is expected (`SettingsError`) is named by its
+    field, not quoted.
+    """
+    if isinstance(exc, SettingsError):
+        return f"bad setting: {exc} (not valid JSON?)"
+    first = exc.errors(include_input=False, include_url=False)[0]
+    loc = tuple(str(x) for x in first.get("loc", ()))
+    for secret in SECRET_LOCS:
+        if loc[: len(secret)] == secret:
+            loc = secret
+    return f"bad setting {'.'.join(loc)}: {first.get('msg')}"

@@ -14,10 +14,11 @@ import os
 import sys
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from schemas.errors import DmemError
 from streams.app import ROLES
-from streams.settings import Settings
+from streams.settings import Settings, setting_error
 
 
 def run_worker(settings: Settings, role: str) -> None:
@@ -48,10 +49,8 @@ def settings_or_exit() -> Settings:
     """Settings from the environment, or one ``dmem: error: bad setting ...`` line and exit 2."""
     try:
         return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        fail(f"bad setting {loc}: {first.get('msg')}")
+    except (ValidationError, SettingsError) as exc:
+        fail(setting_error(exc))
         raise  # unreachable: fail exits
 
 

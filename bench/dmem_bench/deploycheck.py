@@ -248,12 +248,14 @@ def check_dmem_env(env: dict[str, str], where: str) -> list[str]:
     return errors
 
 
-_INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
 
 
 def _interpolate(value: Any) -> str:
-    """Compose-style ``${VAR:-default}`` with the default (the environment is not read)."""
-    return _INTERP.sub(lambda m: m.group(2) or "", str(value))
+    """Compose-style ``${VAR:-default}`` with the default (the environment is not read);
+    a required ``${VAR:?message}`` becomes ``<VAR>``."""
+    return _INTERP.sub(lambda m: f"<{m.group(1)}>" if m.group(2) == "?" else m.group(3) or "",
+                       str(value))  # fmt: skip
 
 
 def _env_map_raw(env: Any) -> dict[str, str]:
@@ -544,6 +546,7 @@ def compose_wiring(services: dict[str, Any]) -> list[str]:
     for name in COMPOSE_REQUIRED:
         if not (services[name].get("healthcheck") or {}).get("test"):
             errors.append(f"{name}: no healthcheck")
+    errors.extend(compose_ports(services))
     return errors
 
 
@@ -569,7 +572,24 @@ def compose_auth(role: str, raw: Any, env: dict[str, str]) -> list[str]:
     raw_value = str(_env_map_raw(raw).get("DMEM_AUTH__TOKENS", ""))
     if not _INTERP.search(raw_value):
         return [f"{role}: DMEM_AUTH__TOKENS is written into the file; take it from ${{VAR}}"]
+    if any(m.group(2) == "-" and m.group(3) for m in _INTERP.finditer(raw_value)):
+        return [f"{role}: DMEM_AUTH__TOKENS has a default token; require it with ${{VAR:?...}}"]
     return []
+
+
+def compose_ports(services: dict[str, Any]) -> list[str]:
+    """Every published port is bound to the host's loopback: nothing on all interfaces."""
+    errors: list[str] = []
+    for name, svc in services.items():
+        for port in svc.get("ports") or []:
+            host_ip = port.get("host_ip") if isinstance(port, dict) else None
+            if not isinstance(port, dict):
+                parts = _interpolate(port).split(":")
+                host_ip = ":".join(parts[:-2]) if len(parts) >= 3 else None
+            if host_ip not in ("127.0.0.1", "::1", "[::1]"):
+                errors.append(f"{name}: port {port} is published on every interface; "
+                              "bind it to 127.0.0.1")  # fmt: skip
+    return errors
 
 
 # -- entry points -------------------------------------------------------------

@@ -212,7 +212,7 @@ def wait_cmd(
     default=None,
     help="bearer token MCP clients must send (http transport) [env DMEM_MCP_TOKEN]",
 )
-@click.option("--no-auth", is_flag=True, help="serve http without a token (loopback tests)")
+@click.option("--no-auth", is_flag=True, help="serve http without a token (loopback --host only)")
 def mcp(
     transport: str,
     tenant: str,
@@ -237,6 +237,14 @@ def mcp(
             "the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
             "--no-auth serves without one"
         )
+    if transport == "http" and no_auth:
+        from streams.webguard import is_loopback
+
+        if not is_loopback(host):  # no token: only this machine may reach it
+            raise UsageError(
+                f"--no-auth serves on a loopback address only (127.0.0.1, localhost, ::1), "
+                f"not {host!r}: give --auth-token to serve other machines"
+            )
     settings = load_settings()
 
     def make_client() -> Client:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 if TYPE_CHECKING:
     from streams.settings import Settings
@@ -26,14 +27,12 @@ class UsageError(click.ClickException):
 
 def load_settings(**overrides: Any) -> Settings:
     """`streams.settings.Settings` from DMEM_* variables; a bad value is a usage error."""
-    from streams.settings import Settings
+    from streams.settings import Settings, setting_error
 
     try:
         return Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise UsageError(f"bad setting {loc}: {first.get('msg')}") from None
+    except (ValidationError, SettingsError) as exc:
+        raise UsageError(setting_error(exc)) from None
 
 
 def fail(exc: BaseException) -> NoReturn:

@@ -70,7 +70,12 @@ class CreditJob(Service):
         super().__init__(**kwargs)
         self.settings = settings
         j = settings.jobs
-        self.assigner = CreditAssigner(gamma=j.credit_gamma, ttl_ms=j.credit_ttl_ms)
+        self.assigner = CreditAssigner(
+            gamma=j.credit_gamma,
+            ttl_ms=j.credit_ttl_ms,
+            max_episodes=j.credit_max_episodes,
+            max_episodes_per_tenant=j.credit_max_episodes_per_tenant,
+        )
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.emitted = 0

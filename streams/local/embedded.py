@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from schemas.errors import ConfigError, ServiceUnavailable
 
@@ -72,7 +73,10 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 20.0) -> str:
         url = f"tcp://127.0.0.1:{self.port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out: Any = subprocess.DEVNULL
+        if self.log_path:  # owner only: the broker log quotes client requests
+            out = open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                       "ab")  # fmt: skip
         self._proc = subprocess.Popen(
             [
                 str(tansu_binary()),
@@ -88,7 +92,10 @@ class EmbeddedBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=0o077,
         )
+        if out is not subprocess.DEVNULL:
+            out.close()  # the child holds its own descriptor
         if not wait_for_port("127.0.0.1", self.port, timeout_s):
             self.stop()
             raise ServiceUnavailable(f"embedded broker did not listen on {self.bootstrap}")

@@ -31,17 +31,30 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import orjson
 
 from milvus.server import EmbeddedMilvusServer
 from schemas.errors import ConfigError, ServiceUnavailable
 from streams.admin import ensure_topics
+from streams.auth import load_tokens
 from streams.local.announce import announce_stack, withdraw
 from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
 from streams.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+#: files the local stack and its processes create are readable by their owner only:
+#: memories, logs (which quote records) and the broker's data are the user's
+PRIVATE_UMASK = 0o077
+
+
+def open_private(path: Path) -> BinaryIO:
+    """Open a log for appending, created owner-only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return open(fd, "ab")  # noqa: SIM115 - the caller hands it to a child and closes it
 
 
 class WorkerProcess:
@@ -59,7 +72,7 @@ class WorkerProcess:
         # faust logs to stdout, block-buffered into a file: unbuffered, a worker that
         # is killed still leaves every line it logged (its assignments, its last error)
         env["PYTHONUNBUFFERED"] = "1"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open_private(self.log_path)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.worker", "--role", self.role],
             env=env,
@@ -67,7 +80,9 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,  # the Milvus Lite file, faust's data dir: owner only
         )
+        log.close()  # the child holds its own descriptor
 
     @property
     def alive(self) -> bool:
@@ -123,12 +138,29 @@ class LocalStack:
             "DMEM_DATA_DIR": str(self.data_dir),
             "DMEM_WEB_PORT": str(web_port),
         }
-        if not any(k.startswith("DMEM_AUTH__") for k in self.extra_env):
+        if not self.auth_configured:
             # the embedded stack listens on 127.0.0.1 only: no HTTP tokens unless the
-            # caller configures them (see streams.auth for the fail-closed default)
+            # user (environment) or the caller (extra_env) configures them; the Host,
+            # Origin and Content-Type guards (streams.webguard) still hold
             env["DMEM_AUTH__DISABLED"] = "true"
         env.update(self.extra_env)
         return env
+
+    @property
+    def auth_configured(self) -> bool:
+        """Whether the user or the caller set any ``DMEM_AUTH__*``: then it is used as is."""
+        return any(k.startswith("DMEM_AUTH__") for k in (*self.extra_env, *os.environ))
+
+    def auth_summary(self) -> str:
+        """One line for the first screen: is HTTP auth on, and with how many tokens."""
+        a = self.settings.auth
+        if a.disabled:
+            how = "DMEM_AUTH__DISABLED" if self.auth_configured else "no DMEM_AUTH__TOKENS set"
+            return f"off ({how}: any local process may read and write every tenant)"
+        n = len(load_tokens(a.tokens, a.tokens_file))
+        if not n:
+            return "on, no tokens configured: every /v1 request gets 401"
+        return f"on ({n} token{'s' if n != 1 else ''}; send Authorization: Bearer <token>)"
 
     @property
     def settings(self) -> Settings:
@@ -142,7 +174,7 @@ class LocalStack:
             os.environ.update(saved)
 
     def start_broker(self) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.bootstrap is None:
             self.broker = EmbeddedBroker(log_path=self.data_dir / "broker.log")
             self.bootstrap = self.broker.start()
@@ -196,11 +228,27 @@ class LocalStack:
         """Start the embedded Milvus server when the mode asks for it; returns the mode."""
         mode = self.milvus_mode()
         if mode == "server":
+            # loopback only: milvus has no authentication here, so nothing off this
+            # machine may reach it (milvus.server: its own network namespace + a relay)
             self.milvus_server = EmbeddedMilvusServer(
-                self.data_dir / "milvus-server", stop_grace_s=5
+                self.data_dir / "milvus-server", stop_grace_s=5, loopback_only=True
             )
             self.extra_env["DMEM_MILVUS__URI"] = self.milvus_server.start(timeout_s=timeout_s)
+            if self.milvus_server.isolation_error:
+                print(
+                    "warning: the embedded Milvus server listens on every interface, without "
+                    f"authentication ({self.milvus_server.isolation_error}); firewall its ports "
+                    "or use --milvus lite",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return mode
+
+    @property
+    def milvus_loopback(self) -> bool:
+        """The embedded Milvus server runs and is reachable from this machine only."""
+        srv = self.milvus_server
+        return srv is not None and srv.running and srv.isolation_error is None
 
     def start(self) -> LocalStack:
         self.start_broker()
@@ -244,17 +292,26 @@ def tail(path: Path, lines: int = 15) -> str:
 def first_screen(info: Mapping[str, object]) -> str:
     """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
     http, kafka = info["http"], info["kafka"]
+    # with auth on, the examples carry the header they need
+    bearer = (
+        " -H 'Authorization: Bearer <token>'" if str(info.get("auth", "")).startswith("on") else ""
+    )
+    reach = ""
+    if info["milvus_mode"] == "server":
+        reach = (", this machine only" if info.get("milvus_loopback")
+                 else ", REACHABLE FROM OTHER MACHINES, no authentication")  # fmt: skip
     one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'
            '"observation":"door is open","action":"walk"}')  # fmt: skip
     return f"""dmem is up
   kafka   {kafka}   (topic dmem.transitions, key = agent_id)
   http    {http}   (OpenAPI: {http}/openapi.json)
-  milvus  {info["milvus"]}   ({info["milvus_mode"]})
+  milvus  {info["milvus"]}   ({info["milvus_mode"]}{reach})
   ui      {info.get("ui", str(http) + "/ui/")}   (live page; token as for /v1)
+  auth    {info.get("auth", "off")}
   data    {info["data_dir"]}
 
 Publish a transition
-  curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json' \\
+  curl:    curl -sX POST {http}/v1/transitions -H 'Content-Type: application/json'{bearer} \\
              -d '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,
                   "observation":"door is locked","action":"use key","reward":1.0}}'
   Python:  from dmem import SyncClient, Transition
@@ -266,7 +323,8 @@ Publish a transition
            (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
             see docs/operations/local.md; use curl then)
 Search
-  curl:    curl -sX POST {http}/v1/search -d '{{"tenant":"t1","query":"locked door","k":5}}'
+  curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json'{bearer} \\
+             -d '{{"tenant":"t1","query":"locked door","k":5}}'
 (Ctrl-C to stop; data kept in {info["data_dir"]})"""
 
 
@@ -298,11 +356,13 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
             "kafka": stack.bootstrap,
             "milvus": stack.settings.milvus_uri,
             "milvus_mode": mode,
+            "milvus_loopback": stack.milvus_loopback,
             "http": f"http://127.0.0.1:{stack.web_ports[0]}",
             "roles": list(stack.roles),
             "data_dir": str(stack.data_dir),
         }
         info["ui"] = f"{info['http']}/ui/"  # the live page (streams.respond.ui)
+        info["auth"] = stack.auth_summary()
         announced = announce_stack(stack.settings, info)
         if as_json:
             print(orjson.dumps(info).decode(), flush=True)

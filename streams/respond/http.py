@@ -54,6 +54,8 @@ from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
+from streams.metrics import tenant_label
+from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.responder import Responder
 from streams.respond.ui import wire_ui
@@ -61,6 +63,9 @@ from streams.settings import Settings
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.respond")
+
+#: reply topic handles kept (least recently used dropped first; one is rebuilt on demand)
+MAX_REPLY_TOPICS = 256
 
 
 class RequestConsumer(Service):
@@ -129,6 +134,12 @@ def json_response(view: View, body: Any, status: int = 200) -> Response:
     return view.bytes(orjson.dumps(body), content_type="application/json", status=status)
 
 
+def public_error(exc: BaseException) -> str:
+    """What a client is told about a failure of the store or the broker: its kind, never
+    its text (which names the Milvus or broker address); the worker log has the detail."""
+    return f"unavailable: {type(exc).__name__} (details in the respond worker's log)"
+
+
 def _invalid(view: View, exc: ValidationError) -> Response:
     detail = json.loads(exc.json(include_url=False, include_input=False))
     return json_response(view, {"error": "invalid request", "detail": detail}, 422)
@@ -152,6 +163,8 @@ class RespondApi:
         self.memories = raw_topic(app, settings.topic("memories"))
         self.control = raw_topic(app, settings.topic("control"))
         self.authorizer = Authorizer.from_settings(settings)
+        self.limiter = TenantLimiter(settings.respond.tenant_searches,
+                                     settings.respond.tenant_search_queue)  # fmt: skip
         self._responder: Responder | None = None
         self.errors = 0
 
@@ -179,13 +192,18 @@ class RespondApi:
         name = req.reply_topic or self.responses_name
         if not name.startswith(self.responses_name):
             raise InvalidRecord(f"reply_topic must start with {self.responses_name!r}")
-        if name not in self.reply_topics:
-            self.reply_topics[name] = raw_topic(self.app, name)
-        return self.reply_topics[name]
+        topic = self.reply_topics.pop(name, None) or raw_topic(self.app, name)
+        self.reply_topics[name] = topic  # most recently used last
+        while len(self.reply_topics) > MAX_REPLY_TOPICS:  # bounded: clients choose the names
+            del self.reply_topics[next(iter(self.reply_topics))]
+        return topic
 
     async def answer(self, req: RetrievalRequest) -> RetrievalResponse:
+        """Answer in a worker thread, in the tenant's turn (`TenantBusy` when it has too
+        many searches in flight)."""
         try:
-            resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
+            async with self.limiter.turn(req.tenant):
+                resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
         except InvalidRecord as exc:
             return RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         if usage is not None:
@@ -229,11 +247,13 @@ class RespondApi:
             return
         try:
             resp = await self.answer(req)
+        except TenantBusy as exc:  # says nothing but the tenant's own count
+            resp = RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - answer with the error, keep serving
             log.warning("search failed for %s: %s", req.request_id, exc)
             self.errors += 1
             resp = RetrievalResponse(
-                request_id=req.request_id, tenant=req.tenant, error=f"unavailable: {exc}"
+                request_id=req.request_id, tenant=req.tenant, error=public_error(exc)
             )
         await topic.send(key=req.request_id.encode(), value=encode(resp))
 
@@ -256,8 +276,13 @@ class RespondApi:
             return no
         try:
             resp = await self.answer(req)
+        except TenantBusy as exc:
+            busy = json_response(view, {"error": str(exc)}, 429)
+            busy.headers["Retry-After"] = "1"
+            return busy
         except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
+            log.warning("search failed for %s: %s", req.request_id, exc)
+            return json_response(view, {"error": public_error(exc)}, 503)
         status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
         return json_response(view, resp.model_dump(mode="json", by_alias=True), status)
 
@@ -287,7 +312,9 @@ class RespondApi:
         return await self._forget(view, request, body, missing=404)
 
     async def forget(self, view: View, request: Request) -> Response:
-        """``POST /v1/forget``."""
+        """``POST /v1/forget``: authenticated before the body is read."""
+        if (no := self.denied(view, request)) is not None:
+            return no
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
@@ -328,7 +355,8 @@ class RespondApi:
         counts = await asyncio.to_thread(
             lambda: {p: st.count(p, tenant) for p in ("core", "buffer")}
         )
-        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values())})
+        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values()),
+                                    "metrics_label": tenant_label(tenant)})  # fmt: skip
 
     @property
     def answered(self) -> int:
@@ -373,6 +401,7 @@ def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn
     return lambda: {
         "answered": api.answered,
         "errors": api.errors,
+        "busy_refused": api.limiter.refused,
         "live": live(),
         "ingested": ingest.accepted,
         "ingest_unavailable": ingest.unavailable,

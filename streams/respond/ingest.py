@@ -10,11 +10,13 @@ Routes (registered by `streams.respond.http.wire_respond` through `wire_ingest`)
 
 Decisions:
 - Body: one JSON object, a JSON array of objects, or NDJSON (one object a line;
-  ``Content-Type: application/x-ndjson``, or any body that is not one JSON value
-  but whose lines are). At most ``ingest.max_batch`` records (default 1000) and
-  ``ingest.max_body_bytes`` per request, else 413 before anything is parsed
-  further. The body is read from the stream with that bound, not with aiohttp's
-  1 MiB ``client_max_size``.
+  ``Content-Type: application/x-ndjson``, or an ``application/json`` body that is
+  not one JSON value but whose lines are). Any other Content-Type is refused with
+  415 before the body is read (`streams.webguard`: a form or ``text/plain`` post is
+  what a page of any site can send). At most ``ingest.max_batch`` records (default
+  1000), ``2 * max_batch + 1`` lines and ``ingest.max_body_bytes`` per request,
+  else 413 before anything is parsed further. The body is read from the stream
+  with that bound, not with aiohttp's 1 MiB ``client_max_size``.
 - Validation: the payload models of `schemas` (the stream's own), every record
   before any is produced; one bad record rejects the whole request with 422 and
   every reason (``detail``: ``{"index", "loc", "msg", "type"}`` per error). A
@@ -24,7 +26,9 @@ Decisions:
 - Durability: a dedicated aiokafka producer with ``acks="all"``; 202 with the
   ids only after the broker acknowledged every record of the request.
 - Backpressure: a bounded in-flight budget (``ingest.max_inflight`` records
-  produced and not yet acknowledged, over all requests). A request that does
+  produced and not yet acknowledged, over all requests, and at most
+  ``ingest.max_inflight_per_tenant`` of them one tenant's, so a tenant's flood
+  answers that tenant 429 while the others keep their share). A request that does
   not fit gets 429 at once; nothing is queued in the worker. A broker that does
   not acknowledge within ``ingest.ack_timeout_s`` (or cannot be reached) gives
   503. Both carry ``Retry-After: ingest.retry_after_s``.
@@ -40,8 +44,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +61,9 @@ from pydantic import BaseModel, ValidationError
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, Transition, encode
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
+from streams.webguard import NDJSON_TYPES
 
 log = logging.getLogger("dmem.ingest")
-
-NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/ndjson",
-                "application/json-seq")  # fmt: skip
 
 
 class IngestRejected(Exception):
@@ -121,21 +125,32 @@ def parse_body(body: bytes, content_type: str | None, max_records: int) -> list[
     return items
 
 
+#: one record line: from its first non-blank byte to the end of the line. Blank lines
+#: are skipped inside the regex engine, so a body of blank lines costs no Python loop
+_LINE = re.compile(rb"[^\s][^\n]*")
+
+
 def _ndjson(body: bytes, max_records: int) -> list[Any]:
+    # blank lines are bounded too: room for one between records, counted at memchr speed
+    # before anything is parsed (8 MiB of newlines would otherwise hold the loop)
+    lines = body.count(b"\n")
+    if lines > 2 * max_records + 1:
+        raise IngestRejected(413, f"{lines} lines in one request; at most {2 * max_records + 1}")
     items: list[Any] = []
     errors: list[dict[str, Any]] = []
-    for n, line in enumerate(body.splitlines()):
-        if not line.strip():
-            continue
+    line, seen = 1, 0  # line number of offset `seen`
+    for m in _LINE.finditer(body):
         if len(items) + len(errors) >= max_records:
             raise IngestRejected(413, f"more than {max_records} records in one request")
+        line += body.count(b"\n", seen, m.start())
+        seen = m.start()
         try:
-            items.append(orjson.loads(line))
+            items.append(orjson.loads(m.group()))
         except orjson.JSONDecodeError as exc:
             errors.append(
                 {
                     "index": len(items) + len(errors),
-                    "line": n + 1,
+                    "line": line,
                     "loc": [],
                     "msg": f"malformed JSON: {exc}",
                     "type": "json_invalid",
@@ -183,22 +198,45 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
 
 
 class InflightBudget:
-    """Records produced and not yet acknowledged, bounded; `take` never waits."""
+    """Records produced and not yet acknowledged, bounded over all tenants and per tenant;
+    `take` never waits. A request is charged to each of its tenants for its records."""
 
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
+    def __init__(self, limit: int, per_tenant: int | None = None) -> None:
+        if limit < 1 or (per_tenant is not None and per_tenant < 1):
             raise ValueError("in-flight budget must be >= 1")
         self.limit = limit
+        self.per_tenant = min(per_tenant or limit, limit)
         self.used = 0
+        self.by_tenant: dict[str, int] = {}
 
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
+    def refusal(self, counts: Mapping[str, int]) -> str | None:
+        """Why a request of ``counts`` (records per tenant) does not fit now, or None."""
+        for tenant, n in sorted(counts.items()):
+            held = self.by_tenant.get(tenant, 0)
+            if held + n > self.per_tenant:
+                return (f"ingest budget of tenant {tenant!r} full ({held} of {self.per_tenant} "
+                        "records awaiting the broker)")  # fmt: skip
+        total = sum(counts.values())
+        if self.used + total > self.limit:
+            return f"ingest budget full ({self.used} of {self.limit} records awaiting the broker)"
+        return None
+
+    def take(self, counts: Mapping[str, int]) -> bool:
+        if self.refusal(counts) is not None:
             return False
-        self.used += n
+        for tenant, n in counts.items():
+            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+        self.used += sum(counts.values())
         return True
 
-    def give(self, n: int) -> None:
-        self.used = max(0, self.used - n)
+    def give(self, counts: Mapping[str, int]) -> None:
+        for tenant, n in counts.items():
+            left = self.by_tenant.get(tenant, 0) - n
+            if left > 0:
+                self.by_tenant[tenant] = left
+            else:  # an idle tenant holds no entry: the map stays as small as the traffic
+                self.by_tenant.pop(tenant, None)
+        self.used = max(0, self.used - sum(counts.values()))
 
 
 class IngestProducer(Service):
@@ -209,7 +247,7 @@ class IngestProducer(Service):
         super().__init__(**kwargs)
         self.settings = settings
         self.cfg: IngestSettings = settings.ingest
-        self.budget = InflightBudget(self.cfg.max_inflight)
+        self.budget = InflightBudget(self.cfg.max_inflight, self.cfg.max_inflight_per_tenant)
         self.producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
         self.accepted = 0
@@ -240,27 +278,28 @@ class IngestProducer(Service):
             await self.producer.stop()
             self.producer = None
 
-    async def produce(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-        """Send ``(key, value)`` records; return once the broker acked all of them.
+    async def produce(
+        self, topic: str, records: list[tuple[bytes, bytes]], tenants: Mapping[str, int]
+    ) -> None:
+        """Send ``(key, value)`` records (``tenants``: how many are each tenant's); return
+        once the broker acked all of them.
 
-        Raises `IngestRejected` 429 (budget full) or 503 (broker away / no ack in time).
+        Raises `IngestRejected` 429 (the budget, or a tenant's share of it, is full) or
+        503 (broker away / no ack in time).
         """
-        if not self.budget.take(len(records)):
-            raise IngestRejected(
-                429,
-                f"ingest budget full ({self.budget.used} of "
-                f"{self.budget.limit} records awaiting the broker)",
-            )
+        if (why := self.budget.refusal(tenants)) is not None:
+            raise IngestRejected(429, why)
+        self.budget.take(tenants)
         try:
             await asyncio.wait_for(self._send(topic, records), self.cfg.ack_timeout_s)
         except Exception as exc:  # noqa: BLE001 - every broker failure is a 503
             self.unavailable += 1
             log.warning("ingest to %s failed: %r", topic, exc)
             raise IngestRejected(
-                503, f"broker unavailable: {str(exc) or type(exc).__name__}"
+                503, f"broker unavailable: {type(exc).__name__} (details in the worker's log)"
             ) from exc
         finally:
-            self.budget.give(len(records))
+            self.budget.give(tenants)
         self.accepted += len(records)
 
     async def _send(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -318,11 +357,14 @@ def wire_ingest(
                 await read_bounded(request), request.headers.get("Content-Type"), cfg.max_batch
             )
             recs = validate(items, kind)
-            for tenant in sorted({str(r.tenant) for r in recs}):  # type: ignore[attr-defined]
+            tenants = Counter(str(r.tenant) for r in recs)  # type: ignore[attr-defined]
+            for tenant in sorted(tenants):
                 if (no := denied(view, request, tenant)) is not None:
                     return no
             await producer.produce(
-                settings.topic(kind.topic), [(kind.key(r).encode(), encode(r)) for r in recs]
+                settings.topic(kind.topic),
+                [(kind.key(r).encode(), encode(r)) for r in recs],
+                tenants,
             )
         except IngestRejected as exc:
             return rejected(view, exc)

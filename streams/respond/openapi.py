@@ -58,8 +58,11 @@ def _errors(*codes: int) -> dict[str, Any]:
     why = {
         401: "missing or unknown bearer token", 403: "the token may not use this tenant",
         404: "no such memory for this tenant", 413: "too many records or too large a body",
+        415: "the body is not application/json (ingest: or application/x-ndjson)",
+        421: "a Host this server does not answer (web_allowed_hosts)",
         422: "invalid request: every reason in detail",
-        429: "in-flight budget full: retry after Retry-After seconds",
+        429: "in-flight budget (or the tenant's share of it, or the tenant's search turns) "
+             "full: retry after Retry-After seconds",
         503: "broker or store unavailable: retry after Retry-After seconds",
     }  # fmt: skip
     out: dict[str, Any] = {}
@@ -90,7 +93,7 @@ def _ingest(model: type[BaseModel], what: str, max_batch: int) -> dict[str, Any]
         }},
         "responses": {"202": {"description": "acknowledged by the broker",
                               "content": _json(_ref(IngestAccepted))},
-                      **_errors(401, 403, 413, 422, 429, 503)},
+                      **_errors(401, 403, 413, 415, 422, 429, 503)},
     }}  # fmt: skip
 
 
@@ -117,6 +120,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "core": {"type": "integer"},
             "buffer": {"type": "integer"},
             "total": {"type": "integer"},
+            "metrics_label": {
+                "type": "string",
+                "description": "the tenant's `tenant` label on /metrics",
+            },
         },
     }
     forgotten = {
@@ -135,7 +142,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "requestBody": {"required": True, "content": _json(_ref(RetrievalRequest))},
             "responses": {"200": {"description": "hits, best first",
                                   "content": _json(_ref(RetrievalResponse))},
-                          **_errors(401, 403, 422, 503)}}},
+                          **_errors(401, 403, 415, 422, 429, 503)}}},
         "/v1/memories/{memory_id}": {
             "get": {"summary": "One memory of a tenant", "operationId": "getMemory",
                     "security": sec, "parameters": [mid, _tenant_param()],
@@ -151,7 +158,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "security": sec,
             "requestBody": {"required": True, "content": _json(_ref(ForgetRequest))},
             "responses": {"200": {"description": "forgotten", "content": _json(forgotten)},
-                          **_errors(401, 403, 422, 503)}}},
+                          **_errors(401, 403, 415, 422, 503)}}},
         "/v1/stats": {"get": {
             "summary": "A tenant's memory counts by partition", "operationId": "stats",
             "security": sec, "parameters": [_tenant_param()],

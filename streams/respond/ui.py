@@ -224,7 +224,8 @@ def wire_ui(
                 try:
                     counted = await counts.get(names[:MAX_COUNTED])
                 except Exception as exc:  # noqa: BLE001 - show the rest; say why
-                    notes.append(f"counts unavailable: {type(exc).__name__}: {exc}")
+                    log.warning("live page counts failed: %s", exc)
+                    notes.append(f"counts unavailable: {type(exc).__name__}")
             else:
                 notes.append("store not ready: counts unavailable")
             if len(names) > MAX_COUNTED:

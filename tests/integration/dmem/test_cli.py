@@ -6,18 +6,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from streams.local.embedded import free_port
+from tests.integration.dmem import DMEM, REPO, spawn_up
 
 pytestmark = pytest.mark.integration
-
-DMEM = [sys.executable, "-m", "dmem.cli"]
-REPO = Path(__file__).resolve().parents[3]
 
 
 def run(
@@ -92,14 +89,7 @@ def test_schemas_export(tmp_path: Path) -> None:
 
 def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
     data = tmp_path / "stack"
-    proc = subprocess.Popen(
-        DMEM + ["up", "--json", "--data-dir", str(data)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "DMEM_ENCODER__NAME": "hash"},
-    )
+    proc = spawn_up(data, {**os.environ, "DMEM_ENCODER__NAME": "hash"})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -181,12 +181,33 @@ def test_minimal_single_all_role(chart: Any) -> None:
     assert not by_kind(docs, "PodDisruptionBudget")
 
 
+def test_secure_defaults_tls_sasl_milvus_token_network_policy(chart: Any) -> None:
+    _, rendered = chart
+    docs = rendered["default"]
+    (cm,) = by_kind(docs, "ConfigMap").values()
+    assert cm["data"]["DMEM_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert cm["data"]["DMEM_KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512"
+    for name, dep in by_kind(docs, "Deployment").items():
+        env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["DMEM_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "dmem-kafka"
+        assert env["DMEM_MILVUS__TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "dmem-milvus", name
+    (np,) = by_kind(docs, "NetworkPolicy").values()
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = np["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert rule["from"] == [{"podSelector": {}}]  # this namespace only
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "dmem"
+    off = {"networkPolicy": {"enabled": False}}
+    assert not by_kind(_render(off), "NetworkPolicy")
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         {"roles": {"write": {"replicas": -1}}},
         {"config": {"encoder": {"name": "bert"}}},
-        {"externalKafka": {"securityProtocol": "SASL_SSL"}},  # SASL without a mechanism
+        # SASL without a mechanism (the default has one)
+        {"externalKafka": {"securityProtocol": "SASL_SSL", "sasl": {"mechanism": ""}}},
         {"externalKafka": {"brokers": ["no-port"]}},
         {"config": {"extraEnv": {"NOT_DMEM": "x"}}},
         {"replicaCount": 3},  # typo / unknown key
@@ -427,7 +448,7 @@ def test_compose_validates_and_wires_services() -> None:
     assert s["milvus"]["command"] == ["milvus", "run", "standalone"]
     assert s["milvus"]["environment"]["ETCD_ENDPOINTS"] == "etcd:2379"
     assert s["milvus"]["environment"]["MINIO_ADDRESS"] == "minio:9000"
-    assert "19530:19530" in s["milvus"]["ports"]
+    assert "127.0.0.1:19530:19530" in s["milvus"]["ports"]
     assert s["topics"]["entrypoint"] == ["dmem", "topics", "create"]
     for role in ("write", "respond", "jobs"):
         svc = s[role]
@@ -439,14 +460,17 @@ def test_compose_validates_and_wires_services() -> None:
         assert svc["depends_on"]["kafka"]["condition"] == "service_healthy"
         assert svc["depends_on"]["milvus"]["condition"] == "service_healthy"
         assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully"
-        assert any(p.endswith(":6066") for p in svc["ports"])
+        assert any(p.startswith("127.0.0.1:") and p.endswith(":6066") for p in svc["ports"])
         assert "/health" in " ".join(svc["healthcheck"]["test"])
-    # only respond serves /v1: its token comes from $DMEM_API_TOKEN (default for trials)
+    # only respond serves /v1: its token comes from $DMEM_API_TOKEN, required, no default
     raw = s["respond"]["environment"]["DMEM_AUTH__TOKENS"]
-    assert "${DMEM_API_TOKEN:-" in raw
+    assert "${DMEM_API_TOKEN:?" in raw and ":-" not in raw
     assert json.loads(_env_map(s["respond"]["environment"])["DMEM_AUTH__TOKENS"]) == {
-        "change-me": ["*"]
+        "<DMEM_API_TOKEN>": ["*"]
     }
+    # nothing is published on every interface
+    published = [p for svc in s.values() for p in svc.get("ports") or []]
+    assert published and all(str(p).startswith("127.0.0.1:") for p in published)
     assert "DMEM_AUTH__TOKENS" not in s["write"]["environment"]
 
 
@@ -484,6 +508,7 @@ def test_compose_checks_catch_breakage(tmp_path: Path) -> None:
         ('{"${DMEM_API_TOKEN:-x}": "*"}', "non-empty {token: [tenants]}"),
         ("{${DMEM_API_TOKEN:-x}: [*]}", "not JSON"),
         ('{"hard-coded": ["*"]}', "written into the file"),
+        ('{"${DMEM_API_TOKEN:-change-me}": ["*"]}', "has a default token"),
     ]:
         data = yaml.safe_load(DEFAULT_COMPOSE.read_text())
         env = data["services"]["respond"]["environment"]
@@ -494,6 +519,14 @@ def test_compose_checks_catch_breakage(tmp_path: Path) -> None:
         report = Report()
         check_compose(bad, DEFAULT_COMPOSE_SCHEMA, report)
         assert expect in "\n".join(report.compose_errors), tokens
+    # a port published on every interface
+    for port in ("9094:9094", "0.0.0.0:9094:9094", {"target": 9094, "published": 9094}):
+        data = yaml.safe_load(DEFAULT_COMPOSE.read_text())
+        data["services"]["kafka"]["ports"] = [port]
+        bad.write_text(yaml.safe_dump(data))
+        report = Report()
+        check_compose(bad, DEFAULT_COMPOSE_SCHEMA, report)
+        assert "kafka: port" in "\n".join(report.compose_errors), port
 
 
 def test_dockerfile_basics() -> None:

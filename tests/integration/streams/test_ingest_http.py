@@ -60,7 +60,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, own_broker: EmbeddedBroker) 
         DMEM_WRITE__BATCH_WITHIN_S="0.2",
         DMEM_AUTH__TOKENS=json.dumps(TOKENS),
         DMEM_INGEST__MAX_BATCH=str(BATCH),
-        DMEM_INGEST__MAX_INFLIGHT=str(BATCH),
+        DMEM_INGEST__MAX_INFLIGHT=str(2 * BATCH),
+        DMEM_INGEST__MAX_INFLIGHT_PER_TENANT=str(BATCH),
         DMEM_INGEST__ACK_TIMEOUT_S="3",
         DMEM_INGEST__RETRY_AFTER_S="1",
     )
@@ -217,9 +218,15 @@ def test_ingest_backpressure_when_broker_away(
         )
         t0 = time.monotonic()
         t.start()
-        time.sleep(1.0)  # the first request holds the whole budget now
+        time.sleep(1.0)  # the first request holds alpha's whole share of the budget now
         code, body, headers = call(stack, "POST", "/v1/transitions", one)
         assert code == 429 and headers.get("Retry-After") == "1", body
+        assert "tenant 'alpha'" in body["error"]
+        # another tenant keeps its share: not refused, it waits for the broker like alpha's
+        other = json.dumps(episode("beta", "ep-bp-beta", n=1)).encode()
+        code, body, _ = call(stack, "POST", "/v1/transitions", other)
+        assert code == 503 and "broker unavailable" in body["error"], body
+        assert "127.0.0.1" not in body["error"]  # no internal address in an error body
         t.join(30)
         code, body, headers = out["full"]
         assert code == 503 and headers.get("Retry-After") == "1", body

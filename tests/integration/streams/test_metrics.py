@@ -11,11 +11,14 @@ import pytest
 
 from schemas import encode
 from streams.local.stack import LocalStack
+from streams.metrics import tenant_label
 from tests.integration.broker_fixtures import collect, isolated_env, produce
 from tests.integration.streams.test_write_path import corridor
 
 pytestmark = pytest.mark.integration
 
+#: the default `metrics_tenant_labels=hash`: the page never names the tenant
+ACME = tenant_label("acme", "hash")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -69,17 +72,17 @@ def test_metrics_endpoint_exposes_gate_dead_letters_thresholds(
     assert ctype.startswith("text/plain") and "version=0.0.4" in ctype
     m = parse(text)
     routes = {
-        r: sum(samples(m, "dmem_gate_decisions_total", route=r, tenant="acme"))
+        r: sum(samples(m, "dmem_gate_decisions_total", route=r, tenant=ACME))
         for r in ("core", "buffer", "drop")
     }
     assert sum(routes.values()) == len(good), routes
     assert routes["core"] > 0 and routes["drop"] > 0
     assert samples(m, "dmem_dead_letters_total", reason="malformed_json") == [1.0]
-    low = samples(m, "dmem_gate_rpe", tenant="acme", name="theta_low")
-    high = samples(m, "dmem_gate_rpe", tenant="acme", name="theta_high")
+    low = samples(m, "dmem_gate_rpe", tenant=ACME, name="theta_low")
+    high = samples(m, "dmem_gate_rpe", tenant=ACME, name="theta_high")
     assert len(low) == 1 and len(high) == 1 and 0.0 < low[0] <= high[0]
-    assert samples(m, "dmem_gate_rpe", tenant="acme", name="q50")
-    loss = samples(m, "dmem_value_loss", tenant="acme")
+    assert samples(m, "dmem_gate_rpe", tenant=ACME, name="q50")
+    loss = samples(m, "dmem_value_loss", tenant=ACME)
     assert len(loss) == 1 and loss[0] >= 0.0
     assert samples(m, "dmem_milvus_latency_seconds_count", op="write")[0] >= 1
     assert samples(m, "dmem_store_healthy") == [1.0]
@@ -88,6 +91,7 @@ def test_metrics_endpoint_exposes_gate_dead_letters_thresholds(
     # lag of the transitions partitions assigned to this worker: present, not negative
     lag = samples(m, "dmem_consumer_lag", topic=s.topic("transitions"))
     assert lag and all(v >= 0 for v in lag)
+    assert "acme" not in text  # open to scrapers: tenant ids are hashed
     # declared even when unused by this role
     assert "# TYPE dmem_credit_updates_applied_total counter" in text
     assert "# TYPE dmem_milvus_latency_seconds histogram" in text

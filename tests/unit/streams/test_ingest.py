@@ -77,17 +77,32 @@ def test_ids_keys_and_topics() -> None:
 
 def test_budget_is_bounded_and_never_waits() -> None:
     b = InflightBudget(5)
-    assert b.take(3) and not b.take(3) and b.take(2)
-    assert not b.take(1)
-    b.give(5)
-    assert b.take(5) and b.used == 5
+    assert b.take({"t": 3}) and not b.take({"t": 3}) and b.take({"t": 2})
+    assert not b.take({"t": 1})
+    b.give({"t": 5})
+    assert b.take({"t": 5}) and b.used == 5
     with pytest.raises(ValueError):
         InflightBudget(0)
+
+
+def test_budget_per_tenant_keeps_the_others_share() -> None:
+    b = InflightBudget(10, per_tenant=4)
+    assert b.take({"a": 4})
+    why = b.refusal({"a": 1})
+    assert why is not None and "'a'" in why and not b.take({"a": 1})  # a is at its share
+    assert b.take({"b": 4}) and b.take({"c": 2})  # the others are not
+    assert not b.take({"c": 1, "d": 1})  # the total still holds: 10 of 10
+    assert b.by_tenant == {"a": 4, "b": 4, "c": 2}
+    b.give({"a": 4})
+    assert "a" not in b.by_tenant and b.take({"a": 1, "d": 1})  # a mixed batch charges both
+    assert b.by_tenant["a"] == 1 and b.by_tenant["d"] == 1 and b.used == 8
 
 
 def test_settings_refuse_a_batch_that_never_fits() -> None:
     with pytest.raises(ValueError, match="max_batch"):
         IngestSettings(max_batch=100, max_inflight=10)
+    with pytest.raises(ValueError, match="max_inflight_per_tenant"):
+        IngestSettings(max_batch=100, max_inflight=1000, max_inflight_per_tenant=50)
 
 
 def test_openapi_document_validates_and_follows_settings() -> None:
@@ -106,3 +121,18 @@ def test_openapi_document_validates_and_follows_settings() -> None:
     assert len(routes) >= 12
     # the schemas are pydantic's own: a limit of the model shows up in the document
     assert doc["components"]["schemas"]["Transition"]["properties"]["step"]["minimum"] == 0
+
+
+def test_blank_ndjson_lines_are_bounded_before_parsing() -> None:
+    import time
+
+    one = json.dumps(T).encode()
+    assert parse_body(one + b"\n\n" + one + b"\n", "application/x-ndjson", 2) == [T, T]
+    for blank in (b"\n", b" \n", b"\r\n"):
+        body = blank * ((8 << 20) // len(blank))  # 8 MiB of blank lines
+        t0 = time.perf_counter()
+        with pytest.raises(IngestRejected) as e:
+            parse_body(body, "application/x-ndjson", 1000)
+        took = time.perf_counter() - t0
+        assert e.value.status == 413 and "lines" in e.value.error
+        assert took < 0.1, f"{took:.3f} s on 8 MiB of {blank!r}"  # a full Python scan: ~0.5 s

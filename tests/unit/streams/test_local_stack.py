@@ -44,3 +44,39 @@ def test_auto_keeps_a_data_dir_on_lite(tmp_path: Path, monkeypatch: pytest.Monke
     assert stack.milvus_mode() == "server"
     (data / "milvus.db").write_bytes(b"")  # Lite data and no server data: stay on Lite
     assert stack.milvus_mode() == "lite"
+
+
+def test_up_uses_the_users_auth_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("DMEM_AUTH__TOKENS", "DMEM_AUTH__DISABLED", "DMEM_AUTH__TOKENS_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    stack = LocalStack(tmp_path)
+    assert stack.env(1)["DMEM_AUTH__DISABLED"] == "true"  # nothing configured: off, and said
+    assert stack.auth_summary().startswith("off (no DMEM_AUTH__TOKENS set")
+    monkeypatch.setenv("DMEM_AUTH__TOKENS", '{"tok-a": ["a"], "tok-b": ["b"]}')
+    assert "DMEM_AUTH__DISABLED" not in stack.env(1)  # the user's tokens are used
+    assert not stack.settings.auth.disabled and set(stack.settings.auth.tokens) == {
+        "tok-a",
+        "tok-b",
+    }
+    assert stack.auth_summary().startswith("on (2 tokens")
+    monkeypatch.setenv("DMEM_AUTH__DISABLED", "true")
+    assert stack.auth_summary().startswith("off (DMEM_AUTH__DISABLED")
+
+
+def test_first_screen_says_whether_auth_is_on() -> None:
+    info = {
+        "kafka": "k:1",
+        "http": "http://h:2",
+        "milvus": "m",
+        "milvus_mode": "server",
+        "data_dir": "/d",
+        "auth": "on (2 tokens; send Authorization: Bearer <token>)",
+    }
+    text = first_screen(info)
+    assert "auth    on (2 tokens" in text
+    # every POST example sends its JSON type (the server refuses others with 415)
+    posts = [line for line in text.splitlines() if "curl -sX POST" in line]
+    assert posts and all("Content-Type: application/json" in p for p in posts)
+    assert all("Authorization: Bearer <token>" in p for p in posts)
+    off = first_screen({**info, "auth": "off (no DMEM_AUTH__TOKENS set: ...)"})
+    assert "Authorization" not in off

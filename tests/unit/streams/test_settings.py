@@ -42,3 +42,23 @@ def test_sasl_and_tls_reach_aiokafka_and_faust(monkeypatch: pytest.MonkeyPatch) 
     for var in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD"):
         monkeypatch.delenv(f"DMEM_KAFKA__{var}")
     assert faust_credentials(Settings()) is None
+
+
+@pytest.mark.parametrize(("env", "where"), [
+    ('{"s3cr3t-token": "t1"}', "bad setting auth.tokens:"),  # the token is a dict key
+    ('{"s3cr3t-token": ["t1"]', "bad setting:"),  # not JSON
+    ('["s3cr3t-token"]', "bad setting auth.tokens:"),
+])  # fmt: skip
+def test_a_malformed_token_map_never_prints_the_token(
+    monkeypatch: pytest.MonkeyPatch, env: str, where: str
+) -> None:
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from streams.settings import setting_error
+
+    monkeypatch.setenv("DMEM_AUTH__TOKENS", env)
+    with pytest.raises((ValidationError, SettingsError)) as e:
+        Settings()
+    line = setting_error(e.value)
+    assert line.startswith(where) and "s3cr3t" not in line
