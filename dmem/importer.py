@@ -41,6 +41,7 @@ from pydantic import BaseModel, ValidationError
 from dmem.progress import Progress
 from schemas import EpisodeOutcome, Feedback, Transition, encode
 from streams.admin import check_broker, kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.settings import Settings
 from streams.write.pipeline import validation_reason
 
@@ -128,6 +129,7 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
     t0 = time.monotonic()
     later: list[tuple[str, bytes, bytes]] = []  # outcomes and feedback: (topic, key, value)
     producer = AIOKafkaProducer(acks="all", linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    guard = KafkaGuard.from_settings(settings)  # an operator's import speaks for the service
     await producer.start()
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
     try:
@@ -147,7 +149,8 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                 continue
             rep.counts[kind] += 1
             if isinstance(rec, Transition):
-                await producer.send(topic, encode(rec), key=rec.agent_id.encode())
+                key, value = rec.agent_id.encode(), encode(rec)
+                await producer.send(topic, value, key=key, headers=guard.sign(key, value))
                 pending += 1
                 if pending >= CHUNK:
                     await producer.flush()
@@ -176,7 +179,7 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                     "re-scoring may miss their episodes)\n"
                 )
         for i, (t, key, value) in enumerate(later, 1):
-            await producer.send(t, value, key=key)
+            await producer.send(t, value, key=key, headers=guard.sign(key, value))
             if i % CHUNK == 0:
                 await producer.flush()
         await producer.flush()

@@ -39,8 +39,9 @@ from pydantic import ValidationError
 from operators import Encoder, build_encoder
 from schemas import EpisodeOutcome, encode, storage_key
 from schemas.errors import ConfigError
+from streams.auth import KafkaGuard
 from streams.clock import now_ms
-from streams.codec import raw_topic
+from streams.codec import GUARD_ATTR, raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.metrics import install_metrics
 from streams.settings import Settings
@@ -116,6 +117,8 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         datadir=str(settings.data_dir / "faust"),
         broker_credentials=faust_credentials(settings),
     )
+    # every raw topic of this app signs what the service sends (streams.codec)
+    setattr(app, GUARD_ATTR, KafkaGuard.from_settings(settings))
     encoder = make_encoder(settings)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
     app.add_dependency(store)
@@ -193,7 +196,8 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:
         """Late outcomes: re-score the episode's eligibility window (hindsight)."""
         await writer.ready_event.wait()  # not before the first assignment's states
-        async for value in stream:
+        async for event in stream.events():
+            value = event.value
             try:
                 data = orjson.loads(value)
                 if not isinstance(data, dict) or "reward" not in data or "kind" in data:
@@ -201,6 +205,8 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 out = EpisodeOutcome.model_validate(data)
             except (orjson.JSONDecodeError, ValidationError):
                 continue  # the credit job dead-letters bad feedback
+            if not pipeline.guard.agent_ok(out.tenant, event.key, value, event.headers):
+                continue  # the credit job dead-letters it as unauthenticated
             result = await asyncio.to_thread(
                 pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
             )
