@@ -187,6 +187,8 @@ class KafkaGuard:
         if not self.enabled or self.service.ok(key, value, headers):
             return True
         self.refused_internal += 1
-        log.warning("refused an unsigned or forged %s record (key %r)", what,
-                    (key or b"")[:64])  # fmt: skip
+        n = self.refused_internal
+        if n <= 10 or n % 1000 == 0:  # a flood of forgeries must not flood the log
+            log.warning("refused an unsigned or forged %s record (key %r; %d refused here)",
+                        what, (key or b"")[:64], n)  # fmt: skip
         return False
