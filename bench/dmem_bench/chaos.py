@@ -96,7 +96,8 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   worker deaths after the poisoned checkpoints; ``unauthenticated_dead_lettered``:
   dead letters of the phase with the reason "unauthenticated";
   ``kafka_victim_search_hits``: the control search's hits (the check is not
-  vacuous); ``worker_deaths`` counts the whole run;
+  vacuous); ``worker_deaths`` counts the whole run (the jobs and respond workers are
+  checked at the end of the Kafka phase);
 - ``max_rss_mb``: a write worker's peak resident set (sampled every 0.25 s);
   ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` (summed over
   the workers) show backpressure: while Milvus is down the lag grows, the
@@ -987,6 +988,8 @@ async def kafka_hostile(
     await wait_credit_applied(settings, 60.0, 0)
     stop.set()
     await watcher
+    # the watcher repairs write workers; the jobs and respond workers must still be up
+    chaos.deaths += sum(1 for w in stack.workers if w.role != "write" and not w.alive)
     after = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
         count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
     changed = {k for k, r in before.items() if after.get(k) != r} | (set(after) - set(before))

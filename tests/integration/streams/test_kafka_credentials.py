@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,19 @@ def test_kafka_credentials_end_to_end(
                           for t in a_for_b])  # fmt: skip
 
         asyncio.run(write())
+        # HTTP ingest of an authenticated caller: the service vouches for it on Kafka
+        via_http = walk("b", "e5")
+        port = stack.web_ports[stack.workers.index(w)]
+        body = b"[" + b",".join(encode(t) for t in via_http) + b"]"
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/transitions",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": "Bearer tok-b"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202
+        good = good + via_http
         n = len(good) + len(unsigned) + len(a_for_b)
         out = decode_all(asyncio.run(collect(
             broker, [s.topic("memories"), s.topic("deadletter")],
