@@ -47,7 +47,8 @@ Scenario, on a fixed seed (``--seed``):
   publishes; fuzzed records carry no credential. After the above, a respond
   worker starts, the victim ``KAFKA_VICTIM``'s own SDK searches once (the
   control: answered on its own reply topic), and ``kafka_hostile`` records go
-  out against the victim, each bare, signed with the intruder's token for the
+  out against the victim (the victim's rows are snapshotted once the control's
+  access stamps are flushed), each bare, signed with the intruder's token for the
   victim's tenant, or signed for the intruder's own: retrieval requests for the
   victim (reply topic unset, the shared one, the victim's, the intruder's),
   transitions reusing the victim's ids, thumbs-down, usage + outcomes, forged
@@ -955,9 +956,6 @@ async def kafka_hostile(
     from streams.admin import kafka_client_kwargs
 
     settings = stack.settings
-    before = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
-        count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
-    victim_ids = sorted(k[1] for k in before) or ["none"]
     responder = stack.start_worker("respond")
     await asyncio.to_thread(stack.wait_ready, responder)
     # the control: the victim's own SDK, with its token, is answered on its own topic
@@ -966,6 +964,12 @@ async def kafka_hostile(
                       topic_prefix=settings.kafka.topic_prefix, timeout_s=10.0,
                       retries=9) as own:  # fmt: skip
         own_hits = len(await own.search("corridor cell", k=5))
+    # the baseline once the control's own access stamps are flushed: from here on, any
+    # change to the victim's rows is the hostile traffic's
+    await asyncio.sleep(settings.maintenance.access_flush_s + 3.0)
+    before = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
+        count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
+    victim_ids = sorted(k[1] for k in before) or ["none"]
     records, targets = kafka_hostile_records(settings, cfg, rng, victim_ids)
     dead_before = len(await read_topic(settings, "deadletter"))
     producer = AIOKafkaProducer(linger_ms=5, max_request_size=8 << 20,
@@ -993,6 +997,14 @@ async def kafka_hostile(
     after = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
         count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
     changed = {k for k, r in before.items() if after.get(k) != r} | (set(after) - set(before))
+    # which fields moved (a removed or added row counts as "row")
+    fields: Counter[str] = Counter()
+    for k in changed:
+        old, new = before.get(k), after.get(k)
+        if old is None or new is None:
+            fields["row"] += 1
+        else:
+            fields.update(f for f in old if old.get(f) != new.get(f))
     forged = sum(1 for k in before if k[1] in targets["forget"] and k not in after)
     forged += sum(1 for k, r in before.items() if k[1] in targets["credit"] and k in after
                   and after[k]["utility"] != r["utility"])  # fmt: skip
@@ -1023,6 +1035,7 @@ async def kafka_hostile(
             }
         ),
         "kafka_victim_rows": len(before),
+        "kafka_changed_fields": dict(sorted(fields.items())),
         "kafka_victim_search_hits": own_hits,
     }
 
@@ -1156,6 +1169,8 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
                 "DMEM_KAFKA__TOPIC_PREFIX": f"chaos{run_id}.",
                 "DMEM_MAINTENANCE__ENABLED": "false",
                 "DMEM_LOG_LEVEL": "info",
+                # the Kafka phase's baseline waits for one access flush of the control search
+                "DMEM_MAINTENANCE__ACCESS_FLUSH_S": "2",
                 # Kafka auth on: every tenant (the hostile one too) holds its own token
                 "DMEM_AUTH__TOKENS": orjson.dumps(
                     {token_of(t): [t] for t in [*tenant_names(cfg), HOSTILE]}

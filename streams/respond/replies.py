@@ -11,7 +11,9 @@ on (`streams.auth.KafkaGuard`):
   (``<responses>.<T>.<suffix>``), never to a topic another tenant reads: a
   deployment restricts ``<responses>.<T>`` (literal) and ``<responses>.<T>.``
   (prefixed) to T's principal with broker ACLs;
-- the topic is created on first use (idempotent; an existing one is kept).
+- the tenant's own topic is created on first use (idempotent; an existing one is
+  kept). Suffixed reply topics are never created here: one request per name would
+  otherwise let a tenant create topics without bound. The SDK creates its own.
 
 The map of reply topics held open is bounded (least recently used dropped).
 """
@@ -97,7 +99,7 @@ class KafkaReplies:
         if topic is not None:
             self.topics.move_to_end(name)
             return topic
-        if name != self.responses:
+        if self.guard.enabled and name == reply_topic_for(self.responses, req.tenant):
             await ensure_topic(self.settings, name)
         topic = self.topics[name] = raw_topic(self.app, name)
         while len(self.topics) > MAX_REPLY_TOPICS:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from schemas import RetrievalRequest
 from schemas.credentials import ServiceSigner, TenantSigner
+from schemas.errors import InvalidRecord
 from streams.auth import KafkaGuard
+from streams.respond.replies import KafkaReplies
 from streams.settings import Settings
 
 
@@ -50,3 +55,23 @@ def test_every_worker_derives_the_same_service_key() -> None:
     assert not other.internal_ok(b"k", b"v", one.sign(b"k", b"v"), "control")
     explicit = KafkaGuard(True, tokens, "s")
     assert KafkaGuard(True, {}, "s").internal_ok(b"k", b"v", explicit.sign(b"k", b"v"), "x")
+
+
+def test_reply_topics_with_credentials_on_stay_within_the_tenant() -> None:
+    def req(tenant: str, reply_topic: str | None = None) -> RetrievalRequest:
+        return RetrievalRequest(request_id="r", tenant=tenant, query="q", reply_topic=reply_topic)
+
+    s = _settings(tokens={"t": ["a"]})
+    on = KafkaReplies(None, s, KafkaGuard.from_settings(s))  # type: ignore[arg-type]
+    shared = s.topic("responses")
+    assert on.name(req("a")) == f"{shared}.a"
+    assert on.name(req("a.b")) == f"{shared}.a_2eb"
+    assert on.name(req("a", f"{shared}.a.mine")) == f"{shared}.a.mine"
+    for foreign in (shared, f"{shared}.b", f"{shared}.ab", f"{shared}.a_2eb"):
+        with pytest.raises(InvalidRecord):
+            on.name(req("a", foreign))
+    off = KafkaReplies(None, Settings(), KafkaGuard.from_settings(Settings()))  # type: ignore[arg-type]
+    assert off.name(req("a")) == shared  # as before: the shared topic
+    assert off.name(req("a", f"{shared}.a")) == f"{shared}.a"
+    with pytest.raises(InvalidRecord):
+        off.name(req("a", "dmem.memories"))
