@@ -95,7 +95,8 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   added, byte for byte, across the phase; ``forged_internal_accepted``: forged
   forgets that removed their row, forged credits that moved a utility, and
   worker deaths after the poisoned checkpoints; ``unauthenticated_dead_lettered``:
-  dead letters of the phase with the reason "unauthenticated";
+  dead letters of the phase with the reason "unauthenticated" (distinct source
+  records), of ``kafka_agent_records`` hostile records on agent topics;
   ``kafka_victim_search_hits``: the control search's hits (the check is not
   vacuous); ``worker_deaths`` counts the whole run (the jobs and respond workers are
   checked at the end of the Kafka phase);
@@ -971,7 +972,8 @@ async def kafka_hostile(
         count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
     victim_ids = sorted(k[1] for k in before) or ["none"]
     records, targets = kafka_hostile_records(settings, cfg, rng, victim_ids)
-    dead_before = len(await read_topic(settings, "deadletter"))
+    agent_topics = {settings.topic(t) for t in ("transitions", "feedback", "usage", "requests")}
+    since_ms = int(time.time() * 1000)
     producer = AIOKafkaProducer(linger_ms=5, max_request_size=8 << 20,
                                 **kafka_client_kwargs(settings.kafka))  # fmt: skip
     await producer.start()
@@ -1021,19 +1023,17 @@ async def kafka_hostile(
         for m in await read_topic_named(settings, name):
             if m.key is not None and m.key.decode() in targets["request"]:
                 reads += 1 + len(orjson.loads(m.value).get("hits", []))
-    dead = [orjson.loads(m.value) for m in (await read_topic(settings, "deadletter"))[dead_before:]]
+    dead = [d for d in (orjson.loads(m.value) for m in await read_topic(settings, "deadletter"))
+            if d["ts"] >= since_ms and d["reason"] == "unauthenticated"]  # fmt: skip
     return {
         "kafka_hostile_attempts": len(records),
         "kafka_cross_tenant_reads": reads,
         "kafka_cross_tenant_writes": len(changed),
         "forged_internal_accepted": forged,
         "unauthenticated_dead_lettered": len(
-            {
-                (d["topic"], d["partition"], d["offset"])
-                for d in dead
-                if d["reason"] == "unauthenticated"
-            }
-        ),
+            {(d["topic"], d["partition"], d["offset"]) for d in dead}
+        ),  # fmt: skip
+        "kafka_agent_records": sum(1 for r in records if r[0] in agent_topics),
         "kafka_victim_rows": len(before),
         "kafka_changed_fields": dict(sorted(fields.items())),
         "kafka_victim_search_hits": own_hits,
