@@ -149,8 +149,8 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                 continue
             rep.counts[kind] += 1
             if isinstance(rec, Transition):
-                key, value = rec.agent_id.encode(), encode(rec)
-                await producer.send(topic, value, key=key, headers=guard.sign(key, value))
+                tkey, value = rec.agent_id.encode(), encode(rec)
+                await producer.send(topic, value, key=tkey, headers=guard.sign(tkey, value))
                 pending += 1
                 if pending >= CHUNK:
                     await producer.flush()
