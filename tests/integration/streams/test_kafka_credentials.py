@@ -144,7 +144,7 @@ def test_kafka_credentials_end_to_end(
         assert len(dead) == len(unsigned) + len(a_for_b)
         assert {d["reason"] for d in dead} == {"unauthenticated"}
         written = [e["memory_id"] for e in events if e["kind"] == "written"]
-        assert len(written) >= 2, "the signed walk must store two memories at least"
+        assert len(written) >= 3, "the signed walks must store three memories at least"
         store = MemoryStore(milvus_server_uri, collection=s.milvus.collection, dim=s.encoder.dim)
         store.connect()
         refused = [t.memory_id for t in unsigned + a_for_b]
@@ -183,6 +183,21 @@ def test_kafka_credentials_end_to_end(
         # two forged ones before it have been read (and refused)
         wait_for(lambda: store.get([other], tenant="b") == [], what="the signed forget")
         assert [r["id"] for r in store.get([victim], tenant="b")] == [victim]
+        # a forget over HTTP is broadcast on `control` with the service's signature
+        third = written[1]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/forget",
+            method="POST",
+            data=orjson.dumps({"tenant": "b", "memory_id": third}),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer tok-b"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+        notices = [m for m in asyncio.run(collect(
+            broker, [s.topic("control")],
+            lambda ms: any(third.encode() in (m.value or b"") for m in ms), timeout_s=30))
+            if third.encode() in (m.value or b"")]  # fmt: skip
+        assert notices and all(service.ok(m.key, m.value, m.headers) for m in notices)
 
         # -- a poisoned checkpoint: refused at the next restore, the worker keeps storing --
         stack.stop_workers()  # its last checkpoints are on `models` now
