@@ -15,6 +15,12 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
   search is waiting (no fetches at all when idle) and resumed before a request
   is sent; a resume starts a fetch at once.
 - HTTP transport: ``POST {http_url}/v1/search``.
+- Credentials (``token``): the API token is the HTTP bearer token and signs
+  every record the client produces on Kafka (`schemas.credentials`: an HMAC
+  under a key derived from the token for the record's tenant), which a
+  deployment with Kafka auth on requires. With a token the client asks for its
+  replies on its tenant's own topic, ``<responses>.<tenant>`` (created if
+  missing), and reads only that one.
 - `SyncClient` runs the async client on a private event loop thread for
   agents that are not async.
 """
@@ -34,8 +40,11 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
 from schemas import (
+    LIMITS,
     EpisodeOutcome,
     Feedback,
     Hit,
@@ -46,6 +55,7 @@ from schemas import (
     Transition,
     encode,
 )
+from schemas.credentials import Headers, TenantSigner, reply_topic_for
 from schemas.errors import DmemError, ServiceUnavailable
 from schemas.topics import topic_name
 
@@ -88,7 +98,12 @@ class Client:
         self.retries = retries
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.kw = dict(client_kwargs or {})
-        self.token = token  # HTTP bearer token (streams.auth); Kafka uses client_kwargs
+        self.token = token  # HTTP bearer token (streams.auth) and Kafka record credential
+        self._signer = TenantSigner(token) if token else None
+        #: where replies come: the tenant's own topic when signing, else the shared one
+        self.reply_topic = (
+            reply_topic_for(self.topic("responses"), tenant) if token else self.topic("responses")
+        )
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._tps: list[TopicPartition] = []
@@ -111,8 +126,10 @@ class Client:
                 **self.kw,
             )
             await c.start()
-            name = self.topic("responses")
+            name = self.reply_topic
             parts = c.partitions_for_topic(name)
+            if not parts and self._signer is not None:
+                parts = await self._own_reply_topic(c)
             if not parts:
                 await c._client.force_metadata_update()  # noqa: SLF001
                 parts = c.partitions_for_topic(name) or {0}
@@ -128,6 +145,47 @@ class Client:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             self._http = aiohttp.ClientSession(headers=headers)
         return self
+
+    async def _own_reply_topic(self, c: AIOKafkaConsumer) -> set[int]:
+        """Create this tenant's reply topic if it is missing (a deployment whose ACLs
+        deny creating it creates it beforehand), then wait for its partitions."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.kw)
+        try:
+            await admin.start()
+            if self.reply_topic not in set(await admin.list_topics()):
+                await admin.create_topics([NewTopic(self.reply_topic, 1, 1)])
+        except (KafkaError, OSError):
+            pass  # exists already, or not ours to create: wait for it below
+        finally:
+            await admin.close()
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            await c._client.force_metadata_update()  # noqa: SLF001
+            parts = c.partitions_for_topic(self.reply_topic)
+            if parts:
+                return set(parts)
+            await asyncio.sleep(0.1)
+        return set()
+
+    def _own_reply(self) -> str | None:
+        """The reply_topic a signed Kafka request names (answered there whether or not
+        the deployment enforces credentials); None: the deployment's default."""
+        own = self._signer is not None and self.transport == "kafka"
+        return self.reply_topic if own and len(self.reply_topic) <= LIMITS.max_id_chars else None
+
+    def _headers(self, tenant: str, value: bytes) -> Headers | None:
+        """The record's credential (none without a token)."""
+        return self._signer.headers(tenant, value) if self._signer is not None else None
+
+    async def _send(self, logical: str, tenant: str, value: bytes, key: bytes,
+                    wait: bool = True) -> None:  # fmt: skip
+        assert self._producer is not None, "call start() first"
+        topic, headers = self.topic(logical), self._headers(tenant, value)
+        kw: dict[str, Any] = {"headers": headers} if headers else {}
+        if wait:
+            await self._producer.send_and_wait(topic, value, key=key, **kw)
+        else:
+            await self._producer.send(topic, value, key=key, **kw)
 
     async def stop(self) -> None:
         if self._reader:
@@ -173,7 +231,7 @@ class Client:
         assert self._producer is not None, "call start() first"
         n = 0
         for t in transitions:
-            await self._producer.send(self.topic("transitions"), encode(t), key=t.agent_id.encode())
+            await self._send("transitions", t.tenant, encode(t), t.agent_id.encode(), wait=False)
             n += 1
         await self._producer.flush()
         return n
@@ -221,9 +279,7 @@ class Client:
             ts=int(time.time() * 1000),
             outcome_id=f"{episode_id}:final",
         )
-        await self._producer.send_and_wait(
-            self.topic("feedback"), encode(out), key=episode_id.encode()
-        )
+        await self._send("feedback", self.tenant, encode(out), episode_id.encode())
 
     async def feedback(
         self,
@@ -250,7 +306,7 @@ class Client:
             }
         )
         key = (episode_id or memory_id or self.tenant).encode()
-        await self._producer.send_and_wait(self.topic("feedback"), encode(fb), key=key)
+        await self._send("feedback", self.tenant, encode(fb), key)
         return fb
 
     async def forget(self, *, memory_id: str | None = None, agent_id: str | None = None) -> int:
@@ -382,9 +438,7 @@ class Client:
             source="agent",
             reward=reward,
         )
-        await self._producer.send_and_wait(
-            self.topic("usage"), encode(usage), key=episode_id.encode()
-        )
+        await self._send("usage", self.tenant, encode(usage), episode_id.encode())
 
     # -- read side -----------------------------------------------------------
     async def search(
@@ -419,6 +473,7 @@ class Client:
                 "mmr": mmr,
                 "as_of": as_of,
                 "filters": SearchFilters(**filters),
+                "reply_topic": self._own_reply(),
             }
         )
         resp = await (
@@ -436,8 +491,8 @@ class Client:
         self._waiting[req.request_id] = fut
         try:
             for _attempt in range(self.retries + 1):
-                await self._producer.send_and_wait(
-                    self.topic("requests"), encode(req), key=(req.agent_id or req.tenant).encode()
+                await self._send(
+                    "requests", req.tenant, encode(req), (req.agent_id or req.tenant).encode()
                 )
                 try:
                     return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from dmem.progress import Progress
 from schemas import EpisodeOutcome, Feedback, MemoryUsage, Transition, encode
 from streams.admin import check_broker, kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.settings import Settings
 from streams.write.pipeline import validation_reason
 
@@ -133,6 +134,7 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
     rep = ImportReport()
     t0 = time.monotonic()
     producer = AIOKafkaProducer(acks="all", linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    guard = KafkaGuard.from_settings(settings)  # an operator's import speaks for the service
     await producer.start()
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
     try:
@@ -156,7 +158,8 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
             else:
                 where = settings.topic("usage" if isinstance(rec, MemoryUsage) else "feedback")
                 key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
-            await producer.send(where, encode(rec), key=key.encode())
+            kb, value = key.encode(), encode(rec)
+            await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
             pending += 1
             if pending >= CHUNK:
                 await producer.flush()

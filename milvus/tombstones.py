@@ -92,8 +92,12 @@ class Tombstones:
         self._mutex = threading.Lock()
 
     def add(self, keys: Iterable[str], at: float | None = None) -> None:
-        """Refuse ``keys`` until ``at + ttl_s`` (``at``: when they were forgotten)."""
-        until = (self.clock() if at is None else at) + self.ttl_s
+        """Refuse ``keys`` until ``at + ttl_s`` (``at``: when they were forgotten).
+
+        An ``at`` in the future is clamped to now: no tombstone outlives the TTL
+        (a far-future one would also stall the expiry of every key behind it)."""
+        now = self.clock()
+        until = (now if at is None else min(at, now)) + self.ttl_s
         with self._mutex:
             for k in keys:
                 self._until.pop(k, None)

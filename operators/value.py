@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -441,11 +442,17 @@ class TDValueLearner:
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> TDValueLearner:
-        """Restore a learner; safe loader (``weights_only``), data may come from Kafka."""
+    def from_bytes(
+        cls, data: bytes, check: Callable[[dict[str, Any]], None] | None = None
+    ) -> TDValueLearner:
+        """Restore a learner; safe loader (``weights_only``), data may come from Kafka.
+        ``check`` sees the checkpoint's config before the model is built (and raises to
+        refuse sizes other than the configured ones)."""
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         if state.get("format") not in _READABLE_FORMATS:
             raise ValueError(f"unsupported value-model checkpoint format {state.get('format')}")
+        if check is not None:
+            check(dict(state["config"]))
         learner = cls(**state["config"])
         learner.net.load_state_dict(state["net"])
         learner.target.load_state_dict(state["target"])

@@ -39,8 +39,9 @@ from pydantic import ValidationError
 from operators import Encoder, build_encoder
 from schemas import EpisodeOutcome, encode, storage_key
 from schemas.errors import ConfigError
+from streams.auth import KafkaGuard
 from streams.clock import now_ms
-from streams.codec import raw_topic
+from streams.codec import GUARD_ATTR, raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.metrics import install_metrics
 from streams.settings import Settings
@@ -124,6 +125,8 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         web_stats_enabled=False,
         web_application_options={"middlewares": [guard_middleware(settings)]},
     )
+    # every raw topic of this app signs what the service sends (streams.codec)
+    setattr(app, GUARD_ATTR, KafkaGuard.from_settings(settings))
     encoder = make_encoder(settings)
     store = StoreService(settings, encoder.dim, loop=app.loop, beacon=app.beacon)
     app.add_dependency(store)
@@ -202,7 +205,8 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
         """Late outcomes: re-score the episode's eligibility window (hindsight)."""
         await writer.ready_event.wait()  # not before the first assignment's states
         wait_s = settings.write.outcome_wait_s
-        async for value in stream:
+        async for event in stream.events():
+            value = event.value
             try:
                 data = orjson.loads(value)
                 if not isinstance(data, dict) or "reward" not in data or "kind" in data:
@@ -210,6 +214,8 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 out = EpisodeOutcome.model_validate(data)
             except (orjson.JSONDecodeError, ValidationError):
                 continue  # the credit job dead-letters bad feedback
+            if not pipeline.guard.agent_ok(out.tenant, event.key, value, event.headers):
+                continue  # the credit job dead-letters it as unauthenticated
             # event time, not arrival, decides what it re-scores: its episode's
             # transitions first (the wait only decides when). An outcome stamped after
             # its episode's last step goes once the write path has stored everything

@@ -17,7 +17,14 @@ Decisions:
 - Missing, malformed or unknown token: 401 with ``WWW-Authenticate: Bearer``;
   a known token asking for a tenant it does not list: 403. Both JSON bodies.
 - ``/health`` and ``/metrics`` stay open (probes and scrapers carry no tenant
-  data). Kafka topics are not covered: the broker's own SASL/ACLs guard them
+  data).
+- Kafka (`KafkaGuard`, `schemas.credentials`): with HTTP auth on and tokens
+  configured (or ``DMEM_AUTH__KAFKA=true``), every agent record must carry an
+  HMAC under a key derived from a token that lists its tenant, and every
+  internal record the service's signature; others are dead-lettered
+  ("unauthenticated") or dropped and counted, with no effect. Off (auth
+  disabled, or no tokens and ``DMEM_AUTH__KAFKA`` unset): whoever can produce
+  to a topic is trusted, as the broker's SASL/ACLs alone decide
   (`streams.admin.kafka_client_kwargs`, `streams.app.faust_credentials`).
 - Tokens are compared with `hmac.compare_digest` against every configured
   token (no early exit on the first byte).
@@ -25,13 +32,16 @@ Decisions:
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from schemas.credentials import Headers, ServiceSigner, TenantVerifier
 from schemas.errors import ConfigError
 
 log = logging.getLogger("dmem.auth")
@@ -118,3 +128,67 @@ class Authorizer:
         if tenant is not None and ALL_TENANTS not in tenants and tenant not in tenants:
             return Denied(403, f"token not allowed for tenant {tenant!r}")
         return None
+
+
+#: the dead-letter reason of an agent record without a valid credential for its tenant
+UNAUTHENTICATED = "unauthenticated"
+
+
+class KafkaGuard:
+    """Record credentials on Kafka (module doc): verifies agent records, signs and
+    verifies internal ones. Disabled: everything passes and nothing is signed."""
+
+    def __init__(
+        self, enabled: bool, tokens: dict[str, frozenset[str]], service_secret: str | None
+    ) -> None:
+        self.enabled = enabled
+        self.verifier = TenantVerifier(tokens)
+        if service_secret:
+            secret = service_secret.encode()
+        else:  # every worker holds the same token map: the same key everywhere
+            canon = orjson.dumps({t: sorted(v) for t, v in tokens.items()},
+                                 option=orjson.OPT_SORT_KEYS)  # fmt: skip
+            secret = hashlib.sha256(b"dmem service secret from tokens\x00" + canon).digest()
+            if enabled:
+                log.warning(
+                    "Kafka auth: no DMEM_AUTH__SERVICE_SECRET; the service key is derived "
+                    "from the token map (set a secret so token changes keep checkpoints)"
+                )
+        self.service = ServiceSigner(secret)
+        if enabled and not tokens:
+            log.warning("Kafka auth is on but no tokens are configured: every agent "
+                        "record is dead-lettered as unauthenticated")  # fmt: skip
+        self.refused_agent = 0  # agent records without a valid credential
+        self.refused_internal = 0  # internal records without the service's signature
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KafkaGuard:
+        a = settings.auth
+        tokens = load_tokens(a.tokens, a.tokens_file)
+        enabled = (not a.disabled and bool(tokens)) if a.kafka is None else bool(a.kafka)
+        return cls(enabled, tokens, a.service_secret)
+
+    def agent_ok(self, tenant: str, key: bytes | None, value: bytes | None, headers: Any) -> bool:
+        """May this agent record act for `tenant`? (The service may act for any tenant.)"""
+        if not self.enabled:
+            return True
+        v = value or b""
+        if self.verifier.tenant_ok(tenant, v, headers) or self.service.ok(key, v, headers):
+            return True
+        self.refused_agent += 1
+        return False
+
+    def sign(self, key: bytes | None, value: bytes) -> Headers:
+        """Headers for a record the service produces (none when disabled)."""
+        return self.service.headers(key, value) if self.enabled else []
+
+    def internal_ok(self, key: bytes | None, value: bytes | None, headers: Any, what: str) -> bool:
+        """Did the service produce this internal record? A refusal is logged and counted."""
+        if not self.enabled or self.service.ok(key, value, headers):
+            return True
+        self.refused_internal += 1
+        n = self.refused_internal
+        if n <= 10 or n % 1000 == 0:  # a flood of forgeries must not flood the log
+            log.warning("refused an unsigned or forged %s record (key %r; %d refused here)",
+                        what, (key or b"")[:64], n)  # fmt: skip
+        return False

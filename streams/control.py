@@ -13,6 +13,11 @@ notice's arrival. Notices older than the tombstone TTL are not echoed to the
 store: by then the key may have been written again legitimately. Applying a
 notice twice is harmless.
 
+A notice is trusted only as far as it is bounded: with Kafka auth on
+(`streams.auth.KafkaGuard`) only notices the service signed are applied (a
+forged one is logged and counted in ``forged``), and a notice dated in the
+future counts from now (its tombstone cannot outlive the TTL).
+
 Reading the busy ``memories`` topic for the rare ``forgotten`` events instead
 cost ~15 % of a write worker's CPU (py-spy), hence the separate topic.
 """
@@ -33,6 +38,7 @@ from pydantic import ValidationError
 from schemas import MemoryEvent, storage_key
 from schemas.errors import DmemError
 from streams.admin import kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -54,7 +60,7 @@ def echo_to_store(store_service: StoreService) -> Handler:
         now = time.time()
         todo: dict[tuple[str, float], list[str]] = {}
         for ev in events:
-            at = ev.ts / 1000.0
+            at = min(ev.ts / 1000.0, now)  # a future date would outlive the TTL
             if at + store.tombstones.ttl_s < now:
                 continue  # older than the guard: the key may legitimately exist again
             if not store.tombstones.dead([storage_key(ev.tenant, ev.memory_id)]):
@@ -74,6 +80,8 @@ class ForgetFollower(Service):
         self.handlers = handlers
         self.consumer: AIOKafkaConsumer | None = None
         self.applied = 0  # `forgotten` notices handled
+        self.forged = 0  # notices without the service's signature (not applied)
+        self.guard = KafkaGuard.from_settings(settings)
 
     async def on_start(self) -> None:
         self.consumer = AIOKafkaConsumer(
@@ -110,6 +118,9 @@ class ForgetFollower(Service):
             events: list[MemoryEvent] = []
             for msgs in batch.values():
                 for m in msgs:
+                    if not self.guard.internal_ok(m.key, m.value, m.headers, "control"):
+                        self.forged += 1
+                        continue
                     try:
                         ev = MemoryEvent.model_validate(orjson.loads(m.value))
                     except (orjson.JSONDecodeError, ValidationError):

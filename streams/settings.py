@@ -539,6 +539,23 @@ class AuthSettings(BaseModel):
     tokens_file: Path | None = Field(
         default=None, description="JSON file of the same shape as `tokens` (merged)"
     )
+    kafka: bool | None = Field(
+        default=None,
+        description=(
+            "record credentials on Kafka (`streams.auth.KafkaGuard`): agent records must carry"
+            " an HMAC of a token listing their tenant, internal topics the service's signature;"
+            " null: on when HTTP auth is on and tokens are configured, true: on (no tokens:"
+            " every agent record is refused), false: off (anyone who can produce is trusted)"
+        ),
+    )
+    service_secret: str | None = Field(
+        default=None,
+        description=(
+            "secret of the service key that signs internal topics (control, models, memories,"
+            " credit); the same on every worker. Unset: derived from the token map, so changing"
+            " a token invalidates the signatures of earlier checkpoints"
+        ),
+    )
 
 
 class WriteSettings(BaseModel):

@@ -42,6 +42,20 @@ Scenario, on a fixed seed (``--seed``):
   exactly what ``dmem forget --tenant T --memory ID`` does) for victims' ids.
   Once the credit topic is drained by the applier the victims' rows are read
   again.
+- Kafka auth is on for the whole run (`streams.auth.KafkaGuard`): every tenant,
+  the hostile one included, holds its own token (`token_of`) and signs what it
+  publishes; fuzzed records carry no credential. After the above, a respond
+  worker starts, the victim ``KAFKA_VICTIM``'s own SDK searches once (the
+  control: answered on its own reply topic), and ``kafka_hostile`` records go
+  out against the victim (the victim's rows are snapshotted once the control's
+  access stamps are flushed), each bare, signed with the intruder's token for the
+  victim's tenant, or signed for the intruder's own: retrieval requests for the
+  victim (reply topic unset, the shared one, the victim's, the intruder's),
+  transitions reusing the victim's ids, thumbs-down, usage + outcomes, forged
+  ``forgotten`` notices on ``control`` (dated far in the future), forged
+  utility updates on ``credit`` and poisoned checkpoints on ``models`` (an RND
+  net of 10^7 hidden units) under the victim's state keys. Then a write worker
+  is killed and restarted (the rebalance restores states from ``models``).
 
 Then the driver waits until the worker group has committed every published
 offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
@@ -75,6 +89,17 @@ offset, reads the whole ``memories`` and ``deadletter`` topics, and counts:
   victim's id) whose utility moved / that its forgets deleted (the credit and
   forget paths ran on those very ids: the check is not vacuous);
   ``credit_drained``: the applier committed the whole credit topic;
+- Kafka: ``kafka_hostile_attempts`` (records sent); ``kafka_cross_tenant_reads``:
+  replies to the hostile requests on any responses topic, plus the hits they
+  carry; ``kafka_cross_tenant_writes``: the victim's rows changed, removed or
+  added, byte for byte, across the phase; ``forged_internal_accepted``: forged
+  forgets that removed their row, forged credits that moved a utility, and
+  worker deaths after the poisoned checkpoints; ``unauthenticated_dead_lettered``:
+  dead letters of the phase with the reason "unauthenticated" (distinct source
+  records), of ``kafka_agent_records`` hostile records on agent topics;
+  ``kafka_victim_search_hits``: the control search's hits (the check is not
+  vacuous); ``worker_deaths`` counts the whole run (the jobs and respond workers are
+  checked at the end of the Kafka phase);
 - ``max_rss_mb``: a write worker's peak resident set (sampled every 0.25 s);
   ``rss_before_outage_mb`` / ``rss_outage_max_mb`` and ``max_lag`` (summed over
   the workers) show backpressure: while Milvus is down the lag grows, the
@@ -105,6 +130,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import functools
 import math
 import random
 import tempfile
@@ -121,6 +147,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from dmem.client import Client
 from dmem_bench.common import (
     Progress,
     cleanup_on_signals,
@@ -146,6 +173,35 @@ BURST_WINDOW_MS = 60_000
 BURST_MIN_EVENTS = 200
 #: longest a rebalance takes from its first member's assignment to its last
 REBALANCE_SPAN_MS = 30_000
+#: the victim of the Kafka hostile phase
+KAFKA_VICTIM = "tenant-1"
+
+#: (key, value, bad record kind or None, headers) of one published transition record
+Record = tuple[bytes | None, bytes | None, str | None, list[tuple[str, bytes]] | None]
+
+
+def token_of(tenant: str) -> str:
+    """Each tenant's API token in the run's token map (the Kafka credential's source)."""
+    return f"chaos-token-{tenant}"
+
+
+class _Signers(dict[str, Any]):
+    """tenant -> its signing function (headers for a record of a tenant), made on demand."""
+
+    def __missing__(self, tenant: str) -> Any:
+        from schemas.credentials import TenantSigner
+
+        fn = self[tenant] = TenantSigner(token_of(tenant)).headers
+        return fn
+
+
+SIGNERS = _Signers()
+
+
+def signed(t: Transition) -> Record:
+    """A valid transition, signed with its own tenant's credential."""
+    value = orjson.dumps(t.model_dump(mode="json"))
+    return t.agent_id.encode(), value, None, SIGNERS[t.tenant](t.tenant, value)
 
 
 @dataclass
@@ -165,6 +221,7 @@ class ChaosConfig:
     hostile_episodes: int = 20
     hostile_forgets: int = 50
     workers: int = 1
+    kafka_hostile: int = 1200
 
 
 # --------------------------------------------------------------------------- workload
@@ -175,8 +232,7 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
     rng = random.Random(cfg.seed)
     per_tenant = math.ceil(cfg.transitions / cfg.tenants)
     streams_: list[list[Transition]] = []
-    for t in range(cfg.tenants):
-        tenant = f"tenant-{t}"
+    for tenant in tenant_names(cfg):
         rows = []
         for i in range(per_tenant):
             ep, k = divmod(i, EPISODE_LEN)
@@ -201,6 +257,10 @@ def good_transitions(cfg: ChaosConfig) -> list[Transition]:
         streams_.append(rows)
     out = [row for group in zip(*streams_, strict=False) for row in group]
     return out[: cfg.transitions]
+
+
+def tenant_names(cfg: ChaosConfig) -> list[str]:
+    return [f"tenant-{t}" for t in range(cfg.tenants)]
 
 
 def hostile_transition(rng: random.Random, n: int, victim_id: str,
@@ -609,7 +669,7 @@ def _sum_metric(text: bytes, name: str) -> float:
 
 async def publish_all(
     settings: Settings,
-    records: list[tuple[bytes | None, bytes | None, str | None]],
+    records: list[Record],
     rate: float,
     progress: list[int],
 ) -> tuple[dict[int, int], set[tuple[int, int]], set[tuple[int, int]]]:
@@ -623,12 +683,12 @@ async def publish_all(
     futs = []
     try:
         t0 = time.perf_counter()
-        for i, (key, value, kind) in enumerate(records):
+        for i, (key, value, kind, headers) in enumerate(records):
             due = t0 + i / rate
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            futs.append((kind, await producer.send(topic, value, key=key)))
+            futs.append((kind, await producer.send(topic, value, key=key, headers=headers)))
             progress[0] = i + 1
         await producer.flush()
         ends: dict[int, int] = {}
@@ -672,12 +732,16 @@ async def wait_committed(
 
 async def read_topic(settings: Settings, logical: str) -> list[Any]:
     """Every record of a topic, from the beginning to its current end."""
+    return await read_topic_named(settings, settings.topic(logical))
+
+
+async def read_topic_named(settings: Settings, name: str) -> list[Any]:
+    """Every record of topic `name`, from the beginning to its current end."""
     from streams.admin import kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
     c = AIOKafkaConsumer(enable_auto_commit=False, max_partition_fetch_bytes=8 << 20, **kw)
     await c.start()
-    name = settings.topic(logical)
     try:
         parts = c.partitions_for_topic(name)
         if not parts:
@@ -735,6 +799,7 @@ async def hostile_requests(
     await producer.start()
     sent = 0
     now = int(time.time() * 1000)
+    own = SIGNERS[HOSTILE]  # its own credential: these records speak for its own tenant
     try:
         fb_topic, usage_topic = settings.topic("feedback"), settings.topic("usage")
         for i in range(cfg.hostile_feedback):
@@ -746,7 +811,8 @@ async def hostile_requests(
                 kind=rng.choice(["thumbs_down", "thumbs_up"]),
                 ts=now,
             )
-            await producer.send(fb_topic, encode_model(fb), key=mid.encode())
+            value = encode_model(fb)
+            await producer.send(fb_topic, value, key=mid.encode(), headers=own(HOSTILE, value))
             sent += 1
         for e in range(cfg.hostile_episodes):
             ep = f"x-usage{e}"
@@ -767,8 +833,8 @@ async def hostile_requests(
                 reward=rng.choice([-50.0, 50.0]),
                 ts=now,
             )
-            await producer.send(usage_topic, encode_model(usage), key=ep.encode())
-            await producer.send(fb_topic, encode_model(out), key=ep.encode())
+            for topic, value in ((usage_topic, encode_model(usage)), (fb_topic, encode_model(out))):
+                await producer.send(topic, value, key=ep.encode(), headers=own(HOSTILE, value))
             sent += 2
         await producer.flush()
     finally:
@@ -780,6 +846,198 @@ async def hostile_requests(
     if forgotten:
         await emit_events(settings, forgotten)
     return sent
+
+
+def poisoned_checkpoint() -> bytes:
+    """A write-path checkpoint whose RND net claims 10^7 hidden units: built as stated,
+    it would allocate ~2.5 GB per restore (and a value model of such a size more)."""
+    from streams.write.pipeline import TenantState
+
+    header = orjson.loads(TenantState(Settings(), DIM).to_bytes())
+    header["intrinsic"]["rnd"]["hidden"] = 10**7
+    return orjson.dumps(header)
+
+
+def kafka_hostile_records(
+    settings: Settings, cfg: ChaosConfig, rng: random.Random, victim_ids: list[str]
+) -> tuple[list[tuple[str, bytes | None, bytes, Any]], dict[str, set[str]]]:
+    """``cfg.kafka_hostile`` records against `KAFKA_VICTIM`: reads, writes, forgets,
+    credit and poison, each either bare or signed with the intruder's own token (for the
+    victim's tenant or for its own); returns (topic, key, value, headers) and the
+    targets of the forged internal records by kind (``request``: the request ids)."""
+    from schemas import EpisodeOutcome, Feedback, MemoryEvent, MemoryUsage, UtilityUpdate
+    from schemas.credentials import reply_topic_for
+    from streams.write.pipeline import state_key
+
+    victim, now = KAFKA_VICTIM, int(time.time() * 1000)
+    responses = settings.topic("responses")
+    reply_to = [None, responses, reply_topic_for(responses, victim),
+                reply_topic_for(responses, HOSTILE)]  # fmt: skip
+    poison = poisoned_checkpoint()
+    out: list[tuple[str, bytes | None, bytes, Any]] = []
+    targets: dict[str, set[str]] = {"forget": set(), "credit": set(), "request": set()}
+    kinds = ("read", "write", "feedback", "usage", "forget", "credit", "poison")
+    for i in range(cfg.kafka_hostile):
+        kind, mid = kinds[i % len(kinds)], rng.choice(victim_ids)
+        recs: list[tuple[str, bytes | None, Any]] = []
+        add = functools.partial(_add_to, recs)
+        if kind == "read":
+            rid = f"kx-rq{i}"
+            targets["request"].add(rid)
+            add("requests", victim.encode(), RetrievalRequest.model_validate({
+                "request_id": rid, "tenant": victim, "query": "corridor cell", "k": 50,
+                "reply_topic": reply_to[i % len(reply_to)]}))  # fmt: skip
+        elif kind == "write":
+            add("transitions", b"intruder-agent", Transition(
+                transition_id=mid, tenant=victim, agent_id="agent-0", episode_id="kx-ep",
+                step=i % EPISODE_LEN, observation=f"{HOSTILE} kafka overwrite {i}",
+                action="left", reward=rng.choice([10.0, -10.0])))  # fmt: skip
+        elif kind == "feedback":
+            add(
+                "feedback",
+                mid.encode(),
+                Feedback(
+                    feedback_id=f"kx-fb{i}",
+                    tenant=victim,
+                    memory_id=mid,
+                    kind="thumbs_down",
+                    ts=now,
+                ),
+            )
+        elif kind == "usage":
+            ep = f"kx-ep{i}"
+            add("usage", ep.encode(), MemoryUsage(
+                tenant=victim, episode_id=ep, request_id=f"kx-u{i}", memory_ids=[mid],
+                weights=[1.0], ts=now, source="agent"))  # fmt: skip
+            add(
+                "feedback",
+                ep.encode(),
+                EpisodeOutcome(
+                    outcome_id=f"kx-o{i}", tenant=victim, episode_id=ep, reward=-50.0, ts=now
+                ),
+            )
+        elif kind == "forget":
+            targets["forget"].add(mid)
+            add(
+                "control",
+                victim.encode(),
+                MemoryEvent(kind="forgotten", memory_id=mid, tenant=victim, ts=now + 10**12),
+            )
+        elif kind == "credit":
+            targets["credit"].add(mid)
+            add(
+                "credit",
+                mid.encode(),
+                UtilityUpdate(
+                    update_id=f"kx-cr{i}", memory_id=mid, tenant=victim, credit=-100.0, ts=now
+                ),
+            )
+        else:
+            recs.append(("models", state_key(victim, i % settings.kafka.partitions), poison))
+        # bare, the intruder's token signing for the victim, or for itself
+        as_tenant = (None, victim, HOSTILE)[(i // len(kinds)) % 3]
+        for logical, key, value in recs:
+            headers = SIGNERS[HOSTILE](as_tenant, value) if as_tenant else None
+            out.append((settings.topic(logical), key, value, headers))
+    return out, targets
+
+
+def _add_to(recs: list[tuple[str, bytes | None, Any]], logical: str, key: bytes | None,
+            model: Any) -> None:  # fmt: skip
+    recs.append((logical, key, encode_model(model)))
+
+
+async def kafka_hostile(
+    cfg: ChaosConfig, stack: LocalStack, chaos: Chaos, rng: random.Random,
+    uri: str, collection: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The Kafka half of the hostile tenant: a producer with the intruder's credential
+    and one with none read, write, forget, credit and poison `KAFKA_VICTIM`; then a write
+    worker is killed (the rebalance restores states from the poisoned ``models``)."""
+    from streams.admin import kafka_client_kwargs
+
+    settings = stack.settings
+    responder = stack.start_worker("respond")
+    await asyncio.to_thread(stack.wait_ready, responder)
+    # the control: the victim's own SDK, with its token, is answered on its own topic
+    # (so the responder is consuming before the hostile requests go out)
+    async with Client(settings.kafka.bootstrap, KAFKA_VICTIM, token=token_of(KAFKA_VICTIM),
+                      topic_prefix=settings.kafka.topic_prefix, timeout_s=10.0,
+                      retries=9) as own:  # fmt: skip
+        own_hits = len(await own.search("corridor cell", k=5))
+    # the baseline once the control's own access stamps are flushed: from here on, any
+    # change to the victim's rows is the hostile traffic's
+    await asyncio.sleep(settings.maintenance.access_flush_s + 3.0)
+    before = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
+        count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
+    victim_ids = sorted(k[1] for k in before) or ["none"]
+    records, targets = kafka_hostile_records(settings, cfg, rng, victim_ids)
+    agent_topics = {settings.topic(t) for t in ("transitions", "feedback", "usage", "requests")}
+    since_ms = int(time.time() * 1000)
+    producer = AIOKafkaProducer(linger_ms=5, max_request_size=8 << 20,
+                                **kafka_client_kwargs(settings.kafka))  # fmt: skip
+    await producer.start()
+    try:
+        for topic, key, value, headers in records:
+            await producer.send(topic, value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    note(f"  kafka hostile: {len(records)} records against {KAFKA_VICTIM}; rebalancing")
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(chaos.watch(stop))
+    deaths_before = chaos.deaths
+    await chaos.kill(rng)  # the restarted worker restores from the poisoned `models`
+    for w in list(chaos.writers):
+        await asyncio.to_thread(stack.wait_ready, w)
+    await asyncio.sleep(20.0)  # restores, the forget followers and the applier catch up
+    await wait_credit_applied(settings, 60.0, 0)
+    stop.set()
+    await watcher
+    # the watcher repairs write workers; the jobs and respond workers must still be up
+    chaos.deaths += sum(1 for w in stack.workers if w.role != "write" and not w.alive)
+    after = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
+        count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
+    changed = {k for k, r in before.items() if after.get(k) != r} | (set(after) - set(before))
+    # which fields moved (a removed or added row counts as "row")
+    fields: Counter[str] = Counter()
+    for k in changed:
+        old, new = before.get(k), after.get(k)
+        if old is None or new is None:
+            fields["row"] += 1
+        else:
+            fields.update(f for f in old if old.get(f) != new.get(f))
+    forged = sum(1 for k in before if k[1] in targets["forget"] and k not in after)
+    forged += sum(1 for k, r in before.items() if k[1] in targets["credit"] and k in after
+                  and after[k]["utility"] != r["utility"])  # fmt: skip
+    forged += chaos.deaths - deaths_before  # a poisoned restore that took a worker down
+    reads = 0
+    c = AIOKafkaConsumer(**kafka_client_kwargs(settings.kafka))
+    await c.start()
+    try:
+        reply_topics = sorted(t for t in await c.topics()
+                              if t.startswith(settings.topic("responses")))  # fmt: skip
+    finally:
+        await c.stop()
+    for name in reply_topics:
+        for m in await read_topic_named(settings, name):
+            if m.key is not None and m.key.decode() in targets["request"]:
+                reads += 1 + len(orjson.loads(m.value).get("hits", []))
+    dead = [d for d in (orjson.loads(m.value) for m in await read_topic(settings, "deadletter"))
+            if d["ts"] >= since_ms and d["reason"] == "unauthenticated"]  # fmt: skip
+    return {
+        "kafka_hostile_attempts": len(records),
+        "kafka_cross_tenant_reads": reads,
+        "kafka_cross_tenant_writes": len(changed),
+        "forged_internal_accepted": forged,
+        "unauthenticated_dead_lettered": len(
+            {(d["topic"], d["partition"], d["offset"]) for d in dead}
+        ),  # fmt: skip
+        "kafka_agent_records": sum(1 for r in records if r[0] in agent_topics),
+        "kafka_victim_rows": len(before),
+        "kafka_changed_fields": dict(sorted(fields.items())),
+        "kafka_victim_search_hits": own_hits,
+    }
 
 
 def _forget(uri: str, collection: str, memory_id: str) -> list[Any]:
@@ -911,6 +1169,13 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
                 "DMEM_KAFKA__TOPIC_PREFIX": f"chaos{run_id}.",
                 "DMEM_MAINTENANCE__ENABLED": "false",
                 "DMEM_LOG_LEVEL": "info",
+                # the Kafka phase's baseline waits for one access flush of the control search
+                "DMEM_MAINTENANCE__ACCESS_FLUSH_S": "2",
+                # Kafka auth on: every tenant (the hostile one too) holds its own token
+                "DMEM_AUTH__TOKENS": orjson.dumps(
+                    {token_of(t): [t] for t in [*tenant_names(cfg), HOSTILE]}
+                ).decode(),
+                "DMEM_AUTH__SERVICE_SECRET": f"chaos-service-{uuid.uuid4().hex}",
             }
             stack = LocalStack(tmp / "stack", roles=("write",) * cfg.workers, extra_env=env)
             stack.start()
@@ -931,12 +1196,12 @@ async def _scenario(
     settings = stack.settings
     victims = good_transitions(cfg)
     hostile: list[Transition] = []
-    records: list[tuple[bytes | None, bytes | None, str | None]] = []
+    records: list[Record] = []
     bad_kinds: Counter[str] = Counter()
     hrng = random.Random(cfg.seed + 1)
     surprising: list[str] = []
     for i, t in enumerate(victims):
-        records.append((t.agent_id.encode(), orjson.dumps(t.model_dump(mode="json")), None))
+        records.append(signed(t))
         if abs(t.reward) >= 10.0:
             surprising.append(t.memory_id)  # likely stored by its tenant: worth attacking
         if cfg.hostile_every and i % cfg.hostile_every == cfg.hostile_every - 1:
@@ -945,11 +1210,11 @@ async def _scenario(
             target = hrng.choice(surprising) if hit else victims[hrng.randrange(i + 1)].memory_id
             h = hostile_transition(hrng, len(hostile), target, hit)
             hostile.append(h)
-            records.append((h.agent_id.encode(), orjson.dumps(h.model_dump(mode="json")), None))
+            records.append(signed(h))
         if cfg.bad_every and i % cfg.bad_every == cfg.bad_every - 1:
             kind, value = bad_record(rng)
             bad_kinds[kind] += 1
-            records.append((b"fuzz", value, kind))
+            records.append((b"fuzz", value, kind, None))
     n = len(records)
     outage_at = int(0.4 * n) if cfg.outage_s > 0 else n + 1
     n_free = cfg.kills - 1 if (cfg.kills >= 2 and cfg.outage_s > 0) else cfg.kills
@@ -1070,6 +1335,8 @@ async def _scenario(
     hostile_probe = await asyncio.to_thread(
         hostile_searches, uri, collection, settings, sorted({t.tenant for t in good})
     )
+    kafka = await kafka_hostile(cfg, stack, chaos, hrng, uri, collection) if cfg.kafka_hostile \
+        else {}  # fmt: skip
     out: dict[str, Any] = {
         "bench": "chaos",
         "config": asdict(cfg),
@@ -1093,6 +1360,7 @@ async def _scenario(
         "good_dead_lettered": len(dl_offsets & good_offsets),
         "dead_letters_without_reason": no_reason,
         "worker_deaths": chaos.deaths,
+        **kafka,
         "workers": cfg.workers,
         **scale,
         **hostile_probe,
@@ -1138,6 +1406,11 @@ def report(out: dict[str, Any]) -> None:
         "hostile_writes",
         "cross_tenant_writes",
         "hostile_rows_credited",
+        "kafka_hostile_attempts",
+        "kafka_cross_tenant_reads",
+        "kafka_cross_tenant_writes",
+        "forged_internal_accepted",
+        "unauthenticated_dead_lettered",
         "max_rss_mb",
         "rss_before_outage_mb",
         "rss_outage_max_mb",

@@ -707,6 +707,14 @@ def bench_locomo(
     show_default=True,
     help="hostile forget requests for other tenants' memory ids",
 )
+@click.option(
+    "--kafka-hostile",
+    type=click.IntRange(0),
+    default=1200,
+    show_default=True,
+    help="hostile Kafka records (reads, writes, forgets, credit, poisoned checkpoints) "
+    "against one tenant, bare or signed with the intruder's own token",
+)
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_chaos(
@@ -722,6 +730,7 @@ def bench_chaos(
     hostile_feedback: int,
     hostile_episodes: int,
     hostile_forgets: int,
+    kafka_hostile: int,
     seed: int,
     as_json: bool,
 ) -> None:
@@ -741,6 +750,7 @@ def bench_chaos(
         hostile_feedback=hostile_feedback,
         hostile_episodes=hostile_episodes,
         hostile_forgets=hostile_forgets,
+        kafka_hostile=kafka_hostile,
         seed=seed,
         workers=workers,
     )

@@ -195,7 +195,8 @@ def wait_cmd(
     "--token",
     envvar="DMEM_API_TOKEN",
     default=None,
-    help="bearer token for the deployment's HTTP API [env DMEM_API_TOKEN]",
+    help="the tenant's API token: HTTP bearer token, and the credential that signs every "
+    "record sent over Kafka [env DMEM_API_TOKEN]",
 )
 @click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")

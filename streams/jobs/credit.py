@@ -47,6 +47,7 @@ from schemas import (
     storage_key,
 )
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
+from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
 from streams.metrics import CREDIT_UPDATES
@@ -68,6 +69,7 @@ def parse_feedback(value: bytes) -> EpisodeOutcome | Feedback:
 class CreditJob(Service):
     def __init__(self, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.guard = KafkaGuard.from_settings(settings)
         self.settings = settings
         j = settings.jobs
         self.assigner = CreditAssigner(
@@ -135,6 +137,8 @@ class CreditJob(Service):
         try:
             if m.topic == self.settings.topic("usage"):
                 u = MemoryUsage.model_validate(orjson.loads(m.value))
+                if not self.guard.agent_ok(u.tenant, m.key, m.value, m.headers):
+                    raise PermissionError(UNAUTHENTICATED)
                 ups = self.assigner.on_usage(
                     u.tenant,
                     u.episode_id,
@@ -150,7 +154,14 @@ class CreditJob(Service):
                 )
             else:
                 fb = parse_feedback(m.value)
+                if not self.guard.agent_ok(fb.tenant, m.key, m.value, m.headers):
+                    raise PermissionError(UNAUTHENTICATED)
                 ups = self._feedback(fb, now)
+        except PermissionError:
+            raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
+            dl = dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now)
+            await self._dead(raw.key, dl)
+            return
         except (ValidationError, orjson.JSONDecodeError, ValueError) as exc:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
             await self._dead(
@@ -189,8 +200,9 @@ class CreditJob(Service):
                 ts=now,
                 evidence=u.evidence,
             )
+            key, value = u.memory_id.encode(), encode(msg)
             await self.producer.send(
-                self.settings.topic("credit"), encode(msg), key=u.memory_id.encode()
+                self.settings.topic("credit"), value, key=key, headers=self.guard.sign(key, value)
             )
             self.emitted += 1
 
@@ -205,9 +217,11 @@ class UtilityApplier(Service):
         super().__init__(**kwargs)
         self.settings = settings
         self.store_service = store
+        self.guard = KafkaGuard.from_settings(settings)
         self.consumer: AIOKafkaConsumer | None = None
         self.applied = 0
         self.skipped = 0
+        self.forged = 0  # updates without the service's signature (not applied)
         self.applying = 0  # updates fetched and not yet applied
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
 
@@ -229,6 +243,9 @@ class UtilityApplier(Service):
             updates: list[UtilityUpdate] = []
             for msgs in batch.values():
                 for m in msgs:
+                    if not self.guard.internal_ok(m.key, m.value, m.headers, "utility update"):
+                        self.forged += 1
+                        continue
                     try:
                         updates.append(UtilityUpdate.model_validate(orjson.loads(m.value)))
                     except (ValidationError, orjson.JSONDecodeError) as exc:

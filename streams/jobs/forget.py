@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from milvus import MemoryStore
 from schemas import MemoryEvent, encode
 from streams.admin import kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.clock import now_ms
 from streams.jobs.rows import memory_event, unique_rows
 from streams.settings import Settings
@@ -59,13 +60,15 @@ def forget_scope(
 
 async def emit_events(settings: Settings, events: Sequence[MemoryEvent]) -> None:
     producer = AIOKafkaProducer(linger_ms=5, **kafka_client_kwargs(settings.kafka))
+    guard = KafkaGuard.from_settings(settings)
     await producer.start()
     try:
         topic, control = settings.topic("memories"), settings.topic("control")
         for ev in events:
-            await producer.send(topic, encode(ev), key=ev.memory_id.encode())
+            value, key, tkey = encode(ev), ev.memory_id.encode(), ev.tenant.encode()
+            await producer.send(topic, value, key=key, headers=guard.sign(key, value))
             if ev.kind == "forgotten":  # write workers clear their state from `control`
-                await producer.send(control, encode(ev), key=ev.tenant.encode())
+                await producer.send(control, value, key=tkey, headers=guard.sign(tkey, value))
         await producer.flush()
     finally:
         await producer.stop()

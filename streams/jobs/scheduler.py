@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from operators.dedup import EventTimeWindows
 from schemas import MemoryEvent, encode
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn
 from streams.jobs.decay import DecayEngine
@@ -88,6 +89,7 @@ class MaintenanceJob(Service):
         self.dirty = True
         self.busy = False
         self.deferred = 0
+        self.guard = KafkaGuard.from_settings(settings)
         self.last_pass = 0.0
 
     async def on_start(self) -> None:
@@ -153,6 +155,9 @@ class MaintenanceJob(Service):
 
     def _observe(self, msg: Any) -> None:
         assert self.engine is not None
+        if not self.guard.internal_ok(msg.key, msg.value, msg.headers, "memory event"):
+            self.bad += 1
+            return
         try:
             ev = MemoryEvent.model_validate(orjson.loads(msg.value))
         except (ValidationError, orjson.JSONDecodeError) as exc:
@@ -175,7 +180,8 @@ class MaintenanceJob(Service):
         assert self.producer is not None
         topic = self.settings.topic("memories")
         for ev in events:
-            await self.producer.send(topic, encode(ev), key=ev.memory_id.encode())
+            key, value = ev.memory_id.encode(), encode(ev)
+            await self.producer.send(topic, value, key=key, headers=self.guard.sign(key, value))
         self.emitted += len(events)
 
     async def _commit(self) -> None:

@@ -49,7 +49,7 @@ from operators.retrieval import RankPolicy
 from schemas import ForgetRequest, RetrievalRequest, RetrievalResponse, encode
 from schemas.errors import DmemError, InvalidRecord
 from streams.admin import group_consumer
-from streams.auth import Authorizer
+from streams.auth import UNAUTHENTICATED, Authorizer, KafkaGuard
 from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
@@ -57,15 +57,13 @@ from streams.jobs.forget import forget_scope
 from streams.metrics import tenant_label
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
+from streams.respond.replies import KafkaReplies
 from streams.respond.responder import Responder
 from streams.respond.ui import wire_ui
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.respond")
-
-#: reply topic handles kept (least recently used dropped first; one is rebuilt on demand)
-MAX_REPLY_TOPICS = 256
 
 
 class RequestConsumer(Service):
@@ -157,14 +155,12 @@ class RespondApi:
         self.responses_name = settings.topic("responses")
         self.usage_topic = raw_topic(app, settings.topic("usage"))
         self.deadletters = raw_topic(app, settings.topic("deadletter"))
-        self.reply_topics: dict[str, faust.TopicT] = {
-            self.responses_name: raw_topic(app, self.responses_name)
-        }
         self.memories = raw_topic(app, settings.topic("memories"))
         self.control = raw_topic(app, settings.topic("control"))
         self.authorizer = Authorizer.from_settings(settings)
         self.limiter = TenantLimiter(settings.respond.tenant_searches,
                                      settings.respond.tenant_search_queue)  # fmt: skip
+        self.replies = KafkaReplies(app, settings, KafkaGuard.from_settings(settings))
         self._responder: Responder | None = None
         self.errors = 0
 
@@ -188,15 +184,8 @@ class RespondApi:
             )
         return self._responder
 
-    def reply_topic(self, req: RetrievalRequest) -> faust.TopicT:
-        name = req.reply_topic or self.responses_name
-        if not name.startswith(self.responses_name):
-            raise InvalidRecord(f"reply_topic must start with {self.responses_name!r}")
-        topic = self.reply_topics.pop(name, None) or raw_topic(self.app, name)
-        self.reply_topics[name] = topic  # most recently used last
-        while len(self.reply_topics) > MAX_REPLY_TOPICS:  # bounded: clients choose the names
-            del self.reply_topics[next(iter(self.reply_topics))]
-        return topic
+    async def reply_topic(self, req: RetrievalRequest) -> faust.TopicT:
+        return await self.replies.topic(req)  # streams.respond.replies
 
     async def answer(self, req: RetrievalRequest) -> RetrievalResponse:
         """Answer in a worker thread, in the tenant's turn (`TenantBusy` when it has too
@@ -238,10 +227,14 @@ class RespondApi:
         now = now_ms()
         try:
             req = RetrievalRequest.model_validate(orjson.loads(msg.value or b""))
-            topic = self.reply_topic(req)
-        except (ValidationError, orjson.JSONDecodeError, InvalidRecord) as exc:
+            if not self.replies.admit(req, msg):  # no credential for its tenant: no reply
+                raise PermissionError(UNAUTHENTICATED)
+            topic = await self.reply_topic(req)
+        except (ValidationError, orjson.JSONDecodeError, InvalidRecord, PermissionError) as exc:
             raw = RawRecord(msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-            dl = dead_letter(raw, validation_reason(exc), type(exc).__name__, "respond", now)
+            why = UNAUTHENTICATED if isinstance(exc, PermissionError) else validation_reason(exc)
+            kind = "Unauthenticated" if isinstance(exc, PermissionError) else type(exc).__name__
+            dl = dead_letter(raw, why, kind, "respond", now)
             await self.deadletters.send(key=msg.key, value=encode(dl))
             self.errors += 1
             return

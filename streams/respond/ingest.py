@@ -42,6 +42,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -59,6 +60,7 @@ from mode import Service
 from pydantic import BaseModel, ValidationError
 
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, Transition, encode
+from streams.auth import KafkaGuard
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
 from streams.webguard import NDJSON_TYPES
@@ -302,9 +304,17 @@ class IngestProducer(Service):
             self.budget.give(tenants)
         self.accepted += len(records)
 
+    @functools.cached_property
+    def guard(self) -> KafkaGuard:
+        """The HTTP caller was authenticated for these tenants: on Kafka the service
+        vouches for its records (`streams.auth.KafkaGuard`; nothing when Kafka auth is off)."""
+        return KafkaGuard.from_settings(self.settings)
+
     async def _send(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
         p = await self._producer()
-        futures = [await p.send(topic, value, key=key) for key, value in records]
+        sign = self.guard.sign
+        futures = [await p.send(topic, value, key=key, headers=sign(key, value) or None)
+                   for key, value in records]  # fmt: skip
         await asyncio.gather(*futures)
 
 

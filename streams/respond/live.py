@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import orjson
 from mode import Service
 
+from streams.auth import KafkaGuard
 from streams.settings import Settings
 
 log = logging.getLogger("dmem.live")
@@ -283,6 +284,7 @@ class LiveFeed(Service):
     def __init__(self, settings: Settings, ring: LiveRing, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
+        self.guard = KafkaGuard.from_settings(settings)  # memory events the service signed
         self.ring = ring
         self.consumer: Any = None
         self.running = False
@@ -331,6 +333,9 @@ class LiveFeed(Service):
                 while not self.should_stop:
                     batch = await self.consumer.getmany(timeout_ms=1000, max_records=2000)
                     for tp, msgs in batch.items():
+                        if topics[tp.topic] == "memories":
+                            msgs = [m for m in msgs if self.guard.internal_ok(
+                                m.key, m.value, m.headers, "memory event")]  # fmt: skip
                         items = [x for x in (_loads(m.value) for m in msgs) if x is not None]
                         self.ring.undecodable += len(msgs) - len(items)
                         if topics[tp.topic] == "memories":

@@ -17,6 +17,9 @@ Decisions:
   acknowledged before its rebalance callback returned, i.e. before this worker
   was assigned the partition, so after `sync` they are indexed.
 - A tombstone (value None) removes a key.
+- With Kafka auth on (`streams.auth.KafkaGuard`) only records the service signed
+  are indexed: a forged checkpoint or tombstone neither replaces nor hides the
+  latest genuine one (refusals are logged and counted in ``refused``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
 from streams.admin import kafka_client_kwargs
+from streams.auth import KafkaGuard
 from streams.settings import Settings
 
 log = logging.getLogger("dmem.write")
@@ -52,6 +56,7 @@ class CheckpointIndex(Service):
         self._read_up_to: dict[TopicPartition, int] = {}
         self._moved = asyncio.Event()
         self.loads = 0
+        self.guard = KafkaGuard.from_settings(settings)
 
     def _consumer(self) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
@@ -94,6 +99,8 @@ class CheckpointIndex(Service):
             for tp, msgs in batch.items():
                 for m in msgs:
                     if m.key is None:
+                        continue
+                    if not self.guard.internal_ok(m.key, m.value, m.headers, "checkpoint"):
                         continue
                     if m.value is None:
                         self.where.pop(m.key, None)
@@ -148,7 +155,9 @@ class CheckpointIndex(Service):
                     for m in got.get(tp, []):
                         if m.offset >= off:
                             found = True
-                            if m.offset == off and m.key == key and m.value is not None:
+                            if (m.offset == off and m.key == key and m.value is not None
+                                    and self.guard.internal_ok(m.key, m.value, m.headers,
+                                                               "checkpoint")):  # fmt: skip
                                 out[key] = m.value
                                 self.loads += 1
                 if not found:

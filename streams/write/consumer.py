@@ -103,6 +103,7 @@ def to_raw(m: Any) -> RawRecord:
         partition=m.partition,
         offset=m.offset,
         timestamp_ms=m.timestamp if m.timestamp and m.timestamp > 0 else None,
+        headers=tuple(m.headers or ()),
     )
 
 
@@ -376,11 +377,15 @@ class WriteConsumer(Service):
             except KeyError:
                 continue  # dropped meanwhile (revoked)
             try:
+                key = state_key(tenant, part)
                 futs.append(
                     (
                         (tenant, part),
                         await self.producer.send(
-                            self.settings.topic("models"), data, key=state_key(tenant, part)
+                            self.settings.topic("models"),
+                            data,
+                            key=key,
+                            headers=self.pipeline.guard.sign(key, data),
                         ),
                     )
                 )
@@ -569,8 +574,10 @@ class WriteConsumer(Service):
             try:
                 for (topic, part), chunk in todo:
                     batch = self.producer.create_batch()
+                    sign = topic == self.mem_topic and self.pipeline.guard.enabled
                     for key, value in chunk:
-                        batch.append(key=key, value=value, timestamp=None)
+                        headers = self.pipeline.guard.sign(key, value) if sign else []
+                        batch.append(key=key, value=value, timestamp=None, headers=headers)
                     futs.append(await self.producer.send_batch(batch, topic, partition=part))
             except KafkaError as exc:  # e.g. no metadata: the rest is resent below
                 log.warning("produce failed after %d of %d batches: %s", len(futs), len(todo), exc)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import math
 import threading
 from collections import OrderedDict
@@ -59,8 +60,15 @@ from operators import (
     extrinsic_score,
     valence,
 )
-from operators.surprise import IntrinsicConfig, IntrinsicScore, IntrinsicState, gate_score
-from schemas import DeadLetter, MemoryEvent, Partition, Transition
+from operators.surprise import (
+    IntrinsicConfig,
+    IntrinsicScore,
+    IntrinsicState,
+    RndSurprise,
+    gate_score,
+)
+from schemas import LIMITS, DeadLetter, MemoryEvent, Partition, Transition
+from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.settings import Settings
 
 STATE_FORMAT = 1
@@ -107,6 +115,8 @@ class RawRecord:
     partition: int
     offset: int
     timestamp_ms: int | None = None
+    #: the record's Kafka headers (its credential, `schemas.credentials`)
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass
@@ -242,11 +252,25 @@ class TenantState:
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
-    def from_bytes(cls, settings: Settings, data: bytes) -> TenantState:
+    def from_bytes(cls, settings: Settings, data: bytes, dim: int | None = None) -> TenantState:
+        """Read a checkpoint back; model sizes other than the configured ones (`dim`:
+        the encoder's) are refused before anything is allocated (`CheckpointRefused`)."""
         header = orjson.loads(data)
         if header.get("format") != STATE_FORMAT:
             raise ValueError(f"unknown state format {header.get('format')}")
-        learner = TDValueLearner.from_bytes(base64.b64decode(header["learner_b64"]))
+        intr = header.get("intrinsic")
+        if intr is not None:
+            rnd = intr.get("rnd") or {}
+            check_sizes("intrinsic", {"dim": intr.get("dim"), "rnd.dim": rnd.get("dim"),
+                                      "rnd.hidden": rnd.get("hidden"), "rnd.out": rnd.get("out")},
+                        {"dim": dim, "rnd.dim": dim, "rnd.hidden": RND_HIDDEN,
+                         "rnd.out": RND_OUT})  # fmt: skip
+        v = settings.value
+        expect = {"hidden": v.hidden, "replay_size": v.replay_size, "dim": dim}
+        learner = TDValueLearner.from_bytes(
+            base64.b64decode(header["learner_b64"]),
+            check=lambda config: check_sizes("value model", config, expect),
+        )
         learner.update_every = settings.value.update_every  # a changed setting applies
         self = cls.__new__(cls)
         self.settings = settings
@@ -265,7 +289,6 @@ class TenantState:
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
         # checkpoints from before the intrinsic score start it fresh
-        intr = header.get("intrinsic")
         # the settings' knobs win over the checkpoint's (a changed setting applies)
         icfg = intrinsic_config(settings)
         self.intrinsic = (
@@ -274,6 +297,31 @@ class TenantState:
             else IntrinsicState(learner.dim, icfg)
         )
         return self
+
+
+class CheckpointRefused(ValueError):
+    """A checkpoint whose model sizes are not the configured ones: never loaded."""
+
+
+#: the intrinsic score's RND sizes (the `RndSurprise` defaults it is built with)
+RND_HIDDEN, RND_OUT = (inspect.signature(RndSurprise).parameters[p].default
+                       for p in ("hidden", "out"))  # fmt: skip
+
+
+def check_sizes(what: str, got: dict[str, Any], expect: dict[str, int | None]) -> None:
+    """Refuse `got` unless every size equals the expected one (None: any integer up to the
+    largest vector dimension). Runs before a model of that size is built."""
+    for name, want in expect.items():
+        val = got.get(name)
+        if isinstance(val, bool) or not isinstance(val, int):
+            ok = False
+        else:
+            ok = val == want if want is not None else 0 < val <= LIMITS.max_vector_dim
+        if not ok:
+            raise CheckpointRefused(
+                f"{what} checkpoint refused: {name}={val!r}, configured "
+                f"{want if want is not None else f'1..{LIMITS.max_vector_dim}'}"
+            )
 
 
 def intrinsic_config(settings: Settings) -> IntrinsicConfig:
@@ -391,6 +439,7 @@ class WritePipeline:
         self.settings = settings
         self.encoder = encoder
         self.gate = gate or build_gate(settings)
+        self.guard = KafkaGuard.from_settings(settings)
         self.states: dict[StateKey, TenantState] = {}
         self.dirty: set[StateKey] = set()
         #: per-tenant checkpoints of a version before per-partition state: each seeds
@@ -413,7 +462,8 @@ class WritePipeline:
         if st is None:
             siblings = self.of_tenant(tenant)  # warmer than an old per-tenant seed
             seed = siblings[0].to_bytes() if siblings else self.seeds.get(tenant)
-            st = (TenantState.from_bytes(self.settings, seed) if seed is not None
+            st = (TenantState.from_bytes(self.settings, seed, self.encoder.dim)
+                  if seed is not None
                   else TenantState(self.settings, self.encoder.dim))  # fmt: skip
             st.learner.drop_pending()  # the source's own transitions, trained on there
             self.states[(tenant, partition)] = st
@@ -453,12 +503,15 @@ class WritePipeline:
             self._restore(tenant, data, partition)
 
     def _restore(self, tenant: str, data: bytes, partition: int) -> None:
-        self.states[(tenant, partition)] = TenantState.from_bytes(self.settings, data)
+        self.states[(tenant, partition)] = TenantState.from_bytes(
+            self.settings, data, self.encoder.dim
+        )
 
     def seed(self, tenant: str, data: bytes) -> None:
         """Keep a per-tenant checkpoint (older format of key): every partition of `tenant`
         without a checkpoint of its own starts from it. Checked here, used lazily."""
-        TenantState.from_bytes(self.settings, data)  # unreadable -> raises now, not later
+        # unreadable or of other sizes -> raises now, not later
+        TenantState.from_bytes(self.settings, data, self.encoder.dim)
         with self.lock:
             self.seeds[tenant] = data
 
@@ -480,6 +533,8 @@ class WritePipeline:
             t = Transition.model_validate(orjson.loads(raw.value))
         except (ValidationError, orjson.JSONDecodeError) as exc:
             return dead_letter(raw, validation_reason(exc), type(exc).__name__, "decode", now_ms)
+        if not self.guard.agent_ok(t.tenant, raw.key, raw.value, raw.headers):
+            return dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now_ms)
         if isinstance(self.encoder, PassthroughEncoder):
             for name, vec in (("state", t.state), ("next_state", t.next_state)):
                 if name == "state" and vec is None:

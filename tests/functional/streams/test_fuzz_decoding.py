@@ -191,7 +191,8 @@ class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes | None]] = []
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+    async def send(self, topic: str, value: bytes, key: bytes | None = None,
+                   headers: object = None) -> None:  # fmt: skip
         self.sent.append((topic, value, key))
 
 
@@ -204,6 +205,7 @@ class Msg:
             0,
             offset,
         )
+        self.headers: list[tuple[str, bytes]] = []  # no credential: Kafka auth is off here
 
 
 feedback_valid = st.one_of(

@@ -3,7 +3,7 @@
 outage), the Milvus server stopped and restarted mid-stream, the broker paused,
 fuzzed bad records interleaved with valid ones, hostile cross-tenant searches, and a
 hostile tenant reusing the others' memory ids in transitions, feedback, usage, outcomes
-and forgets.
+and forgets, and the same tenant over Kafka with its own token and with none.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     # the credit and forget paths did run on the hostile tenant's own rows with those ids
     assert out["hostile_rows_credited"] > 0 and out["hostile_rows_forgotten"] > 0
     assert out["plain_hits"] > 0 and out["searches_rejected"] > 0
+    # over Kafka, with the intruder's own token and with none: nothing of the victim is
+    # read or changed, no forged internal record takes effect, the workers stay up
+    assert out["kafka_hostile_attempts"] >= 1000
+    assert out["kafka_victim_rows"] > 0 and out["kafka_victim_search_hits"] > 0
+    assert out["kafka_cross_tenant_reads"] == 0
+    assert out["kafka_cross_tenant_writes"] == 0
+    assert out["forged_internal_accepted"] == 0
+    assert out["unauthenticated_dead_lettered"] > 0
     # /health and the store metric report the outage: they probe Milvus themselves
     # (`StoreService.probe`), so they do not wait for a failing write
     assert out["health_polls_in_outage"] > 0

@@ -94,3 +94,14 @@ def test_exclusive_waits_for_shared_holders_and_blocks_new_ones() -> None:
         th.join(5)
     # the write in progress finishes first; the later write waits for the forget
     assert order == ["w1", "forget", "forget-end", "w2"]
+
+
+def test_a_tombstone_dated_in_the_future_lasts_one_ttl_from_now() -> None:
+    clock = Clock()
+    t = Tombstones(ttl_s=60, clock=clock)
+    t.add(["far|1"], at=clock.t + 10 * 365 * 86400)  # a forged notice dated years ahead
+    t.add(["later|1"], at=clock.t)
+    clock.t += 59
+    assert t.dead(["far|1", "later|1"]) == {"far|1", "later|1"}
+    clock.t += 2  # both expire: the future one neither outlives the TTL nor stalls expiry
+    assert t.dead(["far|1", "later|1"]) == set() and len(t) == 0
