@@ -237,6 +237,27 @@ class SearchFilters(Model):
         return _check_metadata(v)
 
 
+class MemoryListQuery(Model):
+    """``GET /v1/memories``: a tenant's memories, newest first, one page at a time.
+
+    The filters are the search's (`SearchFilters`); ``cursor`` is the
+    ``next_cursor`` of the previous page (opaque).
+    """
+
+    tenant: Ident
+    agent_id: Ident | None = None
+    limit: int = Field(default=50, ge=1, le=500, description="memories per page")
+    cursor: str | None = Field(default=None, max_length=1024)
+    filters: SearchFilters = Field(default_factory=SearchFilters)
+
+
+class BatchGetRequest(Model):
+    """``POST /v1/memories:batch_get``: several memories of one tenant by id."""
+
+    tenant: Ident
+    ids: list[Ident] = Field(min_length=1, max_length=1000)
+
+
 class RetrievalRequest(Model):
     request_id: Ident
     tenant: Ident
@@ -386,6 +407,9 @@ class UtilityUpdate(Model):
     ts: int = Field(ge=0)
     #: False: uses only (the memory was served, not acted on); the utility stays
     evidence: bool = True
+    episode_id: Ident | None = Field(
+        default=None, description="the episode whose outcome (or feedback) earned the credit"
+    )
 
 
 class DeadLetter(Model):
