@@ -84,8 +84,9 @@ def list_query(params: Mapping[str, str]) -> dict[str, Any]:
     for key, value in params.items():
         if key in _QUERY_PARAMS:
             out[key] = value
-        elif key in _FILTER_PARAMS:
-            filters[key] = value
+        elif key in _FILTER_PARAMS:  # numbers as numbers (a Literal does not coerce text)
+            v = _scalar(value)
+            filters[key] = v if isinstance(v, int | float) and not isinstance(v, bool) else value
         elif key.startswith("meta.") and len(key) > 5:
             meta[key[5:]] = _scalar(value)
         else:
