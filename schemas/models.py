@@ -50,6 +50,8 @@ Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=LIMITS.max_vector_dim)]
 MetaValue = str | int | float | bool | None
+#: what the agent did: free text ("use key on door") or a discrete action's name
+Action = Annotated[str, StringConstraints(max_length=LIMITS.max_id_chars * 4)]
 
 
 class Model(BaseModel):
@@ -115,7 +117,7 @@ class Transition(Model):
     step: int = Field(ge=0)
     observation: Text | None = None
     state: Vector | None = None
-    action: Annotated[str, StringConstraints(max_length=LIMITS.max_id_chars * 4)]
+    action: Action
     reward: FiniteFloat = 0.0
     next_observation: Text | None = None
     next_state: Vector | None = None

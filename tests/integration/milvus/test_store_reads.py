@@ -85,8 +85,17 @@ def test_pages_newest_first_stable_with_filters(store_factory: Factory) -> None:
 def test_history_ordered_bounded_tenant_scoped_and_durable(store_factory: Factory) -> None:
     store = store_factory(dim=8)
     store.history.per_memory = 8
-    evs = [{"tenant": "acme", "memory_id": "m1", "kind": "credited", "ts": 100 + i,
-            "utility_before": i / 10, "utility_after": (i + 1) / 10} for i in range(20)]
+    evs = [
+        {
+            "tenant": "acme",
+            "memory_id": "m1",
+            "kind": "credited",
+            "ts": 100 + i,
+            "utility_before": i / 10,
+            "utility_after": (i + 1) / 10,
+        }
+        for i in range(20)
+    ]
     evs.append({"tenant": "acme", "memory_id": "m1", "kind": "written", "ts": 50,
                 "route": "core", "reason": "surprise"})  # fmt: skip
     store.history.record(evs)
