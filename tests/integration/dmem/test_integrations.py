@@ -280,6 +280,8 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
                     "report_outcome",
                     "feedback",
                     "forget",
+                    "list_memories",
+                    "memory_history",
                 }
                 r = await client.call_tool("recall", {"query": "walking on the quiet road", "k": 3})
                 assert not r.is_error
