@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,6 +87,7 @@ class HistoryStore:
         self.per_tenant = per_tenant
         self.consistency_level = consistency_level
         self._ready = False
+        self._setup = threading.Lock()
         #: events written by this process per tenant / per memory: when to check the bounds
         self._tenant_rows: dict[str, int] = {}
         self._mem_rows: dict[str, int] = {}
@@ -94,16 +96,21 @@ class HistoryStore:
     def client(self) -> MilvusClient:
         c: MilvusClient = self.store.client
         if not self._ready:
-            with self.store._errors("history setup"):  # noqa: SLF001 - same error mapping
-                self._ensure(c)
-            self._ready = True
+            with self._setup, self.store._errors("history setup"):  # noqa: SLF001
+                if not self._ready:  # one thread sets up; the others wait for it
+                    self._ensure(c)
+                    self._ready = True
         return c
 
     def _ensure(self, c: MilvusClient) -> None:
         t = self.store.timeout_s
         if not c.has_collection(self.name, timeout=t):
-            c.create_collection(self.name, schema=_schema(), timeout=t,
-                                consistency_level="Strong")  # fmt: skip
+            try:
+                c.create_collection(self.name, schema=_schema(), timeout=t,
+                                    consistency_level="Strong")  # fmt: skip
+            except MilvusException:
+                if not c.has_collection(self.name, timeout=t):  # another process made it
+                    raise
         indexed = set(c.list_indexes(self.name, timeout=t))
         if "vec" not in indexed:
             ip = c.prepare_index_params()

@@ -30,6 +30,13 @@ Steps, each a key of the JSON:
    rank), ``encode_p50_ms`` (the same encoder in this process, one query a call)
    and ``milvus_p50_ms`` (`MemoryStore.search` k = 32 from this process, server
    mode only: a Lite file has one owner).
+5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
+   (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
+   unknown ids: 404), ``get_folded_p50_ms`` (ids of 20 exact repeats sent for dedup
+   to fold: the survivor answers), ``list_page_p50_ms`` (every page of 50 of a walk
+   through the whole tenant, newest first), ``history_p50_ms``
+   (``GET /v1/memories/{id}/history``); ``explorer_ok``: the explorer scenario in
+   headless Chromium (`dmem_bench.explorer`: find, rate, forget).
 """
 
 from __future__ import annotations
@@ -312,6 +319,94 @@ def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
     }
 
 
+def fold_some(cfg: EmbeddedConfig, base: str, n: int = 20) -> list[str]:
+    """Send ``n`` exact repeats of stored memories (same note, action and reward; another
+    episode) for dedup to fold; returns the repeats' memory ids."""
+    from schemas import Transition
+
+    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit={n}")
+    if code != 200:
+        raise RuntimeError(f"list answered {code}: {body}")
+    recs = [{"tenant": TENANT, "agent_id": m["agent_id"], "episode_id": f"fold{i}", "step": 0,
+             "observation": m["text"], "action": m["action"], "reward": m["reward"],
+             "done": bool((m.get("metadata") or {}).get("done", False))}
+            for i, m in enumerate(body["memories"])]  # fmt: skip
+    code, body = http(base, "POST", "/v1/transitions", recs)
+    if code != 202:
+        raise RuntimeError(f"ingest answered {code}: {body}")
+    wait_settled([base], timeout_s=300, quiet_s=2.0)
+    return [Transition.model_validate(r).memory_id for r in recs]
+
+
+def _timed(base: str, paths: list[str], want: int) -> list[float]:
+    lat = []
+    for p in paths:
+        t0 = time.perf_counter()
+        code, body = http(base, "GET", p)
+        lat.append(time.perf_counter() - t0)
+        if code != want:
+            raise RuntimeError(f"GET {p} answered {code}, expected {want}: {body}")
+    return lat
+
+
+def measure_reads(cfg: EmbeddedConfig, base: str, sent: int) -> dict[str, Any]:
+    """Reads a person makes: by id (stored, missing, folded), pages of 50, history."""
+    from schemas import Transition
+
+    rng = np.random.default_rng(cfg.seed + 7)
+    folded_asked = fold_some(cfg, base)
+    pages, ids, cursor = [], [], None
+    while True:  # the whole tenant, newest first, 50 a page
+        path = f"/v1/memories?tenant={TENANT}&limit=50" + (f"&cursor={cursor}" if cursor else "")
+        t0 = time.perf_counter()
+        code, body = http(base, "GET", path)
+        pages.append(time.perf_counter() - t0)
+        if code != 200:
+            raise RuntimeError(f"GET {path} answered {code}: {body}")
+        ids += [m["memory_id"] for m in body["memories"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    n = min(cfg.queries, len(ids))
+    sample = [ids[int(i)] for i in rng.choice(len(ids), size=n, replace=False)] if n else []
+    stored = set(ids)
+    dropped = [m for m in (Transition.model_validate(r).memory_id
+                           for r in transitions(min(sent, 4 * n), 0, TENANT, cfg.seed, "ep"))
+               if m not in stored][: n // 2]  # fmt: skip
+    unknown = [uuid.uuid4().hex for _ in range(n - len(dropped))]
+    q = f"?tenant={TENANT}"
+    get = _timed(base, [f"/v1/memories/{m}{q}" for m in sample], 200)
+    missing = _timed(base, [f"/v1/memories/{m}{q}" for m in dropped + unknown], 404)
+    folded = [m for m in folded_asked if m not in stored]
+    fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded], 200)
+    hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
+    r2 = lambda v: round(v, 2)  # noqa: E731
+    return {
+        "get_p50_ms": r2(summarize_ms(get)["p50"]),
+        "get_p99_ms": r2(summarize_ms(get)["p99"]),
+        "get_missing_p50_ms": r2(summarize_ms(missing)["p50"]),
+        "get_folded_p50_ms": r2(summarize_ms(fold)["p50"]) if fold else None,
+        "get_folded_n": len(fold),
+        "list_page_p50_ms": r2(summarize_ms(pages)["p50"]),
+        "list_page_p99_ms": r2(summarize_ms(pages)["p99"]),
+        "list_pages": len(pages),
+        "listed": len(ids),
+        "history_p50_ms": r2(summarize_ms(hist)["p50"]),
+        "reads_sampled": n,
+    }
+
+
+def check_explorer(base: str) -> tuple[bool, str]:
+    """The explorer scenario (`dmem_bench.explorer`) on the tenant's newest memory."""
+    from dmem_bench.explorer import explorer_check
+
+    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit=1")
+    if code != 200 or not body["memories"]:
+        return False, f"no memory to explore (list answered {code})"
+    ok, why, _ = explorer_check(base, None, TENANT, body["memories"][0]["memory_id"])
+    return ok, why
+
+
 def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
     from operators.encoders import build_encoder
     from streams.local.stack import LocalStack
@@ -338,6 +433,8 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
         e = settings.encoder  # the worker's encoder, uncached: one query a call
         encoder = build_encoder(e.name, dim=e.dim, cache_size=0, static_path=e.static_path)
         result.update(measure_search(cfg, base, uri, settings.milvus.collection, encoder))
+        result.update(measure_reads(cfg, base, int(result["transitions"])))
+        result["explorer_ok"], result["explorer_reason"] = check_explorer(base)
         failed = False
     finally:
         from dmem_bench.common import teardown
@@ -352,7 +449,9 @@ def print_report(r: dict[str, Any]) -> None:
     rows = [[k, r.get(k)] for k in (
         "milvus_mode", "encoder", "up_s", "memories", "transitions", "ingest_per_s",
         "search_p50_ms", "search_p99_ms", "server_took_p50_ms", "encode_p50_ms",
-        "milvus_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid", "ui_ok")]  # fmt: skip
+        "milvus_p50_ms", "get_p50_ms", "get_p99_ms", "get_missing_p50_ms", "get_folded_p50_ms",
+        "list_page_p50_ms", "history_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid",
+        "ui_ok", "explorer_ok")]  # fmt: skip
     print_table("Embedded stack (dmem up)", ["metric", "value"], rows)
 
 

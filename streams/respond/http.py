@@ -288,6 +288,8 @@ class RespondApi:
             rows = await asyncio.to_thread(self.reader().get, tenant, [memory_id])
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
         if memory_id not in rows:
             return json_response(view, {"error": "not found"}, 404)
         return json_response(view, rows[memory_id])
@@ -313,6 +315,8 @@ class RespondApi:
             rows = await asyncio.to_thread(self.reader().get, tenant, ids)
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
         want = list(dict.fromkeys(ids))
         return json_response(view, {"tenant": tenant,
                                     "memories": [rows[i] for i in want if i in rows],
@@ -338,6 +342,8 @@ class RespondApi:
             return _invalid(view, exc)
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
         return json_response(view, {"tenant": tenant, "memories": memories, "next_cursor": nxt})
 
     async def history(self, view: View, request: Request, memory_id: str) -> Response:
@@ -352,6 +358,8 @@ class RespondApi:
             events = await asyncio.to_thread(self.reader().history, tenant, memory_id, int(raw))
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
         if not events:
             return json_response(view, {"error": "not found"}, 404)
         return json_response(view, {"tenant": tenant, "memory_id": memory_id, "events": events})

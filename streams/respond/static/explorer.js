@@ -143,7 +143,7 @@
     fact(dl, "reward", ui.fmtNum(m.reward, 3));
     fact(dl, "valence", String(m.valence));
     fact(dl, "utility", ui.fmtNum(m.utility, 4) + " after " + m.uses + " uses");
-    fact(dl, "surprise (rpe)", ui.fmtNum(m.rpe, 3) + ", gate score " + ui.fmtNum(m.gate, 3));
+    fact(dl, "surprise", "rpe " + ui.fmtNum(m.rpe, 3) + ", gate score " + ui.fmtNum(m.rpe_smoothed, 3));
     fact(dl, "agent / episode:step", m.agent_id + " / " + m.episode_id + ":" + m.step);
     fact(dl, "created", new Date(m.created_ts).toISOString());
     var user = (m.metadata && m.metadata.user) || {};
