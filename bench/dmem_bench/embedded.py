@@ -32,8 +32,9 @@ Steps, each a key of the JSON:
    mode only: a Lite file has one owner).
 5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
    (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
-   unknown ids: 404), ``get_folded_p50_ms`` (ids of 20 exact repeats sent for dedup
-   to fold: the survivor answers), ``list_page_p50_ms`` (every page of 50 of a walk
+   unknown ids: 404), ``get_folded_p50_ms`` (exact repeats of the most rewarded
+   memories, sent for dedup to fold, the ones it folded: the survivor answers;
+   ``get_folded_n`` of them), ``list_page_p50_ms`` (every page of 50 of a walk
    through the whole tenant, newest first), ``history_p50_ms``
    (``GET /v1/memories/{id}/history``); ``explorer_ok``: the explorer scenario in
    headless Chromium (`dmem_bench.explorer`: find, rate, forget).
@@ -319,23 +320,31 @@ def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
     }
 
 
-def fold_some(cfg: EmbeddedConfig, base: str, n: int = 20) -> list[str]:
-    """Send ``n`` exact repeats of stored memories (same note, action and reward; another
-    episode) for dedup to fold; returns the repeats' memory ids."""
+def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
+    """Send exact repeats (same note, action and reward; another episode) of the ``n``
+    most rewarded of the newest 500 memories, for dedup to fold; returns the ids of
+    the repeats that were folded (the gate drops a repeat it does not find surprising)."""
     from schemas import Transition
 
-    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit={n}")
+    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit=500")
     if code != 200:
         raise RuntimeError(f"list answered {code}: {body}")
+    top = sorted(body["memories"], key=lambda m: -abs(float(m["reward"])))[:n]
     recs = [{"tenant": TENANT, "agent_id": m["agent_id"], "episode_id": f"fold{i}", "step": 0,
              "observation": m["text"], "action": m["action"], "reward": m["reward"],
              "done": bool((m.get("metadata") or {}).get("done", False))}
-            for i, m in enumerate(body["memories"])]  # fmt: skip
+            for i, m in enumerate(top)]  # fmt: skip
+    if not recs:
+        return []
     code, body = http(base, "POST", "/v1/transitions", recs)
     if code != 202:
         raise RuntimeError(f"ingest answered {code}: {body}")
     wait_settled([base], timeout_s=300, quiet_s=2.0)
-    return [Transition.model_validate(r).memory_id for r in recs]
+    ids = [Transition.model_validate(r).memory_id for r in recs]
+    code, body = http(base, "POST", "/v1/memories:batch_get", {"tenant": TENANT, "ids": ids})
+    if code != 200:
+        raise RuntimeError(f"batch get answered {code}: {body}")
+    return [str(m["folded_id"]) for m in body["memories"] if m.get("folded_id")]
 
 
 def _timed(base: str, paths: list[str], want: int) -> list[float]:
@@ -377,8 +386,7 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int) -> dict[str, Any]:
     q = f"?tenant={TENANT}"
     get = _timed(base, [f"/v1/memories/{m}{q}" for m in sample], 200)
     missing = _timed(base, [f"/v1/memories/{m}{q}" for m in dropped + unknown], 404)
-    folded = [m for m in folded_asked if m not in stored]
-    fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded], 200)
+    fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
     hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
     r2 = lambda v: round(v, 2)  # noqa: E731
     return {
