@@ -974,18 +974,33 @@ class MemoryStore:
         partitions: Sequence[str],
         fields: Sequence[str],
         *,
-        limit: int,
+        limit: int | None,
         consistency_level: str | None = None,
     ) -> list[dict[str, Any]]:
-        """At most ``limit`` rows matching the filter expression ``flt`` (one query over
-        ``partitions``), each labelled with its partition from the write stamp (None
-        when a row has none). ``flt`` must come from `milvus.expr` (validated terms)."""
+        """At most ``limit`` rows (None: all, paged by an iterator) matching the filter
+        expression ``flt`` over ``partitions``, each labelled with its partition from
+        the write stamp (None when a row has none). ``flt`` must come from
+        `milvus.expr` (validated terms)."""
         out_fields = list(dict.fromkeys([*self._out_fields(fields, False), "metadata"]))
         level = consistency_level or self.consistency_level
+        parts = _check_partitions(partitions)
+        res: list[dict[str, Any]] = []
         with self._errors("query"):
-            res = self.client.query(self.collection, filter=flt, output_fields=out_fields,
-                                    partition_names=_check_partitions(partitions), limit=limit,
-                                    timeout=self.timeout_s, consistency_level=level)  # fmt: skip
+            if limit is not None:
+                res = self.client.query(self.collection, filter=flt, output_fields=out_fields,
+                                        partition_names=parts, limit=limit,
+                                        timeout=self.timeout_s,
+                                        consistency_level=level)  # fmt: skip
+            else:
+                it = self.client.query_iterator(self.collection, batch_size=16_384, filter=flt,
+                                                output_fields=out_fields, partition_names=parts,
+                                                timeout=self.timeout_s,
+                                                consistency_level=level)  # fmt: skip
+                try:
+                    while page := it.next():
+                        res += page
+                finally:
+                    it.close()
         rows = []
         want_meta = "metadata" in fields
         for r in res:

@@ -32,9 +32,11 @@ Steps, each a key of the JSON:
    mode only: a Lite file has one owner).
 5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
    (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
-   unknown ids: 404), ``get_folded_p50_ms`` (exact repeats of the most rewarded
-   memories, sent for dedup to fold, the ones it folded: the survivor answers;
-   ``get_folded_n`` of them), ``list_page_p50_ms`` (every page of 50 of a walk
+   unknown ids: 404), ``get_folded_p50_ms`` (40 new notes sent twice each with a
+   large reward, for dedup to fold: the ids it folded, answered by the survivor;
+   ``get_folded_n`` of them; the stack runs with ``DMEM_GATE__DROP_EXACT_REPEATS=false``
+   so these repeats reach dedup, which changes nothing else: the load's notes are
+   distinct), ``list_page_p50_ms`` (every page of 50 of a walk
    through the whole tenant, newest first), ``history_p50_ms``
    (``GET /v1/memories/{id}/history``); ``explorer_ok``: the explorer scenario in
    headless Chromium (`dmem_bench.explorer`: find, rate, forget).
@@ -321,21 +323,19 @@ def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
 
 
 def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
-    """Send exact repeats (same note, action and reward; another episode) of the ``n``
-    most rewarded of the newest 500 memories, for dedup to fold; returns the ids of
-    the repeats that were folded (the gate drops a repeat it does not find surprising)."""
+    """``n`` pairs of new, strongly rewarded notes, each sent twice (same note, action
+    and reward; two episodes) for dedup to fold one into the other; returns the ids
+    it folded (a repeat the gate dropped is not one)."""
     from schemas import Transition
 
-    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit=500")
-    if code != 200:
-        raise RuntimeError(f"list answered {code}: {body}")
-    top = sorted(body["memories"], key=lambda m: -abs(float(m["reward"])))[:n]
-    recs = [{"tenant": TENANT, "agent_id": m["agent_id"], "episode_id": f"fold{i}", "step": 0,
-             "observation": m["text"], "action": m["action"], "reward": m["reward"],
-             "done": bool((m.get("metadata") or {}).get("done", False))}
-            for i, m in enumerate(top)]  # fmt: skip
-    if not recs:
-        return []
+    rng = np.random.default_rng(cfg.seed + 11)
+    recs = []
+    for i in range(n):
+        text = agent_note(rng)
+        for copy in range(2):
+            recs.append({"tenant": TENANT, "agent_id": "agent-fold", "episode_id":
+                         f"fold{i}-{copy}", "step": 0, "observation": text,
+                         "action": "act-fold", "reward": 25.0})  # fmt: skip
     code, body = http(base, "POST", "/v1/transitions", recs)
     if code != 202:
         raise RuntimeError(f"ingest answered {code}: {body}")
@@ -421,6 +421,8 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-embedded-"))
     env = {"DMEM_ENCODER__NAME": cfg.encoder} if cfg.encoder else {}
+    # the fold step's exact repeats must reach dedup; the load has no exact repeats
+    env["DMEM_GATE__DROP_EXACT_REPEATS"] = "false"
     stack = LocalStack(tmp / "data", roles=("all",), extra_env=env, milvus=cfg.milvus)
     result: dict[str, Any] = {"config": cfg.__dict__, "machine": machine_info()}
     failed = True

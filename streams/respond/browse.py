@@ -39,6 +39,7 @@ __all__ = ["MAX_HOPS", "MemoryReader", "decode_cursor", "encode_cursor", "list_q
 MAX_HOPS = 8
 #: Milvus' largest result window of one query (``limit``): more rows take an iterator
 WINDOW = 16_384
+KEY_FIELDS = ["id", "created_ts"]
 #: the fields of a memory as the HTTP API shows it (everything but the vector)
 FIELDS = [f for f in scalar_fields() if f not in (PRIMARY_FIELD, VECTOR_FIELD)]
 _FILTER_PARAMS = ("valence", "partition", "since_ms", "until_ms", "min_utility")
@@ -152,9 +153,15 @@ class MemoryReader:
         return list(self.store.lookup(ids, tenant=tenant, output_fields=FIELDS,
                                       consistency_level=self.consistency_level))  # fmt: skip
 
-    def _query(self, flt: str, parts: list[str], fields: list[str]) -> list[dict[str, Any]]:
-        return list(self.store.query_rows(flt, parts, fields, limit=WINDOW,
-                                          consistency_level=self.consistency_level))  # fmt: skip
+    def _query(self, flt: str, parts: list[str], fields: list[str],
+               every: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        """Rows matching ``flt``: at most `WINDOW`, or all of them (``every``)."""
+        rows = self.store.query_rows(flt, parts, fields, limit=WINDOW,
+                                     consistency_level=self.consistency_level)  # fmt: skip
+        if every and len(rows) >= WINDOW:  # more than one answer holds: page through them
+            rows = self.store.query_rows(flt, parts, fields, limit=None,
+                                         consistency_level=self.consistency_level)  # fmt: skip
+        return list(rows)
 
     def page(self, q: MemoryListQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of `q`: (memories newest first, the next page's cursor or None).
@@ -178,44 +185,43 @@ class MemoryReader:
                              option=orjson.OPT_SORT_KEYS).decode()  # fmt: skip
         with self._lock:
             dens = self._density.get(scope)
-        rows: list[dict[str, Any]] | None = None
+        keys: list[dict[str, Any]] | None = None
         if dens is not None:
             top_ts = top if top is not None else dens.newest
             width = max(1, int(2 * q.limit / dens.rate))
             for _ in range(8):
                 lo = top_ts - width
-                got = self._query(E.and_all([*terms, f"created_ts >= {lo}"]), parts, FIELDS)
+                got = self._query(E.and_all([*terms, f"created_ts >= {lo}"]), parts, KEY_FIELDS)
                 if len(got) >= WINDOW:  # a burst of writes: a narrower window
                     width = max(1, width // 8)
                     continue
-                if len(got) > q.limit:
-                    rows = got
+                if len(got) > q.limit:  # the next window follows this one's density
+                    keys = got
+                    self._learn(scope, _Density(dens.oldest, max(dens.newest, top_ts),
+                                                len(got) / width))  # fmt: skip
                     break
                 if lo <= dens.oldest:  # the rest is small: read it without a window
                     break
                 width *= 4
-        if rows is None:  # no density yet (or it was far off): the scope's keys, once
-            keys = self._query(E.and_all(terms), parts, ["id", "created_ts"])
-            if len(keys) >= WINDOW:
-                raise InvalidRecord(f"more than {WINDOW} memories below this cursor in one "
-                                    "time window: narrow the filters")  # fmt: skip
+        if keys is None:  # no density yet (or it was far off): the scope's keys, once
+            keys = self._query(E.and_all(terms), parts, KEY_FIELDS, every=True)
             if not q.cursor and keys:
                 ts = [int(k["created_ts"]) for k in keys]
-                d = _Density.of(min(ts), max(ts), len(ts))
-                with self._lock:
-                    self._density[scope] = d
-                    while len(self._density) > 256:
-                        self._density.popitem(last=False)
-            keys.sort(key=lambda r: (int(r["created_ts"]), str(r["id"])), reverse=True)
-            want = [str(k["id"]) for k in keys[: q.limit + 1]]
-            rows = self._rows(q.tenant, want)
-        rows.sort(key=lambda r: (int(r["created_ts"]), str(r["id"])), reverse=True)
-        page = rows[: q.limit]
+                self._learn(scope, _Density.of(min(ts), max(ts), len(ts)))
+        keys.sort(key=lambda r: (int(r["created_ts"]), str(r["id"])), reverse=True)
         nxt = None
-        if len(rows) > q.limit:
-            last = page[-1]
+        if len(keys) > q.limit:
+            last = keys[q.limit - 1]
             nxt = encode_cursor(int(last["created_ts"]), str(last["id"]))
-        return [item(r) for r in page], nxt
+        rows = self._rows(q.tenant, [str(k["id"]) for k in keys[: q.limit]])
+        return [item(r) for r in rows], nxt
+
+    def _learn(self, scope: str, d: _Density) -> None:
+        with self._lock:
+            self._density[scope] = d
+            self._density.move_to_end(scope)
+            while len(self._density) > 256:
+                self._density.popitem(last=False)
 
     # -- history ---------------------------------------------------------------------
     def history(self, tenant: str, memory_id: str, limit: int) -> list[dict[str, Any]]:
