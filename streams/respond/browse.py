@@ -9,10 +9,12 @@ HTTP handlers run it in a worker thread).
   answers with its survivor's row plus ``folded_id``.
 - Pages (`MemoryReader.page`): newest first, keyset pagination on
   (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
-  while memories are written and resumes anywhere. A page is one filtered query
-  over a time window sized from the scope's density to hold about two pages
-  (learned from one read of the scope's keys, then kept per scope), widened
-  until it holds more than a page.
+  while memories are written and resumes anywhere. A page reads the keys
+  (id, created_ts) of a time window below the cursor, sized from the scope's
+  density to hold about two pages and widened until it holds more than a page,
+  then the page's rows by primary key. The density is learned from one read of
+  the scope's keys and re-estimated from every window (writes come in bursts), per
+  scope, in this worker.
 - History (`MemoryReader.history`): the memory's events from the history
   collection, oldest first.
 """
