@@ -72,3 +72,14 @@ def test_credit_events_say_thumbs_or_outcome_and_before_after() -> None:
                        episode_id="ep1")  # fmt: skip
     ev2 = credit_event(u2, "m1", 0.0, {"utility": -0.1})
     assert ev2["kind"] == "credited" and ev2["episode_id"] == "ep1" and ev2["via"] is None
+
+
+def test_sdk_list_parameters_round_trip_through_the_server_parser() -> None:
+    from dmem.client import list_params
+
+    q = list_params("t", 20, "c1", "a", {"valence": -1, "min_utility": 0.5,
+                                        "metadata_equals": {"code": "3", "level": 3}})  # fmt: skip
+    parsed = MemoryListQuery.model_validate(list_query(q))
+    assert (parsed.tenant, parsed.limit, parsed.cursor, parsed.agent_id) == ("t", 20, "c1", "a")
+    assert parsed.filters.valence == -1 and parsed.filters.min_utility == 0.5
+    assert parsed.filters.metadata_equals == {"code": "3", "level": 3}
