@@ -47,7 +47,10 @@ def test_bench_embedded_contract() -> None:
     if not out["ui_ok"]:
         assert out["ui_reason"]
     assert 0 < out["get_p50_ms"] <= out["get_p99_ms"] and out["get_missing_p50_ms"] > 0
-    assert out["listed"] == out["memories"] and out["list_page_p50_ms"] > 0
+    # the walk comes after the fold step, whose first copies are new memories
+    assert out["listed"] >= out["memories"] and out["list_page_p50_ms"] > 0
+    if out["get_folded_n"]:
+        assert out["get_folded_p50_ms"] > 0
     assert out["history_p50_ms"] > 0 and isinstance(out["explorer_ok"], bool)
     if not out["explorer_ok"]:
         assert out["explorer_reason"]
