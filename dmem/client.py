@@ -32,10 +32,10 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
@@ -60,6 +60,25 @@ from schemas.errors import DmemError, ServiceUnavailable
 from schemas.topics import topic_name
 
 T = TypeVar("T")
+
+
+def list_params(tenant: str, limit: int, cursor: str | None, agent_id: str | None,
+                filters: SearchFilters | Mapping[str, Any] | None) -> dict[str, str]:  # fmt: skip
+    """The query parameters of ``GET /v1/memories`` (``meta.<key>`` for metadata)."""
+    q: dict[str, str] = {"tenant": tenant, "limit": str(limit)}
+    if cursor:
+        q["cursor"] = cursor
+    if agent_id:
+        q["agent_id"] = agent_id
+    f = filters if isinstance(filters, SearchFilters) else SearchFilters.model_validate(
+        dict(filters or {}))  # fmt: skip
+    for key, value in f.model_dump(exclude_none=True, exclude={"schema_version"}).items():
+        if key == "metadata_equals":
+            for mk, mv in value.items():
+                q[f"meta.{mk}"] = orjson.dumps(mv).decode()  # a JSON literal: "3" stays text
+        else:
+            q[key] = str(value)
+    return q
 
 
 class SearchError(DmemError):
@@ -328,6 +347,46 @@ class Client:
             return None
         return row
 
+    async def get_memories(self, memory_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Several memories of this tenant by id (``POST /v1/memories:batch_get``):
+        ``{id: row}`` for the ids stored or folded into a stored memory."""
+        body = {"tenant": self.tenant, "ids": list(memory_ids)}
+        data = await self._http_json("POST", "/v1/memories:batch_get", body)
+        return {str(r.get("folded_id") or r["memory_id"]): r for r in data["memories"]}
+
+    async def list_page(self, *, limit: int = 50, cursor: str | None = None,
+                        agent_id: str | None = None,
+                        filters: SearchFilters | Mapping[str, Any] | None = None,
+                        ) -> tuple[list[dict[str, Any]], str | None]:  # fmt: skip
+        """One page of this tenant's memories, newest first (``GET /v1/memories``):
+        (memories, the next page's cursor or None). ``filters`` as for `search`."""
+        q = list_params(self.tenant, limit, cursor, agent_id, filters)
+        data = await self._http_json("GET", f"/v1/memories?{urlencode(q)}")
+        return list(data["memories"]), data.get("next_cursor")
+
+    async def iter_memories(self, *, page_size: int = 100, agent_id: str | None = None,
+                            filters: SearchFilters | Mapping[str, Any] | None = None,
+                            ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+        """Every memory of this tenant matching the filters, newest first, page by page."""
+        cursor: str | None = None
+        while True:
+            page, cursor = await self.list_page(limit=page_size, cursor=cursor,
+                                                agent_id=agent_id, filters=filters)  # fmt: skip
+            for m in page:
+                yield m
+            if cursor is None:
+                return
+
+    async def history(self, memory_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        """What happened to one memory, oldest first (``GET /v1/memories/{id}/history``);
+        [] when it has no history here."""
+        path = f"/v1/memories/{quote(memory_id)}/history?tenant={quote(self.tenant)}&limit={limit}"
+        try:
+            data = await self._http_json("GET", path)
+        except NotFound:
+            return []
+        return list(data["events"])
+
     async def stats(self) -> dict[str, Any]:
         """This tenant's memory counts by partition (respond role, HTTP)."""
         return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
@@ -576,6 +635,27 @@ class SyncClient:
 
     def get_memory(self, memory_id: str) -> dict[str, Any] | None:
         return self._run(self._client.get_memory(memory_id))
+
+    def get_memories(self, memory_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return self._run(self._client.get_memories(memory_ids))
+
+    def list_memories(self, *, limit: int | None = None, page_size: int = 100,
+                      **kw: Any) -> list[dict[str, Any]]:  # fmt: skip
+        """This tenant's memories newest first (all, or the first ``limit``)."""
+
+        async def collect() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            size = min(page_size, limit) if limit else page_size
+            async for m in self._client.iter_memories(page_size=size, **kw):
+                out.append(m)
+                if limit is not None and len(out) >= limit:
+                    break
+            return out
+
+        return self._run(collect())
+
+    def history(self, memory_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        return self._run(self._client.history(memory_id, limit))
 
     def report_usage(
         self, episode_id: str, request_id: str, weights: Mapping[str, float], **kw: Any

@@ -74,6 +74,7 @@ from pymilvus import DataType, MilvusClient
 from pymilvus.exceptions import MilvusException
 
 from milvus import expr as E
+from milvus.history import HistoryStore
 from milvus.schema import (
     ID_FIELD,
     METRIC,
@@ -256,6 +257,8 @@ class MemoryStore:
         self._executor: ThreadPoolExecutor | None = None
         #: keys forgotten lately: every write refuses them (see `milvus.tombstones`)
         self.tombstones = tombstones_for(uri, collection, tombstone_ttl_s)
+        #: what happened to each memory, and which survivor a folded id went into
+        self.history = HistoryStore(self)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -541,6 +544,7 @@ class MemoryStore:
         if pool is not None:
             pool.shutdown(wait=True)
         client, self._client = self._client, None
+        self.history.reset()
         if client is not None:
             try:
                 client.close()
@@ -557,8 +561,9 @@ class MemoryStore:
     def drop(self) -> None:
         """Drop the whole collection (tests, tooling)."""
         with self._errors("drop"):
-            if self.client.has_collection(self.collection, timeout=self.timeout_s):
-                self.client.drop_collection(self.collection, timeout=self.timeout_s)
+            for name in (self.collection, self.history.name):
+                if self.client.has_collection(name, timeout=self.timeout_s):
+                    self.client.drop_collection(name, timeout=self.timeout_s)
         self.tombstones.clear()
         self.close()
 
@@ -918,6 +923,94 @@ class MemoryStore:
         return self._fetch(list(dict.fromkeys(keys)), list(PARTITIONS), with_vector=with_vector,
                            fields=output_fields,
                            consistency_level=consistency_level)  # fmt: skip
+
+    def lookup(
+        self,
+        ids: Iterable[str],
+        *,
+        tenant: str,
+        output_fields: Sequence[str] | None = None,
+        consistency_level: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Like `get` (no vectors), in ONE primary-key query over both partitions.
+
+        Each row's partition comes from its write stamp (``PART_KEY``); a row
+        without one (written by another client) is looked up again partition by
+        partition. The read path of ``GET /v1/memories``: one round trip per call.
+        """
+        keys = _tenant_keys(tenant, ids)
+        if not keys:
+            return []
+        fields = self._out_fields(output_fields, False)
+        fields = list(dict.fromkeys([*fields, "tenant", "metadata"]))
+        level = consistency_level or self.consistency_level
+        rows: list[dict[str, Any]] = []
+        unstamped: list[str] = []
+        with self._errors("query"):
+            for chunk in _chunks(keys, self.batch_size):
+                res = self.client.query(self.collection, filter=E.ids_in(chunk, PRIMARY_FIELD),
+                                        output_fields=fields, partition_names=list(PARTITIONS),
+                                        timeout=self.timeout_s,
+                                        consistency_level=level)  # fmt: skip
+                for r in res:
+                    out = dict(r)
+                    out.pop(PRIMARY_FIELD, None)
+                    part = _unstamp(out)
+                    if part in PARTITIONS:
+                        out["partition"] = part
+                        rows.append(out)
+                    else:
+                        unstamped.append(_key(out["tenant"], out[ID_FIELD]))
+        if unstamped:
+            rows += self._fetch(unstamped, list(PARTITIONS), fields=fields,
+                                consistency_level=level)  # fmt: skip
+        order = {k: i for i, k in enumerate(keys)}
+        rows.sort(key=lambda r: order.get(_key(r["tenant"], r[ID_FIELD]), len(order)))
+        return rows
+
+    def query_rows(
+        self,
+        flt: str,
+        partitions: Sequence[str],
+        fields: Sequence[str],
+        *,
+        limit: int | None,
+        consistency_level: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """At most ``limit`` rows (None: all, paged by an iterator) matching the filter
+        expression ``flt`` over ``partitions``, each labelled with its partition from
+        the write stamp (None when a row has none). ``flt`` must come from
+        `milvus.expr` (validated terms)."""
+        out_fields = list(dict.fromkeys([*self._out_fields(fields, False), "metadata"]))
+        level = consistency_level or self.consistency_level
+        parts = _check_partitions(partitions)
+        res: list[dict[str, Any]] = []
+        with self._errors("query"):
+            if limit is not None:
+                res = self.client.query(self.collection, filter=flt, output_fields=out_fields,
+                                        partition_names=parts, limit=limit,
+                                        timeout=self.timeout_s,
+                                        consistency_level=level)  # fmt: skip
+            else:
+                it = self.client.query_iterator(self.collection, batch_size=16_384, filter=flt,
+                                                output_fields=out_fields, partition_names=parts,
+                                                timeout=self.timeout_s,
+                                                consistency_level=level)  # fmt: skip
+                try:
+                    while page := it.next():
+                        res += page
+                finally:
+                    it.close()
+        rows = []
+        want_meta = "metadata" in fields
+        for r in res:
+            out = dict(r)
+            out.pop(PRIMARY_FIELD, None)
+            out["partition"] = _unstamp(out)
+            if not want_meta:
+                out.pop("metadata", None)
+            rows.append(out)
+        return rows
 
     @staticmethod
     def key_filter(tenant: str, ids: Iterable[str]) -> str:

@@ -20,6 +20,7 @@ from schemas.export import export_json_schemas, json_schemas
 from schemas.limits import LIMITS, Limits
 from schemas.models import (
     SCHEMA_VERSION,
+    BatchGetRequest,
     DeadLetter,
     EpisodeOutcome,
     ErrorBody,
@@ -28,6 +29,7 @@ from schemas.models import (
     Hit,
     IngestAccepted,
     MemoryEvent,
+    MemoryListQuery,
     MemoryRecord,
     MemoryUsage,
     Partition,
@@ -54,6 +56,7 @@ __all__ = [
     "LIMITS",
     "Limits",
     "SCHEMA_VERSION",
+    "BatchGetRequest",
     "DeadLetter",
     "EpisodeOutcome",
     "ErrorBody",
@@ -62,6 +65,7 @@ __all__ = [
     "Hit",
     "IngestAccepted",
     "MemoryEvent",
+    "MemoryListQuery",
     "MemoryRecord",
     "MemoryUsage",
     "Partition",

@@ -50,6 +50,8 @@ Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=LIMITS.max_vector_dim)]
 MetaValue = str | int | float | bool | None
+#: what the agent did: free text ("use key on door") or a discrete action's name
+Action = Annotated[str, StringConstraints(max_length=LIMITS.max_id_chars * 4)]
 
 
 class Model(BaseModel):
@@ -115,7 +117,7 @@ class Transition(Model):
     step: int = Field(ge=0)
     observation: Text | None = None
     state: Vector | None = None
-    action: Annotated[str, StringConstraints(max_length=LIMITS.max_id_chars * 4)]
+    action: Action
     reward: FiniteFloat = 0.0
     next_observation: Text | None = None
     next_state: Vector | None = None
@@ -235,6 +237,27 @@ class SearchFilters(Model):
     @classmethod
     def _meta(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_metadata(v)
+
+
+class MemoryListQuery(Model):
+    """``GET /v1/memories``: a tenant's memories, newest first, one page at a time.
+
+    The filters are the search's (`SearchFilters`); ``cursor`` is the
+    ``next_cursor`` of the previous page (opaque).
+    """
+
+    tenant: Ident
+    agent_id: Ident | None = None
+    limit: int = Field(default=50, ge=1, le=500, description="memories per page")
+    cursor: str | None = Field(default=None, max_length=1024)
+    filters: SearchFilters = Field(default_factory=SearchFilters)
+
+
+class BatchGetRequest(Model):
+    """``POST /v1/memories:batch_get``: several memories of one tenant by id."""
+
+    tenant: Ident
+    ids: list[Ident] = Field(min_length=1, max_length=1000)
 
 
 class RetrievalRequest(Model):
@@ -389,6 +412,9 @@ class UtilityUpdate(Model):
     ts: int = Field(ge=0)
     #: False: uses only (the memory was served, not acted on); the utility stays
     evidence: bool = True
+    episode_id: Ident | None = Field(
+        default=None, description="the episode whose outcome (or feedback) earned the credit"
+    )
 
 
 class DeadLetter(Model):

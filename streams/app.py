@@ -153,9 +153,11 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
 
     if role in ("jobs", "all"):
         from streams.jobs.credit import wire_jobs
+        from streams.jobs.history import wire_history
         from streams.jobs.scheduler import wire_maintenance
 
         status["jobs"] = wire_jobs(app, ctx)
+        status["history"] = wire_history(app, ctx)
         status["maintenance"] = wire_maintenance(app, ctx)
 
     wire_health(app, ctx, role, status)

@@ -78,6 +78,17 @@ class MilvusSettings(BaseModel):
             " ms by default). Writes and the jobs' reads stay Strong."
         ),
     )
+    history_per_memory: int = Field(
+        default=200,
+        ge=1,
+        le=10_000,
+        description="events kept per memory in the history collection (the oldest go first)",
+    )
+    history_per_tenant: int = Field(
+        default=200_000,
+        ge=100,
+        description="events kept per tenant in the history collection (the oldest go first)",
+    )
     tombstone_ttl_s: float = Field(
         default=3600.0,
         gt=0.0,

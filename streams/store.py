@@ -54,6 +54,9 @@ class StoreService(Service):
             timeout_s=m.timeout_s,
             tombstone_ttl_s=m.tombstone_ttl_s,
         )
+        self.store.history.per_memory = m.history_per_memory
+        self.store.history.per_tenant = m.history_per_tenant
+        self.store.history.consistency_level = m.search_consistency
         # Connect in the background: a worker started during a Milvus outage must
         # still come up and answer /health (503) instead of hanging in start-up,
         # which an orchestrator's liveness probe would turn into a restart loop.

@@ -30,6 +30,16 @@ Steps, each a key of the JSON:
    rank), ``encode_p50_ms`` (the same encoder in this process, one query a call)
    and ``milvus_p50_ms`` (`MemoryStore.search` k = 32 from this process, server
    mode only: a Lite file has one owner).
+5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
+   (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
+   unknown ids: 404), ``get_folded_p50_ms`` (40 new notes sent twice each with a
+   large reward, for dedup to fold: the ids it folded, answered by the survivor;
+   ``get_folded_n`` of them; the stack runs with ``DMEM_GATE__DROP_EXACT_REPEATS=false``
+   so these repeats reach dedup, which changes nothing else: the load's notes are
+   distinct), ``list_page_p50_ms`` (every page of 50 of a walk
+   through the whole tenant, newest first), ``history_p50_ms``
+   (``GET /v1/memories/{id}/history``); ``explorer_ok``: the explorer scenario in
+   headless Chromium (`dmem_bench.explorer`: find, rate, forget).
 """
 
 from __future__ import annotations
@@ -312,12 +322,107 @@ def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
     }
 
 
+def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
+    """``n`` pairs of new, strongly rewarded notes, each sent twice (same note, action
+    and reward; two episodes) for dedup to fold one into the other; returns the ids
+    it folded (a repeat the gate dropped is not one)."""
+    from schemas import Transition
+
+    rng = np.random.default_rng(cfg.seed + 11)
+    recs = []
+    for i in range(n):
+        text = agent_note(rng)
+        for copy in range(2):
+            recs.append({"tenant": TENANT, "agent_id": "agent-fold", "episode_id":
+                         f"fold{i}-{copy}", "step": 0, "observation": text,
+                         "action": "act-fold", "reward": 25.0})  # fmt: skip
+    code, body = http(base, "POST", "/v1/transitions", recs)
+    if code != 202:
+        raise RuntimeError(f"ingest answered {code}: {body}")
+    wait_settled([base], timeout_s=300, quiet_s=2.0)
+    ids = [Transition.model_validate(r).memory_id for r in recs]
+    code, body = http(base, "POST", "/v1/memories:batch_get", {"tenant": TENANT, "ids": ids})
+    if code != 200:
+        raise RuntimeError(f"batch get answered {code}: {body}")
+    return [str(m["folded_id"]) for m in body["memories"] if m.get("folded_id")]
+
+
+def _timed(base: str, paths: list[str], want: int) -> list[float]:
+    lat = []
+    for p in paths:
+        t0 = time.perf_counter()
+        code, body = http(base, "GET", p)
+        lat.append(time.perf_counter() - t0)
+        if code != want:
+            raise RuntimeError(f"GET {p} answered {code}, expected {want}: {body}")
+    return lat
+
+
+def measure_reads(cfg: EmbeddedConfig, base: str, sent: int) -> dict[str, Any]:
+    """Reads a person makes: by id (stored, missing, folded), pages of 50, history."""
+    from schemas import Transition
+
+    rng = np.random.default_rng(cfg.seed + 7)
+    folded_asked = fold_some(cfg, base)
+    pages, ids, cursor = [], [], None
+    while True:  # the whole tenant, newest first, 50 a page
+        path = f"/v1/memories?tenant={TENANT}&limit=50" + (f"&cursor={cursor}" if cursor else "")
+        t0 = time.perf_counter()
+        code, body = http(base, "GET", path)
+        pages.append(time.perf_counter() - t0)
+        if code != 200:
+            raise RuntimeError(f"GET {path} answered {code}: {body}")
+        ids += [m["memory_id"] for m in body["memories"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    n = min(cfg.queries, len(ids))
+    sample = [ids[int(i)] for i in rng.choice(len(ids), size=n, replace=False)] if n else []
+    stored = set(ids)
+    dropped = [m for m in (Transition.model_validate(r).memory_id
+                           for r in transitions(min(sent, 4 * n), 0, TENANT, cfg.seed, "ep"))
+               if m not in stored][: n // 2]  # fmt: skip
+    unknown = [uuid.uuid4().hex for _ in range(n - len(dropped))]
+    q = f"?tenant={TENANT}"
+    get = _timed(base, [f"/v1/memories/{m}{q}" for m in sample], 200)
+    missing = _timed(base, [f"/v1/memories/{m}{q}" for m in dropped + unknown], 404)
+    fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
+    hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
+    r2 = lambda v: round(v, 2)  # noqa: E731
+    return {
+        "get_p50_ms": r2(summarize_ms(get)["p50"]),
+        "get_p99_ms": r2(summarize_ms(get)["p99"]),
+        "get_missing_p50_ms": r2(summarize_ms(missing)["p50"]),
+        "get_folded_p50_ms": r2(summarize_ms(fold)["p50"]) if fold else None,
+        "get_folded_n": len(fold),
+        "list_page_p50_ms": r2(summarize_ms(pages)["p50"]),
+        "list_page_p99_ms": r2(summarize_ms(pages)["p99"]),
+        "list_pages": len(pages),
+        "listed": len(ids),
+        "history_p50_ms": r2(summarize_ms(hist)["p50"]),
+        "reads_sampled": n,
+    }
+
+
+def check_explorer(base: str) -> tuple[bool, str]:
+    """The explorer scenario (`dmem_bench.explorer`) on the tenant's newest memory."""
+    from dmem_bench.explorer import explorer_check
+
+    code, body = http(base, "GET", f"/v1/memories?tenant={TENANT}&limit=1")
+    if code != 200 or not body["memories"]:
+        return False, f"no memory to explore (list answered {code})"
+    ok, why, _ = explorer_check(base, None, TENANT, body["memories"][0]["memory_id"])
+    return ok, why
+
+
 def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
     from operators.encoders import build_encoder
     from streams.local.stack import LocalStack
 
     tmp = Path(tempfile.mkdtemp(prefix="dmem-bench-embedded-"))
     env = {"DMEM_ENCODER__NAME": cfg.encoder} if cfg.encoder else {}
+    # the fold step's exact repeats must reach dedup; the load has no exact repeats
+    env["DMEM_GATE__DROP_EXACT_REPEATS"] = "false"
     stack = LocalStack(tmp / "data", roles=("all",), extra_env=env, milvus=cfg.milvus)
     result: dict[str, Any] = {"config": cfg.__dict__, "machine": machine_info()}
     failed = True
@@ -338,6 +443,8 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
         e = settings.encoder  # the worker's encoder, uncached: one query a call
         encoder = build_encoder(e.name, dim=e.dim, cache_size=0, static_path=e.static_path)
         result.update(measure_search(cfg, base, uri, settings.milvus.collection, encoder))
+        result.update(measure_reads(cfg, base, int(result["transitions"])))
+        result["explorer_ok"], result["explorer_reason"] = check_explorer(base)
         failed = False
     finally:
         from dmem_bench.common import teardown
@@ -352,7 +459,9 @@ def print_report(r: dict[str, Any]) -> None:
     rows = [[k, r.get(k)] for k in (
         "milvus_mode", "encoder", "up_s", "memories", "transitions", "ingest_per_s",
         "search_p50_ms", "search_p99_ms", "server_took_p50_ms", "encode_p50_ms",
-        "milvus_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid", "ui_ok")]  # fmt: skip
+        "milvus_p50_ms", "get_p50_ms", "get_p99_ms", "get_missing_p50_ms", "get_folded_p50_ms",
+        "list_page_p50_ms", "history_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid",
+        "ui_ok", "explorer_ok")]  # fmt: skip
     print_table("Embedded stack (dmem up)", ["metric", "value"], rows)
 
 

@@ -8,7 +8,8 @@ API, and ``forget`` and the stats resource need the HTTP API (``--http``), where
 the respond role holds the store.
 
 Tools (their input schemas are built from the `schemas` types, so the limits an
-MCP client sees are the ones the stream enforces):
+MCP client sees are the ones the stream enforces; ``remember``'s action is the
+stream's `Action`: free text such as "use key on door", not an identifier):
 
 - ``remember(observation, action, reward=0, next_observation?, done?, episode_id?,
   step?, metadata?)``: one `Transition` for this server's tenant and agent. Without
@@ -21,6 +22,9 @@ MCP client sees are the ones the stream enforces):
 - ``report_outcome(episode_id, reward)``: the late reward of an episode (credit).
 - ``feedback(memory_id, thumbs)``: thumbs up / down on one memory.
 - ``forget(memory_id? | agent_id?)``: delete one memory or an agent's memories.
+- ``list_memories(limit=20, cursor?, agent_id?, filters?)``: a page of the tenant's
+  memories, newest first, and the next page's cursor (HTTP API).
+- ``memory_history(memory_id, limit=200)``: what happened to one memory (HTTP API).
 - resource ``dmem://stats``: the tenant's row counts by partition.
 
 Bad input is a tool error carrying pydantic's reasons (``is_error`` result), never a
@@ -45,7 +49,7 @@ from pydantic import ValidationError
 from dmem.client import Client
 from schemas import SearchFilters, Transition
 from schemas.errors import DmemError
-from schemas.models import FiniteFloat, Ident, MetaValue, Text
+from schemas.models import Action, FiniteFloat, Ident, MetaValue, Text
 
 INSTRUCTIONS = (
     "dmem is this agent's long-term memory. Call `remember` after each step with what "
@@ -117,7 +121,7 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
     @server.tool(description="Publish one step (observation, action, reward) to memory.")
     async def remember(
         observation: Text,
-        action: Ident,
+        action: Action,
         reward: FiniteFloat = 0.0,
         next_observation: Text | None = None,
         done: bool = False,
@@ -214,6 +218,36 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         result: dict[str, Any] = await call("forget", go)
         return result
 
+    @server.tool(
+        description="List this tenant's memories, newest first, one page at a time "
+        "(limit <= 500; pass the answer's next_cursor to get the next page). filters "
+        "as for recall."
+    )
+    async def list_memories(
+        limit: int = 20,
+        cursor: str | None = None,
+        agent_id: Ident | None = None,
+        filters: SearchFilters | None = None,
+    ) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
+            page, nxt = await c.list_page(limit=limit, cursor=cursor, agent_id=agent_id,
+                                          filters=filters)  # fmt: skip
+            return {"memories": page, "next_cursor": nxt}
+
+        result: dict[str, Any] = await call("list", go)
+        return result
+
+    @server.tool(
+        description="What happened to one memory, oldest first: written (route, reason, "
+        "gate score, thresholds), merged, moved, credited, fed back, forgotten."
+    )
+    async def memory_history(memory_id: Ident, limit: int = 200) -> dict[str, Any]:
+        async def go(c: Client) -> dict[str, Any]:
+            return {"memory_id": memory_id, "events": await c.history(memory_id, limit)}
+
+        result: dict[str, Any] = await call("history", go)
+        return result
+
     @server.resource(
         "dmem://stats",
         name="stats",
@@ -224,7 +258,7 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         result: dict[str, Any] = await call("stats", lambda c: c.stats())
         return result
 
-    _ = (remember, recall, report_outcome, feedback, forget, stats)
+    _ = (remember, recall, report_outcome, feedback, forget, list_memories, memory_history, stats)
     return server
 
 

@@ -66,6 +66,20 @@ def parse_feedback(value: bytes) -> EpisodeOutcome | Feedback:
     return EpisodeOutcome.model_validate(data)
 
 
+def credit_event(u: UtilityUpdate, target: str, before: float,
+                 row: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The history event of an applied update: thumbs are ``fed_back``, outcomes
+    ``credited``; ``via`` names the folded id the update was addressed to."""
+    return {
+        "tenant": u.tenant, "memory_id": target,
+        "kind": "fed_back" if u.update_id.startswith("fb:") else "credited",
+        "ts": u.ts, "episode_id": u.episode_id, "update_id": u.update_id,
+        "advantage": u.credit, "evidence": u.evidence, "uses": u.uses,
+        "utility_before": before, "utility_after": float(row.get("utility", 0.0)),
+        "via": u.memory_id if u.memory_id != target else None,
+    }  # fmt: skip
+
+
 class CreditJob(Service):
     def __init__(self, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -199,6 +213,7 @@ class CreditJob(Service):
                 uses=u.uses,
                 ts=now,
                 evidence=u.evidence,
+                episode_id=u.episode_id or None,
             )
             key, value = u.memory_id.encode(), encode(msg)
             await self.producer.send(
@@ -282,6 +297,7 @@ class UtilityApplier(Service):
             for r in store.get_keys(extra, with_vector=True):
                 rows[(r["tenant"], r["id"])] = r
         touched: dict[tuple[str, str], dict[str, Any]] = {}
+        history: list[dict[str, Any]] = []
         for u in updates:
             key = (u.tenant, u.memory_id)
             target = key if key in rows else into.get(key)
@@ -289,6 +305,7 @@ class UtilityApplier(Service):
             if row is None or target is None:
                 self.skipped += 1
                 continue
+            before = float(row.get("utility", 0.0))
             if apply_utility(
                 row,
                 u.update_id,
@@ -298,6 +315,7 @@ class UtilityApplier(Service):
                 evidence=u.evidence,
             ):
                 touched[target] = row
+                history.append(credit_event(u, target[1], before, row))
                 self.applied += 1
                 CREDIT_UPDATES.labels(tenant=u.tenant).inc()
             else:
@@ -308,6 +326,8 @@ class UtilityApplier(Service):
             by_part.setdefault(part, []).append(row)
         for part, part_rows in by_part.items():
             store.upsert(part_rows, part)  # type: ignore[arg-type]
+        if history:  # after the rows: history never shows credit the row lacks
+            store.history.record(history)
         if touched and self.on_applied is not None:
             self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
         return len(touched)

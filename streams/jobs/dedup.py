@@ -149,6 +149,12 @@ class DedupEngine(IndexedEngine):
             if folded or target != s["partition"]:
                 clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
                 self.store.upsert([clean], target)  # type: ignore[arg-type]
+            # the fold index first: a folded id is always either stored or folded
+            self.store.history.fold(
+                str(s["tenant"]), dict.fromkeys(g.members, g.survivor), now,
+                {str(m["id"]): f"into {g.survivor} cos={sim:.4f}"
+                 for m, sim in zip(members, g.similarity, strict=True)},
+            )  # fmt: skip
             self.store.delete(list(g.members), tenant=str(s["tenant"]))
         t = self.index.tenant(str(s["tenant"]))
         events = []

@@ -10,7 +10,10 @@ route; `wire_respond` registers them with the faust app.
   Bad requests are dead-lettered *and* answered with an error when they carry
   a usable request_id, so a client never waits for a timeout on a typo.
 - HTTP: ``POST /v1/search`` (JSON `RetrievalRequest`; request_id optional),
-  ``GET /v1/memories/{id}?tenant=T``, ``DELETE /v1/memories/{id}?tenant=T`` and
+  ``GET /v1/memories/{id}?tenant=T``, ``GET /v1/memories?tenant=T`` (pages, newest
+  first, with the search's filters), ``GET /v1/memories?ids=a,b`` and
+  ``POST /v1/memories:batch_get`` (several ids), ``GET /v1/memories/{id}/history``
+  (`streams.respond.browse`), ``DELETE /v1/memories/{id}?tenant=T`` and
   ``POST /v1/forget`` (JSON `ForgetRequest`: one memory or one agent's memories;
   audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``),
   ``GET /v1/stats?tenant=T`` (row counts by partition); HTTP ingest
@@ -46,7 +49,14 @@ from pydantic import ValidationError
 
 from operators import Encoder
 from operators.retrieval import RankPolicy
-from schemas import ForgetRequest, RetrievalRequest, RetrievalResponse, encode
+from schemas import (
+    BatchGetRequest,
+    ForgetRequest,
+    MemoryListQuery,
+    RetrievalRequest,
+    RetrievalResponse,
+    encode,
+)
 from schemas.errors import DmemError, InvalidRecord
 from streams.admin import group_consumer
 from streams.auth import UNAUTHENTICATED, Authorizer, KafkaGuard
@@ -55,6 +65,7 @@ from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
 from streams.metrics import tenant_label
+from streams.respond.browse import MemoryReader, list_query
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.replies import KafkaReplies
@@ -162,6 +173,7 @@ class RespondApi:
                                      settings.respond.tenant_search_queue)  # fmt: skip
         self.replies = KafkaReplies(app, settings, KafkaGuard.from_settings(settings))
         self._responder: Responder | None = None
+        self._reader: MemoryReader | None = None
         self.errors = 0
 
     # -- shared ----------------------------------------------------------------------
@@ -279,25 +291,96 @@ class RespondApi:
         status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
         return json_response(view, resp.model_dump(mode="json", by_alias=True), status)
 
+    def reader(self) -> MemoryReader:
+        if self._reader is None:
+            assert self.store.store is not None  # store_ready
+            self._reader = MemoryReader(self.store.store, self.settings.milvus.search_consistency)
+        return self._reader
+
     async def get_memory(self, view: View, request: Request, memory_id: str) -> Response:
-        """``GET /v1/memories/{id}?tenant=T``."""
+        """``GET /v1/memories/{id}?tenant=T``: a folded id answers with its survivor."""
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
-        store = self.store.store
-        assert store is not None
         try:
-            rows = await asyncio.to_thread(store.get, [memory_id], tenant=tenant)
+            rows = await asyncio.to_thread(self.reader().get, tenant, [memory_id])
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
-        if not rows:  # folded into a survivor by dedup: the survivor stands for it
-            into = await asyncio.to_thread(store.survivors_of, tenant, [memory_id])
-            if memory_id not in into:
-                return json_response(view, {"error": "not found"}, 404)
-            rows = [{**into[memory_id], "folded_id": memory_id}]
-        row = rows[0]
-        row.pop("vector", None)
-        return json_response(view, row)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
+        if memory_id not in rows:
+            return json_response(view, {"error": "not found"}, 404)
+        return json_response(view, rows[memory_id])
+
+    async def batch_get(self, view: View, request: Request) -> Response:
+        """``POST /v1/memories:batch_get`` (JSON `BatchGetRequest`)."""
+        if (no := self.denied(view, request)) is not None:
+            return no
+        try:
+            req = BatchGetRequest.model_validate(orjson.loads(await request.read()))
+        except orjson.JSONDecodeError as exc:
+            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+        except ValidationError as exc:
+            return _invalid(view, exc)
+        if (no := self.denied(view, request, req.tenant)) is not None:
+            return no
+        if not self.store_ready():
+            return json_response(view, {"error": "store not ready"}, 503)
+        return await self._many(view, req.tenant, req.ids)
+
+    async def _many(self, view: View, tenant: str, ids: list[str]) -> Response:
+        try:
+            rows = await asyncio.to_thread(self.reader().get, tenant, ids)
+        except InvalidRecord as exc:
+            return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
+        want = list(dict.fromkeys(ids))
+        return json_response(view, {"tenant": tenant,
+                                    "memories": [rows[i] for i in want if i in rows],
+                                    "missing": [i for i in want if i not in rows]})  # fmt: skip
+
+    async def list_memories(self, view: View, request: Request) -> Response:
+        """``GET /v1/memories?tenant=T[&limit=N&cursor=C&filters]`` (or ``?ids=a,b``)."""
+        tenant, no = self.tenant_query(view, request)
+        if no is not None:
+            return no
+        params = dict(request.query)
+        if "ids" in params:
+            ids = [i for i in params.pop("ids").split(",") if i]
+            try:
+                req = BatchGetRequest.model_validate({"tenant": tenant, "ids": ids})
+            except ValidationError as exc:
+                return _invalid(view, exc)
+            return await self._many(view, req.tenant, req.ids)
+        try:
+            q = MemoryListQuery.model_validate(list_query(params))
+            memories, nxt = await asyncio.to_thread(self.reader().page, q)
+        except ValidationError as exc:
+            return _invalid(view, exc)
+        except InvalidRecord as exc:
+            return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
+        return json_response(view, {"tenant": tenant, "memories": memories, "next_cursor": nxt})
+
+    async def history(self, view: View, request: Request, memory_id: str) -> Response:
+        """``GET /v1/memories/{id}/history?tenant=T[&limit=N]``: its events, oldest first."""
+        tenant, no = self.tenant_query(view, request)
+        if no is not None:
+            return no
+        raw = request.query.get("limit", "200")
+        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+            return json_response(view, {"error": "limit must be an integer in 1..10000"}, 422)
+        try:
+            events = await asyncio.to_thread(self.reader().history, tenant, memory_id, int(raw))
+        except InvalidRecord as exc:
+            return json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return json_response(view, {"error": str(exc)}, 503)
+        if not events:
+            return json_response(view, {"error": "not found"}, 404)
+        return json_response(view, {"tenant": tenant, "memory_id": memory_id, "events": events})
 
     async def delete_memory(self, view: View, request: Request, memory_id: str) -> Response:
         """``DELETE /v1/memories/{id}?tenant=T``: 404 when nothing matched."""
@@ -370,6 +453,21 @@ def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn
         async def post(self, request: Request) -> Response:
             return await api.search(self, request)
 
+    @app.page("/v1/memories")
+    class MemoriesView(View):
+        async def get(self, request: Request) -> Response:
+            return await api.list_memories(self, request)
+
+    @app.page("/v1/memories:batch_get")
+    class BatchGetView(View):
+        async def post(self, request: Request) -> Response:
+            return await api.batch_get(self, request)
+
+    @app.page("/v1/memories/{memory_id}/history")
+    class HistoryView(View):
+        async def get(self, request: Request, memory_id: str) -> Response:
+            return await api.history(self, request, memory_id)
+
     @app.page("/v1/memories/{memory_id}")
     class MemoryView(View):
         async def get(self, request: Request, memory_id: str) -> Response:
@@ -388,7 +486,7 @@ def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn
         async def get(self, request: Request) -> Response:
             return await api.stats(self, request)
 
-    _ = (SearchView, MemoryView, ForgetView, StatsView)
+    _ = (SearchView, MemoriesView, BatchGetView, HistoryView, MemoryView, ForgetView, StatsView)
     ingest = wire_ingest(app, ctx, api.denied, json_response)  # POST /v1/transitions ...
     live = wire_ui(app, ctx, api.authorizer, api.denied, json_response)  # GET /ui/, /v1/live
     return lambda: {

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from schemas import (
+    BatchGetRequest,
     EpisodeOutcome,
     ErrorBody,
     Feedback,
@@ -40,6 +41,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (Feedback, "validation"),
     (RetrievalRequest, "validation"),
     (ForgetRequest, "validation"),
+    (BatchGetRequest, "validation"),
     (RetrievalResponse, "serialization"),
     (IngestAccepted, "serialization"),
     (ErrorBody, "serialization"),
@@ -131,6 +133,89 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "properties": {"tenant": {"type": "string"}, "forgotten": {"type": "integer"}},
     }
     mid = {"name": "memory_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    memories = {
+        "type": "object",
+        "required": ["memories"],
+        "properties": {
+            "tenant": {"type": "string"},
+            "memories": {"type": "array", "items": memory},
+            "missing": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "asked ids neither stored nor folded (batch reads)",
+            },
+            "next_cursor": {
+                "type": ["string", "null"],
+                "description": "the next page's cursor; null on the last page",
+            },
+        },
+    }
+    event = {
+        "type": "object",
+        "additionalProperties": True,
+        "required": ["kind", "ts"],
+        "properties": {
+            "kind": {
+                "type": "string",
+                "enum": [
+                    "written",
+                    "merged",
+                    "moved",
+                    "promoted",
+                    "demoted",
+                    "evicted",
+                    "forgotten",
+                    "credited",
+                    "fed_back",
+                ],
+            },
+            "ts": {"type": "integer", "description": "event time, ms"},
+        },
+    }
+    history = {
+        "type": "object",
+        "properties": {
+            "tenant": {"type": "string"},
+            "memory_id": {"type": "string"},
+            "events": {"type": "array", "items": event, "description": "oldest first"},
+        },
+    }
+
+    def q(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": schema,
+            "description": what,
+        }
+
+    list_params = [
+        _tenant_param(),
+        q(
+            "limit",
+            {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+            "memories per page",
+        ),
+        q("cursor", {"type": "string"}, "next_cursor of the previous page"),
+        q("ids", {"type": "string"}, "comma-separated ids: a batch read instead of a page"),
+        q("agent_id", {"type": "string"}, "one agent's memories"),
+        q("partition", {"type": "string", "enum": ["core", "buffer"]}, "one partition"),
+        q("valence", {"type": "integer", "enum": [-1, 0, 1]}, "sign of the reward"),
+        q("since_ms", {"type": "integer", "minimum": 0}, "created at or after (event time)"),
+        q("until_ms", {"type": "integer", "minimum": 0}, "created at or before (event time)"),
+        q("min_utility", {"type": "number"}, "utility at least"),
+        {
+            "name": "meta",
+            "in": "query",
+            "required": False,
+            "style": "deepObject",
+            "explode": True,
+            "schema": {"type": "object", "additionalProperties": True},
+            "description": "metadata equality: meta.<key>=<value>, the value a JSON literal "
+            '(3, true, "text") or plain text',
+        },
+    ]
     sec: list[dict[str, list[str]]] = [{"bearer": []}]
     paths: dict[str, Any] = {
         "/v1/transitions": _ingest(Transition, "transitions", settings.ingest.max_batch),
@@ -143,8 +228,32 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "responses": {"200": {"description": "hits, best first",
                                   "content": _json(_ref(RetrievalResponse))},
                           **_errors(401, 403, 415, 422, 429, 503)}}},
+        "/v1/memories": {"get": {
+            "summary": "A tenant's memories, newest first, one page at a time (the "
+                       "search's filters); or several by id (ids=a,b)",
+            "operationId": "listMemories", "security": sec, "parameters": list_params,
+            "responses": {"200": {"description": "a page and the next page's cursor",
+                                  "content": _json(memories)},
+                          **_errors(401, 403, 422, 503)}}},
+        "/v1/memories:batch_get": {"post": {
+            "summary": "Several memories of a tenant by id (a folded id answers with its "
+                       "survivor and folded_id)",
+            "operationId": "batchGetMemories", "security": sec,
+            "requestBody": {"required": True, "content": _json(_ref(BatchGetRequest))},
+            "responses": {"200": {"description": "the rows found, and the ids missing",
+                                  "content": _json(memories)},
+                          **_errors(401, 403, 415, 422, 503)}}},
+        "/v1/memories/{memory_id}/history": {"get": {
+            "summary": "What happened to one memory, oldest first",
+            "operationId": "memoryHistory", "security": sec,
+            "parameters": [mid, _tenant_param(),
+                           q("limit", {"type": "integer", "minimum": 1, "maximum": 10000,
+                                       "default": 200}, "the newest this many events")],
+            "responses": {"200": {"description": "its events", "content": _json(history)},
+                          **_errors(401, 403, 404, 422, 503)}}},
         "/v1/memories/{memory_id}": {
-            "get": {"summary": "One memory of a tenant", "operationId": "getMemory",
+            "get": {"summary": "One memory of a tenant (a folded id: its survivor, with "
+                               "folded_id)", "operationId": "getMemory",
                     "security": sec, "parameters": [mid, _tenant_param()],
                     "responses": {"200": {"description": "the row", "content": _json(memory)},
                                   **_errors(401, 403, 404, 422, 503)}},

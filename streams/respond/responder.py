@@ -39,7 +39,14 @@ import numpy as np
 
 from operators import Encoder, PassthroughEncoder
 from operators.retrieval import RankPolicy, StreamClock, rank, usage_weights
-from schemas import Hit, MemoryUsage, RetrievalRequest, RetrievalResponse, ScoreBreakdown
+from schemas import (
+    Hit,
+    MemoryUsage,
+    RetrievalRequest,
+    RetrievalResponse,
+    ScoreBreakdown,
+    SearchFilters,
+)
 from schemas.errors import InvalidRecord
 from streams.metrics import MILVUS_LATENCY
 
@@ -66,14 +73,18 @@ OUTPUT = [
 
 def store_filter(req: RetrievalRequest) -> dict[str, Any]:
     """Structured filters -> the store's validated filter dict."""
-    f = req.filters
+    return filter_terms(req.filters, req.as_of)
+
+
+def filter_terms(f: SearchFilters, as_of: int | None = None) -> dict[str, Any]:
+    """`SearchFilters` (and a question's ``as_of``) -> the store's filter dict."""
     out: dict[str, Any] = {}
     if f.valence is not None:
         out["valence"] = f.valence
     rng: dict[str, int] = {}
     if f.since_ms is not None:
         rng[">="] = f.since_ms
-    until = [x for x in (f.until_ms, req.as_of) if x is not None]
+    until = [x for x in (f.until_ms, as_of) if x is not None]
     if until:  # nothing written after the question was asked
         rng["<="] = min(until)
     if rng:

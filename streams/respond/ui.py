@@ -3,8 +3,13 @@
 What it shows: the tenants with their core/buffer counts, the gate's thresholds and
 the distribution of the gate score over time (from `streams.respond.live`: a
 bounded ring fed by a background consumer of the ``memories`` topic), the latest
-decisions with their reasons, the dead letters, and a search box whose hits show
-their score breakdown as bars (the page calls ``POST /v1/search``).
+decisions with their reasons, the dead letters, a search box whose hits show
+their score breakdown as bars (the page calls ``POST /v1/search``), and the memory
+explorer (``static/explorer.js``): a tenant's memories as a filterable, paginated
+table (``GET /v1/memories``), a detail panel with why the memory was stored, its
+utility over time and its history (``GET /v1/memories/{id}/history``), and buttons
+to rate it (``POST /v1/feedback``) or forget it (``DELETE /v1/memories/{id}``).
+``/ui/#tenant=T`` opens the page on tenant T.
 
 Files: hand-written HTML/JS/CSS under ``streams/respond/static/`` (package data),
 served by this worker; no build step, no CDN, no third-party script.
@@ -55,6 +60,7 @@ DISCOVER_WAIT_S = 3.0
 STATIC = {
     "index.html": "text/html; charset=utf-8",
     "ui.js": "text/javascript; charset=utf-8",
+    "explorer.js": "text/javascript; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
 }
 CSP = (

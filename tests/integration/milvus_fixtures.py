@@ -89,6 +89,8 @@ class _CollectionPool:
             store = MemoryStore(uri, collection=name, dim=dim).connect()
             try:
                 store.client.delete(name, filter='id != ""', timeout=10)
+                if store.client.has_collection(store.history.name, timeout=10):
+                    store.client.delete(store.history.name, filter='key != ""', timeout=10)
                 store.tombstones.clear()  # the next test's ids are not this one's forgets
                 if store.count() != 0:
                     raise RuntimeError("collection not empty")

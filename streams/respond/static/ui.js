@@ -16,10 +16,13 @@
 
   // ------------------------------------------------------------------ token
   (function takeTokenFromFragment() {
+    var t = /(?:^#|&)tenant=([^&]*)/.exec(window.location.hash);
+    if (t) { state.tenant = decodeURIComponent(t[1]); }  // /ui/#tenant=T opens on that tenant
     var m = /(?:^#|&)token=([^&]*)/.exec(window.location.hash);
     if (m) {
       sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-      history.replaceState(null, "", window.location.pathname + window.location.search);
+      history.replaceState(null, "", window.location.pathname + window.location.search +
+                           (t ? "#tenant=" + t[1] : ""));
     }
   })();
 
@@ -284,9 +287,13 @@
         attrs["data-core"] = t.core; attrs["data-buffer"] = t.buffer; attrs["data-total"] = t.total;
       }
       if (t.tenant === data.tenant) { attrs["class"] = "selected"; }
+      attrs["tabindex"] = "0";
       var tr = row([t.tenant, num(t.core, 0), num(t.buffer, 0), num(t.total, 0),
                     num(t.theta_low), num(t.theta_high), fmtTime(t.last_event_ts)], attrs);
       tr.addEventListener("click", function () { select(t.tenant); });
+      tr.addEventListener("keydown", function (ev) {
+        if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); select(t.tenant); }
+      });
       body.appendChild(tr);
     });
   }
@@ -439,6 +446,7 @@
       } else {
         var data = r.body;
         state.tenant = data.tenant;
+        if (window.dmemExplorer) { window.dmemExplorer.tenant(data.tenant); }
         renderTenants(data); renderGate(data); renderDecisions(data); renderDead(data);
         var feed = data.feed || {};
         setStatus("updated " + fmtTime(data.now_ms) + " \u00b7 feed " +
@@ -460,6 +468,10 @@
       state.timer = setTimeout(poll, POLL_MS);
     });
   }
+
+  // the memory explorer (explorer.js) shares the token and the helpers
+  window.dmemUi = { api: api, el: el, svg: svg, clear: clear, fmtTime: fmtTime, fmtNum: fmtNum,
+                    needToken: needToken };
 
   document.addEventListener("DOMContentLoaded", function () {
     $("auth").addEventListener("submit", function (ev) {

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "memories", "ingest_per_s", "search_p50_ms", "search_p99_ms", "kcat_ok",
-    "confluent_kafka_ok", "openapi_valid", "ui_ok",
+    "confluent_kafka_ok", "openapi_valid", "ui_ok", "get_p50_ms", "get_p99_ms",
+    "get_missing_p50_ms", "get_folded_p50_ms", "list_page_p50_ms", "history_p50_ms",
+    "explorer_ok",
 )  # fmt: skip
 REPO = Path(__file__).resolve().parents[3]
 
@@ -44,3 +46,11 @@ def test_bench_embedded_contract() -> None:
         assert out["kcat_reason"]
     if not out["ui_ok"]:
         assert out["ui_reason"]
+    assert 0 < out["get_p50_ms"] <= out["get_p99_ms"] and out["get_missing_p50_ms"] > 0
+    # the walk comes after the fold step, whose first copies are new memories
+    assert out["listed"] >= out["memories"] and out["list_page_p50_ms"] > 0
+    if out["get_folded_n"]:
+        assert out["get_folded_p50_ms"] > 0
+    assert out["history_p50_ms"] > 0 and isinstance(out["explorer_ok"], bool)
+    if not out["explorer_ok"]:
+        assert out["explorer_reason"]

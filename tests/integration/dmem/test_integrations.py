@@ -82,10 +82,14 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     """The transcript the closing note shows: list tools, remember, recall, outcome, ..."""
     lines: list[str] = []
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"remember", "recall", "report_outcome", "feedback", "forget"}
+    assert set(tools) == {"remember", "recall", "report_outcome", "feedback", "forget",
+                          "list_memories", "memory_history"}  # fmt: skip
     for t in tools.values():
         assert t.input_schema["type"] == "object" and t.input_schema.get("properties")
-    assert tools["remember"].input_schema["properties"]["action"]["pattern"]
+    # the tool's action is the stream's: free text, the same length bound, no pattern
+    stream = Transition.model_json_schema()["properties"]["action"]
+    action = tools["remember"].input_schema["properties"]["action"]
+    assert "pattern" not in action and action["maxLength"] == stream["maxLength"]
     lines.append("tools/list -> " + ", ".join(sorted(tools)))
 
     for t in corridor("mcp-agent")[:10]:  # one episode through `remember`
@@ -105,7 +109,10 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     assert ack["accepted"] is True and ack["episode_id"] == "mcp-agent-ep0"
     lines.append(f"remember x10 -> last {ack}")
 
-    bad = await client.call_tool("remember", {"observation": "x", "action": "no spaces!"})
+    r = await client.call_tool("remember", {"observation": "a locked door",
+                                            "action": "use key on door"})  # fmt: skip
+    assert not r.is_error, r
+    bad = await client.call_tool("remember", {"observation": "x", "action": "x" * 100_000})
     assert bad.is_error and "action" in bad.content[0].text
     lines.append(f"remember (bad action) -> is_error: {bad.content[0].text.splitlines()[0]}")
 
@@ -137,6 +144,23 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     assert not r.is_error and all(h["valence"] == 1 for h in text_of(r))
     r = await client.call_tool("recall", {"query": "road", "filters": {"valence": 7}})
     assert r.is_error  # outside the schema: a tool error, the server keeps serving
+
+    r = await client.call_tool("list_memories", {"limit": 500})
+    assert not r.is_error, r
+    listed = text_of(r)["memories"]
+    assert hits[0]["memory_id"] in {m["memory_id"] for m in listed}
+    assert [m["created_ts"] for m in listed] == sorted((m["created_ts"] for m in listed),
+                                                      reverse=True)  # fmt: skip
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while not any(e["kind"] == "written" for e in events) and time.monotonic() < deadline:
+        r = await client.call_tool("memory_history", {"memory_id": hits[0]["memory_id"]})
+        assert not r.is_error, r
+        events = text_of(r)["events"]
+        await asyncio.sleep(0.5)
+    written = next(e for e in events if e["kind"] == "written")
+    assert written["route"] in ("core", "buffer") and "theta_high" in written
+    lines.append(f"memory_history -> {[e['kind'] for e in events]}")
 
     r = await client.call_tool("report_outcome", {"episode_id": "mcp-agent-ep0", "reward": 1})
     assert not r.is_error and text_of(r)["accepted"] is True
@@ -256,6 +280,8 @@ def test_mcp_over_stdio_and_http_with_auth(stack: LocalStack, tmp_path: Path) ->
                     "report_outcome",
                     "feedback",
                     "forget",
+                    "list_memories",
+                    "memory_history",
                 }
                 r = await client.call_tool("recall", {"query": "walking on the quiet road", "k": 3})
                 assert not r.is_error

@@ -90,6 +90,9 @@ def test_merge_arithmetic_search_and_replay(store_factory: Callable[..., MemoryS
     into = store.survivors_of("acme", ["new1", "far", "nope"])
     assert set(into) == {"new1"} and into["new1"]["id"] == "old"
     assert store.survivors_of("zeta", ["new1"]) == {}  # never across tenants
+    # ... and so does the fold index, by primary key
+    assert store.history.folded_into("acme", ["new1", "far", "nope"]) == {"new1": "old"}
+    assert store.history.folded_into("zeta", ["new1"]) == {}
     assert "new0" not in eng.index.tenant("acme") and len(eng.index) == 6
     # the write path replays new0 (crash before its commit): merging again changes nothing
     store.upsert([news[0]], "core")

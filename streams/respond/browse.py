@@ -1,0 +1,243 @@
+"""Reading a tenant's memories by id, page by page, and their history (sync; the
+HTTP handlers run it in a worker thread).
+
+- By id (`MemoryReader.get`): one primary-key query over both partitions
+  (`MemoryStore.lookup`) with the search's consistency (bounded staleness: a
+  Strong read waits for the next server time tick). Ids not stored are looked
+  up in the fold index (`milvus.history.HistoryStore.folded_into`, a primary-key
+  read too), following a chain of folds for at most `MAX_HOPS`; a folded id
+  answers with its survivor's row plus ``folded_id``.
+- Pages (`MemoryReader.page`): newest first, keyset pagination on
+  (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
+  while memories are written and resumes anywhere. A page reads the keys
+  (id, created_ts) of a time window below the cursor, sized from the scope's
+  density to hold about two pages and widened until it holds more than a page,
+  then the page's rows by primary key. The density is learned from one read of
+  the scope's keys and re-estimated from every window (writes come in bursts), per
+  scope, in this worker.
+- History (`MemoryReader.history`): the memory's events from the history
+  collection, oldest first.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from milvus import expr as E
+from milvus.schema import PARTITIONS, PRIMARY_FIELD, VECTOR_FIELD, scalar_fields
+from schemas import MemoryListQuery
+from schemas.errors import InvalidRecord
+from streams.respond.responder import Responder, filter_terms
+
+__all__ = ["MAX_HOPS", "MemoryReader", "decode_cursor", "encode_cursor", "list_query"]
+
+MAX_HOPS = 8
+#: Milvus' largest result window of one query (``limit``): more rows take an iterator
+WINDOW = 16_384
+KEY_FIELDS = ["id", "created_ts"]
+#: the fields of a memory as the HTTP API shows it (everything but the vector)
+FIELDS = [f for f in scalar_fields() if f not in (PRIMARY_FIELD, VECTOR_FIELD)]
+_FILTER_PARAMS = ("valence", "partition", "since_ms", "until_ms", "min_utility")
+_QUERY_PARAMS = ("tenant", "agent_id", "limit", "cursor")
+
+
+def encode_cursor(created_ts: int, memory_id: str) -> str:
+    raw = orjson.dumps({"t": created_ts, "i": memory_id})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """(created_ts, id) of a cursor; `InvalidRecord` when it is not one."""
+    try:
+        d = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        ts, mid = d["t"], d["i"]
+    except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as exc:
+        raise InvalidRecord("cursor is not a next_cursor of this API") from exc
+    if not (isinstance(ts, int) and isinstance(mid, str) and mid):
+        raise InvalidRecord("cursor is not a next_cursor of this API")
+    return ts, mid
+
+
+def _scalar(value: str) -> Any:
+    """A metadata filter value: a JSON number, boolean or string literal, else the text."""
+    try:
+        v = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+    return v if isinstance(v, str | int | float | bool) else value
+
+
+def list_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """Query parameters of ``GET /v1/memories`` -> the `MemoryListQuery` payload.
+
+    ``meta.<key>=<value>`` is a metadata equality (the value a JSON literal, else
+    text); an unknown parameter is an error, not silently ignored.
+    """
+    out: dict[str, Any] = {}
+    filters: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    unknown = []
+    for key, value in params.items():
+        if key in _QUERY_PARAMS:
+            out[key] = value
+        elif key in _FILTER_PARAMS:  # numbers as numbers (a Literal does not coerce text)
+            v = _scalar(value)
+            filters[key] = v if isinstance(v, int | float) and not isinstance(v, bool) else value
+        elif key.startswith("meta.") and len(key) > 5:
+            meta[key[5:]] = _scalar(value)
+        else:
+            unknown.append(key)
+    if unknown:
+        raise InvalidRecord(f"unknown query parameters {sorted(unknown)}")
+    if meta:
+        filters["metadata_equals"] = meta
+    if filters:
+        out["filters"] = filters
+    return out
+
+
+def item(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row as the API shows it: ``memory_id`` and ``merged_ids`` added."""
+    row.pop(VECTOR_FIELD, None)
+    row.pop("distance", None)
+    row["memory_id"] = str(row["id"])
+    row["merged_ids"] = Responder.merged_ids([row]).get(row["memory_id"], [])
+    return row
+
+
+class MemoryReader:
+    """By id, pages and history over one store (see the module doc)."""
+
+    def __init__(self, store: Any, consistency_level: str | None = "Bounded") -> None:
+        self.store = store
+        self.consistency_level = consistency_level
+        #: per list scope (tenant, agent, filters): how densely memories lie in time
+        self._density: OrderedDict[str, _Density] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- by id -----------------------------------------------------------------------
+    def get(self, tenant: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """``{id: row}`` for the ids stored or folded (a folded id's row is its
+        survivor's, with ``folded_id``); ids neither are absent."""
+        want = list(dict.fromkeys(ids))
+        rows = self.store.lookup(want, tenant=tenant, output_fields=FIELDS,
+                                 consistency_level=self.consistency_level)  # fmt: skip
+        out = {str(r["id"]): item(r) for r in rows}
+        # folded ids: follow the fold index to a stored survivor
+        chase = {m: m for m in want if m not in out}
+        for _ in range(MAX_HOPS):
+            if not chase:
+                break
+            into = self.store.history.folded_into(tenant, sorted(set(chase.values())))
+            chase = {m: into[c] for m, c in chase.items() if c in into}
+            if not chase:
+                break
+            found = {str(r["id"]): item(r) for r in self.store.lookup(
+                sorted(set(chase.values())), tenant=tenant, output_fields=FIELDS,
+                consistency_level=self.consistency_level)}  # fmt: skip
+            for m, c in list(chase.items()):
+                if c in found:
+                    out[m] = {**found[c], "folded_id": m}
+                    del chase[m]
+        return out
+
+    # -- pages -----------------------------------------------------------------------
+    def _rows(self, tenant: str, ids: list[str]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        return list(self.store.lookup(ids, tenant=tenant, output_fields=FIELDS,
+                                      consistency_level=self.consistency_level))  # fmt: skip
+
+    def _query(self, flt: str, parts: list[str], fields: list[str],
+               every: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        """Rows matching ``flt``: at most `WINDOW`, or all of them (``every``)."""
+        rows = self.store.query_rows(flt, parts, fields, limit=WINDOW,
+                                     consistency_level=self.consistency_level)  # fmt: skip
+        if every and len(rows) >= WINDOW:  # more than one answer holds: page through them
+            rows = self.store.query_rows(flt, parts, fields, limit=None,
+                                         consistency_level=self.consistency_level)  # fmt: skip
+        return list(rows)
+
+    def page(self, q: MemoryListQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of `q`: (memories newest first, the next page's cursor or None).
+
+        Keyset pagination on (created_ts, id): the page is the newest ``limit``
+        memories below the cursor. It is read from a window ``created_ts >= lo``
+        sized from the scope's density (`_Density`) to hold about twice a page,
+        widened until it holds more than a page or reaches the oldest memory;
+        without a density yet, the scope's keys are read once to learn it.
+        """
+        f = q.filters
+        base = E.build_filter(tenant=q.tenant, agent_id=q.agent_id,
+                              extra_filter=filter_terms(f) or None)  # fmt: skip
+        parts: list[str] = [f.partition] if f.partition else list(PARTITIONS)
+        terms = [base]
+        top: int | None = None
+        if q.cursor:
+            top, mid = decode_cursor(q.cursor)
+            terms.append(f"(created_ts < {top}) || (created_ts == {top} && id < {E.literal(mid)})")
+        scope = orjson.dumps(q.model_dump(exclude={"cursor", "limit"}),
+                             option=orjson.OPT_SORT_KEYS).decode()  # fmt: skip
+        with self._lock:
+            dens = self._density.get(scope)
+        keys: list[dict[str, Any]] | None = None
+        if dens is not None:
+            top_ts = top if top is not None else dens.newest
+            width = max(1, int(2 * q.limit / dens.rate))
+            for _ in range(8):
+                lo = top_ts - width
+                got = self._query(E.and_all([*terms, f"created_ts >= {lo}"]), parts, KEY_FIELDS)
+                if len(got) >= WINDOW:  # a burst of writes: a narrower window
+                    width = max(1, width // 8)
+                    continue
+                if len(got) > q.limit:  # the next window follows this one's density
+                    keys = got
+                    self._learn(scope, _Density(dens.oldest, max(dens.newest, top_ts),
+                                                len(got) / width))  # fmt: skip
+                    break
+                if lo <= dens.oldest:  # the rest is small: read it without a window
+                    break
+                width *= 4
+        if keys is None:  # no density yet (or it was far off): the scope's keys, once
+            keys = self._query(E.and_all(terms), parts, KEY_FIELDS, every=True)
+            if not q.cursor and keys:
+                ts = [int(k["created_ts"]) for k in keys]
+                self._learn(scope, _Density.of(min(ts), max(ts), len(ts)))
+        keys.sort(key=lambda r: (int(r["created_ts"]), str(r["id"])), reverse=True)
+        nxt = None
+        if len(keys) > q.limit:
+            last = keys[q.limit - 1]
+            nxt = encode_cursor(int(last["created_ts"]), str(last["id"]))
+        rows = self._rows(q.tenant, [str(k["id"]) for k in keys[: q.limit]])
+        return [item(r) for r in rows], nxt
+
+    def _learn(self, scope: str, d: _Density) -> None:
+        with self._lock:
+            self._density[scope] = d
+            self._density.move_to_end(scope)
+            while len(self._density) > 256:
+                self._density.popitem(last=False)
+
+    # -- history ---------------------------------------------------------------------
+    def history(self, tenant: str, memory_id: str, limit: int) -> list[dict[str, Any]]:
+        return list(self.store.history.events(tenant, memory_id, limit))
+
+
+@dataclass(frozen=True)
+class _Density:
+    """A scope's memories in time: oldest and newest created_ts, memories per ms."""
+
+    oldest: int
+    newest: int
+    rate: float
+
+    @staticmethod
+    def of(oldest: int, newest: int, n: int) -> _Density:
+        return _Density(oldest, newest, max(n, 1) / max(newest - oldest, 1))
