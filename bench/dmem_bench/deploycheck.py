@@ -16,19 +16,20 @@ What it checks (no cluster, no Docker, no network):
   (`streams.settings.Settings`; JSON for map/list settings, as pydantic-settings
   reads them from the environment);
 - HTTP API auth (`streams.auth`) per value set (`check_chart_auth`): with
-  ``auth.enabled`` and tokens configured, every pod of a role serving ``/v1``
-  (respond, all) sets ``DMEM_AUTH__TOKENS_FILE`` to a file inside a read-only
+  ``auth.enabled`` and tokens configured, every pod (every role: respond checks
+  ``/v1`` with the tokens and every role derives the Kafka record keys from them) sets
+  ``DMEM_AUTH__TOKENS_FILE`` to a file inside a read-only
   Secret volume whose key is ``auth.existingSecretKey`` of ``auth.existingSecret``
   (or ``tokens.json`` of the chart's Secret, which must hold exactly
   ``auth.tokens``, and then a ``checksum/auth`` pod annotation); with
   ``auth.enabled=false`` those pods set ``DMEM_AUTH__DISABLED=true``; no pod sets
-  ``DMEM_AUTH__TOKENS`` inline, no role without ``/v1`` gets the tokens, and no
+  ``DMEM_AUTH__TOKENS`` inline, and no
   ConfigMap holds a ``DMEM_AUTH__TOKENS*`` key or any known token value.
   ``auth.enabled`` with no tokens is accepted: the pods fail closed (401);
 - ``docker-compose.yml`` validates against the Compose Specification JSON schema
   bundled at ``charts/compose-spec.json`` and wires the required services
-  (Kafka, Milvus with etcd and MinIO, one worker per role) to each other; the
-  services serving ``/v1`` (respond) get ``DMEM_AUTH__TOKENS`` (a non-empty
+  (Kafka, Milvus with etcd and MinIO, one worker per role) to each other; every
+  worker service gets ``DMEM_AUTH__TOKENS`` (a non-empty
   ``{token: [tenants]}`` after ``${VAR:-default}`` interpolation, the token taken
   from an environment variable, not written into the file) and do not disable auth.
 
@@ -71,8 +72,6 @@ COMPOSE_REQUIRED = ("kafka", "etcd", "minio", "milvus", "write", "respond", "job
 COMPOSE_ROLES = ("write", "respond", "jobs")
 # Roles whose web server mounts the HTTP API (/v1/*; streams.app.build_app), and
 # the compose services among them. The others serve only /health and /metrics.
-API_ROLES = ("respond", "all")
-COMPOSE_API_ROLES = ("respond",)
 # Where the chart mounts the tokens file (charts/dmem/templates/deployment.yaml).
 AUTH_TOKENS_FILE = "/etc/dmem/auth/tokens.json"
 CHART_AUTH_KEY = "tokens.json"
@@ -344,7 +343,6 @@ def check_chart_auth(values: dict[str, Any], docs: list[dict[str, Any]], where: 
     secrets = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Secret"}
     maps = _token_maps(secrets)
     tokens = set(auth.get("tokens") or {}).union(*maps.values())
-    token_secrets = set(maps) | ({auth["existingSecret"]} if auth.get("existingSecret") else set())
     errors: list[str] = []
     for doc in docs:
         name = f"{where} {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
@@ -359,16 +357,8 @@ def check_chart_auth(values: dict[str, Any], docs: list[dict[str, Any]], where: 
         pod = doc["spec"]["template"]
         (c,) = pod["spec"]["containers"]
         env = {e["name"]: e for e in c.get("env") or []}
-        auth_env = sorted(k for k in env if k.startswith("DMEM_AUTH__"))
         if "DMEM_AUTH__TOKENS" in env:
             errors.append(f"{name}: DMEM_AUTH__TOKENS in the pod spec; mount a tokens file")
-        if _role(c) not in API_ROLES:
-            vols = {
-                (v.get("secret") or {}).get("secretName") for v in pod["spec"].get("volumes") or []
-            }
-            if auth_env or vols & token_secrets:
-                errors.append(f"{name}: role {_role(c)} serves no /v1 but gets the auth settings")
-            continue
         disabled = str((env.get("DMEM_AUTH__DISABLED") or {}).get("value", "")).lower()
         if not enabled:
             if disabled != "true":
@@ -540,8 +530,7 @@ def compose_wiring(services: dict[str, Any]) -> list[str]:
                 errors.append(f"{role}: depends_on {need} must wait for service_healthy")
         if not svc.get("healthcheck"):
             errors.append(f"{role}: no healthcheck")
-        if role in COMPOSE_API_ROLES:
-            errors.extend(compose_auth(role, svc.get("environment"), env))
+        errors.extend(compose_auth(role, svc.get("environment"), env))
         errors.extend(check_dmem_env(env, f"compose[{role}]"))
     for name in COMPOSE_REQUIRED:
         if not (services[name].get("healthcheck") or {}).get("test"):
@@ -551,11 +540,13 @@ def compose_wiring(services: dict[str, Any]) -> list[str]:
 
 
 def compose_auth(role: str, raw: Any, env: dict[str, str]) -> list[str]:
-    """A /v1-serving compose service has tokens, from an environment variable."""
+    """A worker service has the tokens (respond checks /v1 with them, every role derives
+    the Kafka record keys from them), from an environment variable."""
     if env.get("DMEM_AUTH__DISABLED", "").lower() in ("1", "true", "yes", "on"):
-        return [f"{role}: serves /v1 with DMEM_AUTH__DISABLED"]
+        return [f"{role}: DMEM_AUTH__DISABLED set"]
     if "DMEM_AUTH__TOKENS" not in env:
-        return [f"{role}: serves /v1 but sets no DMEM_AUTH__TOKENS (every request would be 401)"]
+        return [f"{role}: sets no DMEM_AUTH__TOKENS (/v1 would answer 401, Kafka records "
+                "would go unsigned)"]  # fmt: skip
     try:
         tokens = json.loads(env["DMEM_AUTH__TOKENS"])
     except ValueError as exc:

@@ -105,12 +105,7 @@ app.kubernetes.io/component: {{ .role }}
 {{- if or .Values.roles.respond.enabled .Values.roles.all.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* True when a role serves /v1. Call with (dict "root" $ "role" "respond"). */}}
-{{- define "dmem.roleServesApi" -}}
-{{- if has .role (list "respond" "all") -}}true{{- end -}}
-{{- end -}}
-
-{{/* True when the HTTP API pods mount a tokens Secret (existing or the chart's). */}}
+{{/* True when the pods mount a tokens Secret (existing or the chart's). */}}
 {{- define "dmem.authTokens" -}}
 {{- if and .Values.auth.enabled (or .Values.auth.existingSecret .Values.auth.tokens) -}}true{{- end -}}
 {{- end -}}

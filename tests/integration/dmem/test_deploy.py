@@ -282,7 +282,7 @@ def _tokens_file_source(pod: dict[str, Any], c: dict[str, Any]) -> tuple[str, st
     return v["secret"]["secretName"], item["key"], bool(m.get("readOnly"))
 
 
-def test_auth_tokens_from_existing_secret_mounted_into_respond_only(chart: Any) -> None:
+def test_auth_tokens_from_existing_secret_mounted_into_every_role(chart: Any) -> None:
     report, rendered = chart
     assert report.auth_errors == []
     docs = rendered["external-kafka-sasl-values.yaml"]
@@ -291,10 +291,11 @@ def test_auth_tokens_from_existing_secret_mounted_into_respond_only(chart: Any) 
     assert _tokens_file_source(pod, c) == ("dmem-api-tokens", "tokens", True)
     assert "DMEM_AUTH__DISABLED" not in _env(c)
     assert "checksum/auth" not in pod["metadata"]["annotations"]  # the chart cannot see it
-    for role in ("write", "jobs"):  # /health and /metrics only: no tokens there
+    for role in ("write", "jobs"):  # Kafka record keys come from the same map
         wpod, wc = _pod(docs, role)
-        assert not [k for k in _env(wc) if k.startswith("DMEM_AUTH__")]
-        assert "auth-tokens" not in {v["name"] for v in wpod["spec"]["volumes"]}
+        assert _env(wc)["DMEM_AUTH__TOKENS_FILE"] == AUTH_TOKENS_FILE
+        assert _tokens_file_source(wpod, wc) == ("dmem-api-tokens", "tokens", True)
+        assert "DMEM_AUTH__DISABLED" not in _env(wc)
 
 
 def test_auth_inline_tokens_in_chart_secret_never_in_configmap(chart: Any) -> None:
@@ -307,8 +308,11 @@ def test_auth_inline_tokens_in_chart_secret_never_in_configmap(chart: Any) -> No
     pod, c = _pod(docs, "respond")
     assert _tokens_file_source(pod, c) == ("dmem-auth", "tokens.json", True)
     assert re.fullmatch(r"[0-9a-f]{64}", pod["metadata"]["annotations"]["checksum/auth"])
-    wpod, _ = _pod(docs, "write")
-    assert "checksum/auth" not in wpod["metadata"]["annotations"]
+    wpod, _ = _pod(docs, "write")  # every role rolls with the tokens
+    assert (
+        wpod["metadata"]["annotations"]["checksum/auth"]
+        == pod["metadata"]["annotations"]["checksum/auth"]
+    )
     text = yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
     assert not [t for t in tokens if t in text], "a token left its Secret"
 
@@ -405,9 +409,9 @@ def test_auth_checks_catch_breakage() -> None:
         _, c = respond(docs)
         c["env"].append({"name": "DMEM_AUTH__TOKENS", "value": '{"x": ["*"]}'})
 
-    def to_write(docs: list[dict[str, Any]]) -> None:
+    def off_write(docs: list[dict[str, Any]]) -> None:
         _, c = _pod(docs, "write")
-        c.setdefault("env", []).append({"name": "DMEM_AUTH__TOKENS_FILE", "value": "/x"})
+        c["env"] = [e for e in c["env"] if e["name"] != "DMEM_AUTH__TOKENS_FILE"]
 
     def no_checksum(docs: list[dict[str, Any]]) -> None:
         pod, _ = respond(docs)
@@ -420,7 +424,7 @@ def test_auth_checks_catch_breakage() -> None:
         (not_secret, "not a Secret volume"),
         (leak, "holds an HTTP API token"),
         (inline, "DMEM_AUTH__TOKENS in the pod spec"),
-        (to_write, "serves no /v1"),
+        (off_write, "no DMEM_AUTH__TOKENS_FILE"),
         (no_checksum, "checksum/auth"),
     ]:
         assert expect in broken(edit), edit.__name__
@@ -462,7 +466,8 @@ def test_compose_validates_and_wires_services() -> None:
         assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully"
         assert any(p.startswith("127.0.0.1:") and p.endswith(":6066") for p in svc["ports"])
         assert "/health" in " ".join(svc["healthcheck"]["test"])
-    # only respond serves /v1: its token comes from $DMEM_API_TOKEN, required, no default
+    # every role has the token map (respond checks /v1, all sign Kafka records with it):
+    # from $DMEM_API_TOKEN, required, no default
     raw = s["respond"]["environment"]["DMEM_AUTH__TOKENS"]
     assert "${DMEM_API_TOKEN:?" in raw and ":-" not in raw
     assert json.loads(_env_map(s["respond"]["environment"])["DMEM_AUTH__TOKENS"]) == {
@@ -471,7 +476,7 @@ def test_compose_validates_and_wires_services() -> None:
     # nothing is published on every interface
     published = [p for svc in s.values() for p in svc.get("ports") or []]
     assert published and all(str(p).startswith("127.0.0.1:") for p in published)
-    assert "DMEM_AUTH__TOKENS" not in s["write"]["environment"]
+    assert all(s[r]["environment"]["DMEM_AUTH__TOKENS"] == raw for r in ("write", "jobs"))
 
 
 def test_compose_checks_catch_breakage(tmp_path: Path) -> None:
