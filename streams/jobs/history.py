@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from schemas import MemoryEvent
 from streams.admin import commit_or_replay, group_consumer
+from streams.auth import KafkaGuard
 from streams.context import RoleContext, SettleState, StatusFn
 from streams.settings import Settings
 from streams.settle import backlog
@@ -59,6 +60,8 @@ class HistoryRecorder(Service):
         super().__init__(**kwargs)
         self.settings = settings
         self.store_service = store
+        #: with Kafka credentials on, only events the service signed enter a history
+        self.guard = KafkaGuard.from_settings(settings)
         self.consumer: AIOKafkaConsumer | None = None
         self.recorded = 0
         self.bad = 0
@@ -82,6 +85,8 @@ class HistoryRecorder(Service):
             rows: list[dict[str, Any]] = []
             for msgs in batch.values():
                 for m in msgs:
+                    if not self.guard.internal_ok(m.key, m.value, m.headers, "memory event"):
+                        continue
                     try:
                         ev = MemoryEvent.model_validate(orjson.loads(m.value))
                     except (ValidationError, orjson.JSONDecodeError) as exc:
