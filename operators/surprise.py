@@ -420,6 +420,11 @@ class IntrinsicConfig:
     #: deviations above the unrelated level speaks of the same thing: it updates that
     #: memory (`IntrinsicScore.updates`), and a search ranks it above the older one
     update_k: float = 3.0
+    #: where a near-repeat is discounted: "episode" (a chat session) against the
+    #: agent's memories of the same episode only, so a restatement in a later session
+    #: (a change or a confirmation of state) is judged on its information; "agent":
+    #: against all of the agent's memories
+    repeat_scope: str = "episode"
     #: contamination-adaptive cut (`Contamination`): off-context where the posterior
     #: of "injected" exceeds this; 0.9 = only when injected is at least nine times as
     #: likely as real (losing a real turn is worse than keeping a distractor, and the
@@ -448,6 +453,8 @@ class IntrinsicConfig:
             raise ValueError(f"info_n0 must be a finite number >= 0 or None, got {self.info_n0}")
         if not (math.isfinite(self.speaker_pooling) and 0.0 <= self.speaker_pooling <= 1.0):
             raise ValueError(f"speaker_pooling must be in [0, 1], got {self.speaker_pooling}")
+        if self.repeat_scope not in ("episode", "agent"):
+            raise ValueError(f"repeat_scope must be 'episode' or 'agent': {self.repeat_scope!r}")
         if not (math.isfinite(self.update_k) and self.update_k >= 0.0):
             raise ValueError(f"update_k must be a finite number >= 0, got {self.update_k}")
         if not 0.0 < self.off_posterior <= 1.0:
@@ -483,6 +490,7 @@ class _Suspect:
     raw: float
     threshold: float
     left: int
+    episode: str | None = None
 
 
 class _Running:
@@ -637,7 +645,8 @@ class IntrinsicState:
         #: per agent and speaker ("agent\x1fspeaker"): mean information of its turns
         self.speakers: OrderedDict[str, _Running] = OrderedDict()
         self.bank: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
-        self.bank_ids: OrderedDict[str, deque[str | None]] = OrderedDict()  # beside ``bank``
+        #: beside ``bank``: each entry's (memory id, episode id), either may be unknown
+        self.bank_meta: OrderedDict[str, deque[tuple[str | None, str | None]]] = OrderedDict()
         self.recent: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
         self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
         c = self.config
@@ -654,17 +663,23 @@ class IntrinsicState:
             return None
         return np.stack(list(dq))
 
-    def stored(self, agent: str, vec: np.ndarray, memory_id: str | None = None) -> None:
-        """Add ``vec`` (the memory ``memory_id``) to ``agent``'s bank (novelty and the
-        unrelated level are measured against it). `score_batch` adds every turn it
-        rates as a memory itself."""
+    def stored(
+        self,
+        agent: str,
+        vec: np.ndarray,
+        memory_id: str | None = None,
+        episode: str | None = None,
+    ) -> None:
+        """Add ``vec`` (the memory ``memory_id`` of ``episode``) to ``agent``'s bank
+        (novelty and the unrelated level are measured against it). `score_batch` adds
+        every turn it rates as a memory itself."""
         cfg = self.config
         dq = _bounded(self.bank, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents)
         dq.append(np.asarray(vec, dtype=np.float32).copy())
-        di = _bounded(
-            self.bank_ids, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents
+        dm = _bounded(
+            self.bank_meta, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents
         )
-        di.append(memory_id)
+        dm.append((memory_id, episode))
 
     def _unrelated(self) -> tuple[float, float] | None:
         if self.unrel_mean.count < self.config.warmup:
@@ -737,6 +752,7 @@ class IntrinsicState:
         s_next: np.ndarray,
         has_next: Sequence[bool],
         ids: Sequence[str] | None = None,
+        episodes: Sequence[str] | None = None,
     ) -> list[IntrinsicScore]:
         """Score a tenant's batch in stream order, then learn from it.
 
@@ -745,7 +761,8 @@ class IntrinsicState:
         so a turn's score does not depend on where batch boundaries fall. ``ids``
         (the transitions' memory ids) lets a vetoed turn wait as a suspect for a
         later turn that refers to it (`IntrinsicScore.vindicates`); without them a
-        veto is final.
+        veto is final. ``episodes`` (the transitions' episode ids) scope the repeat
+        discount to the episode (``repeat_scope``); without them it spans the agent.
         """
         cfg = self.config
         n = len(agents)
@@ -756,6 +773,7 @@ class IntrinsicState:
         for i in range(n):
             agent, vec = agents[i], s[i]
             text = texts[i]
+            episode = episodes[i] if episodes is not None else None
             if text is not None:
                 tok = self.tokens.ids(text)
                 total = self.tokens.summed(tok)
@@ -773,7 +791,7 @@ class IntrinsicState:
             cos = None
             if bank is not None:
                 cos = bank @ vec
-                novelty = float(1.0 - cos.max())
+                novelty = self._novelty(agent, cos, episode)
                 # the unrelated level: cosines to memories this turn does not repeat
                 far = cos[cos < cfg.repeat_cos]
                 if far.size:
@@ -790,8 +808,8 @@ class IntrinsicState:
             if cos is not None and unrel is not None:
                 j = int(np.argmax(cos))
                 if float(cos[j]) >= unrel[0] + cfg.update_k * unrel[1]:
-                    known = self.bank_ids.get(agent)
-                    updates = known[j] if known is not None and j < len(known) else None
+                    known = self.bank_meta.get(agent)
+                    updates = known[j][0] if known is not None and j < len(known) else None
             threshold = -math.inf
             if unrel is not None:
                 # fit_k, or the contamination-adaptive cut (`Contamination`, in the same
@@ -813,7 +831,9 @@ class IntrinsicState:
             self._window_stats(agent, vec, cos, fit if recent else None)
             if off and ids is not None and cfg.lookahead > 0:
                 pend = _bounded(self.suspects, agent, list, cfg.max_agents)
-                pend.append(_Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead))
+                pend.append(
+                    _Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead, episode)
+                )
             score = 0.0 if off else raw
             out.append(
                 IntrinsicScore(
@@ -832,12 +852,23 @@ class IntrinsicState:
             # score never depends on batch boundaries or on the gate's routes)
             for v in vind:
                 if v.raw >= cfg.bank_min:
-                    self.stored(agent, v.vec, v.memory_id)
+                    self.stored(agent, v.vec, v.memory_id, v.episode)
             if score >= cfg.bank_min:
-                self.stored(agent, vec, None if ids is None else ids[i])
+                self.stored(agent, vec, None if ids is None else ids[i], episode)
         if rnd_err is not None:
             self.rnd.learn(s)
         return out
+
+    def _novelty(self, agent: str, cos: np.ndarray, episode: str | None) -> float:
+        """1 - the best cosine to the agent's bank, or, with ``repeat_scope`` "episode"
+        and a known episode, to the bank's memories of that episode (1 when it has
+        none): a restatement in a later session is not a repeat of this one."""
+        if self.config.repeat_scope == "episode" and episode is not None:
+            meta = self.bank_meta.get(agent)
+            if meta is not None and len(meta) == cos.size:
+                same = np.fromiter((m[1] == episode for m in meta), dtype=bool, count=cos.size)
+                return float(1.0 - cos[same].max()) if same.any() else 1.0
+        return float(1.0 - cos.max())
 
     def _per_speaker(self, agent: str, text: str, info: float) -> float:
         """``info`` over the running mean of its speaker's turns to the power

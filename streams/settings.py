@@ -467,6 +467,15 @@ class IntrinsicSettings(BaseModel):
             "against itself), so a verbose speaker does not crowd out a terse one"
         ),
     )
+    repeat_scope: Literal["episode", "agent"] = Field(
+        default="episode",
+        description=(
+            "where a near-repeat (cosine above repeat_cos) is discounted: 'episode' against "
+            "the agent's memories of the same episode (a chat session) only, so a "
+            "restatement in a later session, a change or a confirmation of state, is "
+            "judged on its information; 'agent' against all of the agent's memories"
+        ),
+    )
     update_k: float = Field(
         default=3.0,
         ge=0.0,

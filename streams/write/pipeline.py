@@ -334,6 +334,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         info_n0=i.info_n0,
         speaker_pooling=i.speaker_pooling,
         update_k=i.update_k,
+        repeat_scope=i.repeat_scope,
     )
 
 
@@ -367,6 +368,7 @@ def intrinsic_scores(
         s2[idx],
         [ts[i].next_observation is not None or ts[i].next_state is not None for i in idx],
         [ts[i].memory_id for i in idx],
+        [ts[i].episode_id for i in idx],
     )
     out: list[IntrinsicScore | None] = [None] * len(ts)
     for i, x in zip(idx, scored, strict=True):

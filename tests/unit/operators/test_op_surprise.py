@@ -438,3 +438,27 @@ def test_speaker_means_survive_a_checkpoint_and_stay_bounded() -> None:
     d = orjson.loads(orjson.dumps(st.to_dict()))
     del d["speakers"]
     assert IntrinsicState.from_dict(d).info_mean.count == 0
+
+
+def test_a_restatement_in_a_later_episode_is_no_repeat_of_this_one() -> None:
+    """Within an episode (a chat session) a near-repeat is discounted; a restatement in
+    a later session (a change or a confirmation of state) is judged on its information,
+    unless ``repeat_scope`` is "agent"."""
+    enc = HashingEncoder(dim=128)
+    fact = "user: my sister anna moved to lisbon last spring to study architecture"
+    filler = [f"user: talking about topic {i} with detail {i * 7}" for i in range(30)]
+    texts = [fact, *filler, fact + " now"]
+
+    def last(scope: str, later_episode: bool) -> float:
+        st = IntrinsicState(128, IntrinsicConfig(repeat_scope=scope))
+        vecs = enc.encode(texts)
+        eps = ["s1"] * (len(texts) - 1) + ["s2" if later_episode else "s1"]
+        ids = [f"m{i}" for i in range(len(texts))]
+        sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts), ids, eps)
+        return sc[-1].novelty
+
+    assert last("episode", later_episode=False) < 0.1
+    assert last("agent", later_episode=True) < 0.1
+    assert last("episode", later_episode=True) == 1.0
+    with pytest.raises(ValueError):
+        IntrinsicConfig(repeat_scope="tenant")
