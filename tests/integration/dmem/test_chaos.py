@@ -41,7 +41,9 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
         )
     )
     assert out["all_committed"], "the worker group did not commit every offset"
-    assert out["worker_kills"] == 2
+    # the two kills of the stream, and one after the poisoned checkpoints over Kafka (a
+    # rebalance that restores the partition states from the models topic)
+    assert out["worker_kills"] == 3
     assert out["expected_stored"] > 0
     assert out["lost"] == 0
     assert out["duplicated"] == 0
@@ -52,7 +54,7 @@ def test_chaos_short_nothing_lost_or_duplicated() -> None:
     assert out["good_dead_lettered"] == 0
     assert out["dead_letters_without_reason"] == 0
     assert out["cross_tenant_hits"] == 0
-    # a hostile tenant reusing the others' ids changed none of their rows (issue 21)
+    # a hostile tenant reusing the others' ids changed none of their rows
     assert out["hostile_writes"] >= 500
     assert out["hostile_transitions"] == 1500 // 5
     assert out["cross_tenant_writes"] == 0
