@@ -373,7 +373,14 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         docs = DmemRetriever(client=sync, k=3).invoke("the user is allergic to nuts")
         assert docs and "allergic" in docs[0].page_content
         meta = docs[0].metadata
-        assert set(meta["breakdown"]) == {"semantic", "salience", "recency", "lambda", "score"}
+        assert set(meta["breakdown"]) == {
+            "semantic",
+            "salience",
+            "recency",
+            "lambda",
+            "score",
+            "supersedes",
+        }
         assert meta["memory_id"] == docs[0].id and meta["valence"] == -1
         adocs = asyncio.run(
             DmemRetriever(client=sync, k=3, filters={"valence": -1}).ainvoke("allergic")
