@@ -75,7 +75,11 @@ def test_bearer_tokens_scope_tenants(stack: LocalStack) -> None:
     data = {t: transitions(t, n_eps=2) for t in ("alpha", "beta")}
 
     async def load() -> None:
-        async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
+        # with tokens configured Kafka records carry credentials: the all-tenant token
+        # signs both tenants' transitions
+        async with Client(
+            stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix, token="tok-ops"
+        ) as c:
             for ts in data.values():
                 await c.publish_many(ts)
         total = sum(len(v) for v in data.values())
