@@ -52,12 +52,30 @@ def isolated_env(prefix: str, **overrides: str) -> dict[str, str]:
     }
 
 
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes | None, bytes]],
+    token: str | None = None,
+) -> None:
+    """Produce ``records``; with ``token``, each record whose value names a tenant
+    carries that token's Kafka credential (as the SDK sends it)."""
+    from schemas.credentials import TenantSigner
+
+    signer = TenantSigner(token) if token else None
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await p.start()
     try:
         for key, value in records:
-            await p.send(topic, value, key=key)
+            headers = None
+            if signer is not None:
+                try:
+                    tenant = orjson.loads(value).get("tenant")
+                except orjson.JSONDecodeError:
+                    tenant = None
+                if isinstance(tenant, str):
+                    headers = signer.headers(tenant, value)
+            await p.send(topic, value, key=key, headers=headers)
         await p.flush()
     finally:
         await p.stop()

@@ -64,7 +64,8 @@ def test_live_page_in_headless_chromium(stack: LocalStack) -> None:
                for tr, _c, _p in q_learning_transitions("cliffwalking", 300, seed=3,
                                                          tenant=tenant)]  # fmt: skip
     records.append((b"bad", b"{not json"))
-    asyncio.run(produce(s.kafka.bootstrap, s.topic("transitions"), records))
+    # with tokens configured, Kafka records carry the credential of a token
+    asyncio.run(produce(s.kafka.bootstrap, s.topic("transitions"), records, token="tok-ops"))
     base = f"http://127.0.0.1:{stack.web_ports[0]}"
 
     deadline = time.monotonic() + 90
