@@ -55,7 +55,7 @@ def test_jobs_settle_and_say_so(tmp_path: Path, broker: str, topic_prefix: str,
     url = f"http://127.0.0.1:{stack.web_ports[0]}"
     try:
         before = health(url)
-        assert set(before["settle"]) == {"write", "credit", "maintenance", "access"}
+        assert set(before["settle"]) == {"write", "credit", "maintenance", "access", "history"}
         trs = [Transition(tenant="acme", agent_id="a", episode_id=f"e{i // 8}", step=i % 8,
                           observation=f"room {i % 7}: a door, a key and a lamp", action="look",
                           reward=1.0 if i % 7 == 3 else 0.0, ts=1_600_000_000_000 + i * 1000)
