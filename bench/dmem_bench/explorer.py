@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -136,13 +139,17 @@ async def _drive(page: Page, url: str, mid: str, shot: Path | None,
 
 async def _session(chromium: str, url: str, mid: str, shot: Path | None,
                    timeout_s: float) -> dict[str, float]:  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="dmem-explorer-") as profile:
+    # chromium's helper processes may still write into the profile as it exits: the
+    # whole process group is stopped, and a leftover file never fails the check
+    tmp = tempfile.TemporaryDirectory(prefix="dmem-explorer-", ignore_cleanup_errors=True)
+    with tmp as profile:
         proc = subprocess.Popen(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--disable-background-networking", "--disable-component-update", "--no-first-run",
              "--remote-debugging-port=0", f"--user-data-dir={Path(profile)}",
              "--window-size=1100,1300", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)  # fmt: skip
         try:
             assert proc.stderr is not None
             deadline = time.monotonic() + 60
@@ -163,11 +170,21 @@ async def _session(chromium: str, url: str, mid: str, shot: Path | None,
                 async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                     return await _drive(Page(ws), url, mid, shot, timeout_s)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to chromium's process group, SIGKILL after 10 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def _status(base_url: str, token: str | None, tenant: str, mid: str) -> int:
