@@ -52,6 +52,16 @@ def isolated_env(prefix: str, **overrides: str) -> dict[str, str]:
     }
 
 
+def tokened_stack(data: Path, broker: str, topic_prefix: str, tokens: dict[str, list[str]]) -> Any:
+    """A one-process (``all``) `LocalStack` on ``broker`` with bearer ``tokens``
+    (and so Kafka record credentials on), fast write batches; use it with ``with``."""
+    from streams.local.stack import LocalStack
+
+    env = isolated_env(topic_prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2",
+                       DMEM_AUTH__TOKENS=orjson.dumps(tokens).decode())  # fmt: skip
+    return LocalStack(data, roles=("all",), extra_env=env, broker_bootstrap=broker)
+
+
 async def produce(
     bootstrap: str,
     topic: str,

@@ -25,7 +25,7 @@ from dmem_bench.demo import q_learning_transitions
 from dmem_bench.ui import chromium_path, ui_check
 from schemas import encode
 from streams.local.stack import LocalStack
-from tests.integration.broker_fixtures import isolated_env, produce
+from tests.integration.broker_fixtures import produce, tokened_stack
 
 pytestmark = pytest.mark.integration
 
@@ -50,10 +50,7 @@ def live(base: str, token: str, tenant: str = "rep") -> dict[str, Any]:
 
 @pytest.fixture
 def stack(tmp_path: Path, broker: str, topic_prefix: str) -> Iterator[LocalStack]:
-    env = isolated_env(topic_prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2",
-                       DMEM_AUTH__TOKENS=json.dumps(TOKENS))  # fmt: skip
-    with LocalStack(tmp_path / "data", roles=("all",), extra_env=env,
-                    broker_bootstrap=broker) as s:  # fmt: skip
+    with tokened_stack(tmp_path / "data", broker, topic_prefix, TOKENS) as s:
         yield s
 
 

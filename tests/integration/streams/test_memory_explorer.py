@@ -26,7 +26,7 @@ import pytest
 from dmem_bench.explorer import explorer_check
 from dmem_bench.ui import chromium_path
 from streams.local.stack import LocalStack
-from tests.integration.broker_fixtures import isolated_env
+from tests.integration.broker_fixtures import tokened_stack
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +60,7 @@ def episode(tenant: str, ep: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def stack(tmp_path: Path, broker: str, topic_prefix: str) -> Iterator[LocalStack]:
-    env = isolated_env(topic_prefix, DMEM_WRITE__BATCH_WITHIN_S="0.2",
-                       DMEM_AUTH__TOKENS=json.dumps(TOKENS))  # fmt: skip
-    with LocalStack(tmp_path / "data", roles=("all",), extra_env=env,
-                    broker_bootstrap=broker) as s:  # fmt: skip
+    with tokened_stack(tmp_path / "data", broker, topic_prefix, TOKENS) as s:
         yield s
 
 
