@@ -36,8 +36,11 @@ Steps, each a key of the JSON:
 5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
    (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
    unknown ids: 404), ``get_folded_p50_ms`` (40 new notes sent twice each with a
-   large reward, for dedup to fold: the ids it folded, answered by the survivor;
-   ``get_folded_n`` of them; the stack runs with ``DMEM_GATE__DROP_EXACT_REPEATS=false``
+   large reward, for dedup to fold: the ids it folded, known from the ``merged``
+   events on the memories topic, read once each, answered by the survivor;
+   ``get_folded_n`` of them; ``get_folded_again_p50_ms``: the same ids read a second
+   time, when the worker knows their fold edges); the stack runs with
+   ``DMEM_GATE__DROP_EXACT_REPEATS=false``
    so these repeats reach dedup, which changes nothing else: the load's notes are
    distinct), ``list_page_p50_ms`` (every page of 50 of a walk
    through the whole tenant, newest first), ``history_p50_ms``
@@ -413,10 +416,45 @@ def measure_search(cfg: EmbeddedConfig, base: str, raw: RawBaseline | None,
     }
 
 
-def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
+def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> set[str]:
+    """Those of ``want`` with a ``merged`` MemoryEvent: the whole memories topic, read
+    to its end (as it is when called)."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> set[str]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False)  # fmt: skip
+        await c.start()
+        out: set[str] = set()
+        end: dict[Any, int] | None = None
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                for msgs in (await c.getmany(timeout_ms=500)).values():
+                    for m in msgs:
+                        ev = json.loads(m.value)
+                        if ev.get("kind") == "merged" and ev.get("memory_id") in want:
+                            out.add(ev["memory_id"])
+                parts = list(c.assignment())
+                if not parts:
+                    continue
+                if end is None:
+                    end = await c.end_offsets(parts)
+                if all([await c.position(tp) >= end[tp] for tp in parts]):
+                    break
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def fold_some(cfg: EmbeddedConfig, base: str, bootstrap: str, topic: str,
+              n: int = 40) -> list[str]:  # fmt: skip
     """``n`` pairs of new, strongly rewarded notes, each sent twice (same note, action
     and reward; two episodes) for dedup to fold one into the other; returns the ids
-    it folded (a repeat the gate dropped is not one)."""
+    it folded (a repeat the gate dropped is not one), found from the ``merged``
+    events on the memories topic, so no read through the API has seen them yet."""
     from schemas import Transition
 
     rng = np.random.default_rng(cfg.seed + 11)
@@ -432,10 +470,8 @@ def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
         raise RuntimeError(f"ingest answered {code}: {body}")
     wait_settled([base], timeout_s=300, quiet_s=2.0)
     ids = [Transition.model_validate(r).memory_id for r in recs]
-    code, body = http(base, "POST", "/v1/memories:batch_get", {"tenant": TENANT, "ids": ids})
-    if code != 200:
-        raise RuntimeError(f"batch get answered {code}: {body}")
-    return [str(m["folded_id"]) for m in body["memories"] if m.get("folded_id")]
+    folded = merged_ids(bootstrap, topic, set(ids), 120)
+    return [m for m in dict.fromkeys(ids) if m in folded]
 
 
 @dataclass
@@ -468,14 +504,14 @@ def _timed(base: str, paths: list[str], want: int, raw: Callable[[str], None] | 
     return out
 
 
-def measure_reads(cfg: EmbeddedConfig, base: str, sent: int,
+def measure_reads(cfg: EmbeddedConfig, base: str, sent: int, folded_asked: list[str],
                   raw: RawBaseline | None = None) -> dict[str, Any]:  # fmt: skip
-    """Reads a person makes: by id (stored, missing, folded), pages of 50, history; with
-    `raw`, each stored and missing read is followed by its raw pymilvus counterpart."""
+    """Reads a person makes: by id (stored, missing, folded: `fold_some`'s ids), pages
+    of 50, history; with `raw`, each stored and missing read is followed by its raw
+    pymilvus counterpart."""
     from schemas import Transition
 
     rng = np.random.default_rng(cfg.seed + 7)
-    folded_asked = fold_some(cfg, base)
     pages, ids, cursor = [], [], None
     while True:  # the whole tenant, newest first, 50 a page
         path = f"/v1/memories?tenant={TENANT}&limit=50" + (f"&cursor={cursor}" if cursor else "")
@@ -502,6 +538,8 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int,
     missing = _timed(base, [f"/v1/memories/{m}{q}" for m in gone], 404,
                      raw.fold if raw else None, gone)  # fmt: skip
     fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
+    # the same folded ids again: the worker has read their fold edges now
+    warm = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
     hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
     r2 = lambda v: round(v, 2)  # noqa: E731
     get_p50 = r2(summarize_ms(get.lat)["p50"])
@@ -512,6 +550,7 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int,
         "get_missing_p50_ms": r2(summarize_ms(missing.lat)["p50"]),
         "get_folded_p50_ms": r2(summarize_ms(fold.lat)["p50"]) if fold.lat else None,
         "get_folded_n": len(fold.lat),
+        "get_folded_again_p50_ms": r2(summarize_ms(warm.lat)["p50"]) if warm.lat else None,
         "list_page_p50_ms": r2(summarize_ms(pages)["p50"]),
         "list_page_p99_ms": r2(summarize_ms(pages)["p99"]),
         "list_pages": len(pages),
@@ -573,7 +612,9 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
                                     dim=encoder.dim).connect()  # fmt: skip
             raw = RawBaseline(raw_store)
         result.update(measure_search(cfg, base, raw, encoder))
-        result.update(measure_reads(cfg, base, int(result["transitions"]), raw))
+        assert stack.bootstrap is not None  # started
+        folded = fold_some(cfg, base, stack.bootstrap, settings.topic("memories"))
+        result.update(measure_reads(cfg, base, int(result["transitions"]), folded, raw))
         result["explorer_ok"], result["explorer_reason"] = check_explorer(base)
         failed = False
     finally:
