@@ -187,7 +187,8 @@ class MemoryReader:
         ask = [m for m in ids if m not in known]
         pending: Future[dict[str, str]] | None = None
         if ask:
-            pending = self._pool.submit(self.store.history.folded_into, tenant, ask)
+            pending = self._pool.submit(self.store.history.folded_into, tenant, ask,
+                                        self.consistency_level)  # fmt: skip
         read = list(dict.fromkeys([*ids, *known.values()]))
         try:
             found = {str(r["id"]): item(r) for r in self.store.lookup(

@@ -20,7 +20,8 @@ class FakeHistory:
         self.asked: list[list[str]] = []
         self.overlapped: list[bool] = []
 
-    def folded_into(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+    def folded_into(self, tenant: str, ids: Sequence[str],
+                    consistency_level: str | None = None) -> dict[str, str]:  # fmt: skip
         # True only when the lookup of the same round started before this read ended
         self.overlapped.append(self.lookup_started.wait(2.0))
         self.asked.append(list(ids))
