@@ -232,18 +232,21 @@ class HistoryStore:
         return [k for _, k in rows[: max(0, n)]]
 
     # -- reads ---------------------------------------------------------------------
-    def folded_into(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
-        """``{id: survivor id}`` for those of ``ids`` dedup folded (a primary-key read)."""
+    def folded_into(self, tenant: str, ids: Sequence[str],
+                    consistency_level: str | None = None) -> dict[str, str]:  # fmt: skip
+        """``{id: survivor id}`` for those of ``ids`` dedup folded (a primary-key read;
+        ``consistency_level`` overrides this store's)."""
         keys = [f"{storage_key(tenant, i)}|{FOLD_SLOT}" for i in dict.fromkeys(ids)]
         if not keys:
             return {}
         c = self.client
+        level = consistency_level or self.consistency_level
         out: dict[str, str] = {}
         with self.store._errors("history query"):  # noqa: SLF001
             for i in range(0, len(keys), 1000):
                 res = c.query(self.name, filter=E.ids_in(keys[i : i + 1000], "key"),
                               output_fields=["memory_id", "body"], timeout=self.store.timeout_s,
-                              consistency_level=self.consistency_level)  # fmt: skip
+                              consistency_level=level)  # fmt: skip
                 for r in res:
                     into = (r.get("body") or {}).get("into")
                     if isinstance(into, str) and into:

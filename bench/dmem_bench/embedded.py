@@ -28,18 +28,31 @@ Steps, each a key of the JSON:
    the median across repeats of each repeat's client-side p50 / p99. Where the time
    goes: ``server_took_p50_ms`` (the responder's ``took_ms``: encode + Milvus +
    rank), ``encode_p50_ms`` (the same encoder in this process, one query a call)
-   and ``milvus_p50_ms`` (`MemoryStore.search` k = 32 from this process, server
-   mode only: a Lite file has one owner).
+   and ``raw_search_p50_ms`` (= ``milvus_p50_ms``): a raw pymilvus search of the
+   same work (k = 32, the tenant filter and the responder's output fields) from
+   this process, right after each timed HTTP search, so both see the same machine;
+   ``search_p50_ratio`` = search p50 / raw p50 (server mode only: a Lite file has
+   one owner, and then the raw keys are null).
 5. Reads a person makes (``--queries`` of each): ``get_p50_ms`` / ``get_p99_ms``
    (``GET /v1/memories/{id}`` of stored ids), ``get_missing_p50_ms`` (dropped and
    unknown ids: 404), ``get_folded_p50_ms`` (40 new notes sent twice each with a
-   large reward, for dedup to fold: the ids it folded, answered by the survivor;
-   ``get_folded_n`` of them; the stack runs with ``DMEM_GATE__DROP_EXACT_REPEATS=false``
+   large reward, for dedup to fold: the ids it folded, known from the ``merged``
+   events on the memories topic, read once each, answered by the survivor;
+   ``get_folded_n`` of them; ``get_folded_again_p50_ms``: the same ids read a second
+   time, when the worker knows their fold edges); the stack runs with
+   ``DMEM_GATE__DROP_EXACT_REPEATS=false``
    so these repeats reach dedup, which changes nothing else: the load's notes are
    distinct), ``list_page_p50_ms`` (every page of 50 of a walk
    through the whole tenant, newest first), ``history_p50_ms``
    (``GET /v1/memories/{id}/history``); ``explorer_ok``: the explorer scenario in
-   headless Chromium (`dmem_bench.explorer`: find, rate, forget).
+   headless Chromium (`dmem_bench.explorer`: find, rate, forget). The same run's
+   baseline, each raw call right after the HTTP read it stands for:
+   ``raw_get_p50_ms`` (a raw pymilvus primary-key query of the stored id, both
+   partitions, the API's fields), ``raw_fold_p50_ms`` (the fold index's
+   primary-key read of a missing id); ``get_p50_ratio`` = get p50 / raw get p50;
+   and the server's own share from its ``Server-Timing`` header:
+   ``get_server_p50_ms`` (the whole handler) and ``get_store_p50_ms`` (the store
+   read in its worker thread); the rest of ``get_p50_ms`` is HTTP and this client.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +133,76 @@ def http(base: str, method: str, path: str, body: Any = None, raw: bytes | None 
     except urllib.error.HTTPError as e:
         payload = e.read()
         return e.code, json.loads(payload) if payload else None
+
+
+def server_timing(value: str | None) -> dict[str, float]:
+    """``Server-Timing: store;dur=1.2, total;dur=3.4`` -> ``{"store": 1.2, "total": 3.4}``."""
+    out: dict[str, float] = {}
+    for part in (value or "").split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        try:
+            out[name] = float(dur)
+        except ValueError:
+            continue
+    return out
+
+
+def http_get_timed(base: str, path: str,
+                   timeout_s: float = 60.0) -> tuple[int, Any, dict[str, float]]:  # fmt: skip
+    """GET -> (status, JSON body, the answer's ``Server-Timing`` in ms)."""
+    try:
+        with urllib.request.urlopen(base + path, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read()), server_timing(r.headers.get("Server-Timing"))
+    except urllib.error.HTTPError as e:
+        payload = e.read()
+        return (e.code, json.loads(payload) if payload else None,
+                server_timing(e.headers.get("Server-Timing")))  # fmt: skip
+
+
+class RawBaseline:
+    """The same Milvus work as the HTTP calls, straight through pymilvus from this
+    process (server mode): the run's own measure of what the machine gives."""
+
+    def __init__(self, store: Any) -> None:
+        from milvus.history import FOLD_SLOT
+        from milvus.schema import PARTITIONS, VECTOR_FIELD, search_params
+        from streams.respond.browse import FIELDS
+        from streams.respond.responder import OUTPUT
+
+        self.store = store
+        self.fold_slot = FOLD_SLOT
+        self.partitions = list(PARTITIONS)
+        self.vector_field = VECTOR_FIELD
+        self.params = search_params(False, 32)
+        self.fields = list(dict.fromkeys([*FIELDS, "tenant", "metadata"]))
+        self.output = OUTPUT
+
+    def get(self, memory_id: str) -> None:
+        from milvus import expr as E
+        from schemas import storage_key
+
+        self.store.client.query(self.store.collection,
+                                filter=E.ids_in([storage_key(TENANT, memory_id)], "key"),
+                                output_fields=self.fields, partition_names=self.partitions,
+                                consistency_level="Bounded")  # fmt: skip
+
+    def fold(self, memory_id: str) -> None:
+        from milvus import expr as E
+        from schemas import storage_key
+
+        key = f"{storage_key(TENANT, memory_id)}|{self.fold_slot}"
+        self.store.client.query(self.store.history.name, filter=E.ids_in([key], "key"),
+                                output_fields=["memory_id", "body"],
+                                consistency_level="Bounded")  # fmt: skip
+
+    def search(self, vec: Any) -> None:
+        from milvus import expr as E
+
+        self.store.client.search(self.store.collection, data=[list(map(float, vec))],
+                                 filter=E.build_filter(tenant=TENANT), limit=32,
+                                 output_fields=self.output, search_params=self.params,
+                                 anns_field=self.vector_field,
+                                 consistency_level="Bounded")  # fmt: skip
 
 
 def transitions(n: int, start: int, tenant: str, seed: int, tag: str) -> list[dict[str, Any]]:
@@ -273,59 +357,104 @@ def load(cfg: EmbeddedConfig, base: str) -> dict[str, Any]:
     }
 
 
-def measure_search(cfg: EmbeddedConfig, base: str, milvus_uri: str | None,
-                   collection: str, encoder: Any) -> dict[str, Any]:  # fmt: skip
-    from milvus import MemoryStore
+def ms_p50(samples_s: list[float]) -> float | None:
+    return round(summarize_ms(samples_s)["p50"], 2) if samples_s else None
 
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def measure_search(cfg: EmbeddedConfig, base: str, raw: RawBaseline | None,
+                   encoder: Any) -> dict[str, Any]:  # fmt: skip
+    """Timed HTTP searches; after each, the raw search of the same query (server mode)."""
     rng = np.random.default_rng(cfg.seed + 99)
-    store = None
-    if milvus_uri:  # the raw baseline reads the worker's collection: same dim as its encoder
-        store = MemoryStore(milvus_uri, collection=collection, dim=encoder.dim).connect()
-    p50s, p99s, took, enc, mil = [], [], [], [], []
-    try:
-        for rep in range(cfg.repeats):
-            qs = [agent_note(rng) for _ in range(cfg.warmup + cfg.queries)]
-            lat = []
-            for i, q in enumerate(qs):
-                t0 = time.perf_counter()
-                code, body = http(base, "POST", "/v1/search", {"tenant": TENANT, "query": q,
-                                                                "k": 5})  # fmt: skip
-                dt = time.perf_counter() - t0
-                if code != 200:
-                    raise RuntimeError(f"search answered {code}: {body}")
-                if i >= cfg.warmup:
-                    lat.append(dt)
-                    took.append(float(body.get("took_ms", 0.0)))
-            s = summarize_ms(lat)
-            p50s.append(s["p50"])
-            p99s.append(s["p99"])
-            note(f"search repeat {rep + 1}: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms")
-        for q in qs[: min(50, len(qs))]:
+    p50s: list[float] = []
+    p99s: list[float] = []
+    took: list[float] = []
+    enc: list[float] = []  # s, encoding one query in this process
+    mil: list[float] = []  # s, the raw search of that query
+    for rep in range(cfg.repeats):
+        qs = [agent_note(rng) for _ in range(cfg.warmup + cfg.queries)]
+        lat = []
+        for i, q in enumerate(qs):
             t0 = time.perf_counter()
-            vec = encoder.encode([q])[0]
-            enc.append(time.perf_counter() - t0)
-            if store is not None:
+            code, body = http(base, "POST", "/v1/search", {"tenant": TENANT, "query": q,
+                                                            "k": 5})  # fmt: skip
+            dt = time.perf_counter() - t0
+            if code != 200:
+                raise RuntimeError(f"search answered {code}: {body}")
+            if i < cfg.warmup:
+                continue
+            lat.append(dt)
+            took.append(float(body.get("took_ms", 0.0)))
+            if raw is not None or len(enc) < 50:
                 t0 = time.perf_counter()
-                store.search(vec, tenant=TENANT, k=32, consistency_level="Bounded")
+                vec = encoder.encode([q])[0]
+                enc.append(time.perf_counter() - t0)
+            if raw is not None:
+                t0 = time.perf_counter()
+                raw.search(vec)
                 mil.append(time.perf_counter() - t0)
-    finally:
-        if store is not None:
-            store.close()
+        s = summarize_ms(lat)
+        p50s.append(s["p50"])
+        p99s.append(s["p99"])
+        note(f"search repeat {rep + 1}: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms")
+    p50 = round(statistics.median(p50s), 2)
+    raw_p50 = ms_p50(mil)
     return {
-        "search_p50_ms": round(statistics.median(p50s), 2),
+        "search_p50_ms": p50,
         "search_p99_ms": round(statistics.median(p99s), 2),
         "search_p50_ms_repeats": [round(x, 2) for x in p50s],
         "search_p99_ms_repeats": [round(x, 2) for x in p99s],
         "server_took_p50_ms": round(statistics.median(took), 2),
-        "encode_p50_ms": round(summarize_ms(enc)["p50"], 2),
-        "milvus_p50_ms": round(summarize_ms(mil)["p50"], 2) if mil else None,
+        "encode_p50_ms": ms_p50(enc),
+        "raw_search_p50_ms": raw_p50,
+        "raw_search_p99_ms": round(summarize_ms(mil)["p99"], 2) if mil else None,
+        "milvus_p50_ms": raw_p50,
+        "search_p50_ratio": ratio(p50, raw_p50),
     }
 
 
-def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
+def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> set[str]:
+    """Those of ``want`` with a ``merged`` MemoryEvent: the whole memories topic, read
+    to its end (as it is when called)."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> set[str]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False)  # fmt: skip
+        await c.start()
+        out: set[str] = set()
+        end: dict[Any, int] | None = None
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                for msgs in (await c.getmany(timeout_ms=500)).values():
+                    for m in msgs:
+                        ev = json.loads(m.value)
+                        if ev.get("kind") == "merged" and ev.get("memory_id") in want:
+                            out.add(ev["memory_id"])
+                parts = list(c.assignment())
+                if not parts:
+                    continue
+                if end is None:
+                    end = await c.end_offsets(parts)
+                if all([await c.position(tp) >= end[tp] for tp in parts]):
+                    break
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def fold_some(cfg: EmbeddedConfig, base: str, bootstrap: str, topic: str,
+              n: int = 40) -> list[str]:  # fmt: skip
     """``n`` pairs of new, strongly rewarded notes, each sent twice (same note, action
     and reward; two episodes) for dedup to fold one into the other; returns the ids
-    it folded (a repeat the gate dropped is not one)."""
+    it folded (a repeat the gate dropped is not one), found from the ``merged``
+    events on the memories topic, so no read through the API has seen them yet."""
     from schemas import Transition
 
     rng = np.random.default_rng(cfg.seed + 11)
@@ -341,29 +470,48 @@ def fold_some(cfg: EmbeddedConfig, base: str, n: int = 40) -> list[str]:
         raise RuntimeError(f"ingest answered {code}: {body}")
     wait_settled([base], timeout_s=300, quiet_s=2.0)
     ids = [Transition.model_validate(r).memory_id for r in recs]
-    code, body = http(base, "POST", "/v1/memories:batch_get", {"tenant": TENANT, "ids": ids})
-    if code != 200:
-        raise RuntimeError(f"batch get answered {code}: {body}")
-    return [str(m["folded_id"]) for m in body["memories"] if m.get("folded_id")]
+    folded = merged_ids(bootstrap, topic, set(ids), 120)
+    return [m for m in dict.fromkeys(ids) if m in folded]
 
 
-def _timed(base: str, paths: list[str], want: int) -> list[float]:
-    lat = []
-    for p in paths:
+@dataclass
+class Timed:
+    """Client latencies (s), the server's ``Server-Timing`` (ms) and raw calls (s)."""
+
+    lat: list[float]
+    total: list[float]
+    store: list[float]
+    raw: list[float]
+
+
+def _timed(base: str, paths: list[str], want: int, raw: Callable[[str], None] | None = None,
+           ids: list[str] | None = None) -> Timed:  # fmt: skip
+    """GET each path (its status must be ``want``); after each, ``raw`` of its id if given."""
+    out = Timed([], [], [], [])
+    for i, p in enumerate(paths):
         t0 = time.perf_counter()
-        code, body = http(base, "GET", p)
-        lat.append(time.perf_counter() - t0)
+        code, body, st = http_get_timed(base, p)
+        out.lat.append(time.perf_counter() - t0)
         if code != want:
             raise RuntimeError(f"GET {p} answered {code}, expected {want}: {body}")
-    return lat
+        if "total" in st:
+            out.total.append(st["total"] / 1e3)
+            out.store.append(st.get("store", 0.0) / 1e3)
+        if raw is not None and ids is not None:
+            t0 = time.perf_counter()
+            raw(ids[i])
+            out.raw.append(time.perf_counter() - t0)
+    return out
 
 
-def measure_reads(cfg: EmbeddedConfig, base: str, sent: int) -> dict[str, Any]:
-    """Reads a person makes: by id (stored, missing, folded), pages of 50, history."""
+def measure_reads(cfg: EmbeddedConfig, base: str, sent: int, folded_asked: list[str],
+                  raw: RawBaseline | None = None) -> dict[str, Any]:  # fmt: skip
+    """Reads a person makes: by id (stored, missing, folded: `fold_some`'s ids), pages
+    of 50, history; with `raw`, each stored and missing read is followed by its raw
+    pymilvus counterpart."""
     from schemas import Transition
 
     rng = np.random.default_rng(cfg.seed + 7)
-    folded_asked = fold_some(cfg, base)
     pages, ids, cursor = [], [], None
     while True:  # the whole tenant, newest first, 50 a page
         path = f"/v1/memories?tenant={TENANT}&limit=50" + (f"&cursor={cursor}" if cursor else "")
@@ -384,23 +532,38 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int) -> dict[str, Any]:
                if m not in stored][: n // 2]  # fmt: skip
     unknown = [uuid.uuid4().hex for _ in range(n - len(dropped))]
     q = f"?tenant={TENANT}"
-    get = _timed(base, [f"/v1/memories/{m}{q}" for m in sample], 200)
-    missing = _timed(base, [f"/v1/memories/{m}{q}" for m in dropped + unknown], 404)
+    get = _timed(base, [f"/v1/memories/{m}{q}" for m in sample], 200,
+                 raw.get if raw else None, sample)  # fmt: skip
+    gone = dropped + unknown
+    missing = _timed(base, [f"/v1/memories/{m}{q}" for m in gone], 404,
+                     raw.fold if raw else None, gone)  # fmt: skip
     fold = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
+    # the same folded ids again: the worker has read their fold edges now
+    warm = _timed(base, [f"/v1/memories/{m}{q}" for m in folded_asked], 200)
     hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
     r2 = lambda v: round(v, 2)  # noqa: E731
+    get_p50 = r2(summarize_ms(get.lat)["p50"])
+    raw_get = ms_p50(get.raw)
     return {
-        "get_p50_ms": r2(summarize_ms(get)["p50"]),
-        "get_p99_ms": r2(summarize_ms(get)["p99"]),
-        "get_missing_p50_ms": r2(summarize_ms(missing)["p50"]),
-        "get_folded_p50_ms": r2(summarize_ms(fold)["p50"]) if fold else None,
-        "get_folded_n": len(fold),
+        "get_p50_ms": get_p50,
+        "get_p99_ms": r2(summarize_ms(get.lat)["p99"]),
+        "get_missing_p50_ms": r2(summarize_ms(missing.lat)["p50"]),
+        "get_folded_p50_ms": r2(summarize_ms(fold.lat)["p50"]) if fold.lat else None,
+        "get_folded_n": len(fold.lat),
+        "get_folded_again_p50_ms": r2(summarize_ms(warm.lat)["p50"]) if warm.lat else None,
         "list_page_p50_ms": r2(summarize_ms(pages)["p50"]),
         "list_page_p99_ms": r2(summarize_ms(pages)["p99"]),
         "list_pages": len(pages),
         "listed": len(ids),
-        "history_p50_ms": r2(summarize_ms(hist)["p50"]),
+        "history_p50_ms": r2(summarize_ms(hist.lat)["p50"]),
         "reads_sampled": n,
+        "get_server_p50_ms": ms_p50(get.total),
+        "get_store_p50_ms": ms_p50(get.store),
+        "get_missing_server_p50_ms": ms_p50(missing.total),
+        "get_folded_server_p50_ms": ms_p50(fold.total),
+        "raw_get_p50_ms": raw_get,
+        "raw_fold_p50_ms": ms_p50(missing.raw),
+        "get_p50_ratio": ratio(get_p50, raw_get),
     }
 
 
@@ -416,6 +579,7 @@ def check_explorer(base: str) -> tuple[bool, str]:
 
 
 def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
+    from milvus import MemoryStore
     from operators.encoders import build_encoder
     from streams.local.stack import LocalStack
 
@@ -426,6 +590,8 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
     stack = LocalStack(tmp / "data", roles=("all",), extra_env=env, milvus=cfg.milvus)
     result: dict[str, Any] = {"config": cfg.__dict__, "machine": machine_info()}
     failed = True
+    raw_store: MemoryStore | None = None
+    raw: RawBaseline | None = None
     try:
         t0 = time.monotonic()
         result["milvus_mode"] = stack.milvus_mode()
@@ -439,16 +605,23 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
         result["openapi_valid"], result["openapi_reason"] = check_openapi(base)
         result.update(load(cfg, base))
         result["ui_ok"], result["ui_reason"] = check_ui(base)
-        uri = settings.milvus_uri if result["milvus_mode"] != "lite" else None
         e = settings.encoder  # the worker's encoder, uncached: one query a call
         encoder = build_encoder(e.name, dim=e.dim, cache_size=0, static_path=e.static_path)
-        result.update(measure_search(cfg, base, uri, settings.milvus.collection, encoder))
-        result.update(measure_reads(cfg, base, int(result["transitions"])))
+        if result["milvus_mode"] != "lite":  # the raw baseline reads the worker's collection
+            raw_store = MemoryStore(settings.milvus_uri, collection=settings.milvus.collection,
+                                    dim=encoder.dim).connect()  # fmt: skip
+            raw = RawBaseline(raw_store)
+        result.update(measure_search(cfg, base, raw, encoder))
+        assert stack.bootstrap is not None  # started
+        folded = fold_some(cfg, base, stack.bootstrap, settings.topic("memories"))
+        result.update(measure_reads(cfg, base, int(result["transitions"]), folded, raw))
         result["explorer_ok"], result["explorer_reason"] = check_explorer(base)
         failed = False
     finally:
         from dmem_bench.common import teardown
 
+        if raw_store is not None:
+            raw_store.close()
         teardown(stack, None, tmp, failed)
     return result
 
@@ -459,7 +632,8 @@ def print_report(r: dict[str, Any]) -> None:
     rows = [[k, r.get(k)] for k in (
         "milvus_mode", "encoder", "up_s", "memories", "transitions", "ingest_per_s",
         "search_p50_ms", "search_p99_ms", "server_took_p50_ms", "encode_p50_ms",
-        "milvus_p50_ms", "get_p50_ms", "get_p99_ms", "get_missing_p50_ms", "get_folded_p50_ms",
+        "raw_search_p50_ms", "search_p50_ratio", "get_p50_ms", "get_p99_ms", "get_server_p50_ms",
+        "raw_get_p50_ms", "get_p50_ratio", "get_missing_p50_ms", "get_folded_p50_ms",
         "list_page_p50_ms", "history_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid",
         "ui_ok", "explorer_ok")]  # fmt: skip
     print_table("Embedded stack (dmem up)", ["metric", "value"], rows)

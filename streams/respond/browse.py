@@ -3,10 +3,14 @@ HTTP handlers run it in a worker thread).
 
 - By id (`MemoryReader.get`): one primary-key query over both partitions
   (`MemoryStore.lookup`) with the search's consistency (bounded staleness: a
-  Strong read waits for the next server time tick). Ids not stored are looked
-  up in the fold index (`milvus.history.HistoryStore.folded_into`, a primary-key
-  read too), following a chain of folds for at most `MAX_HOPS`; a folded id
-  answers with its survivor's row plus ``folded_id``.
+  Strong read waits for the next server time tick), and *at the same time* the
+  same ids in the fold index (`milvus.history.HistoryStore.folded_into`, a
+  primary-key read too), so an id that is not stored costs one round trip, not
+  two. A stored id does not wait for the fold read. A folded id answers with its
+  survivor's row plus ``folded_id``; chains of folds are followed for at most
+  `MAX_HOPS`. Fold edges never change once written (an id is folded once), so
+  the reader keeps the last `FOLD_CACHE` of them: a folded id read again costs
+  one round trip (the id and its survivor in one lookup).
 - Pages (`MemoryReader.page`): newest first, keyset pagination on
   (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
   while memories are written and resumes anywhere. A page reads the keys
@@ -25,6 +29,7 @@ import base64
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +41,12 @@ from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
 from streams.respond.responder import Responder, filter_terms
 
-__all__ = ["MAX_HOPS", "MemoryReader", "decode_cursor", "encode_cursor", "list_query"]
+__all__ = ["FOLD_CACHE", "MAX_HOPS", "MemoryReader", "decode_cursor", "encode_cursor",
+           "list_query"]  # fmt: skip
 
 MAX_HOPS = 8
+#: fold edges (tenant, folded id) -> survivor id kept by a reader
+FOLD_CACHE = 65_536
 #: Milvus' largest result window of one query (``limit``): more rows take an iterator
 WINDOW = 16_384
 KEY_FIELDS = ["id", "created_ts"]
@@ -120,33 +128,95 @@ class MemoryReader:
         self.consistency_level = consistency_level
         #: per list scope (tenant, agent, filters): how densely memories lie in time
         self._density: OrderedDict[str, _Density] = OrderedDict()
+        #: fold edges read lately (they never change): (tenant, id) -> survivor id
+        self._folds: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._lock = threading.Lock()
+        #: the fold-index reads that run beside a lookup
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dmem-reads")
 
     # -- by id -----------------------------------------------------------------------
     def get(self, tenant: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """``{id: row}`` for the ids stored or folded (a folded id's row is its
         survivor's, with ``folded_id``); ids neither are absent."""
         want = list(dict.fromkeys(ids))
-        rows = self.store.lookup(want, tenant=tenant, output_fields=FIELDS,
-                                 consistency_level=self.consistency_level)  # fmt: skip
-        out = {str(r["id"]): item(r) for r in rows}
-        # folded ids: follow the fold index to a stored survivor
-        chase = {m: m for m in want if m not in out}
-        for _ in range(MAX_HOPS):
-            if not chase:
+        rows: dict[str, dict[str, Any]] = {}
+        edges: dict[str, str] = {}  # folded id -> the id it went into
+        looked: set[str] = set()  # ids read from the store and the fold index
+        for _ in range(MAX_HOPS + 1):
+            todo = {c for c in (self._follow(m, rows, edges) for m in want)
+                    if c not in rows and c not in looked}  # fmt: skip
+            if not todo:
                 break
-            into = self.store.history.folded_into(tenant, sorted(set(chase.values())))
-            chase = {m: into[c] for m, c in chase.items() if c in into}
-            if not chase:
-                break
-            found = {str(r["id"]): item(r) for r in self.store.lookup(
-                sorted(set(chase.values())), tenant=tenant, output_fields=FIELDS,
-                consistency_level=self.consistency_level)}  # fmt: skip
-            for m, c in list(chase.items()):
-                if c in found:
-                    out[m] = {**found[c], "folded_id": m}
-                    del chase[m]
+            found, into = self._round(tenant, sorted(todo))
+            rows.update(found)
+            edges.update(into)
+            looked |= todo
+        out: dict[str, dict[str, Any]] = {}
+        for m in want:
+            c = self._follow(m, rows, edges)
+            if c in rows:
+                out[m] = rows[c] if c == m else {**rows[c], "folded_id": m}
         return out
+
+    @staticmethod
+    def _follow(m: str, rows: Mapping[str, Any], edges: Mapping[str, str]) -> str:
+        """The id that stands for ``m`` so far: itself when stored, else along its folds."""
+        c = m
+        for _ in range(MAX_HOPS):
+            if c in rows or c not in edges:
+                break
+            c = edges[c]
+        return c
+
+    def _round(self, tenant: str, ids: list[str]) -> tuple[dict[str, dict[str, Any]],
+                                                           dict[str, str]]:  # fmt: skip
+        """One round trip: the rows of ``ids`` (and of the survivors of their cached
+        folds) and, in parallel, the fold edges of those not cached. Returns
+        (rows by id, fold edges); the fold read is awaited only when an id is
+        neither stored nor known to be folded."""
+        known: dict[str, str] = {}  # cached fold edges from these ids on, chains followed
+        with self._lock:
+            for m in ids:
+                c = m
+                for _ in range(MAX_HOPS):
+                    nxt = self._folds.get((tenant, c))
+                    if nxt is None or c in known:
+                        break
+                    known[c] = nxt
+                    c = nxt
+        ask = [m for m in ids if m not in known]
+        pending: Future[dict[str, str]] | None = None
+        if ask:
+            pending = self._pool.submit(self.store.history.folded_into, tenant, ask,
+                                        self.consistency_level)  # fmt: skip
+        read = list(dict.fromkeys([*ids, *known.values()]))
+        try:
+            found = {str(r["id"]): item(r) for r in self.store.lookup(
+                read, tenant=tenant, output_fields=FIELDS,
+                consistency_level=self.consistency_level)}  # fmt: skip
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            raise
+        into = dict(known)
+        if pending is not None:
+            if all(m in found for m in ask):  # all stored: the fold read is not needed
+                pending.cancel()
+            else:
+                fetched = pending.result()
+                into.update(fetched)
+                self._remember(tenant, fetched)
+        return found, into
+
+    def _remember(self, tenant: str, edges: Mapping[str, str]) -> None:
+        if not edges:
+            return
+        with self._lock:
+            for m, c in edges.items():
+                self._folds[(tenant, m)] = c
+                self._folds.move_to_end((tenant, m))
+            while len(self._folds) > FOLD_CACHE:
+                self._folds.popitem(last=False)
 
     # -- pages -----------------------------------------------------------------------
     def _rows(self, tenant: str, ids: list[str]) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -147,6 +148,23 @@ def public_error(exc: BaseException) -> str:
     """What a client is told about a failure of the store or the broker: its kind, never
     its text (which names the Milvus or broker address); the worker log has the detail."""
     return f"unavailable: {type(exc).__name__} (details in the respond worker's log)"
+
+
+def timed_json(view: View, body: Any, started: float, store_ms: float,
+               status: int = 200) -> Response:  # fmt: skip
+    """A JSON answer with ``Server-Timing``: the store read (``store``, in its worker
+    thread) and the whole handler (``total``), in ms, so a client can tell the
+    server's time from the network's and the store's from the rest."""
+    resp = json_response(view, body, status)
+    total = (time.perf_counter() - started) * 1e3
+    resp.headers["Server-Timing"] = f"store;dur={store_ms:.2f}, total;dur={total:.2f}"
+    return resp
+
+
+def _timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, (time.perf_counter() - t0) * 1e3
 
 
 def _invalid(view: View, exc: ValidationError) -> Response:
@@ -297,23 +315,34 @@ class RespondApi:
             self._reader = MemoryReader(self.store.store, self.settings.milvus.search_consistency)
         return self._reader
 
+    async def _read(self, view: View, fn: Callable[..., Any],
+                    *args: Any) -> tuple[Any, float, Response | None]:  # fmt: skip
+        """A store read in a worker thread: (its result, its ms, None), or the 422 / 503
+        answer when it fails."""
+        try:
+            out, ms = await asyncio.to_thread(_timed_call, fn, *args)
+        except InvalidRecord as exc:
+            return None, 0.0, json_response(view, {"error": str(exc)}, 422)
+        except DmemError as exc:
+            return None, 0.0, json_response(view, {"error": str(exc)}, 503)
+        return out, ms, None
+
     async def get_memory(self, view: View, request: Request, memory_id: str) -> Response:
         """``GET /v1/memories/{id}?tenant=T``: a folded id answers with its survivor."""
+        started = time.perf_counter()
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
-        try:
-            rows = await asyncio.to_thread(self.reader().get, tenant, [memory_id])
-        except InvalidRecord as exc:
-            return json_response(view, {"error": str(exc)}, 422)
-        except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
+        rows, ms, no = await self._read(view, self.reader().get, tenant, [memory_id])
+        if no is not None:
+            return no
         if memory_id not in rows:
-            return json_response(view, {"error": "not found"}, 404)
-        return json_response(view, rows[memory_id])
+            return timed_json(view, {"error": "not found"}, started, ms, 404)
+        return timed_json(view, rows[memory_id], started, ms)
 
     async def batch_get(self, view: View, request: Request) -> Response:
         """``POST /v1/memories:batch_get`` (JSON `BatchGetRequest`)."""
+        started = time.perf_counter()
         if (no := self.denied(view, request)) is not None:
             return no
         try:
@@ -326,22 +355,21 @@ class RespondApi:
             return no
         if not self.store_ready():
             return json_response(view, {"error": "store not ready"}, 503)
-        return await self._many(view, req.tenant, req.ids)
+        return await self._many(view, req.tenant, req.ids, started)
 
-    async def _many(self, view: View, tenant: str, ids: list[str]) -> Response:
-        try:
-            rows = await asyncio.to_thread(self.reader().get, tenant, ids)
-        except InvalidRecord as exc:
-            return json_response(view, {"error": str(exc)}, 422)
-        except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
+    async def _many(self, view: View, tenant: str, ids: list[str], started: float) -> Response:
+        rows, ms, no = await self._read(view, self.reader().get, tenant, ids)
+        if no is not None:
+            return no
         want = list(dict.fromkeys(ids))
-        return json_response(view, {"tenant": tenant,
-                                    "memories": [rows[i] for i in want if i in rows],
-                                    "missing": [i for i in want if i not in rows]})  # fmt: skip
+        return timed_json(view, {"tenant": tenant,
+                                 "memories": [rows[i] for i in want if i in rows],
+                                 "missing": [i for i in want if i not in rows]},
+                          started, ms)  # fmt: skip
 
     async def list_memories(self, view: View, request: Request) -> Response:
         """``GET /v1/memories?tenant=T[&limit=N&cursor=C&filters]`` (or ``?ids=a,b``)."""
+        started = time.perf_counter()
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
@@ -352,35 +380,37 @@ class RespondApi:
                 req = BatchGetRequest.model_validate({"tenant": tenant, "ids": ids})
             except ValidationError as exc:
                 return _invalid(view, exc)
-            return await self._many(view, req.tenant, req.ids)
+            return await self._many(view, req.tenant, req.ids, started)
         try:
             q = MemoryListQuery.model_validate(list_query(params))
-            memories, nxt = await asyncio.to_thread(self.reader().page, q)
         except ValidationError as exc:
             return _invalid(view, exc)
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
-        except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
-        return json_response(view, {"tenant": tenant, "memories": memories, "next_cursor": nxt})
+        page, ms, no = await self._read(view, self.reader().page, q)
+        if no is not None:
+            return no
+        memories, nxt = page
+        return timed_json(view, {"tenant": tenant, "memories": memories, "next_cursor": nxt},
+                          started, ms)  # fmt: skip
 
     async def history(self, view: View, request: Request, memory_id: str) -> Response:
         """``GET /v1/memories/{id}/history?tenant=T[&limit=N]``: its events, oldest first."""
+        started = time.perf_counter()
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
         raw = request.query.get("limit", "200")
         if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
             return json_response(view, {"error": "limit must be an integer in 1..10000"}, 422)
-        try:
-            events = await asyncio.to_thread(self.reader().history, tenant, memory_id, int(raw))
-        except InvalidRecord as exc:
-            return json_response(view, {"error": str(exc)}, 422)
-        except DmemError as exc:
-            return json_response(view, {"error": str(exc)}, 503)
+        events, ms, no = await self._read(view, self.reader().history, tenant, memory_id,
+                                          int(raw))  # fmt: skip
+        if no is not None:
+            return no
         if not events:
             return json_response(view, {"error": "not found"}, 404)
-        return json_response(view, {"tenant": tenant, "memory_id": memory_id, "events": events})
+        return timed_json(view, {"tenant": tenant, "memory_id": memory_id, "events": events},
+                          started, ms)  # fmt: skip
 
     async def delete_memory(self, view: View, request: Request, memory_id: str) -> Response:
         """``DELETE /v1/memories/{id}?tenant=T``: 404 when nothing matched."""

@@ -99,6 +99,12 @@ def _ingest(model: type[BaseModel], what: str, max_batch: int) -> dict[str, Any]
     }}  # fmt: skip
 
 
+#: the response header of reads: where the server's time went
+timing = {"Server-Timing": {"schema": {"type": "string"}, "description": (
+    "store;dur=<ms>, total;dur=<ms>: the store read (in its worker thread) and the whole "
+    "handler")}}  # fmt: skip
+
+
 def _tenant_param() -> dict[str, Any]:
     return {"name": "tenant", "in": "query", "required": True, "schema": {"type": "string"}}
 
@@ -233,7 +239,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                        "search's filters); or several by id (ids=a,b)",
             "operationId": "listMemories", "security": sec, "parameters": list_params,
             "responses": {"200": {"description": "a page and the next page's cursor",
-                                  "content": _json(memories)},
+                                  "content": _json(memories), "headers": timing},
                           **_errors(401, 403, 422, 503)}}},
         "/v1/memories:batch_get": {"post": {
             "summary": "Several memories of a tenant by id (a folded id answers with its "
@@ -241,7 +247,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "operationId": "batchGetMemories", "security": sec,
             "requestBody": {"required": True, "content": _json(_ref(BatchGetRequest))},
             "responses": {"200": {"description": "the rows found, and the ids missing",
-                                  "content": _json(memories)},
+                                  "content": _json(memories), "headers": timing},
                           **_errors(401, 403, 415, 422, 503)}}},
         "/v1/memories/{memory_id}/history": {"get": {
             "summary": "What happened to one memory, oldest first",
@@ -249,13 +255,15 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "parameters": [mid, _tenant_param(),
                            q("limit", {"type": "integer", "minimum": 1, "maximum": 10000,
                                        "default": 200}, "the newest this many events")],
-            "responses": {"200": {"description": "its events", "content": _json(history)},
+            "responses": {"200": {"description": "its events", "content": _json(history),
+                                  "headers": timing},
                           **_errors(401, 403, 404, 422, 503)}}},
         "/v1/memories/{memory_id}": {
             "get": {"summary": "One memory of a tenant (a folded id: its survivor, with "
                                "folded_id)", "operationId": "getMemory",
                     "security": sec, "parameters": [mid, _tenant_param()],
-                    "responses": {"200": {"description": "the row", "content": _json(memory)},
+                    "responses": {"200": {"description": "the row", "content": _json(memory),
+                                          "headers": timing},
                                   **_errors(401, 403, 404, 422, 503)}},
             "delete": {"summary": "Forget one memory", "operationId": "deleteMemory",
                        "security": sec, "parameters": [mid, _tenant_param()],

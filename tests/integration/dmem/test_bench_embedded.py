@@ -50,7 +50,11 @@ def test_bench_embedded_contract() -> None:
     # the walk comes after the fold step, whose first copies are new memories
     assert out["listed"] >= out["memories"] and out["list_page_p50_ms"] > 0
     if out["get_folded_n"]:
-        assert out["get_folded_p50_ms"] > 0
+        assert out["get_folded_p50_ms"] > 0 and out["get_folded_again_p50_ms"] > 0
+    # the server's share comes from its Server-Timing header; Lite has no raw baseline
+    assert 0 < out["get_store_p50_ms"] <= out["get_server_p50_ms"]
+    assert out["raw_get_p50_ms"] is None and out["get_p50_ratio"] is None
+    assert out["raw_search_p50_ms"] is None and out["search_p50_ratio"] is None
     assert out["history_p50_ms"] > 0 and isinstance(out["explorer_ok"], bool)
     if not out["explorer_ok"]:
         assert out["explorer_reason"]
