@@ -19,6 +19,17 @@ a typical turn says"), and 0 when the turn is off-context:
   later questions ask about; the shrinkage keeps a one-word turn with one rare
   token from outranking a sentence. Transitions without text use the error of a
   random-network-distillation predictor on the embedding (`RndSurprise`).
+- **Disclosure** (`discloses`): a turn in which its speaker states something about
+  itself (a sentence with a first-person word that is not a question: "I just got
+  back from a festival in Brooklyn", "my sister moved to Chicago") carries
+  ``1 + disclosure`` times its information, over that speaker's mean factor (so
+  within a speaker a disclosure ranks above a request, and the speakers' shares of
+  the gate stay as they were), before the speaker's yardstick. Facts
+  about the speaker are what later questions about a person ask for, and they hide
+  in turns whose words are common ("I've been listening to audiobooks during my
+  commute"); a request ("Can you recommend...?") is not one. The words are a small
+  list over several languages (`FIRST_PERSON`); a text in another language
+  scores as before.
 - **Novelty against what is stored**: 1 - max cosine to the agent's bank of
   stored embeddings. A near-repeat of a memory is worth little however
   informative it was the first time: the score is scaled by
@@ -87,6 +98,7 @@ __all__ = [
     "RewardMix",
     "RndSurprise",
     "TokenSurprisal",
+    "discloses",
     "gate_score",
 ]
 
@@ -96,6 +108,32 @@ MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkp
 
 #: the speaker of a chat turn: the ``"speaker: "`` prefix of the chat mapping's text
 SPEAKER_PREFIX = re.compile(r"^([^:\n]{1,64}):\s")
+#: first-person words (singular and plural) of English, German, French, Spanish,
+#: Italian, Portuguese and Dutch, as `_TOKEN` cuts them (lower case, ASCII letters;
+#: an accented word is cut at its accent, so "nós" is "n" and is left out)
+FIRST_PERSON = frozenset(
+    "i i'm im i've ive i'd i'll my me mine myself we we're we've we'd we'll our ours us "
+    "ourselves ich mein meine meinen meinem meiner mich mir wir uns unser unsere je j'ai "
+    "j'avais j'etais moi mon ma mes nous notre nos yo mi mis nosotros nosotras nuestro "
+    "nuestra io mio mia miei mie noi nostro nostra eu meu minha meus minhas ik mijn wij "
+    "ons onze".split()
+)
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
+
+
+def discloses(text: str) -> bool:
+    """Whether ``text`` (after a ``"speaker: "`` prefix) has a sentence that is not a
+    question and holds a first-person word (`FIRST_PERSON`): the speaker says
+    something about itself."""
+    m = SPEAKER_PREFIX.match(text)
+    body = text[m.end() :] if m else text
+    for sentence in _SENTENCE.findall(body):
+        s = sentence.strip()
+        if not s or s.endswith("?"):
+            continue
+        if any(w in FIRST_PERSON for w in _TOKEN.findall(s.lower())):
+            return True
+    return False
 
 
 def gate_score(extrinsic: float, intrinsic: float, w_intrinsic: float) -> float:
@@ -416,6 +454,9 @@ class IntrinsicConfig:
     #: only against itself). Between the two, a verbose speaker cannot crowd out a
     #: terse one, and a speaker whose turns are all informative still keeps more.
     speaker_pooling: float = 0.5
+    #: a turn in which its speaker states something about itself (`discloses`)
+    #: carries ``1 + disclosure`` times its information (0: off)
+    disclosure: float = 0.3
     #: a written turn whose nearest memory of the same agent is this many standard
     #: deviations above the unrelated level speaks of the same thing: it updates that
     #: memory (`IntrinsicScore.updates`), and a search ranks it above the older one
@@ -455,6 +496,8 @@ class IntrinsicConfig:
             raise ValueError(f"speaker_pooling must be in [0, 1], got {self.speaker_pooling}")
         if self.repeat_scope not in ("episode", "agent"):
             raise ValueError(f"repeat_scope must be 'episode' or 'agent': {self.repeat_scope!r}")
+        if not (math.isfinite(self.disclosure) and self.disclosure >= 0.0):
+            raise ValueError(f"disclosure must be a finite number >= 0, got {self.disclosure}")
         if not (math.isfinite(self.update_k) and self.update_k >= 0.0):
             raise ValueError(f"update_k must be a finite number >= 0, got {self.update_k}")
         if not 0.0 < self.off_posterior <= 1.0:
@@ -479,6 +522,8 @@ class IntrinsicScore:
     #: the memory id of the agent's earlier memory this turn speaks of (nearest in the
     #: bank, at least ``update_k`` std above the unrelated level), if any
     updates: str | None = None
+    #: the speaker states something about itself (`discloses`; weighed by ``disclosure``)
+    disclosure: bool = False
 
 
 @dataclass
@@ -644,6 +689,8 @@ class IntrinsicState:
         self.unrel_sq = _Running(a)  # mean squared cosine (for the std)
         #: per agent and speaker ("agent\x1fspeaker"): mean information of its turns
         self.speakers: OrderedDict[str, _Running] = OrderedDict()
+        #: per agent and speaker: mean disclosure factor of its turns (`_disclosed`)
+        self.disclosures: OrderedDict[str, _Running] = OrderedDict()
         self.bank: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
         #: beside ``bank``: each entry's (memory id, episode id), either may be unknown
         self.bank_meta: OrderedDict[str, deque[tuple[str | None, str | None]]] = OrderedDict()
@@ -782,10 +829,14 @@ class IntrinsicState:
                 else:  # a measured alternative term (`operators.conversation_score`)
                     info = self.tokens.surprisal(tok)
                 self.tokens.learn(tok)
-                info = self._per_speaker(agent, text, info)
+                disclosed = cfg.disclosure > 0.0 and discloses(text)
+                info = self._per_speaker(
+                    agent, text, info * self._disclosed(agent, text, disclosed)
+                )
             else:
                 assert rnd_err is not None
                 info = total = float(rnd_err[i])
+                disclosed = False
             bank = self._agent_bank(agent)
             novelty = 1.0
             cos = None
@@ -845,6 +896,7 @@ class IntrinsicState:
                     float(raw),
                     tuple((v.memory_id, v.raw, v.vec) for v in vind),
                     updates,
+                    disclosed,
                 )
             )
             recent.append(np.asarray(vec, dtype=np.float32).copy())
@@ -870,6 +922,29 @@ class IntrinsicState:
                 return float(1.0 - cos[same].max()) if same.any() else 1.0
         return float(1.0 - cos.max())
 
+    def _speaker(self, table: OrderedDict[str, _Running], agent: str, text: str) -> _Running:
+        """The running mean in ``table`` of the speaker of ``text`` (its ``"speaker: "``
+        prefix; none is the speaker "") for ``agent``."""
+        m = SPEAKER_PREFIX.match(text)
+        key = f"{agent}\x1f{m.group(1).strip().lower() if m else ''}"
+        return _bounded(
+            table, key, lambda: _Running(self.config.stats_alpha), self.config.max_agents
+        )
+
+    def _disclosed(self, agent: str, text: str, disclosed: bool) -> float:
+        """The information factor of a turn that discloses (``1 + disclosure``) or not
+        (1), over the speaker's mean factor so far: within a speaker a disclosure ranks
+        above a request, while the speakers' shares of the gate stay as they were (a
+        user who discloses in most turns does not crowd out the assistant)."""
+        w = self.config.disclosure
+        if w <= 0.0:
+            return 1.0
+        r = self._speaker(self.disclosures, agent, text)
+        factor = 1.0 + w * float(disclosed)
+        mean = r.mean if r.count else factor
+        r.add(factor)
+        return factor / max(mean, 1e-9)
+
     def _per_speaker(self, agent: str, text: str, info: float) -> float:
         """``info`` over the running mean of its speaker's turns to the power
         ``speaker_pooling`` (the mean before this turn; a speaker's first turn is its
@@ -877,11 +952,7 @@ class IntrinsicState:
         g = self.config.speaker_pooling
         if g <= 0.0:
             return info
-        m = SPEAKER_PREFIX.match(text)
-        key = f"{agent}\x1f{m.group(1).strip().lower() if m else ''}"
-        r = _bounded(
-            self.speakers, key, lambda: _Running(self.config.stats_alpha), self.config.max_agents
-        )
+        r = self._speaker(self.speakers, agent, text)
         mean = r.mean if r.count else info
         r.add(info)
         return info / max(mean, 1e-9) ** g
@@ -898,6 +969,7 @@ class IntrinsicState:
             "running": {name: [r.mean, r.count] for name, r in self._runnings().items()},
             "contamination": self.contamination.to_dict(),
             "speakers": {k: [r.mean, r.count] for k, r in self.speakers.items()},
+            "disclosures": {k: [r.mean, r.count] for k, r in self.disclosures.items()},
         }
 
     def _runnings(self) -> dict[str, _Running]:
@@ -942,6 +1014,9 @@ class IntrinsicState:
             for key, (mean, count) in list(d.get("speakers", {}).items())[-cfg.max_agents :]:
                 r = st.speakers[str(key)] = _Running(cfg.stats_alpha)
                 r.mean, r.count = float(mean), int(count)
+        for key, (mean, count) in list(d.get("disclosures", {}).items())[-cfg.max_agents :]:
+            r = st.disclosures[str(key)] = _Running(cfg.stats_alpha)
+            r.mean, r.count = float(mean), int(count)
         if "speakers" not in d and cfg.speaker_pooling > 0.0:  # the unpooled term's mean
             st.info_mean = _Running(cfg.stats_alpha)
         return st

@@ -467,6 +467,18 @@ class IntrinsicSettings(BaseModel):
             "against itself), so a verbose speaker does not crowd out a terse one"
         ),
     )
+    disclosure: float = Field(
+        default=0.3,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "a turn in which its speaker states something about itself (a sentence with "
+            "a first-person word that is not a question: 'my sister moved to Chicago') "
+            "carries 1 + this times its information, before the speaker's yardstick "
+            "(0: off; the words cover English, German, French, Spanish, Italian, "
+            "Portuguese and Dutch)"
+        ),
+    )
     repeat_scope: Literal["episode", "agent"] = Field(
         default="episode",
         description=(

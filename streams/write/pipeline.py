@@ -333,6 +333,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         off_posterior=i.off_posterior,
         info_n0=i.info_n0,
         speaker_pooling=i.speaker_pooling,
+        disclosure=i.disclosure,
         update_k=i.update_k,
         repeat_scope=i.repeat_scope,
     )
@@ -715,6 +716,8 @@ class WritePipeline:
                     "novelty": round(x.novelty, 4),
                     "fit": round(x.fit, 4),
                 }
+                if x.disclosure:
+                    row["metadata"]["surprise"]["disclosure"] = True
                 if x.updates is not None and x.updates != t.memory_id:
                     row["metadata"]["updates"] = x.updates
             out.upserts[cast(Partition, route)].append(row)

@@ -16,6 +16,7 @@ from operators.surprise import (
     RewardMix,
     RndSurprise,
     TokenSurprisal,
+    discloses,
     gate_score,
 )
 
@@ -410,7 +411,7 @@ def test_speaker_pooling_judges_each_speaker_partly_against_its_own_turns() -> N
     vecs = enc.encode(texts)
 
     def ratio(pooling: float) -> float:
-        st = IntrinsicState(64, IntrinsicConfig(speaker_pooling=pooling))
+        st = IntrinsicState(64, IntrinsicConfig(speaker_pooling=pooling, disclosure=0.0))
         sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
         user = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("u")])
         bot = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("a")])
@@ -462,3 +463,62 @@ def test_a_restatement_in_a_later_episode_is_no_repeat_of_this_one() -> None:
     assert last("episode", later_episode=True) == 1.0
     with pytest.raises(ValueError):
         IntrinsicConfig(repeat_scope="tenant")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("user: I just got back from a music festival in Brooklyn.", True),
+        ("user: Can you recommend a hotel? By the way, my sister moved to Chicago.", True),
+        ("bob: ich habe einen neuen Hund", True),
+        ("alice: Mon frère habite à Lyon.", True),
+        ("user: Can you recommend some good hotels in Paris?", False),
+        ("user: Do you think I should go?", False),
+        ("assistant: Paris has many museums. The Louvre is the largest.", False),
+        ("user: ", False),
+        ("I moved to Lisbon", True),  # no speaker prefix: the whole text
+    ],
+)
+def test_discloses_finds_statements_about_the_speaker(text: str, says: bool) -> None:
+    assert discloses(text) is says
+
+
+def test_disclosure_weighs_statements_about_the_speaker_within_each_speaker() -> None:
+    """With the same words around them, turns in which the speaker tells something about
+    itself score ``1 + disclosure`` times as much as its requests do; at 0 the same."""
+    enc = HashingEncoder(dim=64)
+    texts: list[str] = []
+    for i in range(40):
+        texts.append(f"user: my garden has {i} tomato plants now.")
+        texts.append(f"user: what about {i} tomato plants in a garden?")
+    vecs = enc.encode(texts)
+
+    def ratio(weight: float) -> float:
+        st = IntrinsicState(64, IntrinsicConfig(disclosure=weight))
+        sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+        assert [s.disclosure for s in sc] == [weight > 0 and discloses(t) for t in texts]
+        said = np.mean([s.info for s in sc[20::2]])
+        asked = np.mean([s.info for s in sc[21::2]])
+        return float(said / asked)
+
+    base, weighted = ratio(0.0), ratio(0.5)
+    assert weighted == pytest.approx(1.5 * base, rel=0.05)
+    # the factor is relative to the speaker's own rate: one who always discloses is
+    # scored as if the weight were off
+    texts = [f"user: my garden has {i} tomato plants now." for i in range(40)]
+    vecs = enc.encode(texts)
+    on, off = (
+        IntrinsicState(64, IntrinsicConfig(disclosure=w)).score_batch(
+            ["a"] * 40, texts, vecs, vecs, [False] * 40
+        )
+        for w in (0.5, 0.0)
+    )
+    assert [s.info for s in on] == pytest.approx([s.info for s in off], rel=1e-9)
+    st = IntrinsicState(64, IntrinsicConfig(disclosure=0.5))
+    st.score_batch(["a"] * 40, texts, vecs, vecs, [False] * 40)
+    back = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())))
+    assert {k: (r.mean, r.count) for k, r in back.disclosures.items()} == {
+        k: (r.mean, r.count) for k, r in st.disclosures.items()
+    }
+    with pytest.raises(ValueError):
+        IntrinsicConfig(disclosure=-0.1)
