@@ -4,15 +4,17 @@ The smoothing choice, and why:
 
 1. Tenant scale. ``RpeNormalizer`` keeps an EWMA of delta^2 (alpha 0.01, i.e.
    a horizon of ~100 transitions) and returns z = delta / sigma, with sigma
-   taken *before* the batch is folded in, so a sudden huge delta is measured
+   taken *before* the delta is folded in, so a sudden huge delta is measured
    against the past and is not diluted by itself. RMS rather than std: TD errors
    should be zero-mean when the value model is right, and a persistent bias is
    itself a surprise worth keeping visible. During warm-up (fewer than
    ``warmup`` samples) sigma is the RMS of everything seen *including* the
-   current batch, so a tenant whose rewards are +-100 is not divided by an
-   arbitrary 1.0 on its first batch (which would route everything to core).
+   current delta, so a tenant whose rewards are +-100 is not divided by an
+   arbitrary 1.0 on its first steps (which would route everything to core).
    The first ``warmup`` samples initialise the EWMA with their plain mean, so
-   it starts unbiased instead of decaying up from zero.
+   it starts unbiased instead of decaying up from zero. Each delta is scaled
+   and folded in turn, in stream order: a batch gives exactly what its deltas
+   give one at a time, so the scale does not depend on the micro-batching.
 
 2. Agent context. ``AgentSmoother`` keeps an EMA of |z| per agent (alpha 0.05,
    ~20 transitions) and scores s = |z| / (1 + kappa * ema_prev). An agent living
@@ -95,34 +97,28 @@ class RpeNormalizer:
             return 1.0
         return max(math.sqrt(self.mean_sq), self.floor)
 
-    def _fold(self, sq: np.ndarray) -> None:
-        # Weight max(1/k, alpha) per sample: exact mean while 1/k > alpha,
-        # then a plain EWMA; sequential because batches are small.
-        m = self.mean_sq
-        k = self.count
-        a = self.alpha
-        for x in sq.tolist():
-            k += 1
-            w = max(1.0 / k, a)
-            m += w * (x - m)
-        self.mean_sq = m
-        self.count = k
-
     def normalize(self, deltas: np.ndarray) -> np.ndarray:
-        """Return z = delta / sigma_before, then fold the batch into sigma."""
+        """z_i = delta_i / sigma before delta_i (during warm-up: including it), each delta
+        folded in after it is scaled, in order; the same for any cut of the stream."""
         d = np.asarray(deltas, dtype=np.float64).reshape(-1)
         if d.shape[0] == 0:
             return d.copy()
         if not np.isfinite(d).all():
             raise ValueError("non-finite TD errors")
-        sq = d * d
-        if self.count < self.warmup:
-            total = self.mean_sq * self.count + float(sq.sum())
-            sigma = max(math.sqrt(total / (self.count + sq.shape[0])), self.floor)
-        else:
-            sigma = self.sigma
-        self._fold(sq)
-        return d / sigma
+        out = np.empty_like(d)
+        m, k, a = self.mean_sq, self.count, self.alpha
+        for i, x in enumerate(d.tolist()):
+            sq = x * x
+            if k < self.warmup:  # plain mean of everything seen, this delta included
+                sigma = max(math.sqrt((m * k + sq) / (k + 1)), self.floor)
+            else:
+                sigma = max(math.sqrt(m), self.floor) if k else 1.0
+            out[i] = x / sigma
+            # weight max(1/k, alpha): exact mean while 1/k > alpha, then a plain EWMA
+            k += 1
+            m += max(1.0 / k, a) * (sq - m)
+        self.mean_sq, self.count = m, k
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

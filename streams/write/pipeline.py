@@ -402,38 +402,6 @@ def build_gate(settings: Settings) -> Gate:
     )
 
 
-def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[GateDecision]:
-    """Gate a tenant's micro-batch with thresholds fixed at the start of the batch.
-
-    Unlike calling ``gate.decide`` per score, theta_low/theta_high and the outlier
-    margin (median + k * MAD) are read from the sketch once per batch and tenant,
-    and all scores are added to the sketch after routing: a batch of <= 1024
-    moves the quantiles of the default sketch (half-life 5000 scores) very
-    little, and per-score quantile lookups are costly. During warm-up (sketch
-    below ``gate.warmup`` scores), for fixed gates and for invalid scores,
-    decisions stay sequential (``decide``).
-    """
-    sk = state.sketch
-    arr = np.asarray(scores, dtype=np.float64)
-    if (
-        gate.kind != "percentile"
-        or sk.count == 0
-        or sk.count < gate.warmup
-        or not np.isfinite(arr).all()
-        or (arr < 0).any()
-    ):
-        return [gate.decide(state, s) for s in scores]
-    plan = gate.plan(state)
-    t_low, t_high, _ = plan
-    gates = 1.0 / (1.0 + np.exp(-(gate.alpha * arr - gate.beta)))
-    out: list[GateDecision] = []
-    for s, g in zip(arr.tolist(), gates.tolist(), strict=True):
-        route, reason = gate.route(plan, s)
-        out.append(GateDecision(route, s, g, t_low, t_high, reason))
-    sk.add_many(arr)
-    return out
-
-
 class WritePipeline:
     """Stateful operator chain for the write path (state per (tenant, partition), in memory)."""
 
@@ -638,7 +606,10 @@ class WritePipeline:
             stored_rpe = [
                 g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe, strict=True)
             ]
-        decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
+        # one score at a time: each is routed by the thresholds of the scores before it
+        # and then learned, so a batch routes exactly as its records one by one would
+        planned = [self.gate.decide_planned(st.gate_state, x) for x in scores]
+        decisions = [d for d, _ in planned]
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
             route: str = d.route
@@ -719,7 +690,7 @@ class WritePipeline:
                     row["metadata"]["updates"] = x.updates
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
-            self._vindicate(st, tenant, intr, w_int, now_ms, out)
+            self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
 
     def _vindicate(
         self,
@@ -727,6 +698,7 @@ class WritePipeline:
         tenant: str,
         intr: Sequence[IntrinsicScore | None],
         w_int: np.ndarray,
+        plans: Sequence[tuple[float, float, float]],
         now_ms: int,
         out: BatchResult,
     ) -> None:
@@ -735,12 +707,12 @@ class WritePipeline:
         The veto only set their score to 0; a turn of the same agent within
         ``lookahead`` turns whose cosine to one clears the off-context threshold
         shows it belonged to the conversation (`operators.surprise`). It is routed by
-        its pre-veto score under the gate's current plan (a drop stays a drop; the
+        its pre-veto score under the gate's plan as of the referring turn (`plans`,
+        one per turn: the same whatever the batching; a drop stays a drop; the
         sketch already saw it once, as 0) and the repeat rule; its ``dropped`` event
         is superseded by this ``written`` one, as a retrospective write is.
         """
-        plan = self.gate.plan(st.gate_state)
-        for x, w in zip(intr, w_int.tolist(), strict=True):
+        for x, w, plan in zip(intr, w_int.tolist(), plans, strict=True):
             if x is None:
                 continue
             for mid, raw, vec in x.vindicates:  # suspects of the same agent: its w
