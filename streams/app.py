@@ -229,8 +229,9 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 await asyncio.sleep(0.05)
                 waited += 0.05
             result = await asyncio.to_thread(
-                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
-            )
+                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
+                out.outcome_id,
+            )  # fmt: skip
             rejected = await store.write(result.upserts)
             if rejected:
                 log.warning("hindsight rows refused by the store: %s", rejected)
