@@ -284,8 +284,11 @@ class TenantState:
         ids = {e["transition_id"] for ep in windows["episodes"] for e in ep["entries"]}
         return {
             "windows": windows,
-            "recent": [t.model_dump(mode="json", exclude_none=True)
-                       for mid, t in self.recent.items() if mid in ids],  # fmt: skip
+            "recent": [
+                t.model_dump(mode="json", exclude_none=True)
+                for mid, t in self.recent.items()
+                if mid in ids
+            ],  # fmt: skip
             "scale": [[k, list(self.episode_scale[k])] for k in keys if k in self.episode_scale],
         }
 
@@ -848,13 +851,27 @@ class WritePipeline:
         outcome stamped then is re-scored with its episode's transitions in."""
         return event_ts is None or self.event_time_seen.get(tenant, -1) >= event_ts
 
-    def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int,
-                event_ts: int | None = None, outcome_id: str | None = None) -> BatchResult:  # fmt: skip
+    def rescore(
+        self,
+        tenant: str,
+        episode_id: str,
+        outcome: float,
+        now_ms: int,
+        event_ts: int | None = None,
+        outcome_id: str | None = None,
+    ) -> BatchResult:
         with self.lock:
             return self._rescore(tenant, episode_id, outcome, now_ms, event_ts, outcome_id)
 
-    def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int,
-                 event_ts: int | None = None, outcome_id: str | None = None) -> BatchResult:  # fmt: skip
+    def _rescore(
+        self,
+        tenant: str,
+        episode_id: str,
+        outcome: float,
+        now_ms: int,
+        event_ts: int | None = None,
+        outcome_id: str | None = None,
+    ) -> BatchResult:
         """Re-score an episode's eligibility window with what its late outcome reveals.
 
         Event time decides, not the moment this runs: the RPE sigma, the gate's plan
