@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from operators.rpe import (
         AgentSmoother,
         OutcomeBaseline,
+        OutcomeHistory,
         RewardSurprise,
         RpeNormalizer,
         extrinsic_score,
@@ -47,6 +48,7 @@ __all__ = [
     "HashingEncoder",
     "MiniLMEncoder",
     "OutcomeBaseline",
+    "OutcomeHistory",
     "PassthroughEncoder",
     "Reason",
     "RewardSurprise",
@@ -73,6 +75,7 @@ _MODULE_OF = {
     "Reason": "gate",
     "AgentSmoother": "rpe",
     "OutcomeBaseline": "rpe",
+    "OutcomeHistory": "rpe",
     "RewardSurprise": "rpe",
     "RpeNormalizer": "rpe",
     "extrinsic_score": "rpe",

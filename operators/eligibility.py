@@ -179,14 +179,18 @@ class EligibilityWindow:
             del self._episodes[k]
         return len(stale)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, last: int | None = None) -> dict[str, Any]:
+        """JSON form; with `last`, only the `last` most recently written episodes."""
+        items = list(self._episodes.items())
+        if last is not None:
+            items = items[-last:] if last > 0 else []
         return {
             "horizon": self.horizon,
             "ttl_ms": self.ttl_ms,
             "max_episodes": self.max_episodes,
             "episodes": [
                 {"key": k, "last_ms": ep.last_ms, "entries": [e.to_dict() for e in ep.entries]}
-                for k, ep in self._episodes.items()
+                for k, ep in items
             ],
         }
 

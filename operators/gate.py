@@ -6,6 +6,9 @@
 - Decide, then learn: a score is routed with the thresholds as they were
   before it arrived, and only then added to the sketch, so a decision never
   depends on itself and replaying the same stream gives the same routes.
+  Every score is decided and added in turn (``decide_many``), never with
+  thresholds fixed for a micro-batch: the routes are a function of the
+  sequence of scores, not of how a consumer happened to batch them.
 - Percentile thresholds: theta_low = max(Q(q_low), floor'),
   theta_high = max(Q(q_high), floor, theta_low). The absolute floor stops a
   quiet tenant (all scores tiny) from filling core with noise just because some
@@ -257,31 +260,40 @@ class Gate:
             return ("drop", "below_floor")
         return ("drop", "below_low")
 
-    def _route(self, state: GateState, s: float) -> tuple[Route, Reason, float, float]:
-        plan = self.plan(state)
+    def _route(
+        self, state: GateState, plan: tuple[float, float, float], s: float
+    ) -> tuple[Route, Reason]:
         if self.kind == "percentile" and (
             state.sketch.count < self.warmup or state.sketch.count == 0
         ):
             route: Route = "core" if s >= plan[1] else "buffer" if s >= plan[0] else "drop"
-            return (route, "warmup", plan[0], plan[1])
-        route, reason = self.route(plan, s)
-        return (route, reason, plan[0], plan[1])
+            return (route, "warmup")
+        return self.route(plan, s)
 
     def decide(self, state: GateState, score: float) -> GateDecision:
         """Route with the current thresholds, then add the score to ``state``."""
+        return self.decide_planned(state, score)[0]
+
+    def decide_planned(
+        self, state: GateState, score: float
+    ) -> tuple[GateDecision, tuple[float, float, float]]:
+        """``decide``, and the plan it routed under (what a later re-routing of the same
+        score, as of this point of the stream, must use)."""
         s = float(score)
         if not math.isfinite(s) or s < 0:
             raise ValueError(f"gate score must be finite and >= 0, got {score}")
-        route, reason, t_low, t_high = self._route(state, s)
+        plan = self.plan(state)
+        route, reason = self._route(state, plan, s)
         state.sketch.add(s)
-        return GateDecision(
+        decision = GateDecision(
             route=route,
             score=s,
             gate=self.strength(s),
-            theta_low=t_low,
-            theta_high=t_high,
+            theta_low=plan[0],
+            theta_high=plan[1],
             reason=reason,
         )
+        return decision, plan
 
     def decide_many(self, state: GateState, scores: Iterable[float]) -> list[GateDecision]:
         """Sequential ``decide``: each score sees the ones before it."""

@@ -4,15 +4,17 @@ The smoothing choice, and why:
 
 1. Tenant scale. ``RpeNormalizer`` keeps an EWMA of delta^2 (alpha 0.01, i.e.
    a horizon of ~100 transitions) and returns z = delta / sigma, with sigma
-   taken *before* the batch is folded in, so a sudden huge delta is measured
+   taken *before* the delta is folded in, so a sudden huge delta is measured
    against the past and is not diluted by itself. RMS rather than std: TD errors
    should be zero-mean when the value model is right, and a persistent bias is
    itself a surprise worth keeping visible. During warm-up (fewer than
    ``warmup`` samples) sigma is the RMS of everything seen *including* the
-   current batch, so a tenant whose rewards are +-100 is not divided by an
-   arbitrary 1.0 on its first batch (which would route everything to core).
+   current delta, so a tenant whose rewards are +-100 is not divided by an
+   arbitrary 1.0 on its first steps (which would route everything to core).
    The first ``warmup`` samples initialise the EWMA with their plain mean, so
-   it starts unbiased instead of decaying up from zero.
+   it starts unbiased instead of decaying up from zero. Each delta is scaled
+   and folded in turn, in stream order: a batch gives exactly what its deltas
+   give one at a time, so the scale does not depend on the micro-batching.
 
 2. Agent context. ``AgentSmoother`` keeps an EMA of |z| per agent (alpha 0.05,
    ~20 transitions) and scores s = |z| / (1 + kappa * ema_prev). An agent living
@@ -48,6 +50,7 @@ Measurements and rejected alternatives: docs/design/2026-12-01-reward-surprise-s
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -56,6 +59,7 @@ import numpy as np
 __all__ = [
     "AgentSmoother",
     "OutcomeBaseline",
+    "OutcomeHistory",
     "RewardSurprise",
     "RpeNormalizer",
     "extrinsic_score",
@@ -95,34 +99,34 @@ class RpeNormalizer:
             return 1.0
         return max(math.sqrt(self.mean_sq), self.floor)
 
-    def _fold(self, sq: np.ndarray) -> None:
-        # Weight max(1/k, alpha) per sample: exact mean while 1/k > alpha,
-        # then a plain EWMA; sequential because batches are small.
-        m = self.mean_sq
-        k = self.count
-        a = self.alpha
-        for x in sq.tolist():
-            k += 1
-            w = max(1.0 / k, a)
-            m += w * (x - m)
-        self.mean_sq = m
-        self.count = k
-
     def normalize(self, deltas: np.ndarray) -> np.ndarray:
-        """Return z = delta / sigma_before, then fold the batch into sigma."""
+        """z_i = delta_i / sigma before delta_i (during warm-up: including it), each delta
+        folded in after it is scaled, in order; the same for any cut of the stream."""
+        return self.normalize_with_scale(deltas)[0]
+
+    def normalize_with_scale(self, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(z, the sigma each delta was divided by): `normalize`, and the scale as of
+        each delta (what a later re-scoring of that point of the stream uses)."""
         d = np.asarray(deltas, dtype=np.float64).reshape(-1)
         if d.shape[0] == 0:
-            return d.copy()
+            return d.copy(), d.copy()
         if not np.isfinite(d).all():
             raise ValueError("non-finite TD errors")
-        sq = d * d
-        if self.count < self.warmup:
-            total = self.mean_sq * self.count + float(sq.sum())
-            sigma = max(math.sqrt(total / (self.count + sq.shape[0])), self.floor)
-        else:
-            sigma = self.sigma
-        self._fold(sq)
-        return d / sigma
+        out = np.empty_like(d)
+        sigmas = np.empty_like(d)
+        m, k, a = self.mean_sq, self.count, self.alpha
+        for i, x in enumerate(d.tolist()):
+            sq = x * x
+            if k < self.warmup:  # plain mean of everything seen, this delta included
+                sigma = max(math.sqrt((m * k + sq) / (k + 1)), self.floor)
+            else:
+                sigma = max(math.sqrt(m), self.floor) if k else 1.0
+            out[i], sigmas[i] = x / sigma, sigma
+            # weight max(1/k, alpha): exact mean while 1/k > alpha, then a plain EWMA
+            k += 1
+            m += max(1.0 / k, a) * (sq - m)
+        self.mean_sq, self.count = m, k
+        return out, sigmas
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -320,3 +324,76 @@ class OutcomeBaseline:
         b = cls(alpha=float(d["alpha"]))
         b.mean, b.dev, b.count = float(d["mean"]), float(d["dev"]), int(d["count"])
         return b
+
+
+class OutcomeHistory:
+    """A tenant's outcome baseline as of each outcome's event time.
+
+    `OutcomeBaseline` folds outcomes in the order it is given them, and outcomes reach
+    the write path in the order the feedback topic's partitions are fetched. Here the
+    last ``keep`` outcomes are held sorted by (event time, outcome id) and the surprise
+    of an outcome is taken against ``base`` (every older outcome, folded) plus the held
+    ones before it: the same whatever order they arrived in, as long as an outcome is
+    not later than ``keep`` outcomes. An outcome id seen before is not counted again (an
+    at-least-once replay). An outcome without an event time is placed after every held
+    one, in arrival order.
+    """
+
+    def __init__(self, alpha: float = 0.05, keep: int = 64) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.base = OutcomeBaseline(alpha)
+        self.keep = int(keep)
+        self.held: list[tuple[int, int, str, float]] = []  # (ts, untimed, id, x), sorted
+        self.untimed = 0
+
+    def _key(self, ts: int | None, outcome_id: str) -> tuple[int, int, str]:
+        if ts is not None:
+            return (int(ts), 0, outcome_id)
+        last = self.held[-1][0] if self.held else 0
+        return (last, 1, f"{self.untimed:012d}")
+
+    def seen(self, outcome_id: str) -> bool:
+        return any(h[2] == outcome_id for h in self.held)
+
+    def surprise(self, x: float, ts: int | None = None, outcome_id: str = "") -> float | None:
+        """`OutcomeBaseline.surprise` of `x` against the outcomes before it in event time."""
+        key = self._key(ts, outcome_id)
+        b = OutcomeBaseline.from_dict(self.base.to_dict())
+        for h in self.held:
+            if h[:3] >= key:
+                break
+            b.observe(h[3])
+        return b.surprise(x)
+
+    def observe(self, x: float, ts: int | None = None, outcome_id: str = "") -> bool:
+        """Hold an outcome (False: that id was held already); the oldest beyond ``keep``
+        are folded into ``base``."""
+        if ts is not None and self.seen(outcome_id):
+            return False
+        if not math.isfinite(float(x)):
+            raise ValueError(f"non-finite outcome: {x}")
+        key = self._key(ts, outcome_id)
+        if ts is None:
+            self.untimed += 1
+        bisect.insort(self.held, (*key, float(x)))
+        while len(self.held) > self.keep:
+            self.base.observe(self.held.pop(0)[3])
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "keep": self.keep, "untimed": self.untimed,
+                "held": [list(h) for h in self.held]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutcomeHistory:
+        """Also reads a bare `OutcomeBaseline` dict (checkpoints that kept only that)."""
+        if "base" not in d:
+            h = cls(alpha=float(d["alpha"]))
+            h.base = OutcomeBaseline.from_dict(d)
+            return h
+        h = cls(keep=int(d["keep"]))
+        h.base = OutcomeBaseline.from_dict(d["base"])
+        h.untimed = int(d["untimed"])
+        h.held = [(int(a), int(b), str(c), float(x)) for a, b, c, x in d["held"]]
+        return h

@@ -229,8 +229,12 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 await asyncio.sleep(0.05)
                 waited += 0.05
             result = await asyncio.to_thread(
-                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms()
-            )
+                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
+                out.outcome_id,
+            )  # fmt: skip
+            log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
+                     out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
+                     len(result.events))  # fmt: skip
             rejected = await store.write(result.upserts)
             if rejected:
                 log.warning("hindsight rows refused by the store: %s", rejected)
@@ -249,6 +253,10 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
         faust_consumer = getattr(app, "_consumer", None)
         outcomes = await backlog(faust_consumer, getattr(faust_consumer, "_committed_offset",
                                                          {}))  # fmt: skip
+        if getattr(app, "_assignment", None) is None:
+            # before faust's first assignment (a restarted worker waits for its group to
+            # rebalance) nothing is assigned, which must not read as "no outcomes left"
+            outcomes = None
         pending = {"unwritten_transitions": unwritten, "unprocessed_outcomes": outcomes}
         return {"settled": unwritten == 0 and outcomes == 0, "pending": pending}
 

@@ -228,6 +228,24 @@ class JobsSettings(BaseModel):
     )
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
     utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
+    credit_idle_s: float = Field(
+        default=2.0,
+        gt=0.0,
+        description=(
+            "processing time: usage and feedback wait (in event-time order) until their "
+            "tenant's watermark is maintenance.allowed_lateness_ms past them, or the input "
+            "was idle this long (when the credit job joins them, never in what order)"
+        ),
+    )
+    credit_hold_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description=(
+            "a utility update for a memory not stored yet (hindsight may still write it) "
+            "waits this long for its row, later updates of that memory behind it, before "
+            "it is skipped"
+        ),
+    )
     credit_max_episodes: int = Field(
         default=100_000,
         ge=1,

@@ -15,9 +15,17 @@ committed only after Milvus acknowledged. An update for a memory dedup folded
 into another goes to that survivor; one for a memory of another tenant, or one
 that no longer exists, finds no row and is skipped.
 
-Time: the join window is ingestion time (when a usage or an outcome arrived),
-never compared with an event time, so a replay or an import joins exactly what
-the live stream joined.
+Time: records are joined in event-time order (`EventTimeQueue`): a usage or
+feedback record waits until its tenant's watermark (the highest event time read
+on both topics) is ``maintenance.allowed_lateness_ms`` past it, or the input was
+idle ``jobs.credit_idle_s``, and waiting records go in (event time, usage before
+feedback, id) order, so an outcome read before its episode's usage (another
+topic, fetched first) still finds it, and outcomes fold into the baselines in
+the order they happened. The join window's expiry (``credit_ttl_ms``) is
+ingestion time. The applier holds an update whose memory is not stored yet (a
+hindsight write for the same outcome may still come) for ``jobs.credit_hold_s``,
+and later updates of that memory behind it: utility is an EMA, so the order of
+a memory's updates matters.
 
 Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
 episode id acts as that episode's outcome, thumbs on a memory id become a direct
@@ -27,7 +35,9 @@ and optionally from agents (``source="agent"``), which the assigner prefers.
 
 from __future__ import annotations
 
+import heapq
 import logging
+import time
 from typing import Any
 
 import faust
@@ -80,6 +90,56 @@ def credit_event(u: UtilityUpdate, target: str, before: float,
     }  # fmt: skip
 
 
+def _event_key(topic_rank: int, value: bytes | None) -> tuple[str, int | None, str]:
+    """(tenant, event time, id) of a usage or feedback record, read leniently: a record
+    that does not parse is ordered by arrival and dead-lettered when it is handled."""
+    try:
+        d = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return ("", None, "")
+    if not isinstance(d, dict):
+        return ("", None, "")
+    ts = d.get("ts")
+    ts = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+    ids = ("request_id",) if topic_rank == 0 else ("outcome_id", "feedback_id", "episode_id")
+    ident = next((str(d[k]) for k in ids if isinstance(d.get(k), str)), "")
+    return (str(d.get("tenant", "")), ts, ident)
+
+
+class EventTimeQueue:
+    """Records held per tenant and released in (event time, rank, id, arrival) order
+    once the tenant's watermark (highest event time pushed) is `lateness_ms` past them,
+    or all of them on `flush`. A record without an event time takes the watermark."""
+
+    def __init__(self, lateness_ms: int) -> None:
+        self.lateness_ms = int(lateness_ms)
+        self.watermark: dict[str, int] = {}
+        self._heaps: dict[str, list[tuple[int, int, str, int, Any]]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self._heaps.values())
+
+    def push(self, tenant: str, ts: int | None, rank: int, ident: str, item: Any) -> None:
+        mark = self.watermark.get(tenant)
+        if ts is None:
+            ts = mark if mark is not None else 0
+        elif mark is None or ts > mark:
+            self.watermark[tenant] = ts
+        self._seq += 1
+        heapq.heappush(self._heaps.setdefault(tenant, []), (ts, rank, ident, self._seq, item))
+
+    def due(self, flush: bool = False) -> list[Any]:
+        """Released records, tenant by tenant (tenants are independent), each in order."""
+        out = []
+        for tenant in sorted(self._heaps):
+            heap = self._heaps[tenant]
+            limit = self.watermark.get(tenant, 0) - self.lateness_ms
+            while heap and (flush or heap[0][0] <= limit):
+                out.append(heapq.heappop(heap)[4])
+        return out
+
+
 class CreditJob(Service):
     def __init__(self, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -98,6 +158,8 @@ class CreditJob(Service):
         self.dead = 0
         self.rebuilt = 0
         self.handling = 0  # records fetched and not yet handled
+        #: usage and feedback waiting for their tenant's watermark (module doc, Time)
+        self.queue = EventTimeQueue(settings.maintenance.allowed_lateness_ms)
 
     async def on_start(self) -> None:
         kw = kafka_client_kwargs(self.settings.kafka)
@@ -133,13 +195,23 @@ class CreditJob(Service):
 
     async def _run(self) -> None:
         assert self.consumer is not None
+        usage = self.settings.topic("usage")
+        last_input = time.monotonic()
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=1000)
-            self.handling = sum(len(msgs) for msgs in batch.values())
             for msgs in batch.values():
                 for m in msgs:
-                    await self._handle(m)
-                    self.handling -= 1
+                    rank = 0 if m.topic == usage else 1
+                    tenant, ts, ident = _event_key(rank, m.value)
+                    self.queue.push(tenant, ts, rank, ident, m)
+            if batch:
+                last_input = time.monotonic()
+            idle = time.monotonic() - last_input >= self.settings.jobs.credit_idle_s
+            due = self.queue.due(flush=idle)
+            self.handling = len(due)
+            for m in due:
+                await self._handle(m)
+                self.handling -= 1
 
     async def _expire(self) -> None:
         while not self.should_stop:
@@ -239,6 +311,9 @@ class UtilityApplier(Service):
         self.forged = 0  # updates without the service's signature (not applied)
         self.applying = 0  # updates fetched and not yet applied
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
+        #: updates waiting for their memory's row, in arrival order, with when they first
+        #: waited (module doc, Time)
+        self.held: list[tuple[float, UtilityUpdate]] = []
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(
@@ -268,18 +343,26 @@ class UtilityApplier(Service):
                             "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
                         )
             self.applying = len(updates)
-            if updates:
+            if updates or self.held:
                 await self.store_service.maybe_start()
                 await self.store_service.connected.wait()
-                await self.store_service._retry("apply credit", self.apply, updates)  # noqa: SLF001
+                await self.store_service._retry(  # noqa: SLF001
+                    "apply credit", self.apply, updates, time.monotonic()
+                )
             if batch:
                 await commit_or_replay(self.consumer, "credit applier")
             self.applying = 0
 
-    def apply(self, updates: list[UtilityUpdate]) -> int:
-        """Fold updates into their rows (sync; runs in a worker thread)."""
+    def apply(self, updates: list[UtilityUpdate], now_s: float | None = None) -> int:
+        """Fold updates into their rows (sync; runs in a worker thread). Held updates go
+        first; an update without a row waits (`held`) until `now_s` is
+        ``jobs.credit_hold_s`` past when it first waited, the later ones of its memory
+        behind it; without `now_s` nothing waits."""
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
+        queued = [*self.held, *((now_s or 0.0, u) for u in updates)]
+        self.held = []
+        updates = [u for _, u in queued]
         keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
         # by (tenant, id): an update only ever reaches its own tenant's row
         rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
@@ -298,10 +381,18 @@ class UtilityApplier(Service):
                 rows[(r["tenant"], r["id"])] = r
         touched: dict[tuple[str, str], dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
-        for u in updates:
+        waiting: set[tuple[str, str]] = set()
+        hold_s = self.settings.jobs.credit_hold_s
+        for since, u in queued:
             key = (u.tenant, u.memory_id)
             target = key if key in rows else into.get(key)
             row = rows.get(target) if target is not None else None
+            if key in waiting or (
+                (row is None or target is None) and now_s is not None and now_s - since < hold_s
+            ):
+                waiting.add(key)  # its row may still come; the memory's next updates wait too
+                self.held.append((since, u))
+                continue
             if row is None or target is None:
                 self.skipped += 1
                 continue
@@ -345,10 +436,14 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
         unread = await backlog(job.consumer)
         unapplied = await backlog(applier.consumer)
         pending = {"unread_usage_feedback": unread, "handling": job.handling,
+                   "waiting_usage_feedback": len(job.queue),
                    "unapplied_credit": unapplied, "applying": applier.applying,
+                   "held_credit": len(applier.held),
                    "open_episodes": len(job.assigner.episodes)}  # fmt: skip
-        # open episodes wait for outcomes that may never come: not work that runs by itself
-        settled = unread == 0 and unapplied == 0 and not job.handling and not applier.applying
+        # open episodes wait for outcomes that may never come: not work that runs by itself;
+        # waiting and held records are released by the idle flush and the hold's bound
+        settled = (unread == 0 and unapplied == 0 and not job.handling and not applier.applying
+                   and not len(job.queue) and not applier.held)  # fmt: skip
         return {"settled": settled, "pending": pending}
 
     ctx.settle["credit"] = settle_state

@@ -52,7 +52,7 @@ from operators import (
     Gate,
     GateDecision,
     GateState,
-    OutcomeBaseline,
+    OutcomeHistory,
     PassthroughEncoder,
     RewardSurprise,
     RpeNormalizer,
@@ -74,10 +74,11 @@ from streams.settings import Settings
 STATE_FORMAT = 1
 MAX_REPEAT_KEYS = 50_000
 # Checkpoints stay well under a Kafka message limit: the most recent content keys
-# only, and no eligibility windows (they are rebuilt by live traffic; a restart
-# forgets the open episodes' last H transitions, which only affects the credit
-# job's retrospective promotion of those episodes).
+# only, and the eligibility windows (with their dropped transitions and the scale
+# hindsight re-scores them with) of the most recently written episodes only: a
+# restart forgets older open episodes, which only affects their hindsight writes.
 CHECKPOINT_REPEAT_KEYS = 10_000
+CHECKPOINT_EPISODES = 32
 #: bytes of the original record kept in a dead letter (base64 makes it 4/3 larger)
 MAX_ORIGINAL_BYTES = 256 * 1024
 RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
@@ -190,7 +191,7 @@ class TenantState:
         )
         self.normalizer = RpeNormalizer()
         self.reward_surprise = RewardSurprise()
-        self.outcomes = OutcomeBaseline()
+        self.outcomes = OutcomeHistory()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
@@ -198,6 +199,10 @@ class TenantState:
         self.key_of: OrderedDict[str, str] = OrderedDict()  # memory id -> content key
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
+        )
+        #: episode -> the scale its last processed step saw (`as_of`)
+        self.episode_scale: OrderedDict[str, tuple[float, float, float, float, float]] = (
+            OrderedDict()
         )
         self.intrinsic = IntrinsicState(dim, intrinsic_config(settings), seed=seed)
         self.settings = settings
@@ -209,6 +214,25 @@ class TenantState:
             sm = AgentSmoother(alpha=r.smoother_alpha, kappa=r.smoother_kappa)
             self.smoothers[agent_id] = sm
         return sm
+
+    def as_of(
+        self, episode_id: str, sigma: float, plan: tuple[float, float, float], scale: float
+    ) -> None:
+        """Note what an episode's step was judged with: RPE sigma, gate plan, reward
+        scale. Hindsight re-scores the episode with the values of its last step, a point
+        of the stream, not with those of whenever its outcome is processed."""
+        self.episode_scale[episode_id] = (sigma, *plan, scale)
+        self.episode_scale.move_to_end(episode_id)
+        while len(self.episode_scale) > self.eligibility.max_episodes:
+            self.episode_scale.popitem(last=False)
+
+    def forget_episodes(self) -> None:
+        """Drop every open episode (windows, dropped transitions, scales)."""
+        self.eligibility = EligibilityWindow(
+            horizon=self.eligibility.horizon, ttl_ms=self.eligibility.ttl_ms,
+            max_episodes=self.eligibility.max_episodes)  # fmt: skip
+        self.recent.clear()
+        self.episode_scale.clear()
 
     def keep_recent(self, t: Transition) -> None:
         """Dropped transitions of open episodes, for retrospective writes."""
@@ -248,8 +272,37 @@ class TenantState:
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
             "intrinsic": self.intrinsic.to_dict(),
+            "hindsight": self._hindsight_dict(),
         }
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _hindsight_dict(self) -> dict[str, Any]:
+        """The open episodes hindsight may still re-score (the `CHECKPOINT_EPISODES` most
+        recently written): their windows, the dropped transitions among them, their scale."""
+        windows = self.eligibility.to_dict(last=CHECKPOINT_EPISODES)
+        keys = [ep["key"] for ep in windows["episodes"]]
+        ids = {e["transition_id"] for ep in windows["episodes"] for e in ep["entries"]}
+        return {
+            "windows": windows,
+            "recent": [
+                t.model_dump(mode="json", exclude_none=True)
+                for mid, t in self.recent.items()
+                if mid in ids
+            ],  # fmt: skip
+            "scale": [[k, list(self.episode_scale[k])] for k in keys if k in self.episode_scale],
+        }
+
+    def _load_hindsight(self, d: dict[str, Any]) -> None:
+        w = d["windows"]
+        self.eligibility = EligibilityWindow.from_dict(
+            {**w, "horizon": self.eligibility.horizon, "ttl_ms": self.eligibility.ttl_ms}
+        )
+        for item in d["recent"]:
+            t = Transition.model_validate(item)
+            self.recent[t.memory_id] = t
+        for k, v in d["scale"]:  # JSON has no infinity: the warm-up's outlier bound is null
+            a, b, c, o, e = (math.inf if x is None else float(x) for x in v)
+            self.episode_scale[str(k)] = (a, b, c, o, e)
 
     @classmethod
     def from_bytes(cls, settings: Settings, data: bytes, dim: int | None = None) -> TenantState:
@@ -279,7 +332,7 @@ class TenantState:
         rs = header.get("reward_surprise")  # absent in older checkpoints
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
         ob = header.get("outcomes")
-        self.outcomes = OutcomeBaseline.from_dict(ob) if ob else OutcomeBaseline()
+        self.outcomes = OutcomeHistory.from_dict(ob) if ob else OutcomeHistory()
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
@@ -288,6 +341,9 @@ class TenantState:
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
+        self.episode_scale = OrderedDict()
+        if header.get("hindsight"):  # absent in older checkpoints: open episodes forgotten
+            self._load_hindsight(header["hindsight"])
         # checkpoints from before the intrinsic score start it fresh
         # the settings' knobs win over the checkpoint's (a changed setting applies)
         icfg = intrinsic_config(settings)
@@ -403,38 +459,6 @@ def build_gate(settings: Settings) -> Gate:
     )
 
 
-def decide_batch(gate: Gate, state: GateState, scores: Sequence[float]) -> list[GateDecision]:
-    """Gate a tenant's micro-batch with thresholds fixed at the start of the batch.
-
-    Unlike calling ``gate.decide`` per score, theta_low/theta_high and the outlier
-    margin (median + k * MAD) are read from the sketch once per batch and tenant,
-    and all scores are added to the sketch after routing: a batch of <= 1024
-    moves the quantiles of the default sketch (half-life 5000 scores) very
-    little, and per-score quantile lookups are costly. During warm-up (sketch
-    below ``gate.warmup`` scores), for fixed gates and for invalid scores,
-    decisions stay sequential (``decide``).
-    """
-    sk = state.sketch
-    arr = np.asarray(scores, dtype=np.float64)
-    if (
-        gate.kind != "percentile"
-        or sk.count == 0
-        or sk.count < gate.warmup
-        or not np.isfinite(arr).all()
-        or (arr < 0).any()
-    ):
-        return [gate.decide(state, s) for s in scores]
-    plan = gate.plan(state)
-    t_low, t_high, _ = plan
-    gates = 1.0 / (1.0 + np.exp(-(gate.alpha * arr - gate.beta)))
-    out: list[GateDecision] = []
-    for s, g in zip(arr.tolist(), gates.tolist(), strict=True):
-        route, reason = gate.route(plan, s)
-        out.append(GateDecision(route, s, g, t_low, t_high, reason))
-    sk.add_many(arr)
-    return out
-
-
 class WritePipeline:
     """Stateful operator chain for the write path (state per (tenant, partition), in memory)."""
 
@@ -469,6 +493,7 @@ class WritePipeline:
                   if seed is not None
                   else TenantState(self.settings, self.encoder.dim))  # fmt: skip
             st.learner.drop_pending()  # the source's own transitions, trained on there
+            st.forget_episodes()  # the source's agents' episodes stay with the source
             self.states[(tenant, partition)] = st
         return st
 
@@ -618,8 +643,10 @@ class WritePipeline:
         deltas = st.learner.td_errors(s, r, s2, done)
         values = st.learner.values(s)
         st.last_loss = st.learner.loss_of(deltas)  # before any step, as `update` reports
+        # as of the last update: this chunk never crosses one, so the same for any batching
+        reward_scale = st.learner.reward_scale
         st.learner.observe(s, r, s2, done)
-        z = st.normalizer.normalize(deltas)
+        z, sigmas = st.normalizer.normalize_with_scale(deltas)
         drop_exact_repeats = self.settings.gate.drop_exact_repeats
         reward_scores = st.reward_surprise.score_many(r)
         scores = [
@@ -639,7 +666,10 @@ class WritePipeline:
             stored_rpe = [
                 g if g > e else zr for g, e, zr in zip(scores, ext, stored_rpe, strict=True)
             ]
-        decisions = decide_batch(self.gate, st.gate_state, scores)  # thresholds fixed per batch
+        # one score at a time: each is routed by the thresholds of the scores before it
+        # and then learned, so a batch routes exactly as its records one by one would
+        planned = [self.gate.decide_planned(st.gate_state, x) for x in scores]
+        decisions = [d for d, _ in planned]
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
             route: str = d.route
@@ -654,6 +684,7 @@ class WritePipeline:
             elif intr is not None and (xi := intr[i]) is not None and xi.off_context and not score:
                 reason = "off_context"
             out.decisions.append(d)
+            st.as_of(t.episode_id, float(sigmas[i]), planned[i][1], reward_scale)
             val = valence(float(deltas[i]))
             created = t.ts if t.ts is not None else now_ms
             if route == "drop":
@@ -722,7 +753,7 @@ class WritePipeline:
                     row["metadata"]["updates"] = x.updates
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
-            self._vindicate(st, tenant, intr, w_int, now_ms, out)
+            self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
 
     def _vindicate(
         self,
@@ -730,6 +761,7 @@ class WritePipeline:
         tenant: str,
         intr: Sequence[IntrinsicScore | None],
         w_int: np.ndarray,
+        plans: Sequence[tuple[float, float, float]],
         now_ms: int,
         out: BatchResult,
     ) -> None:
@@ -738,12 +770,12 @@ class WritePipeline:
         The veto only set their score to 0; a turn of the same agent within
         ``lookahead`` turns whose cosine to one clears the off-context threshold
         shows it belonged to the conversation (`operators.surprise`). It is routed by
-        its pre-veto score under the gate's current plan (a drop stays a drop; the
+        its pre-veto score under the gate's plan as of the referring turn (`plans`,
+        one per turn: the same whatever the batching; a drop stays a drop; the
         sketch already saw it once, as 0) and the repeat rule; its ``dropped`` event
         is superseded by this ``written`` one, as a retrospective write is.
         """
-        plan = self.gate.plan(st.gate_state)
-        for x, w in zip(intr, w_int.tolist(), strict=True):
+        for x, w, plan in zip(intr, w_int.tolist(), plans, strict=True):
             if x is None:
                 continue
             for mid, raw, vec in x.vindicates:  # suspects of the same agent: its w
@@ -822,12 +854,35 @@ class WritePipeline:
         outcome stamped then is re-scored with its episode's transitions in."""
         return event_ts is None or self.event_time_seen.get(tenant, -1) >= event_ts
 
-    def rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
+    def rescore(
+        self,
+        tenant: str,
+        episode_id: str,
+        outcome: float,
+        now_ms: int,
+        event_ts: int | None = None,
+        outcome_id: str | None = None,
+    ) -> BatchResult:
         with self.lock:
-            return self._rescore(tenant, episode_id, outcome, now_ms)
+            return self._rescore(tenant, episode_id, outcome, now_ms, event_ts, outcome_id)
 
-    def _rescore(self, tenant: str, episode_id: str, outcome: float, now_ms: int) -> BatchResult:
+    def _rescore(
+        self,
+        tenant: str,
+        episode_id: str,
+        outcome: float,
+        now_ms: int,
+        event_ts: int | None = None,
+        outcome_id: str | None = None,
+    ) -> BatchResult:
         """Re-score an episode's eligibility window with what its late outcome reveals.
+
+        Event time decides, not the moment this runs: the RPE sigma, the gate's plan
+        and the reward scale are those the episode's last processed step was judged
+        with (`TenantState.as_of`), and the outcome is judged against the outcomes
+        before it in event time (`OutcomeHistory`; `event_ts`, `outcome_id`, default
+        ``<episode>:final``). A copy of an outcome already held is re-scored the same
+        way and not counted again.
 
         Selective (a successful episode must not copy its trajectory into core).
         What the outcome reveals is its surprise against the tenant's usual
@@ -864,12 +919,16 @@ class WritePipeline:
         key, st = held[0]
         entries = st.eligibility.get(episode_id)
         gamma = st.learner.gamma
-        scale = st.learner.reward_scale
-        plan = self.gate.plan(st.gate_state)
+        known = st.episode_scale.get(episode_id)
+        if known is not None:
+            sigma, plan, scale = known[0], (known[1], known[2], known[3]), known[4]
+        else:  # a window without its scale (not expected): the scale of now
+            sigma, plan = st.normalizer.sigma, self.gate.plan(st.gate_state)
+            scale = st.learner.reward_scale
         theta_high = plan[1]
-        sigma = st.normalizer.sigma
-        s_out = st.outcomes.surprise(outcome)
-        st.outcomes.observe(outcome)
+        oid = outcome_id or f"{episode_id}:final"
+        s_out = st.outcomes.surprise(outcome, event_ts, oid)
+        st.outcomes.observe(outcome, event_ts, oid)
         self.dirty.add(key)
         if s_out is None:
             s_out = outcome / scale / sigma

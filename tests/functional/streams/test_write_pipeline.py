@@ -487,3 +487,23 @@ def test_a_partition_copied_from_a_sibling_does_not_retrain_its_pending_rows(
     assert p.state(tenant, 0).learner.pending == 100
     other = p.state(tenant, 1)  # a new partition starts from partition 0's state
     assert other.learner.pending == 0 and p.state(tenant, 0).learner.pending == 100
+
+
+def test_routes_do_not_depend_on_how_the_stream_was_batched(cliff: list) -> None:
+    """One record at a time, batches of 7, 64 or everything at once: every transition
+    gets the same route, reason and thresholds (the gate and the RPE scale learn one
+    record at a time), so the same stream stores the same memories however a consumer
+    batched it."""
+    raws = raws_of([t for t, _, _ in cliff])
+    runs = []
+    for batch in (1, 7, 64, len(raws)):
+        events = [e for r in run(pipeline(), raws, batch=batch) for e in r.events]
+        runs.append([(e.memory_id, e.route, e.reason) for e in events])
+        thresholds = [x for e in events for x in (e.theta_low, e.theta_high, e.rpe_smoothed)]
+        if batch == 1:
+            first = thresholds
+        # float32 matmuls of other batch shapes differ in the last bits, not more
+        assert thresholds == pytest.approx(first, rel=1e-5, abs=1e-6)
+    assert all(r == runs[0] for r in runs)
+    routes = Counter(route for _, route, _ in runs[0])
+    assert routes["drop"] > routes["core"] > 0

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from operators.gate import Gate, GateState, sigmoid
 
@@ -225,15 +227,43 @@ def test_near_constant_stream_needs_min_separation() -> None:
         Gate.percentile(min_separation=-1.0)
 
 
-def test_batch_and_single_routes_agree() -> None:
-    """`decide_batch` (thresholds once per batch) routes like `route` under one plan."""
-    from streams.write.pipeline import decide_batch
+def _cuts(n: int, sizes: list[int]) -> list[tuple[int, int]]:
+    out, i = [], 0
+    for k in sizes:
+        if i >= n:
+            break
+        out.append((i, min(n, i + k)))
+        i += k
+    if i < n:
+        out.append((i, n))
+    return out
 
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    sizes=st.lists(st.integers(1, 97), min_size=1, max_size=40),
+    warmup=st.sampled_from([0, 10, 50]),
+)
+def test_batch_invariant_routes_thresholds_and_state(seed: int, sizes: list[int],
+                                                     warmup: int) -> None:  # fmt: skip
+    """Deciding a stream in any cut of micro-batches gives the decisions of deciding it
+    one score at a time, and leaves the same sketch (warm-up included)."""
+    gate = Gate.percentile(floor=0.5, half_life=500.0, warmup=warmup)
+    scores = _sparse_stream(np.random.default_rng(seed), 400).tolist()
+    one, cut = gate.new_state(), gate.new_state()
+    singles = [gate.decide(one, s) for s in scores]
+    batched = [d for a, b in _cuts(len(scores), sizes) for d in gate.decide_many(cut, scores[a:b])]
+    assert batched == singles
+    assert cut.to_dict() == one.to_dict()
+    assert {d.route for d in singles} >= {"core", "drop"}  # the stream exercises the routes
+
+
+def test_decide_planned_reports_the_plan_it_routed_under() -> None:
     gate = Gate.percentile(floor=0.5, half_life=math.inf, warmup=10)
-    rng = np.random.default_rng(6)
-    state = _primed(gate, _sparse_stream(rng, 1000))
-    batch = _sparse_stream(rng, 300)
-    plan = gate.plan(state)
-    expect = [gate.route(plan, float(s)) for s in batch]
-    got = decide_batch(gate, state, batch.tolist())
-    assert [(d.route, d.reason) for d in got] == expect
+    state = _primed(gate, _sparse_stream(np.random.default_rng(8), 500))
+    before = gate.plan(state)
+    d, plan = gate.decide_planned(state, 4.0)
+    assert plan == before and (d.theta_low, d.theta_high) == before[:2]
+    assert (d.route, d.reason) == gate.route(plan, 4.0)
+    assert gate.plan(state) != before  # the score was learned after routing

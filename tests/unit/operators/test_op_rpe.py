@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from operators.rpe import AgentSmoother, RpeNormalizer, valence
 
@@ -174,3 +176,25 @@ def test_reward_surprise_does_not_depend_on_batching() -> None:
     many = np.concatenate([b.score_many(r[i : i + 37]) for i in range(0, 600, 37)])
     np.testing.assert_allclose(one, many)
     assert float(one[9]) > 1.0  # the first non-zero reward already stands out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30),
+    warmup=st.sampled_from([0, 4, 32]),
+)
+def test_scale_is_batch_invariant(seed: int, sizes: list[int], warmup: int) -> None:
+    """Normalising a stream in any cut gives what normalising its deltas one at a time
+    gives, and the same state (warm-up included): no delta is scaled by later ones."""
+    rng = np.random.default_rng(seed)
+    deltas = np.concatenate([rng.normal(0.0, 1.0, 150), rng.normal(0.0, 30.0, 50)])
+    one, cut = RpeNormalizer(warmup=warmup), RpeNormalizer(warmup=warmup)
+    singles = np.concatenate([one.normalize(deltas[i : i + 1]) for i in range(len(deltas))])
+    parts, i = [], 0
+    for k in [*sizes, len(deltas)]:
+        parts.append(cut.normalize(deltas[i : i + k]))
+        i += k
+    np.testing.assert_array_equal(np.concatenate(parts)[: len(deltas)], singles)
+    assert cut.to_dict() == one.to_dict()
+    assert np.abs(singles).max() > 5.0  # the burst is measured against the calm before it
