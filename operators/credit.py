@@ -211,6 +211,8 @@ class EpisodeWindows:
 
 #: a normalised advantage is clipped to this many spreads (one freak outcome is not more)
 ADV_CLIP = 3.0
+#: the no-memory mean's EWMA rate bounds its weight against the prior (1 / rate outcomes)
+FREE_ALPHA = 0.05
 
 
 @dataclass
@@ -221,7 +223,10 @@ class _Baseline:
     - ``free``: the outcomes of episodes that acted on no memory. Where at least
       ``free_min`` exist they are the baseline: what the agent gets without
       memory. The all-outcomes mean rises as soon as a memory solves the task, and
-      the memory that solved it would then earn 0 and fade back to neutral;
+      the memory that solved it would then earn 0 and fade back to neutral. Few
+      such episodes are a noisy estimate (three lucky guesses would make a win
+      worth nothing), so it is shrunk towards the agent's no-memory mean over all
+      its tasks (``prior``) with the weight of ``free_min`` episodes;
     - ``sq``: mean squared deviation of outcomes from the baseline they were judged
       by; its root is the spread advantages are divided by (scale free).
     """
@@ -233,15 +238,22 @@ class _Baseline:
     sq: float = 0.0
     sq_n: int = 0
 
-    def reference(self, free_min: int) -> tuple[float, float | None]:
-        base = self.free if self.free_n >= free_min else (self.mean if self.n else 0.0)
+    def reference(
+        self, free_min: int, prior: _Baseline | None = None
+    ) -> tuple[float, float | None]:
+        if self.free_n >= free_min:
+            base = self.free
+            if prior is not None and prior.free_n >= free_min and prior is not self:
+                n = min(float(self.free_n), 1.0 / FREE_ALPHA)
+                base = (n * self.free + free_min * prior.free) / (n + free_min)
+        else:
+            base = self.mean if self.n else 0.0
         if not self.sq_n:
             return base, None
         spread = math.sqrt(max(self.sq, 0.0))
         return base, spread if spread > 1e-9 else None
 
-    def fold(self, reward: float, acted: bool, alpha: float, free_min: int) -> None:
-        base, _ = self.reference(free_min)
+    def fold(self, reward: float, acted: bool, alpha: float, base: float) -> None:
         if self.n:  # the first outcome had no baseline to deviate from
             w = max(1.0 / (self.sq_n + 1), alpha)
             self.sq += w * ((reward - base) ** 2 - self.sq)
@@ -301,7 +313,11 @@ class CreditAssigner:
         """(baseline, spread) an outcome of (tenant, agent, task) is judged by now
         (spread None until one outcome was judged)."""
         b = self.baselines.get(self._baseline_key(tenant, task, agent)) or _Baseline()
-        return b.reference(self.free_min)
+        return b.reference(self.free_min, self.baselines.get(self._prior_key(tenant, agent)))
+
+    @staticmethod
+    def _prior_key(tenant: str, agent: str | None) -> tuple[str, str, str]:
+        return (tenant, agent or "", "\x00any task")
 
     def _episode(self, tenant: str, episode_id: str, now_ms: int) -> _Episode:
         return self.episodes.touch(tenant, episode_id, now_ms)
@@ -337,7 +353,10 @@ class CreditAssigner:
         key = self._baseline_key(tenant, outcome.task, outcome.agent)
         acted = any(w > 0 for u in ep.usages.values() for w in u.weights)
         b = self.baselines.setdefault(key, _Baseline())
-        b.fold(outcome.reward, acted, self.baseline_alpha, self.free_min)
+        b.fold(outcome.reward, acted, self.baseline_alpha, ep.advantage_base)
+        if not acted:  # the agent's no-memory outcomes over all its tasks: the prior
+            prior = self.baselines.setdefault(self._prior_key(tenant, outcome.agent), _Baseline())
+            prior.fold(outcome.reward, False, self.baseline_alpha, 0.0)
         return self._credit(episode_id, ep)
 
     def _credit(self, episode_id: str, ep: _Episode) -> list[CreditUpdate]:

@@ -26,7 +26,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
 - two lanes (``lanes=True``: the default request; one that fixes lambda, e.g. 1.0
   for pure semantic search, ranks without them):
   - main lane: the score above plus a promotion bonus for an *established*
-    effect, ``promote_max * min(1, U / promote_full) * clip(e, -1, 1)``: e is
+    effect, ``promote_max * min(1, U / promote_full) * clip(e / 0.5, -1, 1)``: e is
     the memory's `CreditStats.established` (the lower confidence bound of its
     normalised advantage where above 0, the upper one where below 0, over at
     least ``promote_min_uses`` acted-on uses; else 0), U the credited uses of
@@ -100,6 +100,8 @@ __all__ = [
 
 #: recency's resolution: ages are counted in steps of half_life / RECENCY_STEPS
 RECENCY_STEPS = 1000
+#: an established effect of this many outcome spreads earns the full promotion bonus
+EFFECT_FULL = 0.5
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class RankPolicy:
         if est == 0.0:
             return 0.0
         anneal = min(1.0, context_uses / self.promote_full)
-        return self.promote_max * anneal * max(-1.0, min(1.0, est))
+        return self.promote_max * anneal * max(-1.0, min(1.0, est / EFFECT_FULL))
 
     def optimism(self, row: Mapping[str, Any]) -> float:
         """The exploration lane's value: the credited mean plus a bonus that shrinks

@@ -192,17 +192,20 @@ def test_frequent_memory_does_not_outrank_decisive_one_with_agent_reports() -> N
     assert rows["decisive"]["utility"] > 0.1
 
 
-def test_bench_briefing_is_semantically_farther_than_every_distractor() -> None:
-    """The delayed-credit bench stays honest: meaning alone never prefers the briefing."""
-    from dmem_bench.credit import DISTRACTORS, VAULTS, briefing, query
+def test_bench_briefing_is_never_in_meanings_top_k() -> None:
+    """The delayed-credit bench stays honest: with the hash encoder, meaning alone
+    never serves a briefing, in any of its phrasings (k = 3 nearer distractors)."""
+    from dmem_bench.credit import BRIEFINGS, DISTRACTORS, VAULTS, CreditConfig, briefing, query
     from operators.encoders import build_encoder
 
     enc = build_encoder("hash", dim=256, cache_size=0)
+    k = CreditConfig().k
     for vault in VAULTS:
         q = enc.encode([query(vault)])[0]
-        briefs = enc.encode([briefing(vault, s) for s in ("left", "right")]) @ q
         distract = enc.encode([d.format(v=vault) for d in DISTRACTORS]) @ q
-        assert briefs.max() < distract.min(), vault
+        for phrasing in range(len(BRIEFINGS)):
+            briefs = enc.encode([briefing(vault, s, phrasing) for s in ("left", "right")]) @ q
+            assert (distract > briefs.max()).sum() >= k, (vault, phrasing)
 
 
 def test_baseline_is_per_agent_a_weaker_agent_is_judged_against_itself() -> None:
