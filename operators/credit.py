@@ -14,18 +14,24 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   discounting from the last usage would give them the largest share of a good
   outcome; a return of 0 after the earning step ("reward to go") would blame
   them for a good episode instead.
-- Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
-  defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
-  that ends as usual *for its agent* gives ~0 credit to everything it used; a
-  surprising success or failure credits (or blames) the memories that were
-  used. Per agent because the baseline is the policy's own usual outcome: with
-  one baseline for a tenant, a weaker agent's episodes all end below it and
-  every memory it uses is blamed, however much it helped.
+- Reference: per (tenant, agent, task) (agent defaults to none, task to the
+  tenant) a baseline b and a spread, taken before this outcome, so the advantage
+  is A_t = (G_t - b) / spread, clipped to +-3 (`_Baseline`). b is what the agent
+  gets without memory: the mean outcome of its episodes that acted on no memory
+  (at least ``free_min`` of them, shrunk towards the agent's no-memory mean over all
+  its tasks), else the mean of all its outcomes; a mean of all outcomes would rise
+  once a memory solves the task and the memory that solved it would earn nothing
+  from then on. The spread (root mean square deviation of outcomes from the
+  baseline they were judged by) makes credit scale free: outcomes of +-1 and of
+  0..100 give the same numbers. Per agent because the baseline is the policy's own
+  usual outcome: with one baseline for a tenant, a weaker agent's episodes all end
+  below it and every memory it uses is blamed, however much it helped.
 - Credit to memory i: c_i = sum_t A_t * w_i,t, and the update carries the mean
-  per use, c_i / n_i (n_i = number of steps that served i). The store's utility
-  is an EMA of that per-use credit (the applier does the EMA), so a memory is
-  not rewarded for being retrieved often: a memory served in every episode
-  collects positive and negative advantages that average out.
+  per use, c_i / n_i (n_i = number of steps that served i). The applier folds it
+  into the memory's `CreditStats` (count, discounted mean and variance; the
+  store's ``utility`` is the mean), so a memory is not rewarded for being
+  retrieved often: a memory served in every episode collects positive and
+  negative advantages that average out.
 - Exactly-once effect: an outcome is identified by ``outcome_id`` (default
   ``episode_id:final``); a second copy is ignored and counted. Each update has
   a deterministic ``update_id`` (episode, outcome, memory), and the applier
