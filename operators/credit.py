@@ -226,13 +226,15 @@ class _Baseline:
     """Outcomes of one (tenant, agent, task): what an episode is judged against.
 
     - ``mean``: every outcome (exact mean first, then an EWMA of rate ``alpha``);
-    - ``free``: the outcomes of episodes that acted on no memory. Where at least
-      ``free_min`` exist they are the baseline: what the agent gets without
-      memory. The all-outcomes mean rises as soon as a memory solves the task, and
-      the memory that solved it would then earn 0 and fade back to neutral. Few
-      such episodes are a noisy estimate (three lucky guesses would make a win
-      worth nothing), so it is shrunk towards the agent's no-memory mean over all
-      its tasks (``prior``) with the weight of ``free_min`` episodes;
+    - ``free``: the outcomes of episodes that acted on no memory: what the agent
+      gets without memory, the baseline. The all-outcomes mean rises as soon as a
+      memory solves the task, and the memory that solved it would then earn 0 and
+      fade back to neutral. Few such episodes are a noisy estimate (three lucky
+      guesses would make a win worth nothing) and a task solved by memory from its
+      first episode has none, so the task's own are weighed against the agent's
+      no-memory mean over all its tasks (``prior``, once it has ``free_min``
+      outcomes) with the weight of ``free_min`` episodes; without a prior, the
+      task's own once there are ``free_min``; else the mean of all outcomes;
     - ``sq``: mean squared deviation of outcomes from the baseline they were judged
       by; its root is the spread advantages are divided by (scale free).
     """
@@ -247,11 +249,13 @@ class _Baseline:
     def reference(
         self, free_min: int, prior: _Baseline | None = None
     ) -> tuple[float, float | None]:
-        if self.free_n >= free_min:
+        if prior is not None and prior.free_n >= free_min and prior is not self:
+            # the task's own no-memory outcomes (none where a memory solved it from
+            # the first episode on) against the agent's over all its tasks
+            n = min(float(self.free_n), 1.0 / FREE_ALPHA)
+            base = (n * self.free + free_min * prior.free) / (n + free_min)
+        elif self.free_n >= free_min:
             base = self.free
-            if prior is not None and prior.free_n >= free_min and prior is not self:
-                n = min(float(self.free_n), 1.0 / FREE_ALPHA)
-                base = (n * self.free + free_min * prior.free) / (n + free_min)
         else:
             base = self.mean if self.n else 0.0
         if not self.sq_n:

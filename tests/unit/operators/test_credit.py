@@ -355,3 +355,20 @@ def test_thumbs_fold_into_the_same_statistics_as_outcomes() -> None:
     stats = CreditStats.of(row)
     assert stats.n == 2 and row["uses"] == 1
     assert row["utility"] == pytest.approx(stats.mean) and stats.mean < 0.5
+
+
+def test_a_task_solved_from_its_first_episode_is_judged_against_the_agents_guesses() -> None:
+    """No episode of the task acted on no memory (the memory was found at once): the
+    baseline is the agent's no-memory outcome over its other tasks, not the task's
+    own mean of wins, so the memory keeps earning."""
+    rng = random.Random(5)
+    ca = CreditAssigner(gamma=1.0)
+    for e in range(12):  # guesses on other tasks: half won
+        won = rng.random() < 0.5
+        ca.on_outcome("t", f"g{e}", OutcomeRecord("o", 1.0 if won else -1.0, task=f"x{e}"), e)
+    credits = []
+    for e in range(10):
+        ca.on_usage("t", f"s{e}", UsageRecord(f"r{e}", 0, ("m",), (1.0,), "agent"), 20 + e)
+        win = OutcomeRecord("o", 1.0, task="solved")
+        credits += [u.credit for u in ca.on_outcome("t", f"s{e}", win, 20 + e)]
+    assert min(credits) > 0.5
