@@ -177,7 +177,8 @@ class Memory:
 
         Each dict has ``memory_id, text, action, reward, rpe, valence, utility,
         partition, episode_id, agent_id, step, created_ts, score`` and
-        ``breakdown`` (``semantic, salience, recency, lambda, score, supersedes``).
+        ``breakdown`` (``semantic, salience, recency, lambda, score, supersedes, lane,
+        bonus``).
         ``filters`` pass through to the client's ``search``: structured filters
         (``valence=-1``, ``partition="core"``, ``min_utility=...``,
         ``since_ms``/``until_ms``, ``metadata_equals={...}``) and ranking

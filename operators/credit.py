@@ -14,18 +14,24 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   discounting from the last usage would give them the largest share of a good
   outcome; a return of 0 after the earning step ("reward to go") would blame
   them for a good episode instead.
-- Baseline: a running mean of outcome rewards per (tenant, agent, task) (agent
-  defaults to none, task to the tenant), so advantage A_t = G_t - b. An episode
-  that ends as usual *for its agent* gives ~0 credit to everything it used; a
-  surprising success or failure credits (or blames) the memories that were
-  used. Per agent because the baseline is the policy's own usual outcome: with
-  one baseline for a tenant, a weaker agent's episodes all end below it and
-  every memory it uses is blamed, however much it helped.
+- Reference: per (tenant, agent, task) (agent defaults to none, task to the
+  tenant) a baseline b and a spread, taken before this outcome, so the advantage
+  is A_t = (G_t - b) / spread, clipped to +-3 (`_Baseline`). b is what the agent
+  gets without memory: the mean outcome of its episodes that acted on no memory
+  (at least ``free_min`` of them, shrunk towards the agent's no-memory mean over all
+  its tasks), else the mean of all its outcomes; a mean of all outcomes would rise
+  once a memory solves the task and the memory that solved it would earn nothing
+  from then on. The spread (root mean square deviation of outcomes from the
+  baseline they were judged by) makes credit scale free: outcomes of +-1 and of
+  0..100 give the same numbers. Per agent because the baseline is the policy's own
+  usual outcome: with one baseline for a tenant, a weaker agent's episodes all end
+  below it and every memory it uses is blamed, however much it helped.
 - Credit to memory i: c_i = sum_t A_t * w_i,t, and the update carries the mean
-  per use, c_i / n_i (n_i = number of steps that served i). The store's utility
-  is an EMA of that per-use credit (the applier does the EMA), so a memory is
-  not rewarded for being retrieved often: a memory served in every episode
-  collects positive and negative advantages that average out.
+  per use, c_i / n_i (n_i = number of steps that served i). The applier folds it
+  into the memory's `CreditStats` (count, discounted mean and variance; the
+  store's ``utility`` is the mean), so a memory is not rewarded for being
+  retrieved often: a memory served in every episode collects positive and
+  negative advantages that average out.
 - Exactly-once effect: an outcome is identified by ``outcome_id`` (default
   ``episode_id:final``); a second copy is ignored and counted. Each update has
   a deterministic ``update_id`` (episode, outcome, memory), and the applier
@@ -59,11 +65,14 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "CreditAssigner",
+    "CreditStats",
     "CreditUpdate",
     "EpisodeWindows",
     "OutcomeRecord",
@@ -111,6 +120,7 @@ class _Episode:
     usages: dict[str, UsageRecord] = field(default_factory=dict)
     outcome: OutcomeRecord | None = None
     advantage_base: float = 0.0
+    scale: float = 1.0  # the spread of the (agent, task)'s outcomes the advantage is in
     last_ms: int = 0
     credited: set[str] = field(default_factory=set)  # request ids already credited
 
@@ -205,6 +215,68 @@ class EpisodeWindows:
         return [ep for t in list(self._heaps) for ep in self._pop_until(t, before_ms)]
 
 
+#: a normalised advantage is clipped to this many spreads (one freak outcome is not more)
+ADV_CLIP = 3.0
+#: the no-memory mean's EWMA rate bounds its weight against the prior (1 / rate outcomes)
+FREE_ALPHA = 0.05
+
+
+@dataclass
+class _Baseline:
+    """Outcomes of one (tenant, agent, task): what an episode is judged against.
+
+    - ``mean``: every outcome (exact mean first, then an EWMA of rate ``alpha``);
+    - ``free``: the outcomes of episodes that acted on no memory: what the agent
+      gets without memory, the baseline. The all-outcomes mean rises as soon as a
+      memory solves the task, and the memory that solved it would then earn 0 and
+      fade back to neutral. Few such episodes are a noisy estimate (three lucky
+      guesses would make a win worth nothing) and a task solved by memory from its
+      first episode has none, so the task's own are weighed against the agent's
+      no-memory mean over all its tasks (``prior``, once it has ``free_min``
+      outcomes) with the weight of ``free_min`` episodes; without a prior, the
+      task's own once there are ``free_min``; else the mean of all outcomes;
+    - ``sq``: mean squared deviation of outcomes from the baseline they were judged
+      by; its root is the spread advantages are divided by (scale free).
+    """
+
+    mean: float = 0.0
+    n: int = 0
+    free: float = 0.0
+    free_n: int = 0
+    sq: float = 0.0
+    sq_n: int = 0
+
+    def reference(
+        self, free_min: int, prior: _Baseline | None = None
+    ) -> tuple[float, float | None]:
+        if prior is not None and prior.free_n >= free_min and prior is not self:
+            # the task's own no-memory outcomes (none where a memory solved it from
+            # the first episode on) against the agent's over all its tasks
+            n = min(float(self.free_n), 1.0 / FREE_ALPHA)
+            base = (n * self.free + free_min * prior.free) / (n + free_min)
+        elif self.free_n >= free_min:
+            base = self.free
+        else:
+            base = self.mean if self.n else 0.0
+        if not self.sq_n:
+            return base, None
+        spread = math.sqrt(max(self.sq, 0.0))
+        return base, spread if spread > 1e-9 else None
+
+    def fold(self, reward: float, acted: bool, alpha: float, base: float) -> None:
+        if self.n:  # the first outcome had no baseline to deviate from
+            w = max(1.0 / (self.sq_n + 1), alpha)
+            self.sq += w * ((reward - base) ** 2 - self.sq)
+            self.sq_n += 1
+        w = max(1.0 / (self.n + 1), alpha)
+        self.mean += w * (reward - self.mean)
+        self.n += 1
+        if not acted:
+            w = max(1.0 / (self.free_n + 1), alpha)
+            self.free += w * (reward - self.free)
+            self.free_n += 1
+
+
 def _uid(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
 
@@ -219,6 +291,7 @@ class CreditAssigner:
         baseline_alpha: float = 0.05,
         max_episodes: int = 100_000,
         max_episodes_per_tenant: int = 10_000,
+        free_min: int = 3,
     ) -> None:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError("gamma must be in [0, 1]")
@@ -229,7 +302,8 @@ class CreditAssigner:
         self.baseline_alpha = baseline_alpha
         self.max_episodes = max_episodes
         self.episodes = EpisodeWindows(min(max_episodes_per_tenant, max_episodes), max_episodes)
-        self.baselines: dict[tuple[str, str, str], tuple[float, int]] = {}
+        self.baselines: dict[tuple[str, str, str], _Baseline] = {}
+        self.free_min = free_min
         self.duplicate_outcomes = 0
         self.expired_without_outcome = 0
         self.late_agent_reports = 0
@@ -239,16 +313,21 @@ class CreditAssigner:
         return (tenant, agent or "", task or tenant)
 
     def baseline(self, tenant: str, task: str | None, agent: str | None = None) -> float:
-        mean, n = self.baselines.get(self._baseline_key(tenant, task, agent), (0.0, 0))
-        return mean if n else 0.0
+        """The running mean of every outcome of (tenant, agent, task)."""
+        b = self.baselines.get(self._baseline_key(tenant, task, agent))
+        return b.mean if b is not None and b.n else 0.0
 
-    def _fold_baseline(
-        self, tenant: str, task: str | None, reward: float, agent: str | None = None
-    ) -> None:
-        key = self._baseline_key(tenant, task, agent)
-        mean, n = self.baselines.get(key, (0.0, 0))
-        w = max(1.0 / (n + 1), self.baseline_alpha)
-        self.baselines[key] = (mean + w * (reward - mean), n + 1)
+    def reference(
+        self, tenant: str, task: str | None, agent: str | None = None
+    ) -> tuple[float, float | None]:
+        """(baseline, spread) an outcome of (tenant, agent, task) is judged by now
+        (spread None until one outcome was judged)."""
+        b = self.baselines.get(self._baseline_key(tenant, task, agent)) or _Baseline()
+        return b.reference(self.free_min, self.baselines.get(self._prior_key(tenant, agent)))
+
+    @staticmethod
+    def _prior_key(tenant: str, agent: str | None) -> tuple[str, str, str]:
+        return (tenant, agent or "", "\x00any task")
 
     def _episode(self, tenant: str, episode_id: str, now_ms: int) -> _Episode:
         return self.episodes.touch(tenant, episode_id, now_ms)
@@ -277,9 +356,17 @@ class CreditAssigner:
             self.duplicate_outcomes += 1
             return []
         ep.outcome = outcome
-        # baseline *before* this outcome: an episode is judged against the past
-        ep.advantage_base = self.baseline(tenant, outcome.task, outcome.agent)
-        self._fold_baseline(tenant, outcome.task, outcome.reward, outcome.agent)
+        # reference *before* this outcome: an episode is judged against the past
+        ep.advantage_base, spread = self.reference(tenant, outcome.task, outcome.agent)
+        # no spread known yet (the first outcome): the outcome's own distance is one unit
+        ep.scale = spread or abs(outcome.reward - ep.advantage_base) or 1.0
+        key = self._baseline_key(tenant, outcome.task, outcome.agent)
+        acted = any(w > 0 for u in ep.usages.values() for w in u.weights)
+        b = self.baselines.setdefault(key, _Baseline())
+        b.fold(outcome.reward, acted, self.baseline_alpha, ep.advantage_base)
+        if not acted:  # the agent's no-memory outcomes over all its tasks: the prior
+            prior = self.baselines.setdefault(self._prior_key(tenant, outcome.agent), _Baseline())
+            prior.fold(outcome.reward, False, self.baseline_alpha, 0.0)
         return self._credit(episode_id, ep)
 
     def _credit(self, episode_id: str, ep: _Episode) -> list[CreditUpdate]:
@@ -299,7 +386,7 @@ class CreditAssigner:
             if named_end and u.step > end:
                 continue  # used after the step that earned the outcome: outside it
             g = (self.gamma ** max(0, end - u.step)) * ep.outcome.reward
-            adv = g - ep.advantage_base
+            adv = max(-ADV_CLIP, min(ADV_CLIP, (g - ep.advantage_base) / ep.scale))
             if u.reward is not None and u.reward * adv < 0:
                 continue  # the step's own reward contradicts its advantage: outside it
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
@@ -328,24 +415,81 @@ class CreditAssigner:
         return len(dead)
 
 
+@dataclass(frozen=True)
+class CreditStats:
+    """A memory's credit statistics: acted-on uses and the discounted mean and
+    variance of their normalised advantage (stored in ``metadata.credit``).
+
+    ``n`` counts updates with evidence (the memory was acted on, or a thumb), ``w``
+    is their discounted weight (``w <- discount * w + 1``), ``mean`` and ``m2`` the
+    discounted mean and sum of squared deviations. The advantage is in units of
+    the spread of its (agent, task)'s outcomes, so the same numbers mean the same
+    for outcomes of +-1 and of 0..100.
+    """
+
+    n: int = 0
+    w: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> CreditStats:
+        """The stats stored in a row (none: an untried memory)."""
+        meta = row.get("metadata")
+        raw = meta.get("credit") if isinstance(meta, Mapping) else None
+        if not isinstance(raw, Mapping):
+            return cls()
+        return cls(int(raw.get("n", 0)), float(raw.get("w", 0.0)),
+                   float(raw.get("mean", 0.0)), float(raw.get("m2", 0.0)))  # fmt: skip
+
+    def fold(self, x: float, discount: float) -> CreditStats:
+        w = discount * self.w + 1.0
+        mean = self.mean + (x - self.mean) / w
+        m2 = discount * self.m2 + (x - self.mean) * (x - mean)
+        return CreditStats(self.n + 1, w, mean, max(0.0, m2))
+
+    def stderr(self, prior_var: float = 1.0) -> float:
+        """Standard error of the mean, with one pseudo-observation of variance
+        ``prior_var`` (one spread): two equal advantages are not certainty."""
+        if self.w <= 0:
+            return math.inf
+        return math.sqrt((self.m2 + prior_var) / (self.w + 1.0) / self.w)
+
+    def established(self, min_uses: int, z: float = 1.0) -> float:
+        """The established effect: the lower confidence bound ``mean - z * se`` where
+        it is above 0, the upper one where it is below 0, over at least ``min_uses``
+        acted-on uses; else 0 (not established: one blame demotes nothing)."""
+        if self.n < max(1, min_uses):
+            return 0.0
+        se = z * self.stderr()
+        if self.mean - se > 0:
+            return self.mean - se
+        if self.mean + se < 0:
+            return self.mean + se
+        return 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"n": self.n, "w": self.w, "mean": self.mean, "m2": self.m2}
+
+
 def apply_utility(
     row: dict[str, Any],
     update_id: str,
     credit: float,
     uses: int,
-    beta: float = 0.2,
+    discount: float = 0.95,
     remember: int = 64,
     evidence: bool = True,
 ) -> bool:
     """Fold one update into a stored row in place; False if it was applied before.
 
-    utility <- (1 - beta) * utility + beta * credit, uses += uses. An update without
-    ``evidence`` (every use had weight 0: the memory was served or considered and not
-    acted on) adds its uses and leaves the utility alone: the outcome says nothing
-    about a memory nobody followed, so it neither earns nor loses credit (an EMA step
-    towards 0 would erode what it earned where it was followed). The last
-    `remember` update ids live in the row's metadata (``credit_ids``), which is
-    what makes a replayed update a no-op.
+    With ``evidence`` the normalised advantage ``credit`` is folded into the row's
+    `CreditStats` (``metadata.credit``) and ``utility`` becomes their discounted
+    mean; ``uses`` is added either way. An update without ``evidence`` (every use
+    had weight 0: the memory was served or considered and not acted on) adds its
+    uses and leaves the statistics alone: the outcome says nothing about a memory
+    nobody followed. The last `remember` update ids live in the row's metadata
+    (``credit_ids``), which is what makes a replayed update a no-op.
     """
     meta = row.setdefault("metadata", {}) or {}
     row["metadata"] = meta
@@ -353,7 +497,9 @@ def apply_utility(
     if update_id in applied:
         return False
     if evidence:
-        row["utility"] = (1.0 - beta) * float(row.get("utility", 0.0)) + beta * float(credit)
+        stats = CreditStats.of(row).fold(float(credit), discount)
+        meta["credit"] = stats.to_dict()
+        row["utility"] = stats.mean
     else:
         row["utility"] = float(row.get("utility", 0.0))
     row["uses"] = int(row.get("uses", 0)) + int(uses)

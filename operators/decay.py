@@ -25,7 +25,9 @@ Priority (higher = more worth keeping)::
 refreshes it), so a situation the agent keeps meeting does not fade. ``hits``
 counts the retrievals that served the memory (``metadata.access.n``);
 ``since_access`` runs from ``last_access_ts`` (stamped by the responder on the
-same clock). The earned part (utility and access terms) alone decides promotion.
+same clock); retrievals the agent reported ignoring (credited uses without
+evidence) are not counted (`earned_hits`). The earned part (utility and access
+terms) alone decides promotion.
 
 Horizons follow each clock's span (`span_horizons`): the half-life and the buffer
 TTL of an entry are ``max(policy value, span_factor * (watermark - origin))`` of
@@ -60,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from operators.credit import CreditStats
+
 __all__ = [
     "BUFFER",
     "CORE",
@@ -72,6 +76,7 @@ __all__ = [
     "MaintenancePolicy",
     "PriorityIndex",
     "TenantIndex",
+    "earned_hits",
     "entry_from_row",
     "horizons",
     "plan_decay",
@@ -176,6 +181,16 @@ class Entry:
     agent: str = ""  # whose clock the times are on (`TenantIndex` maps it to a watermark)
 
 
+def earned_hits(row: Mapping[str, Any], hits: int) -> int:
+    """Retrievals that count as earned: every one, less those the agent reported
+    ignoring (credited uses without evidence, `operators.credit.CreditStats`). A
+    memory served again and again and never acted on (a near neighbour that keeps
+    being found) has shown it is not what decisions rest on; without usage reports
+    nothing is subtracted."""
+    ignored = max(0, int(row.get("uses", 0) or 0) - CreditStats.of(row).n)
+    return max(0, hits - ignored)
+
+
 def entry_from_row(row: Mapping[str, Any]) -> Entry:
     """An index entry from a stored row (``partition`` included, as the store returns it)."""
     meta = row.get("metadata") or {}
@@ -190,7 +205,7 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
         # surprise), so decay does not undo the gate's core routes
         abs_rpe=max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
         utility=float(row.get("utility", 0.0)),
-        hits=int(access.get("n", 0)),
+        hits=earned_hits(row, int(access.get("n", 0)) if isinstance(access, Mapping) else 0),
         last_access_ts=int(row.get("last_access_ts", created)),
         agent=str(row.get("agent_id") or ""),
     )

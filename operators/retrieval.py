@@ -14,8 +14,8 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   at 0.63). Not the reward's magnitude for core memories: a larger reward is no
   evidence that a memory is more relevant to a query; what separates equally
   similar memories is whether they mattered at all (core vs buffer vs mundane)
-  and what using them earned. Utility is the credit job's EMA of advantage per
-  use; 0 sits at the neutral 0.5.
+  and what using them earned. Utility is the discounted mean of the memory's
+  normalised advantage (`operators.credit.CreditStats`); 0 sits at the neutral 0.5.
 - exploration (optimistic initial values, count-based): ``uses`` counts a
   memory's credited uses. An untried memory gets the bonus ``explore`` (default
   1.0), shrinking as 1/(1 + uses)^2: after one fruitless try it is explore/4,
@@ -23,27 +23,28 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   helped keeps its place by its utility and one that did not makes room quickly
   (faster than UCB's 1/sqrt(n) on purpose). In a store nobody credits every
   memory has the same bonus, so the ranking changes only through recency.
-- evidence-adaptive lambda (``adapt``, ``lambda_with_evidence``): the count
-  schedule below keeps meaning dominant while a store is young, so a
-  semantically weaker memory could never be served and prove itself. Once the
-  memories meaning alone would serve (the semantic top k of this request's
-  candidates) have been tried without earning credit (uses > 0, utility <= 0),
-  lambda moves towards ``lambda_evidence`` (default 0.1) in proportion to the
-  share of them that did not help. Three limits keep this an exploration of
-  *neighbours*, never a trade of proven meaning for a bonus:
-  - positive evidence does not lower lambda: a top-k memory that earned credit
-    is meaning's pick *and* the outcome's, so exploiting it is right;
-  - the spread floor: lambda never falls below 1 / (1 + spread), spread = the
-    cosine of meaning's best candidate minus that of its k-th, per query. A
-    memory can then climb only over memories more similar by less than that
-    spread: among exact ties evidence re-orders the ties and nothing else, and
-    an exact match is never traded for another observation's better evidence;
-  - the exploration window: when evidence lowered lambda, only the
-    ``explore_ranks * k`` candidates nearest in meaning (and every candidate
-    tied with the last of them) can be served, whatever the pool size or the
-    encoder's cosine scale.
-  A request that sets lambda explicitly (e.g. 1.0 for pure semantic search) is
-  never adapted.
+- two lanes (``lanes=True``: the default request; one that fixes lambda, e.g. 1.0
+  for pure semantic search, ranks without them):
+  - main lane: the score above plus a promotion bonus for an *established*
+    effect, ``promote_max * min(1, U / promote_full) * clip(e / 0.5, -1, 1)``: e is
+    the memory's `CreditStats.established` (the lower confidence bound of its
+    normalised advantage where above 0, the upper one where below 0, over at
+    least ``promote_min_uses`` acted-on uses; else 0), U the credited uses of
+    the request's candidates (the context's evidence: the bonus anneals in as
+    the context is credited). Without evidence the bonus is 0 and the main lane
+    is exactly the ranking without lanes; one blame never moves a memory (an
+    effect needs ``promote_min_uses`` uses and a bound past 0); an established
+    negative effect demotes. ``promote_max`` (0.6 of cosine) bounds the lift.
+  - exploration lane: for k >= 3 the last ``explore_slots`` (default 1) served
+    hits are picked from the candidates the main lane did not serve, by
+    `RankPolicy.optimism` (credited mean + ``explore_c / sqrt(1 + uses)``), ties
+    by the main lane's order. Deterministic (serve probability 1). Without
+    evidence every optimism is equal and the pick is the main lane's next: the
+    served list is exactly today's. A memory served and not acted on spends its
+    optimism (its uses grow, its mean does not), so a decisive memory far down
+    in meaning is served after the nearer untried ones, earns evidence, and is
+    then promoted into the main lane by that evidence, not by optimism.
+  Every hit names its lane (`Ranked.lane`).
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
   (1000: 43 minutes for the default 30 days), so milliseconds between two
@@ -80,25 +81,27 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
+
+from operators.credit import CreditStats
 
 __all__ = [
     "RECENCY_STEPS",
     "Ranked",
     "RankPolicy",
     "StreamClock",
-    "explore_window",
     "rank",
     "tie_key",
-    "tried_without_credit",
     "usage_weights",
 ]
 
 #: recency's resolution: ages are counted in steps of half_life / RECENCY_STEPS
 RECENCY_STEPS = 1000
+#: an established effect of this many outcome spreads earns the full promotion bonus
+EFFECT_FULL = 0.5
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,12 @@ class RankPolicy:
     mature: int = 20_000
     mmr_mu: float = 0.5
     explore: float = 1.0
-    lambda_evidence: float = 0.1
-    explore_ranks: int = 2
+    explore_slots: int = 1
+    explore_c: float = 1.0
+    promote_max: float = 0.6
+    promote_min_uses: int = 2
+    promote_z: float = 1.0
+    promote_full: int = 8
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -132,10 +139,12 @@ class RankPolicy:
             raise ValueError("mmr_mu must be >= 0")
         if p.explore < 0:
             raise ValueError("explore must be >= 0")
-        if not 0 <= p.lambda_evidence <= 1:
-            raise ValueError("lambda_evidence must be in [0, 1]")
-        if p.explore_ranks < 1:
-            raise ValueError("explore_ranks must be >= 1")
+        if p.explore_slots < 0 or p.explore_c < 0:
+            raise ValueError("explore_slots and explore_c must be >= 0")
+        if p.promote_max < 0 or p.promote_z < 0:
+            raise ValueError("promote_max and promote_z must be >= 0")
+        if p.promote_min_uses < 1 or p.promote_full < 1:
+            raise ValueError("promote_min_uses and promote_full must be >= 1")
         return p
 
     def lambda_for(self, n_memories: int) -> float:
@@ -147,30 +156,21 @@ class RankPolicy:
         t = math.log(n_memories / self.young) / math.log(self.mature / self.young)
         return self.lambda_hi + t * (self.lambda_lo - self.lambda_hi)
 
-    def lambda_with_evidence(
-        self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int
-    ) -> float:
-        """Move `lam` towards ``lambda_evidence`` by the share of the semantic
-        top-`k` candidates that were tried without earning credit (see the
-        module docstring)."""
-        if not candidates or k <= 0 or self.lambda_evidence >= lam:
-            return lam
-        top = by_meaning(candidates)[:k]
-        share = sum(tried_without_credit(r) for r in top) / len(top)
-        # the floor: a lift of at most the cosine spread of meaning's own top k
-        spread = max(0.0, similarity(top[0]) - similarity(top[-1]))
-        return max(lam + share * (self.lambda_evidence - lam), min(lam, 1.0 / (1.0 + spread)))
+    def promotion(self, row: Mapping[str, Any], context_uses: int) -> float:
+        """The main lane's bonus of an established effect (see the module doc)."""
+        if self.promote_max <= 0:
+            return 0.0
+        est = CreditStats.of(row).established(self.promote_min_uses, self.promote_z)
+        if est == 0.0:
+            return 0.0
+        anneal = min(1.0, context_uses / self.promote_full)
+        return self.promote_max * anneal * max(-1.0, min(1.0, est / EFFECT_FULL))
 
-    def adapt(
-        self, lam: float, candidates: Sequence[Mapping[str, Any]], k: int
-    ) -> tuple[float, list[Mapping[str, Any]]]:
-        """The default request's (lambda, candidates): `lam` (the count schedule)
-        adapted to the evidence, and the candidates it may serve (the exploration
-        window when the evidence lowered lambda, else all of them)."""
-        adapted = self.lambda_with_evidence(lam, candidates, k)
-        if adapted >= lam:
-            return lam, list(candidates)
-        return adapted, explore_window(candidates, self.explore_ranks * k)
+    def optimism(self, row: Mapping[str, Any]) -> float:
+        """The exploration lane's value: the credited mean plus a bonus that shrinks
+        with every credited use, served or acted on."""
+        uses = max(0, int(row.get("uses", 0) or 0))
+        return CreditStats.of(row).mean + self.explore_c / math.sqrt(1.0 + uses)
 
     def salience(self, rpe: float, utility: float, uses: int = 0, core: bool = False) -> float:
         """Surprise (1 for a core memory, else from |rpe|) and optimistic credit."""
@@ -201,21 +201,6 @@ def by_meaning(candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any
     """Candidates most similar first; equal similarities by `tie_key`, not by the
     order the store happened to return them in."""
     return sorted(candidates, key=lambda r: (-similarity(r), tie_key(r)))
-
-
-def tried_without_credit(row: Mapping[str, Any]) -> bool:
-    """Served and credited at least once (uses > 0), and its utility is not positive."""
-    return int(row.get("uses", 0) or 0) > 0 and float(row.get("utility", 0.0) or 0.0) <= 0.0
-
-
-def explore_window(candidates: Sequence[Mapping[str, Any]], n: int) -> list[Mapping[str, Any]]:
-    """The `n` candidates nearest in meaning, and every one tied with the n-th
-    (a cut through identical texts would pick among them by pool order)."""
-    ordered = by_meaning(candidates)
-    if len(ordered) <= n:
-        return ordered
-    cut = similarity(ordered[n - 1])
-    return [r for r in ordered if similarity(r) >= cut]
 
 
 class StreamClock:
@@ -256,6 +241,9 @@ class StreamClock:
         return out
 
 
+Lane = Literal["main", "explore"]
+
+
 @dataclass(frozen=True)
 class Ranked:
     row: Mapping[str, Any]
@@ -266,6 +254,10 @@ class Ranked:
     score: float
     #: the id of an older candidate this memory updates and is ranked above
     supersedes: str | None = None
+    #: which lane served it: the main ranking or the exploration slot
+    lane: Lane = "main"
+    #: the main lane's bonus for an established effect (included in ``score``)
+    bonus: float = 0.0
 
 
 def updated_id(row: Mapping[str, Any]) -> str | None:
@@ -298,9 +290,7 @@ def supersede(scored: Sequence[Ranked]) -> list[Ranked]:
             eff[rid] = eff.get(ref, old.score)
             lifted[rid] = ref
     out = [
-        Ranked(r.row, r.semantic, r.salience, r.recency, r.lam, r.score, lifted.get(rid))
-        if (rid := str(r.row.get("id"))) in lifted
-        else r
+        replace(r, supersedes=lifted[rid]) if (rid := str(r.row.get("id"))) in lifted else r
         for r in scored
     ]
     # a lifted memory sorts before the one it lifted to (equal sort score): rank by
@@ -320,14 +310,18 @@ def rank(
     now_ms: float | Mapping[str, float],
     k: int,
     vectors: Mapping[str, np.ndarray] | None = None,
+    lanes: bool = False,
 ) -> list[Ranked]:
     """Re-rank ANN candidates (each with ``similarity``, ``rpe``, ``utility``,
     ``uses``, ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given.
 
     `now_ms` is the stream time recency is measured against: one number, or per
-    ``agent_id`` (`StreamClock.observe`; an agent missing from it: no decay)."""
+    ``agent_id`` (`StreamClock.observe`; an agent missing from it: no decay).
+    ``lanes``: credit evidence takes part (the main lane's promotion bonus and the
+    exploration slots); a request that fixes lambda ranks without them."""
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")
+    context_uses = sum(max(0, int(r.get("uses", 0) or 0)) for r in candidates) if lanes else 0
     scored = []
     for row in candidates:
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
@@ -342,16 +336,44 @@ def rank(
         else:
             ref = float(now_ms)
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
-        score = lam * sem + (1.0 - lam) * sal * rec
-        scored.append(Ranked(row, sem, sal, rec, lam, score))
+        bonus = policy.promotion(row, context_uses) if context_uses else 0.0
+        score = lam * sem + (1.0 - lam) * sal * rec + bonus
+        scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus))
     # exact ties: by memory id; a later statement above the older one it updates
     scored = supersede(scored)
-    if not vectors:
-        return scored[:k]
+    slots = min(policy.explore_slots, k - 1) if lanes and k >= 3 else 0
+    # without any credited use every optimism is equal: the picks are the next by order
+    depth = k if slots == 0 or context_uses == 0 else len(scored)
+    order = mmr_order(scored, policy.mmr_mu, vectors, depth) if vectors else scored[:depth]
+    if slots == 0 or len(order) <= k - slots:
+        return order[:k]
+    return explore(order, k, slots, policy)
+
+
+def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy) -> list[Ranked]:
+    """The main lane's first ``k - slots`` of ``order``, then ``slots`` exploration
+    picks from the rest: the highest `RankPolicy.optimism`, ties by the main
+    lane's order. Without credit evidence every optimism is equal and the picks are
+    the main lane's next ones: exactly the list without lanes."""
+    main = list(order[: k - slots])
+    rest = list(order[k - slots :])
+    picks: list[Ranked] = []
+    while rest and len(picks) < slots:
+        values = [policy.optimism(r.row) for r in rest]
+        best = max(range(len(rest)), key=lambda i: (values[i], -i))
+        picks.append(replace(rest.pop(best), lane="explore"))
+    return main + picks
+
+
+def mmr_order(
+    scored: Sequence[Ranked], mu: float, vectors: Mapping[str, np.ndarray], n: int
+) -> list[Ranked]:
+    """Greedy maximal marginal relevance: the first ``n`` of ``scored`` by
+    ``score - mu * max cosine to already-selected``."""
     chosen: list[Ranked] = []
     chosen_vecs: list[np.ndarray] = []
     pool = list(scored)
-    while pool and len(chosen) < k:
+    while pool and len(chosen) < n:
         best_i, best_v = 0, -math.inf
         for i, r in enumerate(pool):
             v = vectors.get(str(r.row.get("id")))
@@ -360,7 +382,7 @@ def rank(
                 if chosen_vecs and v is not None
                 else 0.0
             )
-            mmr = r.score - policy.mmr_mu * redundancy
+            mmr = r.score - mu * redundancy
             if mmr > best_v:
                 best_i, best_v = i, mmr
         pick = pool.pop(best_i)

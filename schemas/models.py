@@ -302,6 +302,11 @@ class ScoreBreakdown(BaseModel):
     #: the id of an older memory this one updates and was ranked above (a later
     #: statement of the same thing comes first); None when nothing was re-ordered
     supersedes: str | None = None
+    #: which lane served the hit: the main ranking, or the exploration slot (the
+    #: last ``DMEM_RESPOND__EXPLORE_SLOTS`` hits, picked optimistically by credit)
+    lane: Literal["main", "explore"] = "main"
+    #: the main lane's promotion bonus for an established credit effect (in ``score``)
+    bonus: float = 0.0
 
 
 class Hit(BaseModel):
@@ -340,6 +345,9 @@ class RetrievalResponse(Model):
 class MemoryUsage(Model):
     """Which memories one response served, with their normalised weights.
 
+    The responder's record names each memory's lane (``lanes``: main ranking or
+    exploration slot) and the probability its lane served it (``propensities``).
+
     ``source="served"`` is the responder's record (weights = normalised
     scores). An agent that knows which of the served memories it actually
     used may publish its own record for the same request with
@@ -361,11 +369,19 @@ class MemoryUsage(Model):
     ts: int = Field(ge=0)
     source: Literal["served", "agent"] = "served"
     reward: FiniteFloat | None = None
+    #: per served memory, the lane that served it (responder records; empty: unknown)
+    lanes: list[Literal["main", "explore"]] = Field(default_factory=list)
+    #: per served memory, the probability it was served by its lane's choice (1.0 for
+    #: a deterministic choice), for off-policy evaluation; empty: unknown
+    propensities: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _aligned(self) -> MemoryUsage:
         if len(self.memory_ids) != len(self.weights):
             raise ValueError("memory_ids and weights differ in length")
+        for name in ("lanes", "propensities"):
+            if getattr(self, name) and len(getattr(self, name)) != len(self.memory_ids):
+                raise ValueError(f"{name} and memory_ids differ in length")
         return self
 
 

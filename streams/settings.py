@@ -137,17 +137,34 @@ class RespondSettings(BaseModel):
     young: int = Field(default=200, ge=1, description="memories up to which a tenant is young")
     mature: int = Field(default=20_000, ge=2, description="memories from which a tenant is mature")
     explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
-    lambda_evidence: float = Field(
-        default=0.1,
+    explore_slots: int = Field(
+        default=1,
+        ge=0,
+        le=8,
+        description="served hits (the last ones, for k >= 3) picked by the exploration "
+        "lane: optimistically over each memory's credited evidence; 0 turns it off",
+    )
+    explore_c: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="exploration lane's optimism: credited mean + explore_c / sqrt(1 + uses)",
+    )
+    promote_max: float = Field(
+        default=0.6,
         ge=0.0,
         le=1.0,
-        description="lambda once the semantic top-k were tried without earning credit",
+        description="largest main-lane bonus (in cosine) of an established credit effect",
     )
-    explore_ranks: int = Field(
+    promote_min_uses: int = Field(
         default=2,
         ge=1,
-        description="with an evidence-lowered lambda only the "
-        "explore_ranks * k candidates nearest in meaning can be served",
+        description="acted-on uses before a credit effect can be established (promote/demote)",
+    )
+    promote_full: int = Field(
+        default=8,
+        ge=1,
+        description="credited uses among a query's candidates at which the bonus is full "
+        "(it anneals in with the context's evidence)",
     )
     tenant_searches: int = Field(
         default=4,
@@ -227,7 +244,6 @@ class JobsSettings(BaseModel):
         default=0.99, ge=0.0, le=1.0, description="discount of an outcome back to the step of a use"
     )
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
-    utility_beta: float = Field(default=0.2, gt=0.0, le=1.0, description="EMA rate of utility")
     credit_idle_s: float = Field(
         default=2.0,
         gt=0.0,
@@ -245,6 +261,18 @@ class JobsSettings(BaseModel):
             "waits this long for its row, later updates of that memory behind it, before "
             "it is skipped"
         ),
+    )
+    credit_discount: float = Field(
+        default=0.95,
+        gt=0.0,
+        le=1.0,
+        description="discount of a memory's older credit in its statistics (mean, variance)",
+    )
+    credit_free_min: int = Field(
+        default=3,
+        ge=1,
+        description="outcomes of episodes that acted on no memory from which they are the "
+        "(agent, task)'s credit baseline (else the mean of all its outcomes)",
     )
     credit_max_episodes: int = Field(
         default=100_000,
@@ -568,6 +596,12 @@ class GateSettings(BaseModel):
         description="observations decided by the fixed warm-up rule while the sketch fills",
     )
     drop_exact_repeats: bool = Field(default=True, description="drop exact repeats already in core")
+    keep_novel_statements: bool = Field(
+        default=True,
+        description="a reward-free statement, new for its agent (no near-repeat), that the "
+        "gate would drop goes to the buffer instead when its tenant reports episode "
+        "outcomes: credit can later prove it decisive (and promote it to core)",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> GateSettings:

@@ -763,15 +763,28 @@ def bench_chaos(
 @bench.command("credit")
 @click.option("--episodes", type=click.IntRange(1), default=300, show_default=True)
 @click.option("--scenarios", type=click.IntRange(1, 24), default=20, show_default=True)
-@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--seeds", type=click.IntRange(1, 10), default=3, show_default=True,
+              help="worlds played (seeds 7, 8, ...), each with both rankings")  # fmt: skip
+@click.option(
+    "--encoder",
+    type=click.Choice(["minilm-static", "minilm", "hash"]),
+    default="minilm-static",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
-def bench_credit(episodes: int, scenarios: int, seed: int, as_json: bool) -> None:
+def bench_credit(episodes: int, scenarios: int, seeds: int, encoder: str, as_json: bool) -> None:
     """Delayed-credit task through the real pipeline: hybrid vs semantic ranking."""
     from dmem_bench.credit import CreditConfig
     from dmem_bench.credit import main as run_credit
 
+    cfg = CreditConfig(
+        episodes=episodes,
+        scenarios=scenarios,
+        seeds=tuple(range(7, 7 + seeds)),
+        encoder=encoder,
+    )
     try:
-        run_credit(CreditConfig(episodes=episodes, scenarios=scenarios, seed=seed), as_json)
+        run_credit(cfg, as_json)
     except DmemError as exc:
         fail(exc)
 

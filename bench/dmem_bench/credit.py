@@ -1,28 +1,40 @@
 """`dmem bench credit`: the delayed-credit task, through the real pipeline.
 
 The task ("vaults"). A world has `scenarios` vaults. The first time an agent
-visits a vault it is briefed: one decisive observation ("the guide says: take
-the LEFT passage") followed by `distractors` turns that mention the vault and
-its treasure and are therefore *semantically closer* to the decision query
-than the briefing. Every episode ends at a fork: the agent asks dmem "which way
-does the treasure lie in the <vault>?" (k = 3, scoped to the vault by a
-structured metadata filter), takes the side named by a retrieved briefing, or
-guesses when none was retrieved. It then reports which served memory its
-decision rested on (`Client.report_usage`: the briefing it followed, or
-none when it guessed). The outcome (+1 right, -1 wrong, ``task`` = the vault,
-so the credit baseline is the vault's own running mean) is reported *late*:
-after the next episode has started, and twice (a duplicate the credit job must
-ignore).
+visits a vault it is briefed: one decisive observation (a briefing in one of
+several phrasings: "Scout report for the jade vault: go LEFT at the fork")
+followed by `distractors` turns that mention the vault and its treasure and are
+therefore *semantically closer* to the decision query than the briefing. Every
+episode ends at a fork: the agent asks dmem "which way does the treasure lie in
+the <vault>?" (k = 3, scoped to the vault by a structured metadata filter), reads
+the served memories best first and takes the side the first one that names a side
+says, or guesses when none does. It then reports which served memory its
+decision rested on (`Client.report_usage`: weight 1 for the memory it followed,
+0 for the others; nothing followed when it guessed). The outcome (+1 right, -1
+wrong, ``task`` = the vault, so the credit baseline is the vault's own) is
+reported *late*: after the next episode has started, and twice (a duplicate the
+credit job must ignore).
 
 Everything runs through the real stack: embedded broker, one worker with every
-role (write path gate, responder, credit job + utility applier), Milvus Lite.
-The same episodes (same seed) run twice, in separate tenants: with the default
-hybrid ranking, and with lambda = 1 (pure semantic ranking).
+role (write path gate, responder, credit job + utility applier), Milvus Lite,
+with the encoder under test (default minilm-static). Each seed plays its own
+world (sides, visit order, phrasings) twice, in separate tenants: with the
+default ranking (two lanes, credit in play: "hybrid") and with lambda = 1 (pure
+semantic ranking, no lanes).
 
-Reported: `utility_auc` (ROC AUC of utility, decisive vs distractor memories of
-the hybrid run), `decisive_in_core_ratio`, `success_last100_hybrid`,
-`success_last100_semantic`, `duplicate_outcomes_ignored`, and a success-rate
-curve (PNG + JSON under `.dmem-bench/`).
+Reported (one JSON object): ``episodes``, ``seeds``, ``encoder``;
+``decisive_stored_any`` (share of briefings stored in any tier, hybrid),
+``decisive_in_core_ratio`` and ``distractors_in_core_ratio`` (after credit),
+``visits_to_first_serve_median`` (visits of a vault until its briefing is first
+served; never served counts as one more than the vault's visits),
+``decisive_served_ratio`` (share of stored briefings served at least once),
+``success_last100_hybrid_min`` and ``success_last100_semantic_max`` over seeds,
+``utility_auc`` (ROC AUC of the established-evidence statistic,
+`operators.credit.CreditStats.established`, decisive vs distractors),
+``slot_monopoly_max`` (the largest share of one vault's queries in which one
+memory held the exploration slot), ``dropped_briefings`` (why each briefing the
+write path did not keep was dropped), and a success curve (PNG + JSON under
+`.dmem-bench/`).
 """
 
 from __future__ import annotations
@@ -30,15 +42,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
+import statistics
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dmem.client import Client
 from dmem_bench.common import Progress, emit_json, note
+from operators.credit import CreditStats
+from operators.encoders import encoder_dim
 from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack
 
@@ -78,6 +95,18 @@ DISTRACTORS = [
     "Dust covers the {v} vault floor near the treasure room",
     "The {v} vault door creaks as you walk toward the treasure",
 ]
+#: phrasings of a briefing: each names its vault (briefings of different vaults are
+#: different memories, as in life; identical texts would be merged by the dedup job)
+#: and one side, in capitals; none says "treasure" or "vault" twice
+BRIEFINGS = [
+    "Briefing ({v}): the guide says take the {S} passage",
+    "Scout report for the {v} vault: go {S} at the fork",
+    "The old guide whispered that in {v} you keep to the {S} side",
+    "Note from the mapmaker ({v}): the {S} tunnel is the safe one",
+    "A traveller back from {v} insists the {S} corridor is the one",
+    "Remember for {v}: at the split, {S} is right",
+]
+SIDE = re.compile(r"\b(LEFT|RIGHT)\b")
 
 
 @dataclass(frozen=True)
@@ -86,38 +115,59 @@ class CreditConfig:
     scenarios: int = 20
     distractors: int = 6
     k: int = 3
-    seed: int = 7
+    seeds: tuple[int, ...] = (7, 8, 9)
+    encoder: str = "minilm-static"
     out_dir: Path = Path(".dmem-bench")
+
+
+@dataclass
+class World:
+    """One seed's world: each vault's side and briefing text, and the visit order."""
+
+    sides: dict[str, str]
+    briefs: dict[str, str]
+    order: list[str]
+
+
+@dataclass
+class Trace:
+    """What one condition served: per vault, the visits and what each served."""
+
+    successes: list[int] = field(default_factory=list)
+    #: vault -> per visit, the served (memory id, lane) pairs
+    served: dict[str, list[list[tuple[str, str]]]] = field(default_factory=dict)
 
 
 def query(vault: str) -> str:
     return f"In the {vault} vault, which way does the treasure lie: left or right?"
 
 
-def briefing(vault: str, side: str) -> str:
-    # Names its vault (briefings of different vaults are different memories, as in
-    # life; identical texts would be merged by the dedup job), yet stays farther
-    # from the fork query than every distractor (checked in tests/unit/test_credit.py).
-    return f"Briefing ({vault}): the guide says take the {side.upper()} passage"
+def briefing(vault: str, side: str, phrasing: int = 0) -> str:
+    return BRIEFINGS[phrasing % len(BRIEFINGS)].format(v=vault, S=side.upper())
 
 
-def plan(cfg: CreditConfig) -> tuple[dict[str, str], list[str]]:
-    rng = random.Random(cfg.seed)
+def plan(cfg: CreditConfig, seed: int) -> World:
+    rng = random.Random(seed)
     vaults = VAULTS[: cfg.scenarios]
     sides = {v: rng.choice(["left", "right"]) for v in vaults}
+    briefs = {v: briefing(v, sides[v], rng.randrange(len(BRIEFINGS))) for v in vaults}
     order = [rng.choice(vaults) for _ in range(cfg.episodes)]
-    return sides, order
+    return World(sides, briefs, order)
+
+
+def brief_id(tenant: str, vault: str) -> str:
+    return f"{tenant}-{vault}-brief"
 
 
 def briefing_transitions(
-    tenant: str, vault: str, side: str, cfg: CreditConfig, episode: str
+    tenant: str, vault: str, world: World, cfg: CreditConfig, episode: str
 ) -> list[Transition]:
-    texts = [briefing(vault, side)] + [
+    texts = [world.briefs[vault]] + [
         DISTRACTORS[j % len(DISTRACTORS)].format(v=vault) for j in range(cfg.distractors)
     ]
     return [
         Transition(
-            transition_id=f"{tenant}-{vault}-{'brief' if i == 0 else f'd{i}'}",
+            transition_id=brief_id(tenant, vault) if i == 0 else f"{tenant}-{vault}-d{i}",
             tenant=tenant,
             agent_id="explorer",
             episode_id=episode,
@@ -137,15 +187,15 @@ async def run_condition(
     tenant: str,
     lam: float | None,
     cfg: CreditConfig,
+    seed: int,
     progress: Progress | None,
-    trace: list[dict[str, Any]] | None = None,
-) -> list[int]:
-    """Play every episode; returns 1/0 success per episode."""
-    sides, order = plan(cfg)
+) -> Trace:
+    """Play every episode of `seed`'s world; returns successes and what was served."""
+    world = plan(cfg, seed)
     s = stack.settings
-    rng = random.Random(cfg.seed + 1)  # guesses: identical in both conditions
+    rng = random.Random(seed + 1)  # guesses: identical in both conditions
     briefed: set[str] = set()
-    successes: list[int] = []
+    trace = Trace()
     pending: list[EpisodeOutcome] = []
     processed_before = int(health(stack).get("write", {}).get("processed", 0))
     assert stack.bootstrap is not None
@@ -154,12 +204,10 @@ async def run_condition(
     ) as c:
         producer = c._producer  # noqa: SLF001 - raw publish, duplicates included
         assert producer is not None
-        for e, vault in enumerate(order):
+        for e, vault in enumerate(world.order):
             ep = f"{tenant}-ep{e}"
             if vault not in briefed:
-                sent = await c.publish_many(
-                    briefing_transitions(tenant, vault, sides[vault], cfg, ep)
-                )
+                sent = await c.publish_many(briefing_transitions(tenant, vault, world, cfg, ep))
                 briefed.add(vault)
                 # the briefing is processed by the write path before the fork
                 target = processed_before + sent
@@ -178,11 +226,14 @@ async def run_condition(
                 request_id=rid,
                 metadata_equals={"vault": vault},
             )
+            trace.served.setdefault(vault, []).append(
+                [(h.memory_id, h.breakdown.lane) for h in hits]
+            )
             choice, used = None, None
-            for h in hits:
-                if h.text.startswith("Briefing ("):
-                    choice = "left" if "LEFT" in h.text else "right"
-                    used = h.memory_id
+            for h in hits:  # the agent reads best first and follows the first side named
+                found = SIDE.search(h.text)
+                if found:
+                    choice, used = found.group(1).lower(), h.memory_id
                     break
             if hits:  # what the decision actually rested on (nothing, when guessing)
                 await c.report_usage(
@@ -191,33 +242,15 @@ async def run_condition(
                     {h.memory_id: float(h.memory_id == used) for h in hits},
                     step=cfg.distractors + 1,
                 )
-            if trace is not None:
-                trace.append(
-                    {
-                        "episode": e,
-                        "vault": vault,
-                        "hits": [
-                            [
-                                h.text[:24],
-                                round(h.score, 3),
-                                round(h.breakdown.lambda_, 3),
-                                round(h.breakdown.salience, 3),
-                                round(h.utility, 3),
-                            ]
-                            for h in hits
-                        ],
-                    }
-                )
             guess = rng.choice(["left", "right"])
-            won = (choice or guess) == sides[vault]
-            successes.append(int(won))
+            won = (choice or guess) == world.sides[vault]
+            trace.successes.append(int(won))
             for old in pending:  # late: the previous episode's outcome, sent twice
                 for _ in range(2):
                     await producer.send(
                         s.topic("feedback"), encode(old), key=old.episode_id.encode()
                     )
-            # task = the vault: the credit job's baseline is then the running mean outcome
-            # of this vault's episodes (what the agent achieves there without help)
+            # task = the vault: the credit job's baseline is this vault's own outcomes
             pending = [
                 EpisodeOutcome(
                     tenant=tenant,
@@ -230,12 +263,12 @@ async def run_condition(
             ]
             await asyncio.sleep(0.05)
             if progress:
-                rate = sum(successes) / len(successes)
+                rate = sum(trace.successes) / len(trace.successes)
                 progress.update(e + 1, f"{tenant} success so far {rate:.2f}")
         for old in pending:
             await producer.send(s.topic("feedback"), encode(old), key=old.episode_id.encode())
         await producer.flush()
-    return successes
+    return trace
 
 
 def auc(pos: list[float], neg: list[float]) -> float:
@@ -249,6 +282,50 @@ def auc(pos: list[float], neg: list[float]) -> float:
 def health(stack: LocalStack) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.web_ports[0]}/health", timeout=10) as r:
         return dict(json.loads(r.read()))
+
+
+def first_serves(trace: Trace, tenant: str) -> dict[str, int | None]:
+    """Per vault, the visit (1-based) at which its briefing was first served."""
+    out: dict[str, int | None] = {}
+    for vault, visits in trace.served.items():
+        bid = brief_id(tenant, vault)
+        out[vault] = next((i + 1 for i, v in enumerate(visits) if any(m == bid for m, _ in v)),
+                          None)  # fmt: skip
+    return out
+
+
+def slot_monopoly(trace: Trace) -> float:
+    """The largest share of one vault's queries in which one memory held the
+    exploration slot."""
+    worst = 0.0
+    for visits in trace.served.values():
+        held = Counter(m for v in visits for m, lane in v if lane == "explore")
+        if held and visits:
+            worst = max(worst, max(held.values()) / len(visits))
+    return worst
+
+
+def dropped_reasons(stack: LocalStack, dim: int, ids: dict[str, list[str]]) -> dict[str, int]:
+    """Why each briefing the store does not hold is not there (its last history
+    event's kind and reason; "unrecorded" when the history has none)."""
+    from milvus import MemoryStore
+
+    s = stack.settings
+    store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=dim)
+    store.connect()
+    reasons: Counter[str] = Counter()
+    try:
+        for tenant, missing in ids.items():
+            for mid in missing:
+                try:
+                    events = store.history.events(tenant, mid)
+                except Exception:  # noqa: BLE001 - a report, never a failure of the bench
+                    events = []
+                last = events[-1] if events else None
+                reasons[f"{last['kind']}:{last.get('reason') or ''}" if last else "unrecorded"] += 1
+    finally:
+        store.close()
+    return dict(reasons)
 
 
 def plot(curves: dict[str, list[int]], path: Path, window: int = 25) -> None:
@@ -280,61 +357,130 @@ def main(cfg: CreditConfig, as_json: bool) -> dict[str, Any]:
 
     data = Path(tempfile.mkdtemp(prefix="dmem-bench-credit-"))
     env = {
-        "DMEM_ENCODER__NAME": "hash",
+        "DMEM_ENCODER__NAME": cfg.encoder,
         "DMEM_APP_ID": "dmem-bench-credit",
         "DMEM_WRITE__BATCH_WITHIN_S": "0.1",
     }
     stack = LocalStack(data, roles=("all",), extra_env=env)
     t0 = time.monotonic()
+    traces: dict[tuple[str, int], Trace] = {}
     try:
-        note("bench credit: starting broker + worker (all roles, Milvus Lite) ...")
+        note(f"bench credit: starting broker + worker (all roles, Milvus Lite, {cfg.encoder}) ...")
         stack.start()
-        curves: dict[str, list[int]] = {}
-        traces: dict[str, list[dict[str, Any]]] = {}
-        for name, lam in (("hybrid", None), ("semantic", 1.0)):
-            prog = Progress(f"credit {name}", cfg.episodes)
-            traces[name] = []
-            curves[name] = asyncio.run(
-                run_condition(stack, f"bench-{name}", lam, cfg, prog, traces[name])
-            )
+        dim = encoder_dim(cfg.encoder, stack.settings.encoder.dim)
+        for seed in cfg.seeds:
+            for name, lam in (("hybrid", None), ("semantic", 1.0)):
+                prog = Progress(f"credit {name} seed {seed}", cfg.episodes)
+                traces[(name, seed)] = asyncio.run(
+                    run_condition(stack, f"bench-{name}-s{seed}", lam, cfg, seed, prog)
+                )
         time.sleep(5)  # let the last credit land
         dup = int(health(stack).get("jobs", {}).get("duplicate_outcomes_ignored", 0))
         stack.stop_workers()
         s = stack.settings
-        store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=s.encoder.dim)
+        store = MemoryStore(s.milvus_uri, collection=s.milvus.collection, dim=dim)
         store.connect()
+        rows: dict[int, list[dict[str, Any]]] = {}
         try:
-            rows = list(
-                store.scan(tenant="bench-hybrid", output_fields=["id", "utility", "metadata"])
-            )
+            for seed in cfg.seeds:
+                rows[seed] = list(
+                    store.scan(
+                        tenant=f"bench-hybrid-s{seed}",
+                        output_fields=["id", "utility", "uses", "metadata"],
+                    )
+                )
         finally:
             store.close()
+        missing = {
+            f"bench-hybrid-s{seed}": sorted(
+                set(brief_id(f"bench-hybrid-s{seed}", v) for v in set(plan(cfg, seed).order))
+                - {str(r["id"]) for r in rows[seed]}
+            )
+            for seed in cfg.seeds
+        }
+        dropped = dropped_reasons(stack, dim, missing)
     finally:
         stack.stop()
-    decisive = [r for r in rows if r["metadata"]["user"].get("decisive")]
-    distract = [r for r in rows if not r["metadata"]["user"].get("decisive")]
-    last = min(100, cfg.episodes)
-    result = {
-        "episodes": cfg.episodes,
-        "scenarios": cfg.scenarios,
-        "utility_auc": round(
-            auc([r["utility"] for r in decisive], [r["utility"] for r in distract]), 4
-        ),
-        "decisive_in_core_ratio": round(
-            sum(r["partition"] == "core" for r in decisive) / max(cfg.scenarios, 1), 4
-        ),
-        "success_last100_hybrid": sum(curves["hybrid"][-last:]) / last,
-        "success_last100_semantic": sum(curves["semantic"][-last:]) / last,
-        "duplicate_outcomes_ignored": dup,
-        "decisive_stored": len(decisive),
-        "distractors_stored": len(distract),
-        "elapsed_s": round(time.monotonic() - t0, 1),
-    }
+    result = summarise(cfg, traces, rows, dup, dropped)
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    curves = {f"{n} s{seed}": t.successes for (n, seed), t in traces.items()}
     plot(curves, cfg.out_dir / "credit_success.png")
     (cfg.out_dir / "credit.json").write_text(
-        json.dumps({"result": result, "curves": curves, "served": traces})
+        json.dumps(
+            {
+                "result": result,
+                "curves": curves,
+                "served": {f"{n} s{seed}": t.served for (n, seed), t in traces.items()},
+            }
+        )
     )
     note(f"plot: {cfg.out_dir / 'credit_success.png'}")
     emit_json(result) if as_json else note(json.dumps(result, indent=2))
     return result
+
+
+def summarise(
+    cfg: CreditConfig,
+    traces: dict[tuple[str, int], Trace],
+    rows: dict[int, list[dict[str, Any]]],
+    duplicates: int,
+    dropped: dict[str, int],
+) -> dict[str, Any]:
+    """The contract's keys from the traces and the hybrid tenants' stored rows."""
+    min_uses = 2  # `DMEM_RESPOND__PROMOTE_MIN_USES`'s default: what ranking calls established
+    last = min(100, cfg.episodes)
+    briefs_total = stored = in_core = served_any = 0
+    distract_total = distract_core = 0
+    visits: list[int] = []
+    est_pos: list[float] = []
+    est_neg: list[float] = []
+    monopoly = 0.0
+    for seed in cfg.seeds:
+        tenant = f"bench-hybrid-s{seed}"
+        trace = traces[("hybrid", seed)]
+        by_id = {str(r["id"]): r for r in rows[seed]}
+        firsts = first_serves(trace, tenant)
+        monopoly = max(monopoly, slot_monopoly(trace))
+        for vault, n_visits in ((v, len(x)) for v, x in trace.served.items()):
+            briefs_total += 1
+            distract_total += cfg.distractors
+            row = by_id.get(brief_id(tenant, vault))
+            first = firsts.get(vault)
+            visits.append(first if first is not None else n_visits + 1)
+            if row is not None:
+                stored += 1
+                in_core += row["partition"] == "core"
+                served_any += first is not None
+        for r in rows[seed]:
+            est = CreditStats.of(r).established(min_uses)
+            if (r.get("metadata") or {}).get("user", {}).get("decisive"):
+                est_pos.append(est)
+            else:
+                est_neg.append(est)
+                distract_core += r["partition"] == "core"
+
+    def rate(name: str, seed: int) -> float:
+        return sum(traces[(name, seed)].successes[-last:]) / last
+
+    return {
+        "episodes": cfg.episodes,
+        "seeds": len(cfg.seeds),
+        "encoder": cfg.encoder,
+        "scenarios": cfg.scenarios,
+        "decisive_stored_any": round(stored / max(briefs_total, 1), 4),
+        "decisive_in_core_ratio": round(in_core / max(briefs_total, 1), 4),
+        "distractors_in_core_ratio": round(distract_core / max(distract_total, 1), 4),
+        "visits_to_first_serve_median": statistics.median(visits) if visits else None,
+        "decisive_served_ratio": round(served_any / max(stored, 1), 4),
+        "success_last100_hybrid_min": min(rate("hybrid", s) for s in cfg.seeds),
+        "success_last100_semantic_max": max(rate("semantic", s) for s in cfg.seeds),
+        "success_last100_hybrid": [rate("hybrid", s) for s in cfg.seeds],
+        "success_last100_semantic": [rate("semantic", s) for s in cfg.seeds],
+        "utility_auc": round(auc(est_pos, est_neg), 4),
+        "slot_monopoly_max": round(monopoly, 4),
+        "duplicate_outcomes_ignored": duplicates,
+        "decisive_stored": stored,
+        "distractors_stored": sum(len(r) for r in rows.values()) - stored,
+        "dropped_briefings": dropped,
+    }

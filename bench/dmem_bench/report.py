@@ -24,7 +24,8 @@ Data sources:
 - Milvus (``utility`` of every stored row) for the utility distribution. Milvus
   Lite is a single-process file store: while the `dmem up` worker holds the file
   the report does not try it and replays the ``credit`` topic instead (utility =
-  EMA of credit per use with ``jobs.utility_beta``, as the applier computes it);
+  the discounted mean of credit, `operators.credit.apply_utility` as the applier
+  folds it with ``jobs.credit_discount``);
   it says which source it used.
 - benchmark results: ``.dmem-bench/*.json`` (written by `dmem bench ...`) and any
   ``--bench-json`` files; the newest file per benchmark name is shown, as a bar
@@ -56,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from operators.credit import apply_utility
 from schemas.errors import ConfigError
 from streams.settings import Settings
 
@@ -187,18 +189,22 @@ def milvus_utilities(settings: Settings) -> list[float]:
         store.close()
 
 
-def credit_utilities(updates: Iterable[dict[str, Any]], beta: float) -> list[float]:
-    """Utility per memory replayed from UtilityUpdates: EMA of credit per use."""
-    util: dict[str, float] = {}
-    seen: set[str] = set()
+def credit_utilities(updates: Iterable[dict[str, Any]], discount: float) -> list[float]:
+    """Utility per memory replayed from UtilityUpdates, folded as the applier folds them."""
+    rows: dict[str, dict[str, Any]] = {}
     for u in sorted(updates, key=lambda x: x.get("ts", 0)):
-        uid, mid = str(u.get("update_id")), u.get("memory_id")
-        if mid is None or uid in seen:
+        mid = u.get("memory_id")
+        if mid is None:
             continue
-        seen.add(uid)
-        per_use = float(u.get("credit", 0.0)) / max(int(u.get("uses", 1) or 1), 1)
-        util[mid] = util.get(mid, 0.0) + beta * (per_use - util.get(mid, 0.0))
-    return list(util.values())
+        apply_utility(
+            rows.setdefault(str(mid), {}),
+            str(u.get("update_id")),
+            float(u.get("credit", 0.0)),
+            int(u.get("uses", 0) or 0),
+            discount=discount,
+            evidence=bool(u.get("evidence", True)),
+        )
+    return [float(r.get("utility", 0.0)) for r in rows.values()]
 
 
 def load_benches(paths: Sequence[Path], bench_dir: Path | None) -> list[tuple[str, dict[str, Any]]]:
@@ -246,7 +252,7 @@ def collect(
         why = str(exc) if lite_held else f"Milvus scan failed ({type(exc).__name__}: {exc})"
         data.notes.append(f"utility replayed from the credit topic: {why}")
         credit = asyncio.run(read_topic(settings, "credit", max_events, timeout_s))
-        data.utilities = credit_utilities(credit, settings.jobs.utility_beta)
+        data.utilities = credit_utilities(credit, settings.jobs.credit_discount)
         data.utility_source = "credit topic (replayed EMA)"
     data.benches = load_benches(bench_json, bench_dir)
     return data

@@ -21,7 +21,9 @@ What it does (the environment side is `dmem_bench.sciworld_env`):
    store-all (cosine over every published step, same encoder and text, in
    process). Tie-aware hit@5 and MRR@10 (expected values over a random order
    of equal scores; the server lists are asked for 20 hits so ties at the cut
-   are visible).
+   are visible). ``top_k_unchanged_before_credit``: the share of probes whose
+   default top 5 (two lanes) equals the ranking without lanes at the same lambda;
+   no credit exists yet, so it must be 1.0.
 5. Closed loop (no LLM) on each test variation, ``loop_repeats`` times (2), same
    seeds per condition (repeat r has its own): before
    each step ask dmem for k = 5 memories of the same task with the observation
@@ -421,6 +423,19 @@ def _dump_hit(h: Any, rel: bool, steps: dict[str, Step]) -> dict[str, Any]:
     }
 
 
+async def unchanged_top_k(c: Client, pr: Probe, k: int = 5) -> float:
+    """1.0 when the default search's top k (two lanes) is the ranking without lanes at
+    the same lambda (what a request fixing lambda gets): before any credit the lanes
+    must change nothing."""
+    lanes = await c.search(pr.query, k, metadata_equals={"task": pr.task})
+    if not lanes:
+        return 1.0
+    plain = await c.search(
+        pr.query, k, lambda_=lanes[0].breakdown.lambda_, metadata_equals={"task": pr.task}
+    )
+    return float([h.memory_id for h in lanes] == [h.memory_id for h in plain])
+
+
 async def run_probes(
     c: Client,
     encoder: Any,
@@ -464,6 +479,7 @@ async def run_probes(
             if name in ("dmem", "semantic_stored"):
                 entry[name] = [_dump_hit(h, r, steps) for h, r in zip(hits[:10], rel, strict=False)]
         acc["relevant_stored"].append(float(len(rel_stored) > 0))
+        acc["top_k_unchanged_before_credit"].append(await unchanged_top_k(c, pr))
         if dump is not None:
             dump.append(entry)
     return {k: round(sum(v) / max(len(v), 1), 4) for k, v in acc.items()}

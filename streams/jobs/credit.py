@@ -10,7 +10,9 @@ scale the applier, not the job.
 
 Applier (`UtilityApplier`): consumer group ``<app_id>-applier`` on ``dmem.credit``;
 reads the rows by storage key (tenant, memory id), folds the updates with
-`apply_utility` (EMA of credit per use) and upserts them back; offsets are
+`apply_utility` (the memory's credit statistics: count, discounted mean and
+variance of normalised advantage) and upserts them back; a buffer memory whose
+help is established (`CreditStats.established` > 0) moves to core. Offsets are
 committed only after Milvus acknowledged. An update for a memory dedup folded
 into another goes to that survivor; one for a memory of another tenant, or one
 that no longer exists, finds no row and is skipped.
@@ -29,7 +31,8 @@ a memory's updates matters.
 
 Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
 episode id acts as that episode's outcome, thumbs on a memory id become a direct
-update of +1 / -1 credit. Usage comes from the responder (``source="served"``)
+update of +1 / -1 credit (one spread of advantage), folded into the same
+statistics as an outcome's. Usage comes from the responder (``source="served"``)
 and optionally from agents (``source="agent"``), which the assigner prefers.
 """
 
@@ -46,7 +49,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from mode import Service
 from pydantic import ValidationError
 
-from operators.credit import CreditAssigner, CreditUpdate, OutcomeRecord, UsageRecord, apply_utility
+from operators.credit import (
+    CreditAssigner,
+    CreditStats,
+    CreditUpdate,
+    OutcomeRecord,
+    UsageRecord,
+    apply_utility,
+)
 from schemas import (
     DeadLetter,
     EpisodeOutcome,
@@ -151,6 +161,7 @@ class CreditJob(Service):
             ttl_ms=j.credit_ttl_ms,
             max_episodes=j.credit_max_episodes,
             max_episodes_per_tenant=j.credit_max_episodes_per_tenant,
+            free_min=j.credit_free_min,
         )
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
@@ -310,6 +321,7 @@ class UtilityApplier(Service):
         self.skipped = 0
         self.forged = 0  # updates without the service's signature (not applied)
         self.applying = 0  # updates fetched and not yet applied
+        self.promoted = 0  # buffer memories moved to core by established credit
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
         #: updates waiting for their memory's row, in arrival order, with when they first
         #: waited (module doc, Time)
@@ -402,7 +414,7 @@ class UtilityApplier(Service):
                 u.update_id,
                 u.credit,
                 u.uses,
-                beta=self.settings.jobs.utility_beta,
+                discount=self.settings.jobs.credit_discount,
                 evidence=u.evidence,
             ):
                 touched[target] = row
@@ -412,11 +424,17 @@ class UtilityApplier(Service):
             else:
                 self.skipped += 1
         by_part: dict[str, list[dict[str, Any]]] = {}
-        for row in touched.values():
+        promote: dict[str, list[str]] = {}
+        min_uses = self.settings.respond.promote_min_uses
+        for (tenant, mid), row in touched.items():
             part = row.pop("partition")
             by_part.setdefault(part, []).append(row)
+            if part == "buffer" and CreditStats.of(row).established(min_uses) > 0:
+                promote.setdefault(tenant, []).append(mid)
         for part, part_rows in by_part.items():
             store.upsert(part_rows, part)  # type: ignore[arg-type]
+        for tenant, ids in sorted(promote.items()):  # established help: buffer -> core
+            self.promoted += store.move(ids, "core", tenant=tenant)
         if history:  # after the rows: history never shows credit the row lacks
             store.history.record(history)
         if touched and self.on_applied is not None:
@@ -452,6 +470,7 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
         "duplicate_outcomes_ignored": job.assigner.duplicate_outcomes,
         "late_agent_reports": job.assigner.late_agent_reports,
         "credit_applied": applier.applied,
+        "credit_promoted": applier.promoted,
         "credit_skipped": applier.skipped,
         "open_episodes": len(job.assigner.episodes),
     }

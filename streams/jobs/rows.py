@@ -45,6 +45,7 @@ SCAN_FIELDS = [
     "rpe",
     "rpe_smoothed",
     "utility",
+    "uses",
     "metadata",
 ]
 REMOVED = ("merged", "evicted", "forgotten")

@@ -135,8 +135,11 @@ def policy_from(settings: Settings) -> RankPolicy:
         young=r.young,
         mature=r.mature,
         explore=r.explore,
-        lambda_evidence=r.lambda_evidence,
-        explore_ranks=r.explore_ranks,
+        explore_slots=r.explore_slots,
+        explore_c=r.explore_c,
+        promote_max=r.promote_max,
+        promote_min_uses=r.promote_min_uses,
+        promote_full=r.promote_full,
     )
 
 

@@ -9,13 +9,13 @@ in a worker thread. Decisions:
   dicts, which validate field names and escape values; metadata keys must be
   plain identifiers. No client text ever becomes expression syntax.
 - The default lambda comes from the tenant's memory count (cached for
-  `count_ttl_s`), per `RankPolicy.lambda_for`, then adapts to the outcome
-  evidence of the request's candidates (`RankPolicy.adapt`: lower only when
-  meaning's top k were tried without credit, and then only the exploration
-  window of nearest candidates can be served; never when the request sets
-  lambda).
+  `count_ttl_s`), per `RankPolicy.lambda_for`; a default request is ranked in two
+  lanes (`operators.retrieval`: the main lane with its promotion bonus for an
+  established credit effect, and the exploration slot), a request that sets
+  lambda without them.
 - Every answer to a request with an `episode_id` yields a `MemoryUsage` with the
-  served ids and their normalised score weights.
+  served ids, their normalised score weights, the lane that served each and its
+  serve probability.
 - A request's ``as_of`` (the question's date, event time) leaves out memories
   written after it and measures recency from it.
 - Time: recency and the access stamps are stream time on the memories' own
@@ -182,12 +182,11 @@ class Responder:
         )
         MILVUS_LATENCY.labels(op="search").observe(time.perf_counter() - t_search)
         pool: list[Any] = list(cands)
+        lanes = req.lambda_ is None  # credit takes part only in the default ranking
         if req.lambda_ is not None:
             lam = req.lambda_
-        else:  # count schedule, then outcome evidence (operators/retrieval.py)
-            lam, pool = self.policy.adapt(
-                self.policy.lambda_for(self.tenant_size(req.tenant)), cands, req.k
-            )
+        else:  # the count schedule (operators/retrieval.py)
+            lam = self.policy.lambda_for(self.tenant_size(req.tenant))
         vectors = None
         if req.mmr and pool:
             rows = self.store.get(
@@ -201,7 +200,7 @@ class Responder:
         # recency from the question's own time where it says one; the access stamps
         # (`on_access`) stay on the memories' clock
         now_rank: float | dict[str, int] = stream_now if req.as_of is None else float(req.as_of)
-        ranked = rank(pool, self.policy, lam, now_rank, req.k, vectors)
+        ranked = rank(pool, self.policy, lam, now_rank, req.k, vectors, lanes=lanes)
         folded = self.merged_ids([r.row for r in ranked])
         hits = [
             Hit(
@@ -229,6 +228,8 @@ class Responder:
                         "lambda": r.lam,
                         "score": r.score,
                         "supersedes": r.supersedes,
+                        "lane": r.lane,
+                        "bonus": r.bonus,
                     }
                 ),
             )
@@ -250,6 +251,8 @@ class Responder:
                 step=req.step or 0,
                 memory_ids=[h.memory_id for h in hits],
                 weights=usage_weights(ranked),
+                lanes=[r.lane for r in ranked],
+                propensities=[1.0] * len(ranked),  # both lanes choose deterministically
                 ts=now_ms,
             )
         hook = self.on_access

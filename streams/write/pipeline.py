@@ -18,6 +18,12 @@ Decisions:
 - Exact repeats (``gate.drop_exact_repeats``; same tenant, agent, observation,
   action, reward, metadata) of a transition already stored are dropped with reason
   ``repeat``; near-duplicates are the dedup job's business.
+- A reward-free statement that is new for its agent (no near-repeat) and that the
+  gate would drop goes to the buffer (reason ``novel_statement``) in a tenant that
+  reports episode outcomes (``gate.keep_novel_statements``): the gate ranks a
+  reward-free tenant on TD noise, and a briefing credit could prove decisive must
+  be stored to be credited (credit then promotes it to core). Tenants without
+  outcomes (chats) are judged as before.
 - State (everything in `TenantState`) is kept per (tenant, input partition) and
   snapshotted to the compacted ``models`` topic under `state_key`: transitions
   are keyed by agent, so a partition holds whole agents and a rebalance hands
@@ -433,6 +439,10 @@ def intrinsic_scores(
     return w, out
 
 
+#: gate drops a novel reward-free statement is kept from (`Pipeline._novel_statement`)
+KEEPABLE = ("below_low", "below_floor", "warmup")
+
+
 def content_key(t: Transition) -> str:
     """Identity of a transition's content for the exact-repeat drop.
 
@@ -679,6 +689,9 @@ class WritePipeline:
                 prev = st.repeats.get(key)
                 if prev == "core" or (prev == "buffer" and route == "buffer"):
                     route, reason = "drop", "repeat"
+            if route == "drop" and reason in KEEPABLE and intr is not None:
+                if self._novel_statement(st, t, intr[i]):
+                    route, reason = "buffer", "novel_statement"
             if route != "drop":
                 st.remember(key, route, t.memory_id)
             elif intr is not None and (xi := intr[i]) is not None and xi.off_context and not score:
@@ -754,6 +767,19 @@ class WritePipeline:
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
             self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
+
+    def _novel_statement(self, st: TenantState, t: Transition, x: IntrinsicScore | None) -> bool:
+        """A reward-free statement that is new for its agent, of a tenant that reports
+        episode outcomes: kept (buffer) whatever the gate's TD-noise rank, because an
+        outcome can later prove it decisive only if it is stored."""
+        return (
+            self.settings.gate.keep_novel_statements
+            and x is not None
+            and t.reward == 0.0
+            and not x.off_context
+            and st.outcomes.count > 0
+            and x.novelty >= 1.0 - self.settings.intrinsic.repeat_cos
+        )
 
     def _vindicate(
         self,

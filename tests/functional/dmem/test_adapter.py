@@ -170,6 +170,8 @@ def test_get_relevant_memories_passes_usage_context_and_filters() -> None:
         "lambda": 0.8,
         "score": 0.9,
         "supersedes": None,
+        "lane": "main",
+        "bonus": 0.0,
     }
     assert m.last_memories == got
     m.get_relevant_memories("edge", k=1)

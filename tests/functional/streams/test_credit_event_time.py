@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from operators.credit import CreditStats
 from schemas import UtilityUpdate, storage_key
 from streams.jobs.credit import EventTimeQueue, UtilityApplier
 from streams.settings import Settings
@@ -80,8 +81,9 @@ def test_applier_holds_an_update_until_its_row_exists_keeping_the_memory_order()
     assert [u.update_id for _, u in applier.held] == ["u1", "u2"]
     store.add("t", "m1")  # a hindsight write stores it
     assert applier.apply([], now_s=1.0) == 1 and not applier.held
-    beta = Settings().jobs.utility_beta
-    want = (1 - beta) * beta * 1.0 + beta * -1.0  # u1 then u2, as they were emitted
+    d = Settings().jobs.credit_discount
+    want = CreditStats.of({}).fold(1.0, d).fold(-1.0, d).mean  # u1 then u2, as emitted
+    assert want != pytest.approx(CreditStats.of({}).fold(-1.0, d).fold(1.0, d).mean)
     assert store.rows[storage_key("t", "m1")]["utility"] == pytest.approx(want)
     # a row that never comes: skipped once the hold ran out
     applier.apply([update("u3", "gone", 1.0)], now_s=2.0)

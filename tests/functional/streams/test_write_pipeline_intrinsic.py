@@ -240,3 +240,55 @@ def test_a_later_statement_of_the_same_thing_is_recorded_as_its_update() -> None
     # news about other things is no update of the sneakers
     news = [rows[t.memory_id] for t in ts if "(week" in t.observation and t.memory_id in rows]
     assert news and all(r["metadata"].get("updates") != first.memory_id for r in news)
+
+
+def briefings(tenant: str, n: int, episode: str, start: int = 0) -> list[Transition]:
+    """Reward-free statements of an agent that plays episodes, each new."""
+    from dmem_bench.credit import BRIEFINGS, DISTRACTORS, VAULTS
+
+    out = []
+    for i in range(start, start + n):
+        v = VAULTS[i % len(VAULTS)] + ("" if i < len(VAULTS) else f" {i}")
+        texts = [BRIEFINGS[i % len(BRIEFINGS)].format(v=v, S="LEFT")]
+        texts += [d.format(v=v) for d in DISTRACTORS[:6]]
+        out += [
+            Transition(
+                tenant=tenant,
+                agent_id="explorer",
+                episode_id=f"{episode}{i}",
+                step=j,
+                observation=x,
+                action="listen",
+                reward=0.0,
+                next_observation=x,
+            )  # fmt: skip
+            for j, x in enumerate(texts)
+        ]
+    return out
+
+
+def test_novel_reward_free_statements_of_an_outcome_reporting_tenant_are_kept() -> None:
+    """Once the tenant reports episode outcomes, a new reward-free statement the gate
+    ranks on TD noise is kept in the buffer (credit may prove it decisive later); a
+    tenant without outcomes (a chat), or with the setting off, routes as before."""
+    from streams.settings import GateSettings
+
+    def run(keep: bool, outcome: bool) -> list[tuple[str, str]]:
+        p = WritePipeline(
+            Settings(gate=GateSettings(keep_novel_statements=keep)), HashingEncoder(dim=256)
+        )
+        routes(p, briefings("t", 10, "warm"))  # past the gate's warm-up
+        if outcome:
+            p.rescore("t", "warm9", 1.0, now_ms=5_000)
+        return routes(p, briefings("t", 12, "new", start=10))
+
+    kept = run(True, True)
+    assert all(r != "drop" for r, _ in kept)
+    assert ("buffer", "novel_statement") in kept
+    before = run(False, True)
+    assert sum(r == "drop" for r, _ in before) > 0  # what the gate alone drops
+    # what the gate kept on its own is routed as before
+    assert [k for k, b in zip(kept, before, strict=True) if b[0] != "drop"] == [
+        b for b in before if b[0] != "drop"
+    ]
+    assert run(True, False) == run(False, False)  # no outcomes: unchanged

@@ -41,7 +41,7 @@ def test_credit_survives_restart_and_ignores_duplicate_outcomes(
 ) -> None:
     env = isolated_env(
         topic_prefix,
-        DMEM_JOBS__UTILITY_BETA="0.5",
+        DMEM_JOBS__CREDIT_DISCOUNT="0.5",
         DMEM_LOG_LEVEL="info",
     )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)

@@ -385,3 +385,19 @@ def test_stream_clocks_are_watermarks() -> None:
     assert shared.stream_time("a") == shared.stream_time("b") == 99
     with pytest.raises(ValueError):
         MaintenancePolicy(clock="wall")
+
+
+def test_retrievals_the_agent_reported_ignoring_are_not_earned() -> None:
+    """A memory served 12 times, credited 12 uses of which none was acted on, has
+    earned no access; one acted on 4 of them keeps those; without usage reports
+    every retrieval counts."""
+
+    def mem(uses: int, acted: int) -> dict:
+        meta: dict = {"access": {"n": 12}}
+        if acted:
+            meta["credit"] = {"n": acted, "w": float(acted), "mean": 1.0, "m2": 0.0}
+        return {"partition": "buffer", "created_ts": 0, "uses": uses, "metadata": meta}
+
+    assert entry_from_row(mem(12, 0)).hits == 0
+    assert entry_from_row(mem(12, 4)).hits == 4
+    assert entry_from_row(mem(0, 0)).hits == 12

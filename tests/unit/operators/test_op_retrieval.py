@@ -1,13 +1,16 @@
-"""Ranking: exploration bonus for untried memories and the evidence-adaptive lambda."""
+"""Ranking: the exploration bonus, the two lanes (main with promotion, exploration slot)."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from operators.retrieval import RankPolicy, explore_window, rank
+from operators.credit import CreditStats
+from operators.retrieval import RankPolicy, rank
 
 
 def row(mid: str, sim: float, utility: float = 0.0, uses: int = 0, core: bool = False) -> dict:
@@ -32,105 +35,113 @@ def test_exploration_bonus_shrinks_with_uses_and_utility_still_counts() -> None:
     )
 
 
-def test_lambda_moves_to_lambda_evidence_as_the_semantic_top_k_get_credited() -> None:
-    p = RankPolicy.hybrid(lambda_evidence=0.5)
-    cands = [
-        row("a", 0.9, uses=2),
-        row("b", 0.5, uses=0),
-        row("c", 0.1, uses=1),
-        row("z", 0.05, uses=0),
-    ]
-    assert p.lambda_with_evidence(0.9, cands, 3) == pytest.approx(0.9 + (2 / 3) * (0.5 - 0.9))
-    assert p.lambda_with_evidence(0.9, [row("a", 0.9), row("b", 0.8)], 2) == 0.9
-    assert p.lambda_with_evidence(0.1, cands, 3) == 0.1  # never raises lambda
-    assert p.lambda_with_evidence(0.9, [], 3) == 0.9
+def stats(n: int, mean: float, m2: float = 0.0, discount: float = 0.95) -> dict:
+    w = sum(discount**i for i in range(n))
+    return {"n": n, "w": w, "mean": mean, "m2": m2}
 
 
-def test_lambda_never_falls_below_the_spread_floor_of_the_top_k() -> None:
-    """A lift of at most the cosine spread of meaning's top k: 1 / (1 + spread)."""
-    p = RankPolicy.hybrid(lambda_evidence=0.1)
-    tried = [row("a", 0.9, uses=2), row("b", 0.8, uses=1), row("c", 0.7, uses=1)]
-    assert p.lambda_with_evidence(0.97, tried, 3) == pytest.approx(1 / 1.2)
-    ties = [row(f"t{i}", 1.0, uses=1) for i in range(5)]
-    assert p.lambda_with_evidence(0.97, ties, 5) == 0.97  # exact ties: salience re-orders them
-    assert p.lambda_with_evidence(0.8, ties, 5) == 0.8  # the floor never raises lambda
+def credited(
+    mid: str, sim: float, n: int, mean: float, uses: int | None = None, **kw: bool
+) -> dict:
+    r = row(mid, sim, utility=mean, uses=n if uses is None else uses, **kw)
+    r["metadata"] = {"credit": stats(n, mean)}
+    return r
 
 
-def test_untried_neighbour_within_the_spread_is_explored_a_far_one_never() -> None:
-    """Once meaning's top k were tried without credit, an untried memory a little
-    less similar than them is served; one far below them is not, even with credit."""
+candidate = st.fixed_dictionaries(
+    {
+        "similarity": st.sampled_from([1.0, 0.9, 0.9, 0.7, 0.56, 0.3, 0.0]),
+        "rpe": st.floats(-5, 5),
+        "rpe_smoothed": st.floats(0, 5),
+        "utility": st.sampled_from([0.0, 0.0, 0.4, -0.7]),
+        "created_ts": st.integers(0, 10**9),
+        "partition": st.sampled_from(["core", "buffer"]),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pool=st.lists(candidate, min_size=0, max_size=12), k=st.integers(1, 8),
+       mmr=st.booleans(), slots=st.integers(0, 3))  # fmt: skip
+def test_without_evidence_the_lanes_serve_exactly_todays_list(
+    pool: list[dict], k: int, mmr: bool, slots: int
+) -> None:
+    """Any candidate pool without credited uses: the two lanes serve today's list
+    (same memories, same order); only the exploration slots are labelled as such."""
+    cands = [{**c, "id": f"m{i}", "uses": 0} for i, c in enumerate(pool)]
+    p = RankPolicy.hybrid(explore_slots=slots)
+    vectors = None
+    if mmr:
+        rng = np.random.default_rng(len(cands))
+        vectors = {c["id"]: v / np.linalg.norm(v) for c in cands
+                   if (v := rng.normal(size=4)) is not None}  # fmt: skip
+    today = rank(cands, p, 0.97, 10**9, k, vectors)
+    lanes = rank(cands, p, 0.97, 10**9, k, vectors, lanes=True)
+    assert [r.row["id"] for r in lanes] == [r.row["id"] for r in today]
+    assert [r.score for r in lanes] == [r.score for r in today]
+    cut = min(slots, k - 1) if k >= 3 else 0  # slots, one main hit at least
+    n_explore = min(cut, max(0, len(lanes) - (k - cut))) if cut else 0
+    assert [r.lane for r in lanes] == ["main"] * (len(lanes) - n_explore) + ["explore"] * n_explore
+
+
+def test_the_exploration_slot_reaches_a_far_decisive_memory_and_evidence_promotes_it() -> None:
+    """Six nearer memories that are served and never acted on, one far memory that
+    decides the outcome: the slot serves the untried ones nearest first, reaches
+    the far one, and its established help puts it in the main lane."""
     p = RankPolicy.hybrid()
-    near = [row("n0", 0.9), row("n1", 0.8)]
-    nxt, far = row("next", 0.79), row("far", 0.35)
-    lam0 = p.lambda_with_evidence(p.lambda_for(10), [*near, nxt, far], 2)
-    assert [r.row["id"] for r in rank([*near, nxt, far], p, lam0, 0, 2)] == ["n0", "n1"]
-    tried = [row("n0", 0.9, uses=2), row("n1", 0.8, uses=2)]
-    lam1, pool = p.adapt(p.lambda_for(10), [*tried, nxt, far], 2)
-    assert lam1 == pytest.approx(1 / 1.1)
-    assert [r.row["id"] for r in rank(pool, p, lam1, 0, 2)] == ["n0", "next"]
-    proven = row("far", 0.35, utility=0.5, uses=3)
-    lam2, pool = p.adapt(p.lambda_for(10), [*tried, nxt, proven], 2)
-    assert "far" not in [r.row["id"] for r in rank(pool, p, lam2, 0, 2)]
-    # a pure semantic request (lambda = 1) is never adapted
-    assert [r.row["id"] for r in rank([*tried, nxt], p, 1.0, 0, 2)] == ["n0", "n1"]
+    cands = [row(f"d{i}", 0.6 - 0.03 * i) for i in range(6)] + [row("brief", 0.26)]
+    by_id = {c["id"]: c for c in cands}
+    first_serve = None
+    for visit in range(1, 20):
+        served = rank(list(by_id.values()), p, 0.97, 0, 3, lanes=True)
+        ids = [r.row["id"] for r in served]
+        for r in served:
+            by_id[r.row["id"]]["uses"] += 1
+        if "brief" in ids:
+            first_serve = first_serve or visit
+            b = by_id["brief"]
+            s0 = CreditStats.of(b).fold(1.0, 0.95)
+            b["metadata"] = {"credit": s0.to_dict()}
+            b["utility"] = s0.mean
+    assert first_serve is not None and first_serve <= 5
+    final = rank(list(by_id.values()), p, 0.97, 0, 3, lanes=True)
+    assert final[0].row["id"] == "brief" and final[0].lane == "main" and final[0].bonus > 0
+    assert final[-1].lane == "explore" and final[-1].row["id"] != "brief"
 
 
-def test_positive_evidence_keeps_lambda_only_the_unhelpful_share_lowers_it() -> None:
-    p = RankPolicy.hybrid(lambda_evidence=0.5)
-    helped = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.1, utility=0.01, uses=1)]
-    assert p.lambda_with_evidence(0.9, helped, 2) == 0.9
-    mixed = [row("a", 0.9, utility=0.3, uses=2), row("b", 0.1, utility=-0.4, uses=1)]
-    assert p.lambda_with_evidence(0.9, mixed, 2) == pytest.approx(0.9 + 0.5 * (0.5 - 0.9))
-
-
-def test_explore_window_keeps_the_nearest_and_every_tie_at_the_cut() -> None:
-    cands = [
-        row("far", 0.2),
-        row("t1", 0.7),
-        row("top", 0.9),
-        row("t2", 0.7),
-        row("t3", 0.7),
-        row("mid", 0.5),
-    ]
-    assert [r["id"] for r in explore_window(cands, 2)] == ["top", "t1", "t2", "t3"]
-    assert [r["id"] for r in explore_window(cands, 5)] == ["top", "t1", "t2", "t3", "mid"]
-    assert len(explore_window(cands, 10)) == 6
-
-
-def test_a_blamed_exact_match_is_never_traded_for_untried_memories_of_another_state() -> None:
-    """The ScienceWorld case (find-animal, hybrid, second repeat, step 0): the query's
-    exact match (cosine 1.0) was used in a below-average episode and blamed; untried
-    core memories of cosine ~0.56 (another observation) stood in the pool. With
-    lambda at lambda_evidence they took all the served slots; with the spread floor
-    and the window the exact match stays first, and the evidence still re-orders
-    the rest of the top k."""
+def test_a_single_blame_never_demotes_an_exact_match_an_established_effect_can() -> None:
+    """The ScienceWorld case: the query's exact match was used in one below-average
+    episode and blamed; untried memories of cosine ~0.56 stood in the pool. It
+    stays first. Blamed over several uses (an established negative effect) it drops."""
     p = RankPolicy.hybrid()
-    exact = row("exact", 1.0, utility=-4.0, uses=1, core=True)
-    top = [
-        exact,
-        row("b", 0.839, utility=-4.0, uses=1, core=True),
-        row("c", 0.7, utility=-4.0, uses=1, core=True),
-        row("d", 0.7, uses=1),
-        row("e", 0.57, utility=-4.0, uses=1, core=True),
-    ]
     focus = [row(f"focus{i}", 0.557 - 0.001 * i, core=True) for i in range(4)]
-    cands = [*top, *focus]
-    lam, pool = p.adapt(p.lambda_for(50), cands, 5)
-    assert lam == pytest.approx(1 / (1 + 0.43))
-    served = [r.row["id"] for r in rank(pool, p, lam, 0, 5)]
-    assert served[0] == "exact"
-    assert served != [r.row["id"] for r in rank(cands, p, 1.0, 0, 5)]  # evidence still acts
-    old = [r.row["id"] for r in rank(cands, p, p.lambda_evidence, 0, 5)]
-    assert "exact" not in old[:4]  # what the unbounded lambda did
+    others = [credited("b", 0.839, 1, -3.0, core=True), credited("c", 0.7, 1, -3.0, core=True)]
+    once = credited("exact", 1.0, 1, -3.0, uses=3, core=True)
+    served = rank([once, *others, *focus], p, p.lambda_for(50), 0, 5, lanes=True)
+    assert served[0].row["id"] == "exact" and served[0].bonus == 0.0
+    often = credited("exact", 1.0, 6, -1.5, uses=8, core=True)
+    served = rank([often, *others, *focus], p, p.lambda_for(50), 0, 5, lanes=True)
+    assert served[0].row["id"] != "exact"
+    assert "exact" not in [r.row["id"] for r in served if r.lane == "main"][:1]
+
+
+def test_a_request_that_fixes_lambda_ranks_without_lanes() -> None:
+    p = RankPolicy.hybrid()
+    cands = [row(f"d{i}", 0.6 - 0.03 * i, uses=4) for i in range(4)]
+    cands.append(credited("brief", 0.26, 5, 1.0))
+    semantic = rank(cands, p, 1.0, 0, 3)
+    assert [r.row["id"] for r in semantic] == ["d0", "d1", "d2"]
+    assert {r.lane for r in semantic} == {"main"} and all(r.bonus == 0 for r in semantic)
+    assert rank(cands, p, 0.97, 0, 3, lanes=True)[0].row["id"] == "brief"
 
 
 def test_policy_validation() -> None:
     with pytest.raises(ValueError):
         RankPolicy.hybrid(explore=-1.0)
     with pytest.raises(ValueError):
-        RankPolicy.hybrid(lambda_evidence=1.5)
+        RankPolicy.hybrid(explore_slots=-1)
     with pytest.raises(ValueError):
-        RankPolicy.hybrid(explore_ranks=0)
+        RankPolicy.hybrid(promote_min_uses=0)
 
 
 def test_recency_is_stream_time_on_each_agents_clock() -> None:
@@ -276,25 +287,6 @@ def test_exact_ties_get_one_order_whatever_order_the_store_returned() -> None:
     semantic = [r.row["id"] for r in rank(cands, p, 1.0, 0, 8)]
     assert semantic.index("m9") > semantic.index("m7") and hybrid.index("m9") < hybrid.index("m1")
     assert [i for i in hybrid if i != "m9"] == [i for i in semantic if i != "m9"]
-
-
-def test_evidence_lambda_does_not_depend_on_the_order_of_tied_candidates() -> None:
-    """Meaning's top k ends inside a group of exact ties: which of them count as "tried
-    without credit" is decided by id, not by the store's order (which changed the
-    adapted lambda, and so the answer, from one call of the same query to the next)."""
-    p = RankPolicy.hybrid(lambda_evidence=0.1)
-    cands = [
-        row("a", 0.9, uses=1),
-        row("b", 0.3),
-        row("c", 0.3),
-        row("y", 0.3, uses=1),
-        row("z", 0.3, uses=1),
-    ]
-    want = 0.97 + (1 / 3) * (0.1 - 0.97)  # top 3 = a, b, c: one of three tried
-    for order in itertools.permutations(cands):
-        lam, pool = p.adapt(0.97, list(order), 3)
-        assert lam == pytest.approx(want)
-        assert [r["id"] for r in pool] == ["a", "b", "c", "y", "z"]
 
 
 def _upd(mid: str, sim: float, ts: int, updates: str | None = None) -> dict:

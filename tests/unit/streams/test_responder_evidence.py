@@ -1,12 +1,12 @@
-"""The responder's default lambda adapts to outcome evidence within the
-exploration window (operators.retrieval `RankPolicy.adapt`), with a fake store."""
+"""The responder ranks a default request in two lanes (operators.retrieval) and
+records each hit's lane in the usage, with a fake store."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from operators import PassthroughEncoder
-from schemas import RetrievalRequest
+from schemas import MemoryUsage, RetrievalRequest
 from streams.respond.responder import Responder
 
 
@@ -36,34 +36,42 @@ def mem(mid: str, sim: float, utility: float = 0.0, uses: int = 0) -> dict[str, 
     }
 
 
-def served(rows: list[dict[str, Any]], lam: float | None = None) -> list[tuple[str, float]]:
+def served(
+    rows: list[dict[str, Any]], lam: float | None = None, k: int = 3
+) -> tuple[list[tuple[str, str, float]], MemoryUsage | None]:
     r = Responder(FakeStore(rows), PassthroughEncoder(2))
     req = RetrievalRequest.model_validate(
-        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2, "lambda": lam}
-    )
-    resp, _ = r.answer(req, now_ms=0)
-    return [(h.memory_id, h.breakdown.lambda_) for h in resp.hits]
+        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": k, "lambda": lam,
+         "episode_id": "e"}
+    )  # fmt: skip
+    resp, usage = r.answer(req, now_ms=0)
+    return [(h.memory_id, h.breakdown.lane, h.breakdown.lambda_) for h in resp.hits], usage
 
 
-def test_blamed_top_k_explores_neighbours_not_far_memories() -> None:
-    blamed = [mem(f"x{i}", 0.9 - 0.1 * i, utility=-2.0, uses=1) for i in range(6)]
-    far = mem("far", 0.05)
-    hits = served([*blamed, far])
-    assert [m for m, _ in hits] == ["x0", "x1"]
-    assert hits[0][1] == 1 / 1.1  # lowered by the evidence, to the spread floor
-    # an untried neighbour within the spread is explored; the far one never
-    hits = served([blamed[0], mem("near", 0.79), *blamed[1:], far])
-    assert [m for m, _ in hits] == ["x0", "near"]
+def test_the_last_hit_is_the_exploration_lane_and_the_usage_records_it() -> None:
+    """Without evidence the list is the ranking's own; with the near memories served
+    and never acted on, the slot goes to the nearest untried one further down."""
+    rows = [mem(f"x{i}", 0.9 - 0.1 * i) for i in range(6)]
+    hits, usage = served(rows)
+    assert [(m, lane) for m, lane, _ in hits] == [("x0", "main"), ("x1", "main"),
+                                                  ("x2", "explore")]  # fmt: skip
+    assert usage is not None and usage.lanes == ["main", "main", "explore"]
+    assert usage.propensities == [1.0, 1.0, 1.0]
+    tried = [mem(f"x{i}", 0.9 - 0.1 * i, uses=2) for i in range(4)] + [mem("x4", 0.5)]
+    hits, _ = served(tried)
+    assert [m for m, _, _ in hits] == ["x0", "x1", "x4"]
+    assert {lam for _, _, lam in hits} == {Responder(FakeStore([]), PassthroughEncoder(2))
+                                           .policy.lambda_for(5)}  # fmt: skip
 
 
-def test_credited_top_k_keeps_the_schedule_lambda() -> None:
-    helped = [mem(f"h{i}", 0.9 - 0.01 * i, utility=0.5, uses=2) for i in range(3)]
-    hits = served([*helped, mem("far", 0.3)])
-    assert [m for m, _ in hits] == ["h0", "h1"]
-    assert hits[0][1] == Responder(FakeStore([]), PassthroughEncoder(2)).policy.lambda_for(4)
-    # an explicit lambda is never adapted
-    blamed = [mem(f"x{i}", 0.9, utility=-2.0, uses=1) for i in range(3)]
-    assert {lam for _, lam in served([*blamed, mem("far", 0.3)], lam=0.2)} == {0.2}
+def test_an_explicit_lambda_ranks_without_lanes() -> None:
+    tried = [mem(f"x{i}", 0.9 - 0.1 * i, uses=2) for i in range(4)] + [mem("x4", 0.5)]
+    hits, usage = served(tried, lam=1.0)
+    assert [(m, lane, lam) for m, lane, lam in hits] == [
+        ("x0", "main", 1.0), ("x1", "main", 1.0), ("x2", "main", 1.0)]  # fmt: skip
+    assert usage is not None and usage.lanes == ["main"] * 3
+    hits, _ = served(tried, k=2)  # fewer than 3 hits: no exploration slot
+    assert [lane for _, lane, _ in hits] == ["main", "main"]
 
 
 def test_as_of_bounds_the_search_and_measures_recency_from_the_question() -> None:
