@@ -599,8 +599,9 @@ class GateSettings(BaseModel):
     keep_novel_statements: bool = Field(
         default=True,
         description="a reward-free statement, new for its agent (no near-repeat), that the "
-        "gate would drop goes to the buffer instead when its tenant reports episode "
-        "outcomes: credit can later prove it decisive (and promote it to core)",
+        "gate would drop goes to the buffer instead once an outcome was reported for one "
+        "of that agent's episodes (per agent: a chat beside it routes as before): "
+        "credit can later prove it decisive (and promote it to core)",
     )
 
     @model_validator(mode="after")

@@ -85,6 +85,9 @@ MAX_REPEAT_KEYS = 50_000
 # restart forgets older open episodes, which only affects their hindsight writes.
 CHECKPOINT_REPEAT_KEYS = 10_000
 CHECKPOINT_EPISODES = 32
+#: agents (and episode -> agent links) a tenant state remembers for the novel-statement
+#: rule: which agents report outcomes
+OUTCOME_AGENTS_MAX = 4096
 #: bytes of the original record kept in a dead letter (base64 makes it 4/3 larger)
 MAX_ORIGINAL_BYTES = 256 * 1024
 RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
@@ -212,6 +215,9 @@ class TenantState:
         )
         self.intrinsic = IntrinsicState(dim, intrinsic_config(settings), seed=seed)
         self.settings = settings
+        #: episode -> its agent, and the agents an outcome was reported for (`_rescore`)
+        self.episode_agent: OrderedDict[str, str] = OrderedDict()
+        self.outcome_agents: OrderedDict[str, None] = OrderedDict()
 
     def smoother(self, agent_id: str) -> AgentSmoother:
         sm = self.smoothers.get(agent_id)
@@ -239,6 +245,13 @@ class TenantState:
             max_episodes=self.eligibility.max_episodes)  # fmt: skip
         self.recent.clear()
         self.episode_scale.clear()
+
+    def link(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
+        """``table[key] = value`` as the newest entry, bounded to `OUTCOME_AGENTS_MAX`."""
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > OUTCOME_AGENTS_MAX:
+            table.popitem(last=False)
 
     def keep_recent(self, t: Transition) -> None:
         """Dropped transitions of open episodes, for retrospective writes."""
@@ -279,6 +292,8 @@ class TenantState:
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
             "intrinsic": self.intrinsic.to_dict(),
             "hindsight": self._hindsight_dict(),
+            "episode_agent": list(self.episode_agent.items()),
+            "outcome_agents": list(self.outcome_agents),
         }
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -348,6 +363,11 @@ class TenantState:
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
         self.episode_scale = OrderedDict()
+        # absent in older checkpoints: no agent is known to report outcomes until one does
+        self.episode_agent = OrderedDict(
+            (str(k), str(v)) for k, v in header.get("episode_agent", [])
+        )
+        self.outcome_agents = OrderedDict.fromkeys(str(a) for a in header.get("outcome_agents", []))
         if header.get("hindsight"):  # absent in older checkpoints: open episodes forgotten
             self._load_hindsight(header["hindsight"])
         # checkpoints from before the intrinsic score start it fresh
@@ -698,6 +718,7 @@ class WritePipeline:
                 reason = "off_context"
             out.decisions.append(d)
             st.as_of(t.episode_id, float(sigmas[i]), planned[i][1], reward_scale)
+            st.link(st.episode_agent, t.episode_id, t.agent_id)
             val = valence(float(deltas[i]))
             created = t.ts if t.ts is not None else now_ms
             if route == "drop":
@@ -769,15 +790,16 @@ class WritePipeline:
             self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
 
     def _novel_statement(self, st: TenantState, t: Transition, x: IntrinsicScore | None) -> bool:
-        """A reward-free statement that is new for its agent, of a tenant that reports
-        episode outcomes: kept (buffer) whatever the gate's TD-noise rank, because an
-        outcome can later prove it decisive only if it is stored."""
+        """A reward-free statement that is new for its agent, of an agent whose episodes
+        have had outcomes reported: kept (buffer) whatever the gate's TD-noise rank,
+        because an outcome can later prove it decisive only if it is stored. Per agent:
+        a chat beside an agent that reports outcomes keeps its own routes."""
         return (
             self.settings.gate.keep_novel_statements
             and x is not None
             and t.reward == 0.0
             and not x.off_context
-            and st.outcomes.count > 0
+            and t.agent_id in st.outcome_agents
             and x.novelty >= 1.0 - self.settings.intrinsic.repeat_cos
         )
 
@@ -955,6 +977,8 @@ class WritePipeline:
         oid = outcome_id or f"{episode_id}:final"
         s_out = st.outcomes.surprise(outcome, event_ts, oid)
         st.outcomes.observe(outcome, event_ts, oid)
+        if (agent := st.episode_agent.get(episode_id)) is not None:
+            st.link(st.outcome_agents, agent, None)
         self.dirty.add(key)
         if s_out is None:
             s_out = outcome / scale / sigma

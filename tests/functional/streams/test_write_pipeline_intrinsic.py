@@ -292,3 +292,30 @@ def test_novel_reward_free_statements_of_an_outcome_reporting_tenant_are_kept() 
         b for b in before if b[0] != "drop"
     ]
     assert run(True, False) == run(False, False)  # no outcomes: unchanged
+
+
+def test_novel_statements_are_kept_only_for_the_agent_that_reports_outcomes() -> None:
+    """An agent beside one whose episodes have outcomes (a chat in the same tenant)
+    routes as if no outcome had been reported; the agent itself keeps its statements,
+    also after a checkpoint."""
+    from streams.settings import GateSettings
+
+    def run(outcome: bool, agent: str, restart: bool = False) -> list[tuple[str, str]]:
+        p = WritePipeline(
+            Settings(gate=GateSettings(keep_novel_statements=True)), HashingEncoder(dim=256)
+        )
+        routes(p, briefings("t", 10, "warm"))
+        if outcome:
+            p.rescore("t", "warm9", 1.0, now_ms=5_000)
+        if restart:
+            (key,) = p.states
+            blob = p.states[key].to_bytes()
+            p = WritePipeline(p.settings, HashingEncoder(dim=256))
+            p.restore(key[0], blob, key[1])
+        later = [t.model_copy(update={"agent_id": agent}) for t in briefings("t", 12, "new", 10)]
+        return routes(p, later)
+
+    assert run(True, "chat") == run(False, "chat")
+    kept = run(True, "explorer", restart=True)
+    assert ("buffer", "novel_statement") in kept
+    assert all(r != "drop" for r, _ in kept)
