@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 import pytest
 
 from dmem.client import Client, SyncClient
-from schemas import Transition
+from schemas import ScoreBreakdown, Transition
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import isolated_env
 
@@ -373,14 +373,10 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         docs = DmemRetriever(client=sync, k=3).invoke("the user is allergic to nuts")
         assert docs and "allergic" in docs[0].page_content
         meta = docs[0].metadata
-        assert set(meta["breakdown"]) == {
-            "semantic",
-            "salience",
-            "recency",
-            "lambda",
-            "score",
-            "supersedes",
-        }
+        # the whole breakdown the responder ranked by, under its wire names
+        wire = {f.alias or name for name, f in ScoreBreakdown.model_fields.items()}
+        assert set(meta["breakdown"]) == wire >= {"semantic", "lambda", "lane", "supersedes"}
+        assert meta["breakdown"]["lane"] in ("main", "explore")
         assert meta["memory_id"] == docs[0].id and meta["valence"] == -1
         adocs = asyncio.run(
             DmemRetriever(client=sync, k=3, filters={"valence": -1}).ainvoke("allergic")
