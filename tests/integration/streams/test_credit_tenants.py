@@ -36,7 +36,9 @@ def test_credit_for_a_shared_id_reaches_only_its_tenant(
     assert applier.skipped == 1 and applier.applied == 2
     assert rows("alpha") == alpha_before
     (b,) = rows("beta").values()
-    assert b["utility"] == pytest.approx(-0.36) and b["uses"] == 2 and b["partition"] == "buffer"
+    # two blames fold into beta's row's statistics (alpha's untouched, checked above)
+    assert b["metadata"]["credit"]["n"] == 2 and b["utility"] == pytest.approx(-1.0)
+    assert b["uses"] == 2 and b["partition"] == "buffer"
 
 
 def test_applier_reports_the_rows_it_changed_by_tenant_and_id(
@@ -56,5 +58,8 @@ def test_applier_reports_the_rows_it_changed_by_tenant_and_id(
     assert applier.apply(ups) == 2
     assert seen == [[("alpha", "a"), ("alpha", "b")]]
     got = {r["id"]: r for r in store.get(["a", "b"], tenant="alpha")}
-    assert got["a"]["utility"] == pytest.approx(0.6) and got["a"]["uses"] == 1
+    # a's first acted-on credit is its statistics' mean; b has no evidence: no statistics
+    assert got["a"]["utility"] == pytest.approx(1.0) and got["a"]["uses"] == 1
+    assert got["a"]["metadata"]["credit"]["n"] == 1
     assert got["b"]["utility"] == pytest.approx(0.5) and got["b"]["uses"] == 3
+    assert "credit" not in (got["b"]["metadata"] or {})
