@@ -183,7 +183,9 @@ def test_a_survivor_stands_for_what_it_folded(store_factory: Callable[..., Memor
     ]
     assert applier.apply(ups) == 1 and applier.skipped == 2
     (row,) = store.get(["r0"], tenant="acme")
-    assert row["uses"] == 1 and row["utility"] == pytest.approx(0.2)
+    # r2's credit reached its survivor r0 (its first acted-on use: the mean is the credit)
+    assert row["uses"] == 1 and row["utility"] == pytest.approx(1.0)
+    assert row["metadata"]["credit"]["n"] == 1
 
 
 def test_duplicates_inside_one_window_merge(store_factory: Callable[..., MemoryStore]) -> None:
