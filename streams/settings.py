@@ -244,12 +244,22 @@ class JobsSettings(BaseModel):
         default=0.99, ge=0.0, le=1.0, description="discount of an outcome back to the step of a use"
     )
     credit_ttl_ms: int = Field(default=3_600_000, ge=1000, description="usage/outcome join window")
+    credit_lateness_ms: int = Field(
+        default=1_000,
+        ge=0,
+        description=(
+            "event time: usage and feedback wait until their tenant's watermark is this "
+            "far past them and are joined in event-time order; records later than this "
+            "join in arrival order. Short, because credit feeds what the next episode "
+            "retrieves: an agent that runs an episode a second sees credit a second late"
+        ),
+    )
     credit_idle_s: float = Field(
         default=2.0,
         gt=0.0,
         description=(
             "processing time: usage and feedback wait (in event-time order) until their "
-            "tenant's watermark is maintenance.allowed_lateness_ms past them, or the input "
+            "tenant's watermark is credit_lateness_ms past them, or the input "
             "was idle this long (when the credit job joins them, never in what order)"
         ),
     )

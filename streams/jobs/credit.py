@@ -19,15 +19,15 @@ that no longer exists, finds no row and is skipped.
 
 Time: records are joined in event-time order (`EventTimeQueue`): a usage or
 feedback record waits until its tenant's watermark (the highest event time read
-on both topics) is ``maintenance.allowed_lateness_ms`` past it, or the input was
+on both topics) is ``jobs.credit_lateness_ms`` past it, or the input was
 idle ``jobs.credit_idle_s``, and waiting records go in (event time, usage before
 feedback, id) order, so an outcome read before its episode's usage (another
 topic, fetched first) still finds it, and outcomes fold into the baselines in
 the order they happened. The join window's expiry (``credit_ttl_ms``) is
 ingestion time. The applier holds an update whose memory is not stored yet (a
 hindsight write for the same outcome may still come) for ``jobs.credit_hold_s``,
-and later updates of that memory behind it: utility is an EMA, so the order of
-a memory's updates matters.
+and later updates of that memory behind it: a memory's statistics are a
+discounted mean, so the order of its updates matters.
 
 Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
 episode id acts as that episode's outcome, thumbs on a memory id become a direct
@@ -170,7 +170,7 @@ class CreditJob(Service):
         self.rebuilt = 0
         self.handling = 0  # records fetched and not yet handled
         #: usage and feedback waiting for their tenant's watermark (module doc, Time)
-        self.queue = EventTimeQueue(settings.maintenance.allowed_lateness_ms)
+        self.queue = EventTimeQueue(settings.jobs.credit_lateness_ms)
 
     async def on_start(self) -> None:
         kw = kafka_client_kwargs(self.settings.kafka)
