@@ -73,7 +73,8 @@ async def produce(
     from schemas.credentials import TenantSigner
 
     signer = TenantSigner(token) if token else None
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    # the workers' own limit: a tenant's checkpoint on the models topic can pass 1 MiB
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_request_size=8 << 20)
     await p.start()
     try:
         for key, value in records:
