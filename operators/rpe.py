@@ -353,11 +353,6 @@ class OutcomeHistory:
         last = self.held[-1][0] if self.held else 0
         return (last, 1, f"{self.untimed:012d}")
 
-    @property
-    def count(self) -> int:
-        """Outcomes observed: folded into ``base`` and held."""
-        return self.base.count + len(self.held)
-
     def seen(self, outcome_id: str) -> bool:
         return any(h[2] == outcome_id for h in self.held)
 

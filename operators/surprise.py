@@ -23,8 +23,10 @@ a typical turn says"), and 0 when the turn is off-context:
   itself (a sentence with a first-person word that is not a question: "I just got
   back from a festival in Brooklyn", "my sister moved to Chicago") carries
   ``1 + disclosure`` times its information, over that speaker's mean factor (so
-  within a speaker a disclosure ranks above a request, and the speakers' shares of
-  the gate stay as they were), before the speaker's yardstick. Facts
+  within a speaker a disclosure ranks above a request, and a speaker who discloses
+  in every turn scores as without it), before the speaker's yardstick. The gate's
+  thresholds are the tenant's, so the speaker who discloses more still gains storage
+  from the other (docs/design/2026-12-03-disclosure.md). Facts
   about the speaker are what later questions about a person ask for, and they hide
   in turns whose words are common ("I've been listening to audiobooks during my
   commute"); a request ("Can you recommend...?") is not one. The words are a small
@@ -455,7 +457,8 @@ class IntrinsicConfig:
     #: terse one, and a speaker whose turns are all informative still keeps more.
     speaker_pooling: float = 0.5
     #: a turn in which its speaker states something about itself (`discloses`)
-    #: carries ``1 + disclosure`` times its information (0: off)
+    #: carries ``1 + disclosure`` times its information, over its speaker's mean
+    #: factor (`IntrinsicState._disclosed`; 0: off)
     disclosure: float = 0.3
     #: a written turn whose nearest memory of the same agent is this many standard
     #: deviations above the unrelated level speaks of the same thing: it updates that
@@ -934,8 +937,8 @@ class IntrinsicState:
     def _disclosed(self, agent: str, text: str, disclosed: bool) -> float:
         """The information factor of a turn that discloses (``1 + disclosure``) or not
         (1), over the speaker's mean factor so far: within a speaker a disclosure ranks
-        above a request, while the speakers' shares of the gate stay as they were (a
-        user who discloses in most turns does not crowd out the assistant)."""
+        above a request, and the speaker's mean information stays where it was (one who
+        discloses in every turn scores as without the weight)."""
         w = self.config.disclosure
         if w <= 0.0:
             return 1.0
