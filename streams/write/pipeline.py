@@ -246,30 +246,24 @@ class TenantState:
         self.recent.clear()
         self.episode_scale.clear()
 
-    def link(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
-        """``table[key] = value`` as the newest entry, bounded to `OUTCOME_AGENTS_MAX`."""
+    @staticmethod
+    def link(
+        table: OrderedDict[str, Any], key: str, value: Any, limit: int = OUTCOME_AGENTS_MAX
+    ) -> None:
+        """``table[key] = value`` as the newest entry; the oldest beyond ``limit`` go."""
         table[key] = value
         table.move_to_end(key)
-        while len(table) > OUTCOME_AGENTS_MAX:
+        while len(table) > limit:
             table.popitem(last=False)
 
     def keep_recent(self, t: Transition) -> None:
         """Dropped transitions of open episodes, for retrospective writes."""
-        self.recent[t.memory_id] = t
-        self.recent.move_to_end(t.memory_id)
-        while len(self.recent) > self.settings.write.retro_cache:
-            self.recent.popitem(last=False)
+        self.link(self.recent, t.memory_id, t, self.settings.write.retro_cache)
 
     def remember(self, key: str, route: str, memory_id: str | None = None) -> None:
-        self.repeats[key] = route
-        self.repeats.move_to_end(key)
-        while len(self.repeats) > MAX_REPEAT_KEYS:
-            self.repeats.popitem(last=False)
+        self.link(self.repeats, key, route, MAX_REPEAT_KEYS)
         if memory_id is not None:
-            self.key_of[memory_id] = key
-            self.key_of.move_to_end(memory_id)
-            while len(self.key_of) > MAX_REPEAT_KEYS:
-                self.key_of.popitem(last=False)
+            self.link(self.key_of, memory_id, key, MAX_REPEAT_KEYS)
 
     def forget(self, memory_id: str, episode_id: str | None) -> None:
         """Drop every trace of a forgotten memory from this state."""
