@@ -251,6 +251,7 @@ def test_batch_invariant_routes_thresholds_and_state(seed: int, sizes: list[int]
     one score at a time, and leaves the same sketch (warm-up included)."""
     gate = Gate.percentile(floor=0.5, half_life=500.0, warmup=warmup)
     scores = _sparse_stream(np.random.default_rng(seed), 400).tolist()
+    scores[warmup + 200] = 5.0  # at least one huge score past the warm-up, whatever the seed
     one, cut = gate.new_state(), gate.new_state()
     singles = [gate.decide(one, s) for s in scores]
     batched = [d for a, b in _cuts(len(scores), sizes) for d in gate.decide_many(cut, scores[a:b])]
