@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dmem.client import Client
+from dmem.wait import health, wait_settled
 from schemas import EpisodeOutcome, Transition, encode
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import collect, isolated_env, produce
@@ -108,13 +109,16 @@ def test_credit_survives_restart_and_ignores_duplicate_outcomes(
         w = stack.start_worker("all")
         stack.wait_ready(w)
         port = stack.web_ports[0]
-        time.sleep(8)
+        url = f"http://127.0.0.1:{port}"
+        # until the restarted jobs worker recognised the replayed outcome, and then has
+        # nothing pending: a duplicate that were credited would have landed by then
+        skipped = wait_for(lambda: health(url)["jobs"].get("credit_skipped", 0) >= 1)
+        wait_settled([url], timeout_s=60)
         final = {m: memory(port, m, "acme") for m in before}
         for m in before:
             assert final[m]["uses"] == 1
             assert final[m]["utility"] == pytest.approx(after[m]["utility"])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
-            health = json.loads(r.read())
-        assert health["jobs"]["credit_skipped"] >= 1  # replayed ids recognised
+        assert skipped, "the duplicate outcome was not recognised"  # replayed ids
+        assert health(url)["jobs"]["credit_skipped"] >= 1
     finally:
         stack.stop()
