@@ -194,7 +194,16 @@ def test_ingest_rejects_with_every_reason(stack: LocalStack) -> None:
     too_many = json.dumps(episode("alpha", "ep-big", n=BATCH + 1)).encode()
     assert call(stack, "POST", "/v1/transitions", too_many)[0] == 413
     # none of it was produced: the good record of the rejected batches is not on the topic
-    seen = topic_records(stack, "transitions", lambda rs: False)
+    # before a record accepted after them (the same key: the same partition, so behind
+    # anything the ingest producer had sent for them)
+    after = json.dumps(episode("alpha", "ep-after-bad", n=1)).encode()
+    assert call(stack, "POST", "/v1/transitions", after)[0] == 202
+
+    def closed(rs: list[dict[str, Any]]) -> bool:
+        return any(r.get("episode_id") == "ep-after-bad" for r in rs)
+
+    seen = topic_records(stack, "transitions", closed)
+    assert closed(seen), "the record accepted after the rejected batches is not on the topic"
     assert not [r for r in seen if r.get("episode_id") in ("ep-bad", "ep-big")]
 
 
