@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from dmem_bench.demo import q_learning_transitions
 from schemas import encode
 from streams.local.stack import REPO_ROOT, LocalStack
+from tests.integration.broker_fixtures import FAST_GROUPS
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +163,9 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
     chat tenant's gate scores (w * intrinsic, extrinsic 0) are what is plotted."""
     from dmem.client import chat_transitions
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+    # no deployment settings; the tier's consumer-group timing stays (it says nothing
+    # about where the deployment is)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_") or k in FAST_GROUPS}
     env.update(DMEM_RUNTIME_DIR=str(tmp_path / "run"), DMEM_ENCODER__NAME="hash",
                PYTHONPATH=_pythonpath())  # fmt: skip
     data = tmp_path / "up"
