@@ -1103,10 +1103,14 @@ class WritePipeline:
         did not just write; not an exact repeat of a stored memory (the repeat rule).
         The row is the one a live write of the transition would be (same id: a
         redelivered outcome or a replay after a restart upserts it again, no
-        duplicate), scored by its live z under the plan its episode was judged with,
-        valence -1 (it led to a failure), ``metadata.failure`` = the outcome and its
-        id and ``steps_from_end`` (0: the terminal step). A step written here leaves
-        the dropped-transition cache, so a second copy of the outcome writes nothing.
+        duplicate), valence -1 (it led to a failure), ``metadata.failure`` = the
+        outcome and its id and ``steps_from_end`` (0: the terminal step). Its score is
+        its live |z| under the plan its episode was judged with, raised to that plan's
+        theta_low (the least a buffer memory scores; stored as ``rpe_smoothed``, and
+        ``rpe`` = -score): at the live score the gate dropped it with, maintenance
+        would evict it at its next pass as below the buffer's floor. A step written
+        here leaves the dropped-transition cache, so a second copy of the outcome
+        writes nothing.
         """
         n_last = self.settings.write.failure_terminal_steps
         if n_last <= 0 or not entries or not entries[-1].done:
@@ -1125,10 +1129,10 @@ class WritePipeline:
                 continue  # the same content is stored already
             st.recent.pop(e.transition_id)
             st.remember(ckey, "buffer", t.memory_id)
-            z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, e.delta / sigma))
-            strength = float(self.gate.strength(abs(z)))
+            score = max(float(plan[0]), min(RETRO_Z_MAX, abs(e.delta / sigma)))
+            strength = float(self.gate.strength(score))
             created = t.ts if t.ts is not None else now_ms
-            row = memory_row(t, tenant, e.vector(), float(z), abs(float(z)), strength, -1,
+            row = memory_row(t, tenant, e.vector(), -score, score, strength, -1,
                              created, "buffer", "failure_terminal", float(plan[0]),
                              float(plan[1]))  # fmt: skip
             row["metadata"]["failure"] = {**failure, "steps_from_end": n - 1 - idx}
@@ -1144,8 +1148,8 @@ class WritePipeline:
                     partition="buffer",
                     route="buffer",
                     reward=t.reward,
-                    rpe=float(z),
-                    rpe_smoothed=abs(float(z)),
+                    rpe=-score,
+                    rpe_smoothed=score,
                     gate=strength,
                     valence=-1,
                     theta_low=float(plan[0]),

@@ -20,9 +20,15 @@ def raws_of(ts: list[Transition], start: int) -> list[RawRecord]:
 
 def warm(p: WritePipeline) -> None:
     hall = [
-        Transition(tenant="t", agent_id=AGENT, episode_id=f"w{e}", step=k,
-                   observation=f"hall {k}", action="go",
-                   reward=-25.0 if (e + k) % 7 == 0 else -0.1)  # fmt: skip
+        Transition(
+            tenant="t",
+            agent_id=AGENT,
+            episode_id=f"w{e}",
+            step=k,
+            observation=f"hall {k}",
+            action="go",
+            reward=-25.0 if (e + k) % 7 == 0 else -0.1,
+        )  # fmt: skip
         for e in range(30)
         for k in range(10)
     ]
@@ -33,10 +39,18 @@ def warm(p: WritePipeline) -> None:
 def episode(name: str, n: int = 6, done: bool = True) -> list[Transition]:
     """A reward-free episode: a death scored 0 looks like this until its outcome."""
     return [
-        Transition(tenant="t", agent_id=AGENT, episode_id=name, step=k,
-                   observation=f"{name} kitchen {k}", action=f"act {k}", reward=0.0,
-                   done=done and k == n - 1, ts=10_000 + k,
-                   metadata={"task": "cooking"})  # fmt: skip
+        Transition(
+            tenant="t",
+            agent_id=AGENT,
+            episode_id=name,
+            step=k,
+            observation=f"{name} kitchen {k}",
+            action=f"act {k}",
+            reward=0.0,
+            done=done and k == n - 1,
+            ts=10_000 + k,
+            metadata={"task": "cooking"},
+        )  # fmt: skip
         for k in range(n)
     ]
 
@@ -95,7 +109,9 @@ def test_a_silent_death_keeps_its_terminal_steps_and_a_success_writes_none() -> 
         for mid, back in lessons(res).items():
             assert rows[mid]["metadata"]["failure"]["outcome"] == 0.0
             assert rows[mid]["metadata"]["done"] is (back == 0)
-            assert rows[mid]["valence"] == -1
+            assert rows[mid]["valence"] == -1 and rows[mid]["rpe"] == -rows[mid]["rpe_smoothed"]
+            # scored at least as a buffer memory: maintenance keeps it like one
+            assert rows[mid]["rpe_smoothed"] >= rows[mid]["metadata"]["gate"]["theta_low"] > 0
         ev = [e for e in res.events if e.reason == "failure_terminal"]
         assert {e.memory_id for e in ev} == set(lessons(res))
         assert all(e.kind == "written" and e.partition == "buffer" for e in ev)
