@@ -18,39 +18,52 @@ def raws_of(ts: list[Transition], start: int) -> list[RawRecord]:
     ]
 
 
-def warm(p: WritePipeline) -> None:
-    hall = [
+def hall(tenant: str = "t", agent: str = AGENT) -> list[Transition]:
+    """A rewarded agent's history: reward-free steps after it are judged on TD noise."""
+    return [
         Transition(
-            tenant="t",
-            agent_id=AGENT,
+            tenant=tenant,
+            agent_id=agent,
             episode_id=f"w{e}",
             step=k,
             observation=f"hall {k}",
             action="go",
             reward=-25.0 if (e + k) % 7 == 0 else -0.1,
-        )  # fmt: skip
+            ts=1_000 + 10 * e + k,
+        )
         for e in range(30)
         for k in range(10)
     ]
-    for i in range(0, len(hall), 128):
-        p.process(raws_of(hall[i : i + 128], i), now_ms=1_000 + i)
 
 
-def episode(name: str, n: int = 6, done: bool = True) -> list[Transition]:
+def warm(p: WritePipeline) -> None:
+    ts = hall()
+    for i in range(0, len(ts), 128):
+        p.process(raws_of(ts[i : i + 128], i), now_ms=1_000 + i)
+
+
+def episode(
+    name: str,
+    n: int = 6,
+    done: bool = True,
+    tenant: str = "t",
+    agent: str = AGENT,
+    ts0: int = 10_000,
+) -> list[Transition]:
     """A reward-free episode: a death scored 0 looks like this until its outcome."""
     return [
         Transition(
-            tenant="t",
-            agent_id=AGENT,
+            tenant=tenant,
+            agent_id=agent,
             episode_id=name,
             step=k,
             observation=f"{name} kitchen {k}",
             action=f"act {k}",
             reward=0.0,
             done=done and k == n - 1,
-            ts=10_000 + k,
+            ts=ts0 + k,
             metadata={"task": "cooking"},
-        )  # fmt: skip
+        )
         for k in range(n)
     ]
 
