@@ -1098,7 +1098,8 @@ class WritePipeline:
         ``failure_terminal``, buffer).
 
         Only an episode that ended: its last step held is ``done`` (one cut off by a
-        step limit or still running has no terminal step). Of its last
+        step limit or still running has no terminal step), without a negative reward
+        (a failure that paid one was judged by the gate as it happened). Of its last
         ``write.failure_terminal_steps`` steps, those the gate dropped and hindsight
         did not just write; not an exact repeat of a stored memory (the repeat rule).
         The row is the one a live write of the transition would be (same id: a
@@ -1113,7 +1114,7 @@ class WritePipeline:
         writes nothing.
         """
         n_last = self.settings.write.failure_terminal_steps
-        if n_last <= 0 or not entries or not entries[-1].done:
+        if n_last <= 0 or not entries or not entries[-1].done or entries[-1].reward < 0:
             return
         n = len(entries)
         for idx in range(max(0, n - n_last), n):

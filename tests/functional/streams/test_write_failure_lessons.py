@@ -78,15 +78,20 @@ def lessons(res: BatchResult) -> dict[str, int]:
 
 
 def play(outcomes: list[tuple[str, float]], settings: Settings | None = None,
-         done: bool = True) -> tuple[WritePipeline, dict[str, BatchResult]]:  # fmt: skip
-    """Warm a pipeline, then play each (episode, outcome) in turn: its steps, its outcome."""
+         done: bool = True, death_reward: float = 0.0,
+         ) -> tuple[WritePipeline, dict[str, BatchResult]]:  # fmt: skip
+    """Warm a pipeline, then play each (episode, outcome) in turn: its steps, its outcome
+    (``death_reward``: the reward of a dead episode's terminal step)."""
     p = WritePipeline(settings or Settings(), HashingEncoder(dim=64))
     warm(p)
     got = {}
     for i, (name, x) in enumerate(outcomes):
         ep = episode(name, done=done)
+        if name.startswith("dead"):
+            ep[-1] = ep[-1].model_copy(update={"reward": death_reward})
         first = p.process(raws_of(ep, 10_000 + 100 * i), now_ms=50 + i)
-        assert [e.route for e in first.events][-2:] == ["drop", "drop"]  # the gate drops them
+        assert first.events[-2].route == "drop"  # the gate drops the step before the end
+        assert death_reward or first.events[-1].route == "drop"  # and a silent death
         got[name] = p.rescore("t", name, x, now_ms=60 + i, event_ts=20_000 + i,
                               agent_id=AGENT, task="cooking")  # fmt: skip
     return p, got
@@ -180,8 +185,10 @@ def test_redelivery_and_restart_write_the_same_ids_once() -> None:
     assert set(lessons(res)) == ids
 
 
-def test_no_lesson_from_a_cut_off_episode_or_with_the_setting_off() -> None:
+def test_no_lesson_from_a_cut_off_or_a_visible_failure_or_with_the_setting_off() -> None:
     _, got = play(script(100.0, 0.0)[:3], done=False)
+    assert lessons(got["dead2"]) == {}
+    _, got = play(script(100.0, 0.0)[:3], death_reward=-1.0)  # the gate judged that one
     assert lessons(got["dead2"]) == {}
     off = Settings()
     off.write.failure_terminal_steps = 0
