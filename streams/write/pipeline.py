@@ -24,6 +24,10 @@ Decisions:
   reward-free tenant on TD noise, and a briefing credit could prove decisive must
   be stored to be credited (credit then promotes it to core). Tenants without
   outcomes (chats) are judged as before.
+- A late outcome re-scores its episode (hindsight, `WritePipeline.rescore`); one that
+  is a failure for its (agent, task) also keeps the terminal steps of an episode that
+  ended without a negative reward (buffer, reason ``failure_terminal``): a death that
+  paid 0 is otherwise invisible to the gate and to hindsight (`operators.failure`).
 - State (everything in `TenantState`) is kept per (tenant, input partition) and
   snapshotted to the compacted ``models`` topic under `state_key`: transitions
   are keyed by agent, so a partition holds whole agents and a rebalance hands
