@@ -5,7 +5,8 @@ Design decisions:
 - Purpose: a late outcome (``EpisodeOutcome`` minutes later) can re-score
   transitions the gate dropped and write or promote them; so the window keeps
   just what that needs (ids, step, a compact embedding, the value estimate,
-  reward, delta and the route taken), not the raw transition.
+  reward, delta, the route taken and whether the step ended the episode), not
+  the raw transition.
 - Embeddings are stored as float16 bytes (half the size of float32, and the
   precision is ample for cosine search); JSON form uses base64.
 - Entries are unique by transition_id (at-least-once delivery replays the
@@ -37,6 +38,8 @@ class EligibilityEntry:
     reward: float
     delta: float
     route: str
+    #: the transition ended its episode (``done``): what a failure's terminal steps are
+    done: bool = False
 
     @classmethod
     def make(
@@ -48,6 +51,7 @@ class EligibilityEntry:
         reward: float,
         delta: float,
         route: str,
+        done: bool = False,
     ) -> EligibilityEntry:
         """Build an entry, packing the embedding to float16 bytes."""
         emb = np.asarray(embedding, dtype="<f2").reshape(-1).tobytes()
@@ -59,6 +63,7 @@ class EligibilityEntry:
             reward=float(reward),
             delta=float(delta),
             route=str(route),
+            done=bool(done),
         )
 
     def vector(self) -> np.ndarray:
@@ -74,6 +79,7 @@ class EligibilityEntry:
             "reward": self.reward,
             "delta": self.delta,
             "route": self.route,
+            "done": self.done,
         }
 
     @classmethod
@@ -86,6 +92,7 @@ class EligibilityEntry:
             reward=float(d["reward"]),
             delta=float(d["delta"]),
             route=str(d["route"]),
+            done=bool(d.get("done", False)),  # absent in older checkpoints
         )
 
 

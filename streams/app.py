@@ -230,7 +230,7 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                 waited += 0.05
             result = await asyncio.to_thread(
                 pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
-                out.outcome_id,
+                out.outcome_id, out.agent_id, out.task, out.success,
             )  # fmt: skip
             log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
                      out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),

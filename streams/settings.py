@@ -688,6 +688,18 @@ class WriteSettings(BaseModel):
         description="most transitions one outcome may "
         "write or promote (the most surprising in hindsight)",
     )
+    failure_terminal_steps: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description=(
+            "an episode that ended (its last step done) with an outcome that is a failure for "
+            "its (agent, task) (the lower half of the range of that context's outcomes, or "
+            "success false) keeps this many of its last steps that the gate dropped: written "
+            "to the buffer with reason failure_terminal (a death that paid no negative reward "
+            "is otherwise lost); 0 turns it off"
+        ),
+    )
     outcome_wait_s: float = Field(
         default=30.0,
         ge=0.0,

@@ -320,6 +320,10 @@ def store_stats(
 
     A row covers its own step's event and those of the steps the dedup job merged
     into it (``metadata.merge.ids``: the survivor stands for them).
+    ``failure_terminal_coverage``: the share of episodes that ended in a failure (the
+    step that failed the task, its last) whose failing step is covered;
+    ``failure_terminal_silent`` counts those whose failing step paid no negative
+    reward (a death scored 0: only the outcome says it was one).
     """
     stored_keys = {
         event_key(steps[m]) for i, (_, merged) in rows.items() for m in (i, *merged) if m in steps
@@ -327,6 +331,7 @@ def store_stats(
     crit = {event_key(s) for s in steps.values() if s.critical}
     up = {event_key(s) for s in steps.values() if s.reward > 0}
     core = [i for i, (p, _) in rows.items() if p == "core" and i in steps]
+    deaths = [s for s in steps.values() if s.failed]
     return {
         "stored": len(rows),
         "core": len(core),
@@ -334,6 +339,10 @@ def store_stats(
         "critical_coverage": len(crit & stored_keys) / max(len(crit), 1),
         "reward_up_coverage": len(up & stored_keys) / max(len(up), 1),
         "precision_core": sum(steps[i].critical for i in core) / max(len(core), 1),
+        "failure_terminal_coverage": sum(event_key(s) in stored_keys for s in deaths)
+        / max(len(deaths), 1),
+        "failure_terminal_silent": sum(s.reward >= 0 for s in deaths),
+        "failed_episodes": len(deaths),
     }
 
 
@@ -850,12 +859,16 @@ async def _run(
         "stored_core_gate": gate["core"],
         "stored_buffer_gate": gate["buffer"],
         "precision_core_gate": round(gate["precision_core"], 4),
+        "failed_episodes": gate["failed_episodes"],
+        "failure_terminal_silent": gate["failure_terminal_silent"],
+        "failure_terminal_coverage_gate": round(gate["failure_terminal_coverage"], 4),
         "storage_ratio_final": round(final["stored"] / max(n, 1), 4),
         "critical_coverage_final": round(final["critical_coverage"], 4),
         "reward_up_coverage_final": round(final["reward_up_coverage"], 4),
         "stored_core_final": final["core"],
         "stored_buffer_final": final["buffer"],
         "precision_core_final": round(final["precision_core"], 4),
+        "failure_terminal_coverage_final": round(final["failure_terminal_coverage"], 4),
         "stored_max_per_task": max(per_task.values(), default=0),
         "probes": len(probes),
         **ranking,

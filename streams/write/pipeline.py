@@ -24,6 +24,10 @@ Decisions:
   reward-free tenant on TD noise, and a briefing credit could prove decisive must
   be stored to be credited (credit then promotes it to core). Tenants without
   outcomes (chats) are judged as before.
+- A late outcome re-scores its episode (hindsight, `WritePipeline.rescore`); one that
+  is a failure for its (agent, task) also keeps the terminal steps of an episode that
+  ended without a negative reward (buffer, reason ``failure_terminal``): a death that
+  paid 0 is otherwise invisible to the gate and to hindsight (`operators.failure`).
 - State (everything in `TenantState`) is kept per (tenant, input partition) and
   snapshotted to the compacted ``models`` topic under `state_key`: transitions
   are keyed by agent, so a partition holds whole agents and a rebalance hands
@@ -66,6 +70,7 @@ from operators import (
     extrinsic_score,
     valence,
 )
+from operators.failure import ContextOutcomes
 from operators.surprise import (
     IntrinsicConfig,
     IntrinsicScore,
@@ -85,6 +90,8 @@ MAX_REPEAT_KEYS = 50_000
 # restart forgets older open episodes, which only affects their hindsight writes.
 CHECKPOINT_REPEAT_KEYS = 10_000
 CHECKPOINT_EPISODES = 32
+#: (agent, task) contexts whose recent outcomes a checkpoint holds (failure judgement)
+CHECKPOINT_CONTEXTS = 64
 #: agents (and episode -> agent links) a tenant state remembers for the novel-statement
 #: rule: which agents report outcomes
 OUTCOME_AGENTS_MAX = 4096
@@ -201,6 +208,8 @@ class TenantState:
         self.normalizer = RpeNormalizer()
         self.reward_surprise = RewardSurprise()
         self.outcomes = OutcomeHistory()
+        #: per (agent, task): recent outcomes, which judge an outcome a failure
+        self.contexts = ContextOutcomes()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
@@ -280,6 +289,7 @@ class TenantState:
             "normalizer": self.normalizer.to_dict(),
             "reward_surprise": self.reward_surprise.to_dict(),
             "outcomes": self.outcomes.to_dict(),
+            "contexts": self.contexts.to_dict(last=CHECKPOINT_CONTEXTS),
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
@@ -348,6 +358,8 @@ class TenantState:
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
         ob = header.get("outcomes")
         self.outcomes = OutcomeHistory.from_dict(ob) if ob else OutcomeHistory()
+        ctx = header.get("contexts")  # absent in older checkpoints
+        self.contexts = ContextOutcomes.from_dict(ctx) if ctx else ContextOutcomes()
         self.gate_state = GateState.from_dict(header["gate"])
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
@@ -727,6 +739,7 @@ class WritePipeline:
                     reward=t.reward,
                     delta=float(deltas[i]),
                     route=route,
+                    done=t.done,
                 ),
                 now_ms,
             )
@@ -904,9 +917,13 @@ class WritePipeline:
         now_ms: int,
         event_ts: int | None = None,
         outcome_id: str | None = None,
+        agent_id: str | None = None,
+        task: str | None = None,
+        success: bool | None = None,
     ) -> BatchResult:
         with self.lock:
-            return self._rescore(tenant, episode_id, outcome, now_ms, event_ts, outcome_id)
+            return self._rescore(tenant, episode_id, outcome, now_ms, event_ts, outcome_id,
+                                 agent_id, task, success)  # fmt: skip
 
     def _rescore(
         self,
@@ -916,6 +933,9 @@ class WritePipeline:
         now_ms: int,
         event_ts: int | None = None,
         outcome_id: str | None = None,
+        agent_id: str | None = None,
+        task: str | None = None,
+        success: bool | None = None,
     ) -> BatchResult:
         """Re-score an episode's eligibility window with what its late outcome reveals.
 
@@ -951,6 +971,10 @@ class WritePipeline:
         near-zero sigma (a tenant whose rewards were all 0 so far) the raw z is
         astronomically large, and ranking's surprise term is saturated long
         before 10 sigma anyway.
+
+        Then failures write lessons (`_failure_terminal`): an outcome that is a failure
+        for its (agent, task) context (`operators.failure`; the agent: the outcome's, else
+        the episode's) keeps the terminal steps of an episode that ended.
         """
         out = BatchResult()
         # the state holding the episode: its agent's partition (an episode is one agent's)
@@ -973,6 +997,9 @@ class WritePipeline:
         st.outcomes.observe(outcome, event_ts, oid)
         if (agent := st.episode_agent.get(episode_id)) is not None:
             st.link(st.outcome_agents, agent, None)
+        failure = st.contexts.judge(
+            st.contexts.key(agent_id or agent, task), outcome, event_ts, oid, success
+        )
         self.dirty.add(key)
         if s_out is None:
             s_out = outcome / scale / sigma
@@ -989,6 +1016,7 @@ class WritePipeline:
                 continue
             picked.append((abs(c_t), raw_z, e))
         picked.sort(key=lambda p: -p[0])
+        written = {e.transition_id for _, _, e in picked[: self.settings.write.hindsight_max]}
         for _, raw_z, e in picked[: self.settings.write.hindsight_max]:
             z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
             score = abs(z)
@@ -1051,9 +1079,91 @@ class WritePipeline:
                 )
             )
             out.events.append(event("written", t.agent_id, t.reward, event_ts=created))
+        if failure:
+            self._failure_terminal(st, tenant, entries, written, sigma, plan, now_ms, out,
+                                   {"outcome": float(outcome), "outcome_id": oid})  # fmt: skip
         if out.events:
             self.dirty.add(key)
         return out
+
+    def _failure_terminal(
+        self,
+        st: TenantState,
+        tenant: str,
+        entries: Sequence[EligibilityEntry],
+        written: set[str],
+        sigma: float,
+        plan: tuple[float, float, float],
+        now_ms: int,
+        out: BatchResult,
+        failure: dict[str, Any],
+    ) -> None:
+        """Write the terminal steps of an episode that ended in failure (reason
+        ``failure_terminal``, buffer).
+
+        Only an episode that ended: its last step held is ``done`` (one cut off by a
+        step limit or still running has no terminal step), without a negative reward
+        (a failure that paid one was judged by the gate as it happened). Of its last
+        ``write.failure_terminal_steps`` steps, those the gate dropped and hindsight
+        did not just write; not an exact repeat of a stored memory (the repeat rule).
+        The row is the one a live write of the transition would be (same id: a
+        redelivered outcome or a replay after a restart upserts it again, no
+        duplicate), valence -1 (it led to a failure), ``metadata.failure`` = the
+        outcome and its id and ``steps_from_end`` (0: the terminal step). Its score is
+        its live |z| under the plan its episode was judged with, raised to that plan's
+        theta_low (the least a buffer memory scores; stored as ``rpe_smoothed``, and
+        ``rpe`` = -score): at the live score the gate dropped it with, maintenance
+        would evict it at its next pass as below the buffer's floor. A step written
+        here leaves the dropped-transition cache, so a second copy of the outcome
+        writes nothing.
+        """
+        n_last = self.settings.write.failure_terminal_steps
+        if n_last <= 0 or not entries or not entries[-1].done or entries[-1].reward < 0:
+            return
+        n = len(entries)
+        for idx in range(max(0, n - n_last), n):
+            e = entries[idx]
+            if e.route != "drop" or e.transition_id in written:
+                continue
+            t = st.recent.get(e.transition_id)
+            if t is None:
+                continue  # fell out of the bounded cache (or stored since)
+            ckey = content_key(t)
+            prev = st.repeats.get(ckey)
+            if prev in ("core", "buffer"):
+                continue  # the same content is stored already
+            st.recent.pop(e.transition_id)
+            st.remember(ckey, "buffer", t.memory_id)
+            score = max(float(plan[0]), min(RETRO_Z_MAX, abs(e.delta / sigma)))
+            strength = float(self.gate.strength(score))
+            created = t.ts if t.ts is not None else now_ms
+            row = memory_row(t, tenant, e.vector(), -score, score, strength, -1,
+                             created, "buffer", "failure_terminal", float(plan[0]),
+                             float(plan[1]))  # fmt: skip
+            row["metadata"]["failure"] = {**failure, "steps_from_end": n - 1 - idx}
+            out.upserts["buffer"].append(row)
+            out.events.append(
+                MemoryEvent(
+                    kind="written",
+                    memory_id=t.memory_id,
+                    tenant=tenant,
+                    agent_id=t.agent_id,
+                    episode_id=t.episode_id,
+                    step=t.step,
+                    partition="buffer",
+                    route="buffer",
+                    reward=t.reward,
+                    rpe=-score,
+                    rpe_smoothed=score,
+                    gate=strength,
+                    valence=-1,
+                    theta_low=float(plan[0]),
+                    theta_high=float(plan[1]),
+                    reason="failure_terminal",
+                    event_ts=created,
+                    ts=now_ms,
+                )
+            )
 
 
 def memory_row(

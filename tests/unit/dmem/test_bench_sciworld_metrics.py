@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from dmem_bench.sciworld import hit_prob, mrr
-from dmem_bench.sciworld_env import TASKS, newly_done, rng_for, rubric
+from dmem_bench.sciworld import hit_prob, mrr, step_id, store_stats
+from dmem_bench.sciworld_env import TASKS, Step, newly_done, rng_for, rubric
 
 
 def _brute(scores: list[float], rel: list[bool], k: int) -> tuple[float, float]:
@@ -96,3 +96,25 @@ def test_metrics_do_not_depend_on_the_served_order_of_ties() -> None:
         )
         assert got == pytest.approx(want)
     assert 0.0 < want[0] < 1.0  # the cut at 3 goes through the tied group
+
+
+def test_failure_terminal_coverage_counts_failed_episodes_by_their_last_step() -> None:
+    def step(ep: str, n: int, reward: float, failed: bool) -> Step:
+        return Step(task="t", variation=0, policy="random", episode=ep, step=n,
+                    observation=f"{ep} obs {n}", action=f"act {n}", reward=reward, score=0,
+                    next_observation="", done=failed, failed=failed)  # fmt: skip
+
+    steps = {
+        step_id(s): s
+        for s in (
+            step("a", 0, 0.0, False), step("a", 1, 0.0, True),  # a death scored 0
+            step("b", 0, 0.5, False), step("b", 1, -1.0, True),  # a failure that paid -1
+            step("c", 0, 1.0, False),  # no failure
+        )
+    }  # fmt: skip
+    rows = {"b:1": ("core", ()), "c:0": ("core", ())}
+    got = store_stats(rows, steps)
+    assert got["failed_episodes"] == 2 and got["failure_terminal_silent"] == 1
+    assert got["failure_terminal_coverage"] == 0.5
+    rows["x"] = ("buffer", ("a:1",))  # a dedup survivor stands for the death it merged
+    assert store_stats(rows, steps)["failure_terminal_coverage"] == 1.0
