@@ -39,6 +39,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
@@ -76,6 +77,9 @@ from streams.settings import Settings
 from streams.write.pipeline import RawRecord, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.respond")
+
+#: threads of a worker's searches and reads (each waits on Milvus most of its time)
+READ_THREADS = 8
 
 
 class RequestConsumer(Service):
@@ -195,6 +199,9 @@ class RespondApi:
         self.replies = KafkaReplies(app, settings, KafkaGuard.from_settings(settings))
         self._responder: Responder | None = None
         self._reader: MemoryReader | None = None
+        #: searches and reads run here, not in the loop's default executor, which the
+        #: write and jobs roles of the same worker fill with batch and maintenance work
+        self.executor = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dmem-read")
         self.errors = 0
 
     # -- shared ----------------------------------------------------------------------
@@ -225,12 +232,16 @@ class RespondApi:
         many searches in flight)."""
         try:
             async with self.limiter.turn(req.tenant):
-                resp, usage = await asyncio.to_thread(self.responder().answer, req, now_ms())
+                resp, usage = await self.in_thread(self.responder().answer, req, now_ms())
         except InvalidRecord as exc:
             return RetrievalResponse(request_id=req.request_id, tenant=req.tenant, error=str(exc))
         if usage is not None:
             await self.usage_topic.send(key=usage.episode_id.encode(), value=encode(usage))
         return resp
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the role's own threads (`executor`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def denied(self, view: View, request: Request, tenant: str | None = None) -> Response | None:
         """Auth check (streams.auth): None when allowed, else the 401/403 response."""
@@ -323,7 +334,7 @@ class RespondApi:
         """A store read in a worker thread: (its result, its ms, None), or the 422 / 503
         answer when it fails."""
         try:
-            out, ms = await asyncio.to_thread(_timed_call, fn, *args)
+            out, ms = await self.in_thread(_timed_call, fn, *args)
         except InvalidRecord as exc:
             return None, 0.0, json_response(view, {"error": str(exc)}, 422)
         except DmemError as exc:
