@@ -976,12 +976,16 @@ class MemoryStore:
         *,
         limit: int | None,
         consistency_level: str | None = None,
+        stamp: bool = True,
     ) -> list[dict[str, Any]]:
         """At most ``limit`` rows (None: all, paged by an iterator) matching the filter
         expression ``flt`` over ``partitions``, each labelled with its partition from
-        the write stamp (None when a row has none). ``flt`` must come from
+        the write stamp (None when a row has none; no label and no metadata read
+        without ``stamp``, when ``fields`` lacks metadata). ``flt`` must come from
         `milvus.expr` (validated terms)."""
-        out_fields = list(dict.fromkeys([*self._out_fields(fields, False), "metadata"]))
+        out_fields = self._out_fields(fields, False)
+        if stamp:
+            out_fields = list(dict.fromkeys([*out_fields, "metadata"]))
         level = consistency_level or self.consistency_level
         parts = _check_partitions(partitions)
         res: list[dict[str, Any]] = []
@@ -1006,7 +1010,8 @@ class MemoryStore:
         for r in res:
             out = dict(r)
             out.pop(PRIMARY_FIELD, None)
-            out["partition"] = _unstamp(out)
+            if stamp:
+                out["partition"] = _unstamp(out)
             if not want_meta:
                 out.pop("metadata", None)
             rows.append(out)

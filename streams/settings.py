@@ -113,6 +113,21 @@ class RespondSettings(BaseModel):
             "answers as soon as data arrives: raise this to 100-500 there."
         ),
     )
+    idle_fetch_max_wait_ms: int = Field(
+        default=50,
+        ge=0,
+        le=10_000,
+        description=(
+            "The request consumer's fetch wait once no Kafka request came for idle_after_s: the "
+            "worker's event loop, which also serves HTTP, then answers 20 empty fetches/s instead "
+            "of 200; the first Kafka request after such a quiet spell waits up to this long, and "
+            "the next ones get fetch_max_wait_ms again. Set it to fetch_max_wait_ms to keep the "
+            "short wait always."
+        ),
+    )
+    idle_after_s: float = Field(
+        default=30.0, gt=0.0, description="seconds without a Kafka request before the idle wait"
+    )
     count_ttl_s: float = Field(
         default=30.0, ge=0.0, description="cache lifetime of a tenant's memory count (sets lambda)"
     )

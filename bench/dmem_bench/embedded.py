@@ -53,6 +53,10 @@ Steps, each a key of the JSON:
    and the server's own share from its ``Server-Timing`` header:
    ``get_server_p50_ms`` (the whole handler) and ``get_store_p50_ms`` (the store
    read in its worker thread); the rest of ``get_p50_ms`` is HTTP and this client.
+   ``raw_get_p99_ms`` / ``get_p99_ratio`` the same for p99; ``raw_page_p50_ms``: the
+   page's 50 rows read by primary key right after each page (what a store ordered by
+   time would read), ``list_page_p50_ratio`` = page p50 / that, and
+   ``list_page_server_p50_ms`` the page handler's ``Server-Timing`` total.
 """
 
 from __future__ import annotations
@@ -183,6 +187,16 @@ class RawBaseline:
 
         self.store.client.query(self.store.collection,
                                 filter=E.ids_in([storage_key(TENANT, memory_id)], "key"),
+                                output_fields=self.fields, partition_names=self.partitions,
+                                consistency_level="Bounded")  # fmt: skip
+
+    def page(self, memory_ids: list[str]) -> None:
+        """The rows of a page by primary key: what a store ordered by time would read."""
+        from milvus import expr as E
+        from schemas import storage_key
+
+        keys = [storage_key(TENANT, m) for m in memory_ids]
+        self.store.client.query(self.store.collection, filter=E.ids_in(keys, "key"),
                                 output_fields=self.fields, partition_names=self.partitions,
                                 consistency_level="Bounded")  # fmt: skip
 
@@ -512,15 +526,21 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int, folded_asked: list[
     from schemas import Transition
 
     rng = np.random.default_rng(cfg.seed + 7)
-    pages, ids, cursor = [], [], None
+    pages, ids, cursor, raw_pages, page_server = [], [], None, [], []
     while True:  # the whole tenant, newest first, 50 a page
         path = f"/v1/memories?tenant={TENANT}&limit=50" + (f"&cursor={cursor}" if cursor else "")
         t0 = time.perf_counter()
-        code, body = http(base, "GET", path)
+        code, body, st = http_get_timed(base, path)
         pages.append(time.perf_counter() - t0)
         if code != 200:
             raise RuntimeError(f"GET {path} answered {code}: {body}")
-        ids += [m["memory_id"] for m in body["memories"]]
+        page_server += [st["total"] / 1e3] if "total" in st else []
+        got = [m["memory_id"] for m in body["memories"]]
+        ids += got
+        if raw is not None and got:
+            t0 = time.perf_counter()
+            raw.page(got)
+            raw_pages.append(time.perf_counter() - t0)
         cursor = body["next_cursor"]
         if cursor is None:
             break
@@ -543,17 +563,24 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int, folded_asked: list[
     hist = _timed(base, [f"/v1/memories/{m}/history{q}" for m in sample], 200)
     r2 = lambda v: round(v, 2)  # noqa: E731
     get_p50 = r2(summarize_ms(get.lat)["p50"])
+    get_p99 = r2(summarize_ms(get.lat)["p99"])
     raw_get = ms_p50(get.raw)
+    raw_get_p99 = r2(summarize_ms(get.raw)["p99"]) if get.raw else None
+    page_p50 = r2(summarize_ms(pages)["p50"])
+    raw_page = ms_p50(raw_pages)
     return {
         "get_p50_ms": get_p50,
-        "get_p99_ms": r2(summarize_ms(get.lat)["p99"]),
+        "get_p99_ms": get_p99,
         "get_missing_p50_ms": r2(summarize_ms(missing.lat)["p50"]),
         "get_folded_p50_ms": r2(summarize_ms(fold.lat)["p50"]) if fold.lat else None,
         "get_folded_n": len(fold.lat),
         "get_folded_again_p50_ms": r2(summarize_ms(warm.lat)["p50"]) if warm.lat else None,
-        "list_page_p50_ms": r2(summarize_ms(pages)["p50"]),
+        "list_page_p50_ms": page_p50,
         "list_page_p99_ms": r2(summarize_ms(pages)["p99"]),
         "list_pages": len(pages),
+        "list_page_server_p50_ms": ms_p50(page_server),
+        "raw_page_p50_ms": raw_page,
+        "list_page_p50_ratio": ratio(page_p50, raw_page),
         "listed": len(ids),
         "history_p50_ms": r2(summarize_ms(hist.lat)["p50"]),
         "reads_sampled": n,
@@ -564,6 +591,8 @@ def measure_reads(cfg: EmbeddedConfig, base: str, sent: int, folded_asked: list[
         "raw_get_p50_ms": raw_get,
         "raw_fold_p50_ms": ms_p50(missing.raw),
         "get_p50_ratio": ratio(get_p50, raw_get),
+        "raw_get_p99_ms": raw_get_p99,
+        "get_p99_ratio": ratio(get_p99, raw_get_p99),
     }
 
 
@@ -634,7 +663,8 @@ def print_report(r: dict[str, Any]) -> None:
         "search_p50_ms", "search_p99_ms", "server_took_p50_ms", "encode_p50_ms",
         "raw_search_p50_ms", "search_p50_ratio", "get_p50_ms", "get_p99_ms", "get_server_p50_ms",
         "raw_get_p50_ms", "get_p50_ratio", "get_missing_p50_ms", "get_folded_p50_ms",
-        "list_page_p50_ms", "history_p50_ms", "kcat_ok", "confluent_kafka_ok", "openapi_valid",
+        "list_page_p50_ms", "raw_page_p50_ms", "list_page_p50_ratio", "history_p50_ms",
+        "kcat_ok", "confluent_kafka_ok", "openapi_valid",
         "ui_ok", "explorer_ok")]  # fmt: skip
     print_table("Embedded stack (dmem up)", ["metric", "value"], rows)
 

@@ -13,12 +13,19 @@ HTTP handlers run it in a worker thread).
   one round trip (the id and its survivor in one lookup).
 - Pages (`MemoryReader.page`): newest first, keyset pagination on
   (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
-  while memories are written and resumes anywhere. A page reads the keys
-  (id, created_ts) of a time window below the cursor, sized from the scope's
-  density to hold about two pages and widened until it holds more than a page,
-  then the page's rows by primary key. The density is learned from one read of
-  the scope's keys and re-estimated from every window (writes come in bursts), per
-  scope, in this worker.
+  while memories are written and resumes anywhere. A page that has no hint reads
+  the keys (id, created_ts) of a time window below the cursor, sized from the
+  scope's density to hold about `WINDOW_PAGES` pages and widened until it holds
+  more than a page, then the page's rows by primary key. The density is learned
+  from one read of the scope's keys and re-estimated from every window (writes
+  come in bursts), per scope, in this worker. The keys read also tell where the
+  next pages start: the cursor carries up to `MAX_BOUNDS` of those (created_ts,
+  id) lower bounds, so each of the next pages is ONE query of its rows between
+  its bound and its cursor (about a page and one row). A bound is only a hint:
+  the page is always the newest rows below the cursor that the query finds, and
+  a window that no longer holds more than a page (memories forgotten or moved
+  since) or holds more than `HINT_CAP` pages (written since, or a forged cursor)
+  is answered the hintless way instead.
 - History (`MemoryReader.history`): the memory's events from the history
   collection, oldest first.
 """
@@ -41,8 +48,8 @@ from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
 from streams.respond.responder import Responder, filter_terms
 
-__all__ = ["FOLD_CACHE", "MAX_HOPS", "MemoryReader", "decode_cursor", "encode_cursor",
-           "list_query"]  # fmt: skip
+__all__ = ["FOLD_CACHE", "MAX_HOPS", "Cursor", "MemoryReader", "decode_cursor", "encode_cursor",
+           "list_query", "read_cursor"]  # fmt: skip
 
 MAX_HOPS = 8
 #: fold edges (tenant, folded id) -> survivor id kept by a reader
@@ -50,27 +57,85 @@ FOLD_CACHE = 65_536
 #: Milvus' largest result window of one query (``limit``): more rows take an iterator
 WINDOW = 16_384
 KEY_FIELDS = ["id", "created_ts"]
+#: a hintless page reads the keys of a window sized to hold about this many pages
+WINDOW_PAGES = 10
+#: at most this many next-page bounds ride in a cursor (and it stays under `CURSOR_CHARS`)
+MAX_BOUNDS = 8
+CURSOR_CHARS = 1000
+#: a hinted window holding this many pages or more is not trusted (read hintless)
+HINT_CAP = 4
 #: the fields of a memory as the HTTP API shows it (everything but the vector)
 FIELDS = [f for f in scalar_fields() if f not in (PRIMARY_FIELD, VECTOR_FIELD)]
 _FILTER_PARAMS = ("valence", "partition", "since_ms", "until_ms", "min_utility")
 _QUERY_PARAMS = ("tenant", "agent_id", "limit", "cursor")
 
 
-def encode_cursor(created_ts: int, memory_id: str) -> str:
-    raw = orjson.dumps({"t": created_ts, "i": memory_id})
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page starts: below (``ts``, ``id``). ``bounds``: the (created_ts, id)
+    of the first row of each page after the next (nearest first), as the keys read
+    showed them; ``floor``: after those, the rest held at most a page. Hints of
+    cost only: the rows a page answers do not depend on them."""
+
+    ts: int
+    id: str
+    bounds: tuple[tuple[int, str], ...] = ()
+    floor: bool = False
+
+
+def encode_cursor(created_ts: int, memory_id: str, bounds: Sequence[tuple[int, str]] = (),
+                  floor: bool = False) -> str:  # fmt: skip
+    """The cursor of a page below (``created_ts``, ``memory_id``), with as many of
+    ``bounds`` (and ``floor`` when all fit) as keep it under `CURSOR_CHARS`."""
+    bounds = list(bounds[:MAX_BOUNDS])
+    floor = floor and len(bounds) <= MAX_BOUNDS
+    while True:
+        d: dict[str, Any] = {"t": created_ts, "i": memory_id}
+        if bounds:
+            d["b"] = [[t, i] for t, i in bounds]
+        if floor:
+            d["f"] = 1
+        out = base64.urlsafe_b64encode(orjson.dumps(d)).decode().rstrip("=")
+        if len(out) <= CURSOR_CHARS or not (bounds or floor):
+            return out
+        floor = False
+        bounds = bounds[:-1]
+
+
+def read_cursor(cursor: str) -> Cursor:
+    """The `Cursor` of a ``next_cursor``; `InvalidRecord` when it is not one."""
+    bad = InvalidRecord("cursor is not a next_cursor of this API")
+    try:
+        d = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        ts, mid = d["t"], d["i"]
+        raw = d.get("b", [])
+        bounds = tuple((int(t), str(i)) for t, i in raw
+                       if isinstance(t, int) and isinstance(i, str) and i)  # fmt: skip
+    except (ValueError, TypeError, KeyError, AttributeError, orjson.JSONDecodeError) as exc:
+        raise bad from exc
+    if not (isinstance(ts, int) and isinstance(mid, str) and mid) or len(bounds) != len(raw):
+        raise bad
+    return Cursor(ts, mid, bounds[:MAX_BOUNDS], d.get("f") == 1)
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
     """(created_ts, id) of a cursor; `InvalidRecord` when it is not one."""
-    try:
-        d = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        ts, mid = d["t"], d["i"]
-    except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as exc:
-        raise InvalidRecord("cursor is not a next_cursor of this API") from exc
-    if not (isinstance(ts, int) and isinstance(mid, str) and mid):
-        raise InvalidRecord("cursor is not a next_cursor of this API")
-    return ts, mid
+    c = read_cursor(cursor)
+    return c.ts, c.id
+
+
+def _below(ts: int, mid: str) -> str:
+    """Rows after (ts, mid) in the newest-first order."""
+    return f"(created_ts < {ts}) || (created_ts == {ts} && id < {E.literal(mid)})"
+
+
+def _at_or_above(ts: int, mid: str) -> str:
+    """Rows at (ts, mid) or before it in the newest-first order."""
+    return f"(created_ts > {ts}) || (created_ts == {ts} && id >= {E.literal(mid)})"
+
+
+def _order(r: Mapping[str, Any]) -> tuple[int, str]:
+    return int(r["created_ts"]), str(r["id"])
 
 
 def _scalar(value: str) -> Any:
@@ -227,20 +292,23 @@ class MemoryReader:
 
     def _query(self, flt: str, parts: list[str], fields: list[str],
                every: bool = False) -> list[dict[str, Any]]:  # fmt: skip
-        """Rows matching ``flt``: at most `WINDOW`, or all of them (``every``)."""
-        rows = self.store.query_rows(flt, parts, fields, limit=WINDOW,
-                                     consistency_level=self.consistency_level)  # fmt: skip
+        """Rows (``fields`` only, no partition) matching ``flt``: at most `WINDOW`, or all
+        of them (``every``)."""
+        level = self.consistency_level
+        rows = self.store.query_rows(flt, parts, fields, limit=WINDOW, consistency_level=level,
+                                     stamp=False)  # fmt: skip
         if every and len(rows) >= WINDOW:  # more than one answer holds: page through them
-            rows = self.store.query_rows(flt, parts, fields, limit=None,
-                                         consistency_level=self.consistency_level)  # fmt: skip
+            rows = self.store.query_rows(flt, parts, fields, limit=None, consistency_level=level,
+                                         stamp=False)  # fmt: skip
         return list(rows)
 
     def page(self, q: MemoryListQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of `q`: (memories newest first, the next page's cursor or None).
 
         Keyset pagination on (created_ts, id): the page is the newest ``limit``
-        memories below the cursor. It is read from a window ``created_ts >= lo``
-        sized from the scope's density (`_Density`) to hold about twice a page,
+        memories below the cursor. With a bound in the cursor it is one query
+        (`_hinted`); else it is read from a window ``created_ts >= lo`` sized from
+        the scope's density (`_Density`) to hold about `WINDOW_PAGES` pages,
         widened until it holds more than a page or reaches the oldest memory;
         without a density yet, the scope's keys are read once to learn it.
         """
@@ -249,10 +317,14 @@ class MemoryReader:
                               extra_filter=filter_terms(f) or None)  # fmt: skip
         parts: list[str] = [f.partition] if f.partition else list(PARTITIONS)
         terms = [base]
-        top: int | None = None
-        if q.cursor:
-            top, mid = decode_cursor(q.cursor)
-            terms.append(f"(created_ts < {top}) || (created_ts == {top} && id < {E.literal(mid)})")
+        cur = read_cursor(q.cursor) if q.cursor else None
+        if cur is not None:
+            terms.append(_below(cur.ts, cur.id))
+            if cur.bounds or cur.floor:
+                hinted = self._hinted(q, terms, parts, cur)
+                if hinted is not None:
+                    return hinted
+        top = cur.ts if cur is not None else None
         scope = orjson.dumps(q.model_dump(exclude={"cursor", "limit"}),
                              option=orjson.OPT_SORT_KEYS).decode()  # fmt: skip
         with self._lock:
@@ -260,7 +332,7 @@ class MemoryReader:
         keys: list[dict[str, Any]] | None = None
         if dens is not None:
             top_ts = top if top is not None else dens.newest
-            width = max(1, int(2 * q.limit / dens.rate))
+            width = max(1, int(WINDOW_PAGES * q.limit / dens.rate))
             for _ in range(8):
                 lo = top_ts - width
                 got = self._query(E.and_all([*terms, f"created_ts >= {lo}"]), parts, KEY_FIELDS)
@@ -275,18 +347,50 @@ class MemoryReader:
                 if lo <= dens.oldest:  # the rest is small: read it without a window
                     break
                 width *= 4
+        complete = keys is None  # every key below the cursor is in hand
         if keys is None:  # no density yet (or it was far off): the scope's keys, once
             keys = self._query(E.and_all(terms), parts, KEY_FIELDS, every=True)
             if not q.cursor and keys:
                 ts = [int(k["created_ts"]) for k in keys]
                 self._learn(scope, _Density.of(min(ts), max(ts), len(ts)))
-        keys.sort(key=lambda r: (int(r["created_ts"]), str(r["id"])), reverse=True)
-        nxt = None
-        if len(keys) > q.limit:
-            last = keys[q.limit - 1]
-            nxt = encode_cursor(int(last["created_ts"]), str(last["id"]))
+        keys.sort(key=_order, reverse=True)
         rows = self._rows(q.tenant, [str(k["id"]) for k in keys[: q.limit]])
-        return [item(r) for r in rows], nxt
+        return [item(r) for r in rows], self._next(keys, q.limit, complete)
+
+    @staticmethod
+    def _next(keys: list[dict[str, Any]], limit: int, complete: bool,
+              rest: Cursor | None = None) -> str | None:  # fmt: skip
+        """The next page's cursor from the sorted keys (or rows) read for this page:
+        with the bound of every later page the keys show, and ``floor`` when they
+        are every key below the cursor; without bounds of its own, ``rest``'s."""
+        if len(keys) <= limit:
+            return None
+        last = keys[limit - 1]
+        bounds = [_order(keys[i]) for i in range(2 * limit, len(keys), limit)]
+        if not bounds and not complete and rest is not None:
+            return encode_cursor(*_order(last), rest.bounds, rest.floor)
+        return encode_cursor(*_order(last), bounds, complete)
+
+    def _hinted(self, q: MemoryListQuery, terms: list[str], parts: list[str],
+                cur: Cursor) -> tuple[list[dict[str, Any]], str | None] | None:  # fmt: skip
+        """The page as one query of the rows between the cursor's first bound (none
+        when only ``floor`` is left) and the cursor; None when the window does not
+        hold more than a page, or holds `HINT_CAP` pages or more."""
+        cap = HINT_CAP * q.limit + 1
+        bound = cur.bounds[0] if cur.bounds else None
+        flt = E.and_all([*terms, _at_or_above(*bound)] if bound else terms)
+        rows = self.store.query_rows(flt, parts, FIELDS, limit=cap,
+                                     consistency_level=self.consistency_level)  # fmt: skip
+        if len(rows) >= cap or (bound is not None and len(rows) <= q.limit):
+            return None
+        rows.sort(key=_order, reverse=True)
+        page = rows[: q.limit]
+        unstamped = [str(r["id"]) for r in page if r.get("partition") is None]
+        if unstamped:  # written by another client: its partition from a primary-key read
+            again = {str(r["id"]): r for r in self._rows(q.tenant, unstamped)}
+            page = [again.get(str(r["id"]), r) for r in page]
+        rest = Cursor(cur.ts, cur.id, cur.bounds[1:], cur.floor)
+        return [item(r) for r in page], self._next(rows, q.limit, bound is None, rest)
 
     def _learn(self, scope: str, d: _Density) -> None:
         with self._lock:

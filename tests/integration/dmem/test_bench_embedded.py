@@ -55,6 +55,9 @@ def test_bench_embedded_contract() -> None:
     assert 0 < out["get_store_p50_ms"] <= out["get_server_p50_ms"]
     assert out["raw_get_p50_ms"] is None and out["get_p50_ratio"] is None
     assert out["raw_search_p50_ms"] is None and out["search_p50_ratio"] is None
+    assert out["raw_page_p50_ms"] is None and out["list_page_p50_ratio"] is None
+    assert out["raw_get_p99_ms"] is None and out["get_p99_ratio"] is None
+    assert 0 < out["list_page_server_p50_ms"] <= out["list_page_p50_ms"]
     assert out["history_p50_ms"] > 0 and isinstance(out["explorer_ok"], bool)
     if not out["explorer_ok"]:
         assert out["explorer_reason"]

@@ -11,7 +11,7 @@ import pytest
 from milvus import MemoryStore
 from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
-from streams.respond.browse import MemoryReader
+from streams.respond.browse import MemoryReader, encode_cursor, read_cursor
 from tests.integration.milvus_fixtures import make_record
 
 pytestmark = pytest.mark.integration
@@ -80,6 +80,65 @@ def test_pages_newest_first_stable_with_filters(store_factory: Factory) -> None:
     assert reader.page(MemoryListQuery(tenant="nobody"))[0] == []
     with pytest.raises(InvalidRecord):
         reader.page(MemoryListQuery(tenant="acme", cursor="not-a-cursor"))
+
+
+class Counting:
+    """The store, counting the queries a page makes."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store, self.history, self.queries = store, store.history, 0
+
+    def query_rows(self, *args: object, **kw: object) -> object:
+        self.queries += 1
+        return self.store.query_rows(*args, **kw)  # type: ignore[arg-type]
+
+    def lookup(self, *args: object, **kw: object) -> object:
+        self.queries += 1
+        return self.store.lookup(*args, **kw)  # type: ignore[arg-type]
+
+
+def _walk(reader: MemoryReader, limit: int) -> list[tuple[int, str]]:
+    seen: list[tuple[int, str]] = []
+    cursor = None
+    while True:
+        page, cursor = reader.page(MemoryListQuery(tenant="acme", limit=limit, cursor=cursor))
+        seen += [(m["created_ts"], m["memory_id"]) for m in page]
+        if cursor is None:
+            return seen
+
+
+def test_hinted_pages_are_one_query_and_stay_right_when_rows_change(
+    store_factory: Factory,
+) -> None:
+    store = store_factory(dim=8)
+    _load(store)
+    counting = Counting(store)
+    reader = MemoryReader(counting, "Strong")  # type: ignore[arg-type]
+    truth = sorted(((1000 + i // 2, f"m{i:03d}") for i in range(120)), reverse=True)
+    assert _walk(reader, 7) == truth
+    # the cursor carries the next pages' bounds: after the first page (keys + rows),
+    # most pages are one query each
+    counting.queries = 0
+    assert _walk(reader, 7) == truth
+    pages = -(-120 // 7)
+    assert counting.queries < 1.5 * pages, counting.queries
+    first, cursor = reader.page(MemoryListQuery(tenant="acme", limit=7))
+    assert cursor is not None and read_cursor(cursor).bounds
+    # rows forgotten and written inside the next page's window since the cursor was
+    # made: the page is still the newest rows below the cursor
+    below = [t for t in truth if t < (first[-1]["created_ts"], first[-1]["memory_id"])]
+    store.forget([m for _, m in below[:5]], tenant="acme")
+    store.upsert([make_record("n000", seed=1, created_ts=below[3][0])], "core")
+    want = sorted([*below[5:], (below[3][0], "n000")], reverse=True)[:7]
+    page, _ = reader.page(MemoryListQuery(tenant="acme", limit=7, cursor=cursor))
+    assert [(m["created_ts"], m["memory_id"]) for m in page] == want
+    # a cursor with a forged bound far below (a window of every row) costs a hintless
+    # read, never a wrong page
+    c = read_cursor(cursor)
+    forged = encode_cursor(c.ts, c.id, [(0, "a")])
+    page, _ = reader.page(MemoryListQuery(tenant="acme", limit=7, cursor=forged))
+    assert [(m["created_ts"], m["memory_id"]) for m in page] == want
+    assert all(m["partition"] in ("core", "buffer") for m in page)
 
 
 def test_history_ordered_bounded_tenant_scoped_and_durable(store_factory: Factory) -> None:

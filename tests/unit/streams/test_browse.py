@@ -9,7 +9,14 @@ from schemas import MemoryEvent, MemoryListQuery, UtilityUpdate
 from schemas.errors import InvalidRecord
 from streams.jobs.credit import credit_event
 from streams.jobs.history import history_row
-from streams.respond.browse import decode_cursor, encode_cursor, list_query
+from streams.respond.browse import (
+    CURSOR_CHARS,
+    MAX_BOUNDS,
+    decode_cursor,
+    encode_cursor,
+    list_query,
+    read_cursor,
+)
 
 
 def test_query_parameters_become_a_list_query() -> None:
@@ -38,6 +45,20 @@ def test_cursor_round_trip_and_garbage() -> None:
     for bad in ("", "abc", encode_cursor(1, "x")[:-3], "eyJ0IjoiYSIsImkiOiJ4In0"):
         with pytest.raises(InvalidRecord):
             decode_cursor(bad)
+
+
+def test_cursor_carries_bounds_and_stays_short() -> None:
+    c = read_cursor(encode_cursor(9, "m9", [(8, "m8"), (7, "m7")], floor=True))
+    assert (c.ts, c.id, c.bounds, c.floor) == (9, "m9", ((8, "m8"), (7, "m7")), True)
+    many = [(i, "x" * 120 + str(i)) for i in range(20)]
+    long = encode_cursor(1, "m", many, floor=True)
+    c = read_cursor(long)
+    assert len(long) <= CURSOR_CHARS and 0 < len(c.bounds) <= MAX_BOUNDS
+    assert c.bounds == tuple(many[: len(c.bounds)]) and not c.floor  # floor only with all
+    bad = encode_cursor(1, "m")[:-2] + "In0"  # not base64 JSON of a cursor any more
+    for garbage in (bad, "eyJ0IjoxLCJpIjoibSIsImIiOltbMSwyXV19"):  # a bound [1, 2]
+        with pytest.raises(InvalidRecord):
+            read_cursor(garbage)
 
 
 def _event(kind: str, **kw: object) -> MemoryEvent:
