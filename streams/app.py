@@ -228,6 +228,9 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                     break
                 await asyncio.sleep(0.05)
                 waited += 0.05
+            # the episode's live rows are stored before this outcome is committed: the
+            # credit applier takes that commit as "every row of this outcome is in"
+            await writer.stored_so_far()
             result = await asyncio.to_thread(
                 pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
                 out.outcome_id,
