@@ -78,6 +78,7 @@ from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
+from streams.jobs.rows import WRITE_LOCK
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
 from streams.settle import backlog
@@ -437,7 +438,18 @@ class UtilityApplier(Service):
         behind it: one naming a feedback record until `hindsight_done` (feedback
         partition -> the hindsight agent's committed offset, read before this call)
         is past that record, any other until `now_s` is ``jobs.credit_hold_s`` past
-        when it first waited. Without `now_s` nothing waits."""
+        when it first waited. Without `now_s` nothing waits.
+
+        A read-modify-write of the rows under the maintenance jobs' `WRITE_LOCK`: a merge
+        folds the survivor as it is after the credit, never a copy read before it."""
+        with WRITE_LOCK:
+            touched = self._fold(updates, now_s, hindsight_done)
+        if touched and self.on_applied is not None:
+            self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
+        return len(touched)
+
+    def _fold(self, updates: list[UtilityUpdate], now_s: float | None,
+              hindsight_done: dict[int, int] | None) -> dict[tuple[str, str], Any]:  # fmt: skip
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
         queued = [*self.held, *((now_s or 0.0, u) for u in updates)]
@@ -504,9 +516,7 @@ class UtilityApplier(Service):
             self.promoted += store.move(ids, "core", tenant=tenant)
         if history:  # after the rows: history never shows credit the row lacks
             store.history.record(history)
-        if touched and self.on_applied is not None:
-            self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
-        return len(touched)
+        return touched
 
     def _may_come(self, u: UtilityUpdate, since: float, now_s: float | None,
                   hindsight_done: dict[int, int] | None) -> bool:  # fmt: skip
