@@ -431,6 +431,19 @@ class UtilityUpdate(Model):
     episode_id: Ident | None = Field(
         default=None, description="the episode whose outcome (or feedback) earned the credit"
     )
+    feedback_partition: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "partition of the feedback topic holding the record (outcome or feedback) "
+            "that earned the credit; with `feedback_offset`, the applier holds an update "
+            "whose memory is not stored until the hindsight agent has committed that "
+            "record (its retrospective writes are then stored)"
+        ),
+    )
+    feedback_offset: int | None = Field(
+        default=None, ge=0, description="offset of that record (see `feedback_partition`)"
+    )
 
 
 class DeadLetter(Model):

@@ -29,7 +29,7 @@ import asyncio
 import functools
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
@@ -54,6 +54,10 @@ from streams.write.pipeline import WritePipeline
 log = logging.getLogger("dmem")
 
 ROLES = ("write", "respond", "jobs", "all")
+#: outcomes the hindsight agent takes at a time (sorted by event time), and how long it
+#: gathers them: outcomes read together are judged in the order they happened
+OUTCOME_BATCH = 256
+OUTCOME_BATCH_S = 0.2
 
 __all__ = [
     "ROLES",
@@ -202,49 +206,67 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
 
     feedback = raw_topic(app, settings.topic("feedback"))
 
+    def outcome_of(event: Any) -> EpisodeOutcome | None:
+        """The episode outcome an event carries, or None (thumbs and other feedback are
+        the credit job's business; it dead-letters bad and unauthenticated records)."""
+        value = event.value
+        try:
+            data = orjson.loads(value)
+            if not isinstance(data, dict) or "reward" not in data or "kind" in data:
+                return None
+            out = EpisodeOutcome.model_validate(data)
+        except (orjson.JSONDecodeError, ValidationError):
+            return None
+        return out if pipeline.guard.agent_ok(out.tenant, event.key, value, event.headers) else None
+
+    async def rescore(out: EpisodeOutcome) -> None:
+        # event time, not arrival, decides what it re-scores: its episode's
+        # transitions first (the wait only decides when). An outcome stamped after
+        # its episode's last step goes once the write path has stored everything
+        # it has seen; the wait is bounded for transitions that never come.
+        waited = 0.0
+        while not pipeline.caught_up(out.tenant, out.ts) and waited < settings.write.outcome_wait_s:
+            if await backlog(writer.consumer, writer.committed) == 0:
+                break
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        # the episode's live rows are stored before this outcome is committed: the
+        # credit applier takes that commit as "every row of this outcome is in"
+        await writer.stored_so_far()
+        result = await asyncio.to_thread(
+            pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
+            out.outcome_id, out.agent_id, out.task, out.success,
+        )  # fmt: skip
+        log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
+                 out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
+                 len(result.events))  # fmt: skip
+        rejected = await store.write(result.upserts)
+        if rejected:
+            log.warning("hindsight rows refused by the store: %s", rejected)
+        if result.promote:
+            assert store.store is not None
+            move = functools.partial(store.store.move, tenant=out.tenant)  # own rows only
+            await store._retry("promote", move, result.promote, "core")
+        for ev in result.events:
+            if storage_key(ev.tenant, ev.memory_id) not in rejected:
+                await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+
     @app.agent(feedback, name="dmem-retro")
     async def retro_agent(stream: faust.StreamT[bytes]) -> None:
-        """Late outcomes: re-score the episode's eligibility window (hindsight)."""
+        """Late outcomes: re-score the episode's eligibility window (hindsight).
+
+        An outcome is judged against its tenant's earlier outcomes (event time), so the
+        outcomes read together go in event-time order: a backlog read after a restart
+        interleaves the feedback partitions in any order. Events are acknowledged (and
+        committed) after their batch is processed."""
         await writer.ready_event.wait()  # not before the first assignment's states
-        wait_s = settings.write.outcome_wait_s
-        async for event in stream.events():
-            value = event.value
-            try:
-                data = orjson.loads(value)
-                if not isinstance(data, dict) or "reward" not in data or "kind" in data:
-                    continue  # thumbs and other feedback are the credit job's business
-                out = EpisodeOutcome.model_validate(data)
-            except (orjson.JSONDecodeError, ValidationError):
-                continue  # the credit job dead-letters bad feedback
-            if not pipeline.guard.agent_ok(out.tenant, event.key, value, event.headers):
-                continue  # the credit job dead-letters it as unauthenticated
-            # event time, not arrival, decides what it re-scores: its episode's
-            # transitions first (the wait only decides when). An outcome stamped after
-            # its episode's last step goes once the write path has stored everything
-            # it has seen; the wait is bounded for transitions that never come.
-            waited = 0.0
-            while not pipeline.caught_up(out.tenant, out.ts) and waited < wait_s:
-                if await backlog(writer.consumer, writer.committed) == 0:
-                    break
-                await asyncio.sleep(0.05)
-                waited += 0.05
-            result = await asyncio.to_thread(
-                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
-                out.outcome_id, out.agent_id, out.task, out.success,
-            )  # fmt: skip
-            log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
-                     out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
-                     len(result.events))  # fmt: skip
-            rejected = await store.write(result.upserts)
-            if rejected:
-                log.warning("hindsight rows refused by the store: %s", rejected)
-            if result.promote:
-                assert store.store is not None
-                move = functools.partial(store.store.move, tenant=out.tenant)  # own rows only
-                await store._retry("promote", move, result.promote, "core")
-            for ev in result.events:
-                if storage_key(ev.tenant, ev.memory_id) not in rejected:
-                    await memories.send(key=ev.memory_id.encode(), value=encode(ev))
+        batches = cast(faust.Stream, stream).take_events  # StreamT's stub lacks it
+        async for events in batches(OUTCOME_BATCH, within=OUTCOME_BATCH_S):
+            outs = [o for o in map(outcome_of, events) if o is not None]
+            outs.sort(key=lambda o: (o.tenant, o.ts if o.ts is not None else -1,
+                                     o.outcome_id or f"{o.episode_id}:final"))  # fmt: skip
+            for out in outs:
+                await rescore(out)
 
     async def settle_state() -> dict[str, Any]:
         # uncommitted = read but not yet stored and acknowledged; the hindsight agent's

@@ -282,9 +282,10 @@ class JobsSettings(BaseModel):
         default=10.0,
         ge=0.0,
         description=(
-            "a utility update for a memory not stored yet (hindsight may still write it) "
-            "waits this long for its row, later updates of that memory behind it, before "
-            "it is skipped"
+            "a utility update that names no feedback record, for a memory not stored "
+            "yet, waits this long for its row (later updates of that memory behind it) "
+            "before it is skipped; one that names its outcome waits until the hindsight "
+            "agent has committed that outcome, however long"
         ),
     )
     credit_discount: float = Field(

@@ -24,10 +24,16 @@ idle ``jobs.credit_idle_s``, and waiting records go in (event time, usage before
 feedback, id) order, so an outcome read before its episode's usage (another
 topic, fetched first) still finds it, and outcomes fold into the baselines in
 the order they happened. The join window's expiry (``credit_ttl_ms``) is
-ingestion time. The applier holds an update whose memory is not stored yet (a
-hindsight write for the same outcome may still come) for ``jobs.credit_hold_s``,
-and later updates of that memory behind it: a memory's statistics are a
-discounted mean, so the order of its updates matters.
+ingestion time. The applier holds an update whose memory is not stored yet, and
+later updates of that memory behind it (a memory's statistics are a discounted
+mean, so the order of its updates matters), until the row can no longer come:
+an update names the feedback record that earned it (`UtilityUpdate.feedback_offset`),
+and once the hindsight agent (consumer group ``<app_id>``) has committed that
+record, its retrospective writes are stored, so a row still missing is skipped.
+That is a fact of the stream, not of timing: a slow or restarted write role
+delays credit, it does not lose it. An update without that position waits
+``jobs.credit_hold_s``. The applier commits its input below the oldest held
+update, so a restart re-reads what it held (update ids make that a no-op).
 
 Feedback payloads: an `EpisodeOutcome`, or a `Feedback`; ``kind=reward`` with an
 episode id acts as that episode's outcome, thumbs on a memory id become a direct
@@ -41,11 +47,13 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from mode import Service
 from pydantic import ValidationError
 
@@ -70,11 +78,12 @@ from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
+from streams.jobs.rows import WRITE_LOCK
 from streams.metrics import CREDIT_UPDATES
 from streams.settings import Settings
 from streams.settle import backlog
 from streams.store import StoreService
-from streams.write.pipeline import RawRecord, dead_letter, validation_reason
+from streams.write.pipeline import RawRecord, TenantState, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
 
@@ -171,6 +180,9 @@ class CreditJob(Service):
         self.handling = 0  # records fetched and not yet handled
         #: usage and feedback waiting for their tenant's watermark (module doc, Time)
         self.queue = EventTimeQueue(settings.jobs.credit_lateness_ms)
+        #: storage key of (tenant, episode) -> (partition, offset) of its outcome on the
+        #: feedback topic: the updates of late usage name the outcome that earned them
+        self.outcome_at: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
     async def on_start(self) -> None:
         kw = kafka_client_kwargs(self.settings.kafka)
@@ -236,6 +248,7 @@ class CreditJob(Service):
                 u = MemoryUsage.model_validate(orjson.loads(m.value))
                 if not self.guard.agent_ok(u.tenant, m.key, m.value, m.headers):
                     raise PermissionError(UNAUTHENTICATED)
+                at = self.outcome_at.get(storage_key(u.tenant, u.episode_id))
                 ups = self.assigner.on_usage(
                     u.tenant,
                     u.episode_id,
@@ -253,6 +266,15 @@ class CreditJob(Service):
                 fb = parse_feedback(m.value)
                 if not self.guard.agent_ok(fb.tenant, m.key, m.value, m.headers):
                     raise PermissionError(UNAUTHENTICATED)
+                at = (m.partition, m.offset)
+                if fb.episode_id is not None and (isinstance(fb, EpisodeOutcome)
+                                                  or fb.kind == "reward"):  # fmt: skip
+                    # the first outcome of an episode is the one credited (the assigner
+                    # ignores copies); late usage is credited by it
+                    key = storage_key(fb.tenant, fb.episode_id)
+                    at = self.outcome_at.get(key, at)
+                    TenantState.link(self.outcome_at, key, at,
+                                     self.settings.jobs.credit_max_episodes)  # fmt: skip
                 ups = self._feedback(fb, now)
         except PermissionError:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
@@ -265,7 +287,7 @@ class CreditJob(Service):
                 raw.key, dead_letter(raw, validation_reason(exc), type(exc).__name__, "credit", now)
             )
             return
-        await self._emit(ups, now)
+        await self._emit(ups, now, at)
 
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
         if isinstance(fb, EpisodeOutcome):
@@ -285,7 +307,9 @@ class CreditJob(Service):
             )
         return []
 
-    async def _emit(self, ups: list[CreditUpdate], now: int) -> None:
+    async def _emit(self, ups: list[CreditUpdate], now: int,
+                    at: tuple[int, int] | None = None) -> None:  # fmt: skip
+        """Send `ups`; `at`: the feedback record (partition, offset) that earned them."""
         assert self.producer is not None
         for u in ups:
             msg = UtilityUpdate(
@@ -297,6 +321,8 @@ class CreditJob(Service):
                 ts=now,
                 evidence=u.evidence,
                 episode_id=u.episode_id or None,
+                feedback_partition=at[0] if at else None,
+                feedback_offset=at[1] if at else None,
             )
             key, value = u.memory_id.encode(), encode(msg)
             await self.producer.send(
@@ -326,50 +352,104 @@ class UtilityApplier(Service):
         #: updates waiting for their memory's row, in arrival order, with when they first
         #: waited (module doc, Time)
         self.held: list[tuple[float, UtilityUpdate]] = []
+        #: reads the hindsight agent's commits on the feedback topic (never joins its group)
+        self.hindsight: AIOKafkaConsumer | None = None
+        #: update id -> where it was read (``dmem.credit``): commits stay below held ones
+        self._read_at: dict[str, tuple[TopicPartition, int]] = {}
 
     async def on_start(self) -> None:
         self.consumer = group_consumer(
             self.settings, self.settings.topic("credit"), "applier", fetch_max_wait_ms=200
         )
         await self.consumer.start()
+        self.hindsight = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
+                                          **kafka_client_kwargs(self.settings.kafka))  # fmt: skip
+        await self.hindsight.start()
         self.add_future(self._run())
 
     async def on_stop(self) -> None:
-        if self.consumer is not None:
-            await self.consumer.stop()
+        for client in (self.consumer, self.hindsight):
+            if client is not None:
+                await client.stop()
+
+    async def hindsight_done(self, updates: list[UtilityUpdate]) -> dict[int, int]:
+        """Feedback partition -> the hindsight agent's committed offset, for the
+        partitions `updates` name (module doc, Time)."""
+        out: dict[int, int] = {}
+        topic = self.settings.topic("feedback")
+        for p in sorted({u.feedback_partition for u in updates
+                         if u.feedback_partition is not None}):  # fmt: skip
+            assert self.hindsight is not None
+            try:
+                off = await self.hindsight.committed(TopicPartition(topic, p))
+            except KafkaError as exc:  # not known now: its updates keep waiting
+                log.debug("hindsight commit of %s/%d unavailable: %s", topic, p, exc)
+                continue
+            if off is not None:
+                out[p] = int(off)
+        return out
 
     async def _run(self) -> None:
         assert self.consumer is not None
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=500, max_records=2000)
             updates: list[UtilityUpdate] = []
-            for msgs in batch.values():
+            for tp, msgs in batch.items():
                 for m in msgs:
                     if not self.guard.internal_ok(m.key, m.value, m.headers, "utility update"):
                         self.forged += 1
                         continue
                     try:
-                        updates.append(UtilityUpdate.model_validate(orjson.loads(m.value)))
+                        u = UtilityUpdate.model_validate(orjson.loads(m.value))
                     except (ValidationError, orjson.JSONDecodeError) as exc:
                         log.warning(
                             "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
                         )
+                        continue
+                    updates.append(u)
+                    self._read_at.setdefault(u.update_id, (tp, m.offset))
             self.applying = len(updates)
             if updates or self.held:
+                done = await self.hindsight_done([*updates, *(u for _, u in self.held)])
                 await self.store_service.maybe_start()
                 await self.store_service.connected.wait()
                 await self.store_service._retry(  # noqa: SLF001
-                    "apply credit", self.apply, updates, time.monotonic()
+                    "apply credit", self.apply, updates, time.monotonic(), done
                 )
             if batch:
-                await commit_or_replay(self.consumer, "credit applier")
+                await commit_or_replay(self.consumer, "credit applier", await self._commits())
             self.applying = 0
 
-    def apply(self, updates: list[UtilityUpdate], now_s: float | None = None) -> int:
+    async def _commits(self) -> dict[TopicPartition, int]:
+        """Next offsets to commit: the position, or the oldest held update's offset."""
+        assert self.consumer is not None
+        held = {u.update_id for _, u in self.held}
+        self._read_at = {k: v for k, v in self._read_at.items() if k in held}
+        out = {tp: await self.consumer.position(tp) for tp in self.consumer.assignment()}
+        for tp, off in self._read_at.values():
+            if tp in out:
+                out[tp] = min(out[tp], off)
+        return out
+
+    def apply(self, updates: list[UtilityUpdate], now_s: float | None = None,
+              hindsight_done: dict[int, int] | None = None) -> int:  # fmt: skip
         """Fold updates into their rows (sync; runs in a worker thread). Held updates go
-        first; an update without a row waits (`held`) until `now_s` is
-        ``jobs.credit_hold_s`` past when it first waited, the later ones of its memory
-        behind it; without `now_s` nothing waits."""
+        first; an update without a row waits (`held`), the later ones of its memory
+        behind it: one naming a feedback record until `hindsight_done` (feedback
+        partition -> the hindsight agent's committed offset, read before this call)
+        is past that record, any other until `now_s` is ``jobs.credit_hold_s`` past
+        when it first waited. Without `now_s` nothing waits.
+
+        A read-modify-write of the rows under the maintenance jobs' `WRITE_LOCK`: a merge
+        folds the survivor as it is after the credit, never a copy read before it."""
+        with WRITE_LOCK:
+            touched = self._fold(updates, now_s, hindsight_done)
+        if touched and self.on_applied is not None:
+            self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
+        return len(touched)
+
+    def _fold(self, updates: list[UtilityUpdate], now_s: float | None,
+              hindsight_done: dict[int, int] | None) -> dict[tuple[str, str], Any]:  # fmt: skip
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
         queued = [*self.held, *((now_s or 0.0, u) for u in updates)]
@@ -394,13 +474,12 @@ class UtilityApplier(Service):
         touched: dict[tuple[str, str], dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
         waiting: set[tuple[str, str]] = set()
-        hold_s = self.settings.jobs.credit_hold_s
         for since, u in queued:
             key = (u.tenant, u.memory_id)
             target = key if key in rows else into.get(key)
             row = rows.get(target) if target is not None else None
             if key in waiting or (
-                (row is None or target is None) and now_s is not None and now_s - since < hold_s
+                (row is None or target is None) and self._may_come(u, since, now_s, hindsight_done)
             ):
                 waiting.add(key)  # its row may still come; the memory's next updates wait too
                 self.held.append((since, u))
@@ -437,9 +516,17 @@ class UtilityApplier(Service):
             self.promoted += store.move(ids, "core", tenant=tenant)
         if history:  # after the rows: history never shows credit the row lacks
             store.history.record(history)
-        if touched and self.on_applied is not None:
-            self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
-        return len(touched)
+        return touched
+
+    def _may_come(self, u: UtilityUpdate, since: float, now_s: float | None,
+                  hindsight_done: dict[int, int] | None) -> bool:  # fmt: skip
+        """Whether the missing row of `u` may still be stored (see `apply`)."""
+        if now_s is None:
+            return False
+        if u.feedback_partition is not None and u.feedback_offset is not None:
+            done = (hindsight_done or {}).get(u.feedback_partition)
+            return done is None or done <= u.feedback_offset
+        return now_s - since < self.settings.jobs.credit_hold_s
 
 
 def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:

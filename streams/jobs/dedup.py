@@ -141,11 +141,16 @@ class DedupEngine(IndexedEngine):
 
     def _apply_merge(self, g: MergeGroup, rows: dict[str, dict[str, Any]],
                      now: int) -> list[MemoryEvent]:  # fmt: skip
-        s = rows[g.survivor]
-        members = [rows[m] for m in g.members]
-        new, folded = merge_rows(s, members)
-        target = str(new.pop("partition"))
         with WRITE_LOCK:
+            # the rows as they are now, under the lock: credit or access counts written
+            # since the window was read are folded, not overwritten
+            now_rows = unique_rows(self.store.get([g.survivor, *g.members],
+                                                  tenant=str(rows[g.survivor]["tenant"]),
+                                                  with_vector=True))  # fmt: skip
+            s = {**rows[g.survivor], **now_rows.get(g.survivor, {})}
+            members = [{**rows[m], **now_rows.get(m, {})} for m in g.members]
+            new, folded = merge_rows(s, members)
+            target = str(new.pop("partition"))
             if folded or target != s["partition"]:
                 clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
                 self.store.upsert([clean], target)  # type: ignore[arg-type]

@@ -1,10 +1,10 @@
 """Row helpers shared by the maintenance jobs: the write lock, bounded reads, events.
 
 Milvus has no partial updates, so a merge, a move or an access flush is a
-read-modify-write of the row; the writers of `streams.jobs` share one
-process-wide lock (`WRITE_LOCK`). The credit applier does not take it, so a
-credit applied between a merge's read and write of the same survivor can be
-lost (a documented limitation).
+read-modify-write of the row; the writers of `streams.jobs` (the credit applier
+included) share one process-wide lock (`WRITE_LOCK`), and a merge re-reads its
+rows under it, so a credit or an access count written since the merge planned
+is folded into the survivor, not overwritten.
 
 Memory ids are unique per tenant only, so every store call names the tenant:
 no job ever reaches another tenant's row with the same id.

@@ -174,6 +174,9 @@ class WriteConsumer(Service):
             settings, settings.topic("models"), loop=kwargs.get("loop"), beacon=kwargs.get("beacon")
         )
         self.batches = 0
+        #: batches taken into the pipeline, and those finished (stored and committed by
+        #: stage 2, failed, or not stored at all)
+        self.handed = self.finished = 0
         self.commit_failures = 0
         self.committed: dict[TopicPartition, int] = {}  # for the lag metric
         self.ready = False
@@ -357,6 +360,13 @@ class WriteConsumer(Service):
             )
             return False
 
+    async def stored_so_far(self) -> None:
+        """Until every batch processed so far has left stage 2 (at most the one in flight):
+        the rows of what the pipeline has seen are stored."""
+        target = self.handed
+        while self.finished < target and not self.should_stop:
+            await asyncio.sleep(0.02)
+
     async def checkpoint(self, keys: list[StateKey] | None = None) -> None:
         """Snapshot the dirty states (of `keys` only, if given) once stage 2 is empty
         (never ahead of the store); returns when the broker acknowledged them."""
@@ -488,13 +498,22 @@ class WriteConsumer(Service):
         assert self.producer is not None
         parts = {t: await self._partitions(t) for t in (self.mem_topic, self.dl_topic)}
         t0 = time.perf_counter()
-        result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
-        if gen != self.generation:  # a rebalance whose drain timed out overtook it
-            log.warning("batch of %d overtaken by a rebalance: not stored (it replays)", len(raws))
-            return
-        await self.queue.put(
-            _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws, parts)
-        )
+        self.handed += 1  # counted before the pipeline sees it (`stored_so_far`)
+        queued = False
+        try:
+            result, msgs = await asyncio.to_thread(self._process, raws, self.now_ms(), parts)
+            if gen != self.generation:  # a rebalance whose drain timed out overtook it
+                log.warning(
+                    "batch of %d overtaken by a rebalance: not stored (it replays)", len(raws)
+                )
+                return
+            await self.queue.put(
+                _Batch(len(raws), offsets, result, msgs, time.perf_counter() - t0, raws, parts)
+            )
+            queued = True
+        finally:
+            if not queued:
+                self.finished += 1
 
     # -- stage 2: store + produce + commit -----------------------------------
     async def _stage_store(self) -> None:
@@ -524,6 +543,7 @@ class WriteConsumer(Service):
                     (t3 - t2) * 1e3,
                 )
             finally:
+                self.finished += 1
                 self.queue.task_done()
 
     def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:

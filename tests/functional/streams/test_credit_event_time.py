@@ -90,3 +90,22 @@ def test_applier_holds_an_update_until_its_row_exists_keeping_the_memory_order()
     assert applier.held and applier.skipped == 0
     applier.apply([], now_s=2.0 + Settings().jobs.credit_hold_s)
     assert not applier.held and applier.skipped == 1
+
+
+def test_applier_holds_an_outcomes_update_until_hindsight_committed_it() -> None:
+    """However long the write role takes (a restart, a loaded machine), an update earned
+    by a feedback record waits for its row until the hindsight agent has committed that
+    record; then a row still missing is skipped, whatever the clock says."""
+    store = FakeStore()
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    late = UtilityUpdate(update_id="u1", memory_id="m1", tenant="t", credit=1.0, ts=1,
+                         feedback_partition=2, feedback_offset=7)  # fmt: skip
+    never = late.model_copy(update={"update_id": "u2", "memory_id": "gone"})
+    hold_s = Settings().jobs.credit_hold_s
+    assert applier.apply([late, never], now_s=0.0, hindsight_done={2: 7}) == 0
+    assert applier.apply([], now_s=10 * hold_s, hindsight_done={}) == 0  # nothing known yet
+    assert len(applier.held) == 2 and applier.skipped == 0
+    store.add("t", "m1")  # the hindsight agent's retrospective write, then its commit
+    assert applier.apply([], now_s=10 * hold_s, hindsight_done={2: 8}) == 1
+    assert not applier.held and applier.skipped == 1  # "gone": committed, no row
+    assert store.rows[storage_key("t", "m1")]["utility"] == pytest.approx(1.0)
