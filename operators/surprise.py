@@ -46,8 +46,13 @@ a typical turn says"), and 0 when the turn is off-context:
   average unrelated memory does) is off-context and scores 0 (reason
   ``off_context``), unless its summed information is ``fit_exempt`` typical turns'
   worth or more (a fact announced out of the blue).
+- **Words beside meaning** (``lexical``): every similarity the guard takes (the fit,
+  the unrelated level, the suspects, the contamination's draws) is the embeddings'
+  cosine mixed with the cosine of the turns' surprisal-weighted word vectors
+  (`IntrinsicState.lexical`): a pasted turn can be close in meaning to its neighbours
+  but rarely shares their names, places and things. Novelty stays on embeddings.
 - **Suspects and vindication**: a vetoed turn waits for the agent's next
-  ``lookahead`` turns; the first whose cosine to it clears the threshold it failed
+  ``lookahead`` turns; the first whose similarity to it clears the threshold it failed
   refers back to it (`IntrinsicScore.vindicates`) and the write path writes it
   then (reason ``referred``). A topic opener whose reply came late is recovered;
   an injected turn, which nothing refers to, stays dropped.
@@ -68,9 +73,9 @@ a typical turn says"), and 0 when the turn is off-context:
 
 Checkpoints (`IntrinsicState.to_dict`) hold the token counts (float16), the RND
 predictor, the running means, the mix's reward rate and the contamination
-histograms. The bank, the recent turns, the suspects and the turns whose window
-is still open are rebuilt by live traffic: after a restart novelty is measured
-against what came since, the guard waits for context (it never vetoes without
+histograms. The bank (with its word vectors), the recent turns, the suspects and
+the turns whose window is still open are rebuilt by live traffic: after a restart
+novelty is measured against what came since, the guard waits for context (it never vetoes without
 one), and a suspect pending at the restart stays dropped.
 
 Measurements and rejected alternatives: docs/design/2026-12-01-context-guard.md.
@@ -106,6 +111,8 @@ __all__ = [
 
 _TOKEN = re.compile(r"[a-z0-9']+")
 _MIX_FORMAT = 1
+#: dimensions of a turn's word vector (`IntrinsicState.lexical`): token buckets folded
+LEX_DIM = 512
 MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkpoints)
 
 #: the speaker of a chat turn: the ``"speaker: "`` prefix of the chat mapping's text
@@ -474,6 +481,10 @@ class IntrinsicConfig:
     #: likely as real (losing a real turn is worse than keeping a distractor, and the
     #: estimate of the injected share runs high on a clean chat); 1 = off
     off_posterior: float = 0.9
+    #: the guard's similarity of two turns: (1 - lexical) x the cosine of their
+    #: embeddings + lexical x the cosine of their words (`IntrinsicState.lexical`,
+    #: each distinct word weighted by its surprisal); 0: embeddings only
+    lexical: float = 0.5
     hist_bins: int = 40
     hist_alpha: float = 0.002
     hist_warmup: int = 100
@@ -503,6 +514,8 @@ class IntrinsicConfig:
             raise ValueError(f"disclosure must be a finite number >= 0, got {self.disclosure}")
         if not (math.isfinite(self.update_k) and self.update_k >= 0.0):
             raise ValueError(f"update_k must be a finite number >= 0, got {self.update_k}")
+        if not (math.isfinite(self.lexical) and 0.0 <= self.lexical <= 1.0):
+            raise ValueError(f"lexical must be in [0, 1], got {self.lexical}")
         if not 0.0 < self.off_posterior <= 1.0:
             raise ValueError(f"off_posterior must be in (0, 1], got {self.off_posterior}")
         if self.hist_bins < 4 or not 0.0 < self.hist_alpha <= 1.0 or self.hist_warmup < 0:
@@ -539,6 +552,7 @@ class _Suspect:
     threshold: float
     left: int
     episode: str | None = None
+    lex: np.ndarray | None = None
 
 
 class _Running:
@@ -698,6 +712,10 @@ class IntrinsicState:
         #: beside ``bank``: each entry's (memory id, episode id), either may be unknown
         self.bank_meta: OrderedDict[str, deque[tuple[str | None, str | None]]] = OrderedDict()
         self.recent: OrderedDict[str, deque[np.ndarray]] = OrderedDict()
+        #: beside ``bank`` and ``recent``: each turn's word vector (`lexical`; None for
+        #: a turn without text)
+        self.lex_bank: OrderedDict[str, deque[np.ndarray | None]] = OrderedDict()
+        self.lex_recent: OrderedDict[str, deque[np.ndarray | None]] = OrderedDict()
         self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
         c = self.config
         self.contamination = Contamination(c.hist_bins, c.hist_alpha, c.hist_warmup)
@@ -713,12 +731,61 @@ class IntrinsicState:
             return None
         return np.stack(list(dq))
 
+    def lexical(self, text: str | None) -> np.ndarray | None:
+        """The words of ``text`` (after a ``"speaker: "`` prefix) as a unit vector of
+        `LEX_DIM` folded token buckets, each distinct word weighted by its surprisal
+        under the tenant's token counts: two turns share rare words, not "the" and
+        "that". None without text, a text without words, or with ``lexical`` 0.
+
+        Why words beside the embedding: a turn pasted from another conversation can
+        be as close in meaning to its neighbours as a real reply (both are small talk
+        about family and work), but it rarely repeats their names, places and
+        objects; the context guard's fit separates them better with both.
+        """
+        if text is None or self.config.lexical <= 0.0:
+            return None
+        m = SPEAKER_PREFIX.match(text)
+        ids = np.unique(self.tokens.ids(text[m.end() :] if m else text))
+        if ids.size == 0:
+            return None
+        t = self.tokens
+        a = t.smoothing
+        w = -np.log((t.counts[ids].astype(np.float64) + a) / (t.total + a * t.buckets))
+        out = np.zeros(LEX_DIM, dtype=np.float32)
+        np.add.at(out, ids % LEX_DIM, w.astype(np.float32))
+        n = float(np.linalg.norm(out))
+        return out / n if n > 0.0 else None
+
+    def _sim(
+        self, a: np.ndarray, la: np.ndarray | None, b: np.ndarray, lb: np.ndarray | None
+    ) -> float:
+        """The guard's similarity of two turns (`IntrinsicConfig.lexical`): the
+        embeddings' cosine, mixed with the word vectors' where both turns have words."""
+        c = float(a @ b)
+        if la is None or lb is None:
+            return c
+        w = self.config.lexical
+        return (1.0 - w) * c + w * float(la @ lb)
+
+    def _bank_sim(self, agent: str, cos: np.ndarray, lex: np.ndarray | None) -> np.ndarray:
+        """`_sim` of a turn to each memory of ``agent``'s bank, from its cosines."""
+        lb = self.lex_bank.get(agent)
+        if lex is None or not lb or len(lb) != cos.size:
+            return cos
+        w = self.config.lexical
+        lx = np.fromiter(
+            (0.0 if v is None else float(v @ lex) for v in lb), dtype=np.float64, count=cos.size
+        )
+        has = np.fromiter((v is not None for v in lb), dtype=bool, count=cos.size)
+        return np.where(has, (1.0 - w) * cos + w * lx, cos)
+
     def stored(
         self,
         agent: str,
         vec: np.ndarray,
         memory_id: str | None = None,
         episode: str | None = None,
+        lex: np.ndarray | None = None,
     ) -> None:
         """Add ``vec`` (the memory ``memory_id`` of ``episode``) to ``agent``'s bank
         (novelty and the unrelated level are measured against it). `score_batch` adds
@@ -730,6 +797,10 @@ class IntrinsicState:
             self.bank_meta, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents
         )
         dm.append((memory_id, episode))
+        dl = _bounded(
+            self.lex_bank, agent, lambda: deque(maxlen=cfg.bank_per_agent), cfg.max_agents
+        )
+        dl.append(lex)
 
     def _unrelated(self) -> tuple[float, float] | None:
         if self.unrel_mean.count < self.config.warmup:
@@ -738,7 +809,7 @@ class IntrinsicState:
         var = max(self.unrel_sq.mean - mu * mu, 0.0)
         return mu, math.sqrt(var)
 
-    def _vindicated(self, agent: str, vec: np.ndarray) -> list[_Suspect]:
+    def _vindicated(self, agent: str, vec: np.ndarray, lex: np.ndarray | None) -> list[_Suspect]:
         """Suspects of ``agent`` that ``vec`` refers back to (they leave the list), and
         one turn less for the others (those with none left are dropped for good)."""
         pend = self.suspects.get(agent)
@@ -746,7 +817,7 @@ class IntrinsicState:
             return []
         hit, keep = [], []
         for sus in pend:
-            if float(sus.vec @ vec) >= sus.threshold:
+            if self._sim(sus.vec, sus.lex, vec, lex) >= sus.threshold:
                 hit.append(sus)
             elif sus.left > 1:
                 sus.left -= 1
@@ -755,7 +826,12 @@ class IntrinsicState:
         return hit
 
     def _window_stats(
-        self, agent: str, vec: np.ndarray, cos: np.ndarray | None, fit0: float | None
+        self,
+        agent: str,
+        vec: np.ndarray,
+        lex: np.ndarray | None,
+        cos: np.ndarray | None,
+        fit0: float | None,
     ) -> None:
         """Feed `Contamination` the statistic the guard decides by, once it is complete.
 
@@ -770,10 +846,10 @@ class IntrinsicState:
         cfg = self.config
         pend = _bounded(self.pending, agent, deque, cfg.max_agents)
         for p in pend:
-            p[1] = max(p[1], float(p[0] @ vec))
+            p[1] = max(p[1], self._sim(p[0], p[6], vec, lex))
             p[3] -= 1
         while pend and pend[0][3] <= 0:
-            _, fit, null, _, mu, sd = pend.popleft()
+            _, fit, null, _, mu, sd, _ = pend.popleft()
             self.contamination.add((fit - mu) / sd, None if null is None else (null - mu) / sd)
         unrel = self._unrelated()
         if fit0 is None or unrel is None:
@@ -791,7 +867,7 @@ class IntrinsicState:
             self.contamination.add((fit0 - mu) / sd, None if null is None else (null - mu) / sd)
         else:
             # a copy: a row view would keep the whole batch array alive
-            pend.append([np.array(vec, dtype=np.float32), fit0, null, cfg.lookahead, mu, sd])
+            pend.append([np.array(vec, dtype=np.float32), fit0, null, cfg.lookahead, mu, sd, lex])
 
     # ------------------------------------------------------------------- API
     def score_batch(
@@ -803,6 +879,7 @@ class IntrinsicState:
         has_next: Sequence[bool],
         ids: Sequence[str] | None = None,
         episodes: Sequence[str] | None = None,
+        next_texts: Sequence[str | None] | None = None,
     ) -> list[IntrinsicScore]:
         """Score a tenant's batch in stream order, then learn from it.
 
@@ -813,6 +890,8 @@ class IntrinsicState:
         later turn that refers to it (`IntrinsicScore.vindicates`); without them a
         veto is final. ``episodes`` (the transitions' episode ids) scope the repeat
         discount to the episode (``repeat_scope``); without them it spans the agent.
+        ``next_texts`` (the next observations' texts) give the guard the next turn's
+        words as well as its embedding.
         """
         cfg = self.config
         n = len(agents)
@@ -824,6 +903,7 @@ class IntrinsicState:
             agent, vec = agents[i], s[i]
             text = texts[i]
             episode = episodes[i] if episodes is not None else None
+            lex = self.lexical(text)
             if text is not None:
                 tok = self.tokens.ids(text)
                 total = self.tokens.summed(tok)
@@ -842,20 +922,29 @@ class IntrinsicState:
                 disclosed = False
             bank = self._agent_bank(agent)
             novelty = 1.0
-            cos = None
+            cos = gcos = None
             if bank is not None:
                 cos = bank @ vec
                 novelty = self._novelty(agent, cos, episode)
-                # the unrelated level: cosines to memories this turn does not repeat
-                far = cos[cos < cfg.repeat_cos]
+                gcos = self._bank_sim(agent, cos, lex)
+                # the unrelated level: the guard's similarity to memories this turn
+                # does not repeat
+                far = gcos[cos < cfg.repeat_cos]
                 if far.size:
                     self.unrel_mean.add(float(far.mean()))
                     self.unrel_sq.add(float((far * far).mean()))
             # fit: the best cosine to the agent's last `window` turns and the next one
             recent = _bounded(self.recent, agent, lambda: deque(maxlen=cfg.window), cfg.max_agents)
-            fits = [float(r @ vec) for r in recent]
+            lrec = _bounded(
+                self.lex_recent, agent, lambda: deque(maxlen=cfg.window), cfg.max_agents
+            )
+            if len(lrec) != len(recent):  # a bounded table evicted one of the two
+                lrec.clear()
+                lrec.extend([None] * len(recent))
+            fits = [self._sim(r, lr, vec, lex) for r, lr in zip(recent, lrec, strict=True)]
             if has_next[i]:
-                fits.append(float(s_next[i] @ vec))
+                nlex = self.lexical(next_texts[i]) if next_texts is not None else None
+                fits.append(self._sim(s_next[i], nlex, vec, lex))
             fit = max(fits) if fits else 1.0
             unrel = self._unrelated()
             updates = None
@@ -881,12 +970,12 @@ class IntrinsicState:
             self.total_mean.add(total)
             exempt = total * factor / max(mean_total, 1e-9) >= cfg.fit_exempt
             off = bool(recent) and fit < threshold and not exempt
-            vind = self._vindicated(agent, vec)
-            self._window_stats(agent, vec, cos, fit if recent else None)
+            vind = self._vindicated(agent, vec, lex)
+            self._window_stats(agent, vec, lex, gcos, fit if recent else None)
             if off and ids is not None and cfg.lookahead > 0:
                 pend = _bounded(self.suspects, agent, list, cfg.max_agents)
                 pend.append(
-                    _Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead, episode)
+                    _Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead, episode, lex)
                 )
             score = 0.0 if off else raw
             out.append(
@@ -903,13 +992,14 @@ class IntrinsicState:
                 )
             )
             recent.append(np.asarray(vec, dtype=np.float32).copy())
+            lrec.append(lex)
             # the bank: what the agent would remember (decided here, per turn, so the
             # score never depends on batch boundaries or on the gate's routes)
             for v in vind:
                 if v.raw >= cfg.bank_min:
-                    self.stored(agent, v.vec, v.memory_id, v.episode)
+                    self.stored(agent, v.vec, v.memory_id, v.episode, v.lex)
             if score >= cfg.bank_min:
-                self.stored(agent, vec, None if ids is None else ids[i], episode)
+                self.stored(agent, vec, None if ids is None else ids[i], episode, lex)
         if rnd_err is not None:
             self.rnd.learn(s)
         return out

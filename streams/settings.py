@@ -571,6 +571,19 @@ class IntrinsicSettings(BaseModel):
             "update of that memory, and a search that finds both ranks the later first"
         ),
     )
+    lexical: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "the context guard's similarity of two chat turns mixes the cosine of their "
+            "embeddings with this share of the cosine of their words (each distinct word "
+            "weighted by its surprisal): a turn pasted from another conversation is often "
+            "close in meaning to its neighbours but rarely shares their names, places and "
+            "things (0: embeddings only)"
+        ),
+    )
     off_posterior: float = Field(
         default=0.9,
         gt=0.0,

@@ -424,6 +424,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         disclosure=i.disclosure,
         update_k=i.update_k,
         repeat_scope=i.repeat_scope,
+        lexical=i.lexical,
     )
 
 
@@ -458,6 +459,7 @@ def intrinsic_scores(
         [ts[i].next_observation is not None or ts[i].next_state is not None for i in idx],
         [ts[i].memory_id for i in idx],
         [ts[i].episode_id for i in idx],
+        [ts[i].next_observation for i in idx],
     )
     out: list[IntrinsicScore | None] = [None] * len(ts)
     for i, x in zip(idx, scored, strict=True):

@@ -411,7 +411,9 @@ def test_speaker_pooling_judges_each_speaker_partly_against_its_own_turns() -> N
     vecs = enc.encode(texts)
 
     def ratio(pooling: float) -> float:
-        st = IntrinsicState(64, IntrinsicConfig(speaker_pooling=pooling, disclosure=0.0))
+        st = IntrinsicState(
+            64, IntrinsicConfig(speaker_pooling=pooling, disclosure=0.0, lexical=0.0)
+        )
         sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
         user = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("u")])
         bot = np.mean([s.score for t, s in zip(texts, sc, strict=True) if t.startswith("a")])
@@ -522,3 +524,48 @@ def test_disclosure_weighs_statements_about_the_speaker_within_each_speaker() ->
     }
     with pytest.raises(ValueError):
         IntrinsicConfig(disclosure=-0.1)
+
+
+def test_the_guard_word_vector_weighs_rare_words_over_common_ones() -> None:
+    """Two turns that share a rare word are closer in words than two that share only a
+    word the tenant says all the time."""
+    st = IntrinsicState(8, IntrinsicConfig())
+    for i in range(200):
+        st.tokens.learn(st.tokens.ids(f"really nice day number{i}"))
+    a = st.lexical("alice: really, the Zanzibar trip was long")
+    rare = st.lexical("bob: Zanzibar sounds far away")
+    common = st.lexical("bob: really? sounds far away")
+    assert a is not None and rare is not None and common is not None
+    assert float(a @ rare) > 2.0 * float(a @ common)
+    assert st.lexical(None) is None and st.lexical("bob: ...") is None
+    assert IntrinsicState(8, IntrinsicConfig(lexical=0.0)).lexical("bob: Zanzibar") is None
+    with pytest.raises(ValueError):
+        IntrinsicConfig(lexical=1.5)
+
+
+def test_a_turn_that_shares_no_words_with_its_neighbours_fits_them_less() -> None:
+    """Two turns equally close in meaning to what came before: the one that repeats its
+    neighbours' names and things fits better than one pasted from elsewhere once words
+    count (``lexical`` > 0); on embeddings alone they fit alike."""
+    rng = np.random.default_rng(3)
+    dim = 16
+    ctx = rng.normal(size=dim)
+    ctx /= np.linalg.norm(ctx)
+    history = ["alice: we drove to Porto with the kids and Rex"] * 3
+    real = "bob: did Rex enjoy Porto with the kids?"
+    pasted = "bob: my pottery class sold twelve vases yesterday"
+
+    def fits(lexical: float) -> tuple[float, float]:
+        out = []
+        for turn in (real, pasted):
+            st = IntrinsicState(dim, IntrinsicConfig(lexical=lexical, warmup=0))
+            texts = [*history, turn]
+            vecs = np.stack([ctx] * len(texts)).astype(np.float32)
+            sc = st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+            out.append(sc[-1].fit)
+        return out[0], out[1]
+
+    real0, pasted0 = fits(0.0)
+    assert real0 == pytest.approx(pasted0)
+    real5, pasted5 = fits(0.5)
+    assert real5 > pasted5 + 0.2
