@@ -42,7 +42,7 @@ from schemas.errors import ConfigError
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
 from streams.codec import GUARD_ATTR, raw_topic
-from streams.context import RoleContext, StatusFn
+from streams.context import RoleContext, StartTogether, StatusFn
 from streams.metrics import install_metrics
 from streams.settings import Settings
 from streams.settle import backlog
@@ -152,7 +152,7 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
 
         forgets = ForgetFollower(settings, [echo_to_store(store)], loop=app.loop,
                                  beacon=app.beacon)  # fmt: skip
-        app.add_dependency(forgets)
+        ctx.run(forgets)
         status["forgets"] = lambda: {"applied": forgets.applied}
 
     if role in ("jobs", "all"):
@@ -165,6 +165,8 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         status["maintenance"] = wire_maintenance(app, ctx)
 
     wire_health(app, ctx, role, status)
+    # after the store service, before faust's own services (web server, consumer)
+    app.add_dependency(StartTogether(ctx.services, loop=app.loop, beacon=app.beacon))
     return app
 
 
@@ -201,7 +203,7 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
     memories = raw_topic(app, settings.topic("memories"))
     ctx.pipeline = pipeline
     writer = WriteConsumer(settings, pipeline, store, now_ms, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(writer)
+    ctx.run(writer)
     ctx.consumers.append(lambda: (writer.consumer, writer.committed))
 
     feedback = raw_topic(app, settings.topic("feedback"))

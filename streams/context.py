@@ -11,7 +11,10 @@ the process-wide endpoints need from it:
   writers report the rows they changed through `RoleContext.touch`;
 - ``access``: set by the access tracker; the responder reports served memories
   through `RoleContext.record_access`;
-- ``pipeline``, ``consumers``: what ``/metrics`` reads on each scrape.
+- ``pipeline``, ``consumers``: what ``/metrics`` reads on each scrape;
+- ``services``: the roles' long-running services (`RoleContext.run`); `build_app`
+  starts them together (`StartTogether`), since each first consumer-group join waits
+  on the broker and the groups are independent of one another.
 
 Callbacks go through the context at call time, so the order in which roles are
 wired does not matter.
@@ -19,9 +22,12 @@ wired does not matter.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from mode import Service, ServiceT
 
 if TYPE_CHECKING:
     from operators import Encoder
@@ -48,6 +54,7 @@ __all__ = [
     "RoleContext",
     "SettleFn",
     "SettleState",
+    "StartTogether",
     "StatusFn",
     "TouchFn",
 ]
@@ -65,6 +72,11 @@ class RoleContext:
     access: AccessFn | None = None
     pipeline: WritePipeline | None = None
     consumers: list[ConsumerProbe] = field(default_factory=list)
+    services: list[ServiceT] = field(default_factory=list)
+
+    def run(self, service: ServiceT) -> None:
+        """Run `service` with the worker: started with the other roles' services."""
+        self.services.append(service)
 
     def touch(self, keys: Iterable[tuple[str, str]]) -> None:
         """Rows changed in this process: the maintenance job re-reads them, when it runs here."""
@@ -75,3 +87,30 @@ class RoleContext:
         """Served memories: counted by the access tracker, when it runs here."""
         if self.access is not None:
             self.access(tenant, ids, now)
+
+
+class StartTogether(Service):
+    """Starts its services concurrently and stops them one by one, in reverse order.
+
+    mode starts a service's dependencies one after another, and a role service's start
+    returns once its consumer joined its group (the broker answers a new group's first
+    join after a delay: half the session timeout on Tansu). The roles' groups, topics and
+    offsets are independent, so joining them at once costs one such delay instead of
+    one per group. What each service does once started is unchanged.
+    """
+
+    def __init__(self, services: Sequence[ServiceT], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.services = list(services)
+        for service in self.services:
+            self.add_dependency(service)  # stopped (reversed) and shown with this service
+
+    async def on_start(self) -> None:
+        # every start runs to its end before the first failure is raised, so no start
+        # is left running in the background while the worker stops
+        results = await asyncio.gather(
+            *(s.maybe_start() for s in self.services), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

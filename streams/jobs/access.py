@@ -134,7 +134,7 @@ def wire_access(app: faust.App, ctx: RoleContext) -> StatusFn:
     ctx.access = tracker.record
     flusher = AccessFlusher(ctx.settings, ctx.store, tracker, loop=app.loop, beacon=app.beacon)
     flusher.on_flushed = ctx.touch  # the maintenance job re-reads those rows
-    app.add_dependency(flusher)
+    ctx.run(flusher)
 
     async def settle_state() -> SettleState:
         n = tracker.pending()

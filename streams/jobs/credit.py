@@ -534,8 +534,8 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
     job = CreditJob(ctx.settings, loop=app.loop, beacon=app.beacon)
     applier = UtilityApplier(ctx.settings, ctx.store, loop=app.loop, beacon=app.beacon)
     applier.on_applied = ctx.touch  # the maintenance job re-reads those rows
-    app.add_dependency(job)
-    app.add_dependency(applier)
+    ctx.run(job)
+    ctx.run(applier)
 
     async def settle_state() -> SettleState:
         unread = await backlog(job.consumer)

@@ -119,6 +119,6 @@ class HistoryRecorder(Service):
 def wire_history(app: faust.App, ctx: RoleContext) -> StatusFn:
     """Run the history recorder in this process; returns its status callable."""
     rec = HistoryRecorder(ctx.settings, ctx.store, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(rec)
+    ctx.run(rec)
     ctx.settle["history"] = rec.settle_state
     return lambda: {"recorded": rec.recorded, "bad_events": rec.bad}

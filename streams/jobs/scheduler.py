@@ -275,7 +275,7 @@ def wire_maintenance(app: faust.App, ctx: RoleContext) -> StatusFn:
     """Run the maintenance job in this process (when enabled); returns its status callable."""
     job = MaintenanceJob(ctx.settings, ctx.store, loop=app.loop, beacon=app.beacon)
     if ctx.settings.maintenance.enabled:
-        app.add_dependency(job)
+        ctx.run(job)
         ctx.maintenance_touch = job.touch  # writers of this process report the rows they changed
     ctx.settle["maintenance"] = job.settle_state if ctx.settings.maintenance.enabled else _disabled
     return job.status

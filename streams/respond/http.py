@@ -533,7 +533,7 @@ def wire_respond(app: faust.App, ctx: RoleContext, encoder: Encoder) -> StatusFn
     """
     api = RespondApi(app, ctx, encoder)
     consumer = RequestConsumer(ctx.settings, api.handle, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(consumer)
+    ctx.run(consumer)
 
     @app.page("/v1/search")
     class SearchView(View):

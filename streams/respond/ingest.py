@@ -329,7 +329,7 @@ def wire_ingest(
 
     settings = ctx.settings
     producer = IngestProducer(settings, loop=app.loop, beacon=app.beacon)
-    app.add_dependency(producer)
+    ctx.run(producer)
     cfg = settings.ingest
 
     def rejected(view: View, exc: IngestRejected) -> Response:

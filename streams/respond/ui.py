@@ -161,7 +161,7 @@ def wire_ui(
     feed: LiveFeed | None = None
     if r.live_per_tenant > 0:
         feed = LiveFeed(settings, ring, loop=app.loop, beacon=app.beacon)
-        app.add_dependency(feed)
+        ctx.run(feed)
     counts = TenantCounts(store)
     directory = TenantDirectory(store)
     files = {name: static_file(name) for name in STATIC}

@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from dmem_bench.backends import BackendChoice, backend_from_env, broker_service
 
 # Tansu answers a new consumer group's first JoinGroup after half the member's session
-# timeout, and a worker with every role joins four groups one after another: at the
-# product's 10 s that is ~20 s of every worker start. A 4 s session (heartbeats every
-# 0.5 s) makes it ~8 s. Only on the embedded broker: Apache Kafka refuses sessions
+# timeout: a worker start waits for its roles' joins (made together) and then faust's,
+# ~10 s at the product's 10 s session. A 4 s session (heartbeats every 0.5 s) makes
+# each join 2 s. Only on the embedded broker: Apache Kafka refuses sessions
 # below its group.min.session.timeout.ms (6 s). A value set by the caller is kept.
 FAST_GROUPS = {"DMEM_KAFKA__SESSION_TIMEOUT_S": "4", "DMEM_KAFKA__HEARTBEAT_INTERVAL_S": "0.5"}
 
