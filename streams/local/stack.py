@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -107,6 +108,16 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
         return self.proc.returncode
+
+
+def store_reachable(port: int) -> bool:
+    """Whether the worker on ``port`` answers ``/health`` with 200 (its store is
+    reachable); False on any other answer or none."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as r:
+            return int(r.status) == 200
+    except (OSError, ValueError):
+        return False
 
 
 class LocalStack:
@@ -189,8 +200,17 @@ class LocalStack:
         self.web_ports.append(port)
         return w
 
-    def wait_ready(self, worker: WorkerProcess, timeout_s: float = 90.0) -> None:
-        """Wait until the worker's web server answers (it starts with the app)."""
+    def wait_ready(
+        self, worker: WorkerProcess, timeout_s: float = 90.0, store_grace_s: float = 30.0
+    ) -> None:
+        """Wait until the worker's web server answers (it starts with the app), then
+        until its ``/health`` says the store is reachable, for at most ``store_grace_s``.
+
+        The worker connects to Milvus in the background (a worker started during an
+        outage still comes up and says so), and its roles' consumers join their groups
+        at the same time, so the port can open before the store is connected: a
+        caller told "ready" then would get 503s. Past the grace the worker counts as
+        started anyway: it is up, and its ``/health`` reports the outage."""
         port = self.web_ports[self.workers.index(worker)]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -200,8 +220,14 @@ class LocalStack:
                     + tail(worker.log_path)
                 )
             if wait_for_port("127.0.0.1", port, 0.5):
+                break
+        else:
+            raise ServiceUnavailable(f"worker {worker.role} not ready after {timeout_s}s")
+        grace = time.monotonic() + min(store_grace_s, max(deadline - time.monotonic(), 0.0))
+        while time.monotonic() < grace and worker.alive:
+            if store_reachable(port):
                 return
-        raise ServiceUnavailable(f"worker {worker.role} not ready after {timeout_s}s")
+            time.sleep(0.1)
 
     def milvus_mode(self) -> str:
         """What `start_milvus` will run: "external", "server" or "lite"."""
