@@ -15,7 +15,11 @@ The fold index: the row of a ``merged`` event is keyed ``tenant|id|merged`` and
 names the survivor in ``body.into``, so "which memory stands for this folded
 id" is a primary-key read (`HistoryStore.folded_into`). Dedup writes that row
 before it deletes the folded memory (`streams.jobs.dedup`), so no reader ever
-sees an id that is neither stored nor folded.
+sees an id that is neither stored nor folded. Fold edges never change once
+written (an id is folded once), so every edge this process writes or reads (dedup's
+folds, the recorder's ``merged`` events, fold-index reads) is kept in
+`HistoryStore.edges` (`FoldEdges`, bounded): a reader that knows an id's edge
+reads its survivor directly, and one that does not falls back to the index.
 
 Bounds: at most ``per_memory`` events per memory and ``per_tenant`` per tenant;
 `HistoryStore.trim` drops the oldest beyond either (the recorder calls it for
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +43,7 @@ from milvus import expr as E
 from schemas.errors import InvalidRecord
 from schemas.models import storage_key
 
-__all__ = ["FOLD_SLOT", "HistoryStore", "event_key"]
+__all__ = ["FOLD_CACHE", "FOLD_SLOT", "FoldEdges", "HistoryStore", "event_key"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,8 @@ _DIM = 2
 _VEC = [1.0, 0.0]
 _FIELDS = ["key", "memory_id", "kind", "ts", "body"]
 _MAX_ROWS = 16_384
+#: fold edges (tenant, folded id) -> survivor id kept by a process
+FOLD_CACHE = 65_536
 
 
 def event_key(kind: str, ts: int, body: Mapping[str, Any]) -> str:
@@ -76,6 +83,54 @@ def _schema() -> CollectionSchema:
     )
 
 
+class FoldEdges:
+    """The last `FOLD_CACHE` fold edges this process saw, keyed by tenant and id
+    (thread-safe). An edge is a fact that never changes, so a cached edge is never
+    stale; one evicted or never seen is read from the fold index instead."""
+
+    def __init__(self, size: int = FOLD_CACHE) -> None:
+        self.size = size
+        self._edges: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._edges)
+
+    def add(self, tenant: str, edges: Mapping[str, str]) -> None:
+        """Remember that each id of ``edges`` was folded into its value."""
+        if not edges:
+            return
+        with self._lock:
+            for m, into in edges.items():
+                self._edges[(tenant, m)] = into
+                self._edges.move_to_end((tenant, m))
+            while len(self._edges) > self.size:
+                self._edges.popitem(last=False)
+
+    def chains(self, tenant: str, ids: Iterable[str], hops: int) -> dict[str, str]:
+        """The known edges from ``ids`` on, chains followed for at most ``hops``."""
+        known: dict[str, str] = {}
+        with self._lock:
+            for m in ids:
+                c = m
+                for _ in range(hops):
+                    nxt = self._edges.get((tenant, c))
+                    if nxt is None or c in known:
+                        break
+                    known[c] = nxt
+                    c = nxt
+        return known
+
+    def drop_tenant(self, tenant: str) -> None:
+        with self._lock:
+            for k in [k for k in self._edges if k[0] == tenant]:
+                del self._edges[k]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._edges.clear()
+
+
 class HistoryStore:
     """Events of memories (see the module doc); sync, shares the store's client."""
 
@@ -91,6 +146,8 @@ class HistoryStore:
         #: events written by this process per tenant / per memory: when to check the bounds
         self._tenant_rows: dict[str, int] = {}
         self._mem_rows: dict[str, int] = {}
+        #: fold edges written or read by this process (see the module doc)
+        self.edges = FoldEdges()
 
     @property
     def client(self) -> MilvusClient:
@@ -157,6 +214,9 @@ class HistoryStore:
             vals = list(rows.values())
             for i in range(0, len(vals), 1000):
                 c.upsert(self.name, vals[i : i + 1000], timeout=self.store.timeout_s)
+        for r in vals:  # a fold row stored: its edge is known from now on
+            if r["kind"] == FOLD_SLOT and isinstance(into := r["body"].get("into"), str) and into:
+                self.edges.add(r["tenant"], {r["memory_id"]: into})
         due: list[str] = []
         every = max(1, self.per_memory // 4)
         if len(self._mem_rows) > 100_000:
@@ -184,6 +244,7 @@ class HistoryStore:
         with self.store._errors("history delete"):  # noqa: SLF001
             c.delete(self.name, filter=E.eq("tenant", tenant), timeout=self.store.timeout_s)
         self._tenant_rows.pop(tenant, None)
+        self.edges.drop_tenant(tenant)
 
     def trim(self, mkeys: Iterable[str]) -> int:
         """Drop the oldest events beyond ``per_memory`` of each memory in ``mkeys``
@@ -251,6 +312,7 @@ class HistoryStore:
                     into = (r.get("body") or {}).get("into")
                     if isinstance(into, str) and into:
                         out[str(r["memory_id"])] = into
+        self.edges.add(tenant, out)
         return out
 
     def events(self, tenant: str, memory_id: str, limit: int | None = None) -> list[dict[str, Any]]:

@@ -565,6 +565,7 @@ class MemoryStore:
                 if self.client.has_collection(name, timeout=self.timeout_s):
                     self.client.drop_collection(name, timeout=self.timeout_s)
         self.tombstones.clear()
+        self.history.edges.clear()
         self.close()
 
     def __enter__(self) -> MemoryStore:

@@ -38,8 +38,9 @@ Steps, each a key of the JSON:
    unknown ids: 404), ``get_folded_p50_ms`` (40 new notes sent twice each with a
    large reward, for dedup to fold: the ids it folded, known from the ``merged``
    events on the memories topic, read once each, answered by the survivor;
-   ``get_folded_n`` of them; ``get_folded_again_p50_ms``: the same ids read a second
-   time, when the worker knows their fold edges); the stack runs with
+   ``get_folded_n`` of them; the worker knows each edge from its own dedup or the
+   ``merged`` events, so a first read is one store round trip;
+   ``get_folded_again_p50_ms``: the same ids read a second time); the stack runs with
    ``DMEM_GATE__DROP_EXACT_REPEATS=false``
    so these repeats reach dedup, which changes nothing else: the load's notes are
    distinct), ``list_page_p50_ms`` (every page of 50 of a walk

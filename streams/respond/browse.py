@@ -9,8 +9,11 @@ HTTP handlers run it in a worker thread).
   two. A stored id does not wait for the fold read. A folded id answers with its
   survivor's row plus ``folded_id``; chains of folds are followed for at most
   `MAX_HOPS`. Fold edges never change once written (an id is folded once), so
-  the reader keeps the last `FOLD_CACHE` of them: a folded id read again costs
-  one round trip (the id and its survivor in one lookup).
+  the reader shares the process' `milvus.history.FoldEdges`: the edges dedup
+  wrote here, the history recorder filed from the ``merged`` events and earlier
+  reads found. A folded id whose edge is known costs one round trip (the id and
+  its survivor in one lookup), its first read included; one whose edge is not
+  known costs two (the id with its fold edge, then the survivor).
 - Pages (`MemoryReader.page`): newest first, keyset pagination on
   (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
   while memories are written and resumes anywhere. A page that has no hint reads
@@ -43,6 +46,7 @@ from typing import Any
 import orjson
 
 from milvus import expr as E
+from milvus.history import FOLD_CACHE, FoldEdges
 from milvus.schema import PARTITIONS, PRIMARY_FIELD, VECTOR_FIELD, scalar_fields
 from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
@@ -52,8 +56,6 @@ __all__ = ["FOLD_CACHE", "MAX_HOPS", "Cursor", "MemoryReader", "decode_cursor", 
            "list_query", "read_cursor"]  # fmt: skip
 
 MAX_HOPS = 8
-#: fold edges (tenant, folded id) -> survivor id kept by a reader
-FOLD_CACHE = 65_536
 #: Milvus' largest result window of one query (``limit``): more rows take an iterator
 WINDOW = 16_384
 KEY_FIELDS = ["id", "created_ts"]
@@ -188,13 +190,14 @@ def item(row: dict[str, Any]) -> dict[str, Any]:
 class MemoryReader:
     """By id, pages and history over one store (see the module doc)."""
 
-    def __init__(self, store: Any, consistency_level: str | None = "Bounded") -> None:
+    def __init__(self, store: Any, consistency_level: str | None = "Bounded",
+                 edges: FoldEdges | None = None) -> None:  # fmt: skip
         self.store = store
         self.consistency_level = consistency_level
         #: per list scope (tenant, agent, filters): how densely memories lie in time
         self._density: OrderedDict[str, _Density] = OrderedDict()
-        #: fold edges read lately (they never change): (tenant, id) -> survivor id
-        self._folds: OrderedDict[tuple[str, str], str] = OrderedDict()
+        #: fold edges known in this process (they never change): (tenant, id) -> survivor id
+        self._folds = edges if edges is not None else FoldEdges()
         self._lock = threading.Lock()
         #: the fold-index reads that run beside a lookup
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dmem-reads")
@@ -239,16 +242,7 @@ class MemoryReader:
         folds) and, in parallel, the fold edges of those not cached. Returns
         (rows by id, fold edges); the fold read is awaited only when an id is
         neither stored nor known to be folded."""
-        known: dict[str, str] = {}  # cached fold edges from these ids on, chains followed
-        with self._lock:
-            for m in ids:
-                c = m
-                for _ in range(MAX_HOPS):
-                    nxt = self._folds.get((tenant, c))
-                    if nxt is None or c in known:
-                        break
-                    known[c] = nxt
-                    c = nxt
+        known = self._folds.chains(tenant, ids, MAX_HOPS)  # cached edges from these ids on
         ask = [m for m in ids if m not in known]
         pending: Future[dict[str, str]] | None = None
         if ask:
@@ -270,18 +264,8 @@ class MemoryReader:
             else:
                 fetched = pending.result()
                 into.update(fetched)
-                self._remember(tenant, fetched)
+                self._folds.add(tenant, fetched)
         return found, into
-
-    def _remember(self, tenant: str, edges: Mapping[str, str]) -> None:
-        if not edges:
-            return
-        with self._lock:
-            for m, c in edges.items():
-                self._folds[(tenant, m)] = c
-                self._folds.move_to_end((tenant, m))
-            while len(self._folds) > FOLD_CACHE:
-                self._folds.popitem(last=False)
 
     # -- pages -----------------------------------------------------------------------
     def _rows(self, tenant: str, ids: list[str]) -> list[dict[str, Any]]:

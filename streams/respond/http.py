@@ -369,7 +369,9 @@ class RespondApi:
     def reader(self) -> MemoryReader:
         if self._reader is None:
             assert self.store.store is not None  # store_ready
-            self._reader = MemoryReader(self.store.store, self.settings.milvus.search_consistency)
+            store = self.store.store  # its fold edges: those the jobs of this process see too
+            self._reader = MemoryReader(store, self.settings.milvus.search_consistency,
+                                        store.history.edges)  # fmt: skip
         return self._reader
 
     async def _read(self, view: View, fn: Callable[..., Any],

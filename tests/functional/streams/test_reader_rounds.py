@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from milvus.history import FoldEdges
 from streams.respond.browse import MemoryReader
 
 
@@ -89,3 +90,31 @@ def test_fold_edges_are_tenant_scoped_and_cycles_end() -> None:
     assert reader.get("other", ["f1"]) == {}  # neither the index nor the cache crosses tenants
     assert reader.get("acme", ["loop1"]) == {}  # a cycle of folds is not followed forever
     assert len(store.lookups) < 20
+
+
+def test_an_edge_known_before_the_first_read_costs_one_lookup() -> None:
+    rows = {("acme", "m1"): _row("acme", "m1")}
+    store = FakeStore(rows, {("acme", "f1"): "m1"})
+    edges = FoldEdges()
+    edges.add("acme", {"f1": "m1"})  # what dedup or the history recorder put there
+    reader = MemoryReader(store, "Bounded", edges)
+    got = reader.get("acme", ["f1"])
+    assert got["f1"]["memory_id"] == "m1" and got["f1"]["folded_id"] == "f1"
+    assert store.lookups == [["f1", "m1"]] and store.history.asked == []
+    assert reader.get("other", ["f1"]) == {}  # the edge is acme's only
+
+
+def test_fold_edges_are_bounded_and_chains_end() -> None:
+    edges = FoldEdges(size=3)
+    edges.add("acme", {"a": "b", "b": "c"})
+    edges.add("acme", {"x": "y", "c": "a"})  # the oldest edge (a -> b) goes
+    assert len(edges) == 3
+    assert edges.chains("acme", ["b"], 8) == {"b": "c", "c": "a"}  # a is no longer known
+    edges.add("acme", {"a": "b"})  # now b -> c goes
+    assert edges.chains("acme", ["c"], 8) == {"c": "a", "a": "b"}
+    assert edges.chains("other", ["c"], 8) == {}
+    loop = FoldEdges()
+    loop.add("acme", {"p": "q", "q": "p"})
+    assert loop.chains("acme", ["p"], 8) == {"p": "q", "q": "p"}  # a cycle ends
+    edges.drop_tenant("acme")
+    assert len(edges) == 0
