@@ -73,10 +73,11 @@ a typical turn says"), and 0 when the turn is off-context:
 
 Checkpoints (`IntrinsicState.to_dict`) hold the token counts (float16), the RND
 predictor, the running means, the mix's reward rate and the contamination
-histograms. The bank (with its word vectors), the recent turns, the suspects and
-the turns whose window is still open are rebuilt by live traffic: after a restart
-novelty is measured against what came since, the guard waits for context (it never vetoes without
-one), and a suspect pending at the restart stays dropped.
+histograms, and the suspects still waiting for a reply (of the 256 agents that
+had them last). The bank (with its word vectors), the recent turns and the turns
+whose window is still open are rebuilt by live traffic: after a restart novelty is
+measured against what came since and the guard waits for context (it never vetoes
+without one).
 
 Measurements and rejected alternatives: docs/design/2026-12-01-context-guard.md.
 """
@@ -553,6 +554,44 @@ class _Suspect:
     left: int
     episode: str | None = None
     lex: np.ndarray | None = None
+
+
+#: agents whose pending suspects a checkpoint keeps (the most recent ones)
+SUSPECT_AGENTS = 256
+
+
+def _b64(x: np.ndarray | None) -> str | None:
+    return None if x is None else base64.b64encode(x.astype("<f4").tobytes()).decode()
+
+
+def _unb64(x: str | None) -> np.ndarray | None:
+    return None if x is None else np.frombuffer(base64.b64decode(x), dtype="<f4").copy()
+
+
+def _suspect_to_dict(x: _Suspect) -> dict[str, Any]:
+    return {
+        "id": x.memory_id,
+        "vec": _b64(x.vec),
+        "raw": x.raw,
+        "threshold": x.threshold,
+        "left": x.left,
+        "episode": x.episode,
+        "lex": _b64(x.lex),
+    }
+
+
+def _suspect_from_dict(d: dict[str, Any]) -> _Suspect:
+    vec = _unb64(d["vec"])
+    assert vec is not None
+    return _Suspect(
+        str(d["id"]),
+        vec,
+        float(d["raw"]),
+        float(d["threshold"]),
+        int(d["left"]),
+        None if d.get("episode") is None else str(d["episode"]),
+        _unb64(d.get("lex")),
+    )
 
 
 class _Running:
@@ -1063,6 +1102,11 @@ class IntrinsicState:
             "contamination": self.contamination.to_dict(),
             "speakers": {k: [r.mean, r.count] for k, r in self.speakers.items()},
             "disclosures": {k: [r.mean, r.count] for k, r in self.disclosures.items()},
+            "suspects": {
+                agent: [_suspect_to_dict(x) for x in pend]
+                for agent, pend in list(self.suspects.items())[-SUSPECT_AGENTS:]
+                if pend
+            },
         }
 
     def _runnings(self) -> dict[str, _Running]:
@@ -1112,4 +1156,9 @@ class IntrinsicState:
             r.mean, r.count = float(mean), int(count)
         if "speakers" not in d and cfg.speaker_pooling > 0.0:  # the unpooled term's mean
             st.info_mean = _Running(cfg.stats_alpha)
+        # turns vetoed as off-context still waiting for a reply that refers to them: a
+        # restart between a turn and its reply must not lose the vindication
+        for agent, pend in d.get("suspects", {}).items():
+            if len(pend) and len(st.suspects) < cfg.max_agents:
+                st.suspects[str(agent)] = [_suspect_from_dict(x) for x in pend]
         return st

@@ -569,3 +569,27 @@ def test_a_turn_that_shares_no_words_with_its_neighbours_fits_them_less() -> Non
     assert real0 == pytest.approx(pasted0)
     real5, pasted5 = fits(0.5)
     assert real5 > pasted5 + 0.2
+
+
+def test_a_suspect_pending_at_a_checkpoint_is_vindicated_after_the_restart() -> None:
+    """A turn vetoed as off-context waits for a reply that refers to it; a restart
+    between the two (state saved and restored) must not lose the vindication."""
+    dim = 16
+    rng = np.random.default_rng(5)
+    vecs = rng.normal(size=(40, dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    texts = [f"alice: topic number {i} about thing{i}" for i in range(40)]
+    st = IntrinsicState(dim, IntrinsicConfig(warmup=5, fit_k=5.0))
+    ids = [f"m{i}" for i in range(40)]
+    sc = st.score_batch(["a"] * 39, texts[:39], vecs[:39], vecs[:39], [False] * 39, ids[:39])
+    vetoed = [ids[i] for i, x in enumerate(sc) if x.off_context]
+    assert vetoed, "the strict margin vetoes unrelated turns"
+    last = vetoed[-1]
+    sus = next(x for x in st.suspects["a"] if x.memory_id == last)
+    back = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())), st.config)
+    assert [x.memory_id for x in back.suspects["a"]] == [x.memory_id for x in st.suspects["a"]]
+    reply = sus.vec[None, :]
+    for state in (st, back):
+        same = texts[ids.index(last)]  # the same words and meaning: it refers back
+        out = state.score_batch(["a"], [same], reply, reply, [False], ["r"])
+        assert last in [v[0] for v in out[0].vindicates]
