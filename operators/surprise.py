@@ -17,8 +17,12 @@ a typical turn says"), and 0 when the turn is off-context:
   length, so it would rank an assistant's long answers above the user's short
   disclosures ("The play I attended was The Glass Menagerie"), which are what
   later questions ask about; the shrinkage keeps a one-word turn with one rare
-  token from outranking a sentence. Transitions without text use the error of a
-  random-network-distillation predictor on the embedding (`RndSurprise`).
+  token from outranking a sentence. Half of it (``sentence_weight``) is the same
+  term of the turn's most informative sentence (`TokenSurprisal.best_sentence`):
+  per token over the whole text, one specific fact in a long answer ("12 of the 23
+  games were played at Arrowhead") is diluted by the generic sentences around it.
+  Transitions without text use the error of a random-network-distillation
+  predictor on the embedding (`RndSurprise`).
 - **Disclosure** (`discloses`): a turn in which its speaker states something about
   itself (a sentence with a first-person word that is not a question: "I just got
   back from a festival in Brooklyn", "my sister moved to Chicago") carries
@@ -302,13 +306,38 @@ class TokenSurprisal:
             out.append(h % self.buckets)
         return np.asarray(out, dtype=np.int64)
 
+    def token_surprisals(self, ids: np.ndarray) -> np.ndarray:
+        """-log p(token) of each id under the counts so far (decide before learning)."""
+        a = self.smoothing
+        p = (self.counts[ids].astype(np.float64) + a) / (self.total + a * self.buckets)
+        return -np.log(p)
+
     def summed(self, ids: np.ndarray) -> float:
         """Sum of -log p(token) under the counts so far (decide before learning)."""
         if ids.size == 0:
             return 0.0
-        a = self.smoothing
-        p = (self.counts[ids].astype(np.float64) + a) / (self.total + a * self.buckets)
-        return float(-np.log(p).sum())
+        return float(self.token_surprisals(ids).sum())
+
+    def best_sentence(self, text: str, ids: np.ndarray) -> float:
+        """The information term (`scaled`) of the most informative sentence of
+        ``text`` (after a ``"speaker: "`` prefix); ``ids`` are ``text``'s token ids.
+
+        Why: per token, a long answer that states one specific fact among generic
+        sentences ("Of the 23 games, 12 were played at Arrowhead") is diluted by them;
+        its best sentence is not. A one-sentence turn is its own best sentence.
+        """
+        if ids.size == 0:
+            return 0.0
+        m = SPEAKER_PREFIX.match(text)
+        lo = len(_TOKEN.findall(text[: m.end()].lower())) if m else 0
+        s = self.token_surprisals(ids)
+        best = 0.0
+        for sentence in _SENTENCE.findall(text[m.end() :] if m else text):
+            n = len(_TOKEN.findall(sentence.lower()))
+            if n:
+                best = max(best, self.scaled(float(s[lo : lo + n].sum()), n))
+                lo += n
+        return best
 
     def scaled(self, total: float, n: int) -> float:
         """The information term from a summed surprisal over ``n`` tokens: the sum, or
@@ -458,6 +487,9 @@ class IntrinsicConfig:
     #: the information term per token with this many tokens of shrinkage
     #: (`TokenSurprisal.surprisal`); None: summed over the tokens
     info_n0: float | None = 4.0
+    #: the information of a chat turn: (1 - w) x the whole text's term + w x its most
+    #: informative sentence's (`TokenSurprisal.best_sentence`; 0: the whole text only)
+    sentence_weight: float = 0.5
     #: how far each speaker of a chat (the ``"speaker: "`` prefix of a turn) is judged
     #: against its own typical turn: the information is divided by that speaker's
     #: running mean to this power (0: one yardstick for every speaker; 1: each speaker
@@ -507,6 +539,8 @@ class IntrinsicConfig:
             raise ValueError("window must be >= 1 and lookahead >= 0")
         if self.info_n0 is not None and not (math.isfinite(self.info_n0) and self.info_n0 >= 0.0):
             raise ValueError(f"info_n0 must be a finite number >= 0 or None, got {self.info_n0}")
+        if not (math.isfinite(self.sentence_weight) and 0.0 <= self.sentence_weight <= 1.0):
+            raise ValueError(f"sentence_weight must be in [0, 1], got {self.sentence_weight}")
         if not (math.isfinite(self.speaker_pooling) and 0.0 <= self.speaker_pooling <= 1.0):
             raise ValueError(f"speaker_pooling must be in [0, 1], got {self.speaker_pooling}")
         if self.repeat_scope not in ("episode", "agent"):
@@ -948,6 +982,9 @@ class IntrinsicState:
                 total = self.tokens.summed(tok)
                 if type(self.tokens).surprisal is TokenSurprisal.surprisal:
                     info = self.tokens.scaled(total, int(tok.size))
+                    w = cfg.sentence_weight
+                    if w > 0.0:
+                        info = (1.0 - w) * info + w * self.tokens.best_sentence(text, tok)
                 else:  # a measured alternative term (`operators.conversation_score`)
                     info = self.tokens.surprisal(tok)
                 self.tokens.learn(tok)
@@ -1129,7 +1166,11 @@ class IntrinsicState:
         cfg = config or IntrinsicConfig(**{k: v for k, v in d["config"].items() if k in known})
         st = cls(int(d["dim"]), cfg)
         st.tokens = TokenSurprisal.from_dict(d["tokens"])
-        rescaled = st.tokens.n0 != cfg.info_n0
+        # the information term changed (shrinkage, or the sentence mix: a checkpoint
+        # without the knob had none): its running means restart on the new scale
+        rescaled = st.tokens.n0 != cfg.info_n0 or float(
+            d["config"].get("sentence_weight", 0.0)
+        ) != float(cfg.sentence_weight)
         st.tokens.n0 = cfg.info_n0
         st.rnd = RndSurprise.from_dict(d["rnd"])
         # a checkpoint with one tenant-wide mix ("mix") gives no agent's rate: every

@@ -527,6 +527,16 @@ class IntrinsicSettings(BaseModel):
             "disclosure by length; null: the summed surprisal"
         ),
     )
+    sentence_weight: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "a chat turn's information is (1 - w) x its whole text's per-token term + "
+            "w x its most informative sentence's, so one specific fact in a long "
+            "answer is not diluted by the generic sentences around it; 0: whole text"
+        ),
+    )
     speaker_pooling: float = Field(
         default=0.5,
         ge=0.0,

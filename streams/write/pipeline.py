@@ -420,6 +420,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         reward_rate_full=i.reward_rate_full,
         off_posterior=i.off_posterior,
         info_n0=i.info_n0,
+        sentence_weight=i.sentence_weight,
         speaker_pooling=i.speaker_pooling,
         disclosure=i.disclosure,
         update_k=i.update_k,

@@ -593,3 +593,65 @@ def test_a_suspect_pending_at_a_checkpoint_is_vindicated_after_the_restart() -> 
         same = texts[ids.index(last)]  # the same words and meaning: it refers back
         out = state.score_batch(["a"], [same], reply, reply, [False], ["r"])
         assert last in [v[0] for v in out[0].vindicates]
+
+
+FILLER = (
+    "That is a great question. There are many things to consider here. "
+    "It depends on what you like and what you need. "
+)
+
+
+def test_best_sentence_is_the_most_specific_sentence_per_token() -> None:
+    tok = TokenSurprisal(n0=4.0)
+    for _ in range(50):
+        tok.learn(tok.ids("assistant: " + FILLER))
+    text = "assistant: " + FILLER + "Of the 23 games, 12 were played at Arrowhead Stadium."
+    ids = tok.ids(text)
+    whole = tok.surprisal(ids)
+    best = tok.best_sentence(text, ids)
+    fact = "Of the 23 games, 12 were played at Arrowhead Stadium."
+    assert best == pytest.approx(tok.surprisal(tok.ids(fact)))
+    assert best > 1.15 * whole
+    one = "my sister moved to Lisbon"  # no prefix, one sentence: its own best sentence
+    assert tok.best_sentence(one, tok.ids(one)) == pytest.approx(tok.surprisal(tok.ids(one)))
+    assert tok.best_sentence("", tok.ids("")) == 0.0
+
+
+def test_sentence_weight_lifts_a_long_answer_with_one_fact() -> None:
+    """Per token over the whole text, a fact inside generic sentences is diluted; with
+    the sentence mix the answer's information rises, a one-sentence turn's hardly."""
+    enc = HashingEncoder(dim=32)
+    warm = ["assistant: " + FILLER, "user: what do you think about that"] * 30
+    long = "assistant: " + FILLER + "Of the 23 games, 12 were played at Arrowhead Stadium."
+    short = "user: my sister moved to Lisbon"
+
+    def infos(w: float) -> tuple[float, float]:
+        st = IntrinsicState(
+            32,
+            IntrinsicConfig(sentence_weight=w, speaker_pooling=0.0, disclosure=0.0, lexical=0.0),
+        )
+        v = enc.encode(warm)
+        st.score_batch(["a"] * len(warm), warm, v, v, [False] * len(warm))
+        tx = [long, short]
+        v = enc.encode(tx)
+        sc = st.score_batch(["a", "a"], tx, v, v, [False, False])
+        return sc[0].info, sc[1].info
+
+    (l0, s0), (l5, s5) = infos(0.0), infos(0.5)
+    assert l5 > 1.05 * l0
+    assert s5 == pytest.approx(s0, rel=0.25)
+    with pytest.raises(ValueError, match="sentence_weight"):
+        IntrinsicConfig(sentence_weight=1.5)
+
+
+def test_a_checkpoint_without_the_sentence_mix_restarts_the_information_mean() -> None:
+    enc = HashingEncoder(dim=32)
+    texts = ["user: my sister moved to Lisbon last spring. It rained.", "assistant: nice"] * 5
+    vecs = enc.encode(texts)
+    old = IntrinsicState(32, IntrinsicConfig(sentence_weight=0.0))
+    old.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+    d = orjson.loads(orjson.dumps(old.to_dict()))
+    del d["config"]["sentence_weight"]  # as a checkpoint from before the knob
+    assert IntrinsicState.from_dict(d, IntrinsicConfig()).info_mean.count == 0
+    same = IntrinsicState.from_dict(d, IntrinsicConfig(sentence_weight=0.0))
+    assert same.info_mean.count == old.info_mean.count
