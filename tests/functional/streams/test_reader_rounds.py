@@ -85,7 +85,7 @@ def test_missing_id_reads_the_fold_index_after_the_lookup() -> None:
 
 def test_a_tenant_whose_reads_miss_gets_the_fold_read_beside_the_lookup() -> None:
     reader, store = _reader()
-    for i in range(6):  # mostly misses: dropped or unknown ids
+    for i in range(8):  # mostly misses: dropped or unknown ids
         assert reader.get("acme", [f"gone{i}"]) == {}
     assert all(store.history.after_lookup[:2]) and not reader.misses.likely("other")
     assert reader.misses.likely("acme")
@@ -104,6 +104,16 @@ def test_a_tenant_whose_reads_miss_gets_the_fold_read_beside_the_lookup() -> Non
     store.history.asked.clear()
     assert reader.get("acme", ["m2"])["m2"]["memory_id"] == "m2"
     assert store.history.asked == []
+
+
+def test_a_tenant_missing_three_ids_in_five_keeps_the_lookup_first_order() -> None:
+    # beside the lookup the fold read pays only when most ids read are not stored
+    reader, store = _reader()
+    for _ in range(20):
+        for ids in (["m1"], ["m2"], ["gone1"], ["gone2"], ["gone3"]):
+            reader.get("acme", ids)
+            assert not reader.misses.likely("acme")
+    assert all(store.history.after_lookup) and len(store.history.asked) == 60
 
 
 def test_miss_rate_is_bounded_and_ignores_empty_reads() -> None:

@@ -38,7 +38,7 @@ def test_get_stored_folded_missing_and_other_tenant(store_factory: Factory,
     store.history.fold("acme", {"f1": "m005", "f2": "f1"}, 5)
     reader = MemoryReader(store, "Strong")  # its own fold edges: it reads the fold index
     if mostly_missing:  # reads of ids not stored: the fold read goes beside each lookup
-        for i in range(6):
+        for i in range(8):
             assert reader.get("acme", [f"gone{i}"]) == {}
     assert reader.misses.likely("acme") is mostly_missing
     got = reader.get("acme", ["m001", "m100", "nope"])
