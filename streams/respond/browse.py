@@ -5,19 +5,18 @@ HTTP handlers run it in a worker thread).
   (`MemoryStore.lookup`) with the search's consistency (bounded staleness: a
   Strong read waits for the next server time tick); only the ids it did not find
   are then looked up in the fold index (`milvus.history.HistoryStore.folded_into`,
-  a primary-key read too). A stored id costs one round trip and nothing else: a
-  fold read issued beside it cost a stored read ~1.3 ms on an idle server (two
-  queries' work on the server and the client) to save ~0.3 ms on a missing id.
-  A tenant whose recent reads mostly missed (`MissRate`: ids dropped by the gate,
-  unknown ids; above `MISS_LIKELY`) gets the fold read beside the lookup again, so
-  its missing ids cost one round trip's latency. A folded id answers with its survivor's row plus
-  ``folded_id``; chains of folds are followed for at most `MAX_HOPS`. Fold edges
-  never change once written (an id is folded once), so the reader shares the
-  process' `milvus.history.FoldEdges`: the edges dedup wrote here, the history
-  recorder filed from the ``merged`` events and earlier reads found. A folded id
-  whose edge is known costs one round trip (the id and its survivor in one
-  lookup), its first read included; one whose edge is not known costs two or
-  three (the id, its fold edge, then the survivor).
+  a primary-key read too). A stored id costs one query and nothing else: a fold
+  read beside it costs the server and the client a second query's work. A tenant
+  whose recent reads mostly missed (`MissRate` above `MISS_LIKELY`: reading back
+  ids the gate dropped, unknown ids) gets the fold read beside the lookup, so its
+  missing ids cost one round trip's latency. A folded id answers with its
+  survivor's row plus ``folded_id``; chains of folds are followed for at most
+  `MAX_HOPS`. Fold edges never change once written (an id is folded once), so the
+  reader shares the process' `milvus.history.FoldEdges`: the edges dedup wrote
+  here, the history recorder filed from the ``merged`` events and earlier reads
+  found. A folded id whose edge is known costs one round trip (the id and its
+  survivor in one lookup), its first read included; one whose edge is not known
+  costs two or three (the id, its fold edge, then the survivor).
 - Pages (`MemoryReader.page`): newest first, keyset pagination on
   (``created_ts``, id): the cursor is the last item's pair, so a walk is stable
   while memories are written and resumes anywhere. A page that has no hint reads
