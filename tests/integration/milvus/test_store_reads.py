@@ -29,22 +29,29 @@ def _load(store: MemoryStore, n: int = 120) -> None:
     store.upsert([make_record("m001", tenant="other", text="secret")], "core")
 
 
-def test_get_stored_folded_missing_and_other_tenant(store_factory: Factory) -> None:
+@pytest.mark.parametrize("mostly_missing", [False, True], ids=["lookup-first", "fold-beside"])
+def test_get_stored_folded_missing_and_other_tenant(store_factory: Factory,
+                                                    mostly_missing: bool) -> None:  # fmt: skip
     store = store_factory(dim=8)
     _load(store)
-    reader = MemoryReader(store, "Strong")
+    # a chain of folds: f2 -> f1 -> m005; the answer is the stored survivor
+    store.history.fold("acme", {"f1": "m005", "f2": "f1"}, 5)
+    reader = MemoryReader(store, "Strong")  # its own fold edges: it reads the fold index
+    if mostly_missing:  # reads of ids not stored: the fold read goes beside each lookup
+        for i in range(8):
+            assert reader.get("acme", [f"gone{i}"]) == {}
+    assert reader.misses.likely("acme") is mostly_missing
     got = reader.get("acme", ["m001", "m100", "nope"])
     assert set(got) == {"m001", "m100"}
     assert got["m001"]["memory_id"] == "m001" and got["m001"]["partition"] == "core"
     assert got["m100"]["partition"] == "buffer" and "vector" not in got["m100"]
     assert got["m001"]["text"] != "secret"
     assert reader.get("other", ["m002"]) == {}
-    # a chain of folds: f2 -> f1 -> m005; the answer is the stored survivor
-    store.history.fold("acme", {"f1": "m005", "f2": "f1"}, 5)
     folded = reader.get("acme", ["f2", "f1"])
     assert folded["f2"]["memory_id"] == "m005" and folded["f2"]["folded_id"] == "f2"
     assert folded["f1"]["folded_id"] == "f1"
     assert reader.get("other", ["f1"]) == {}  # the fold index is tenant-scoped too
+    assert reader.get("other", ["m001"])["m001"]["text"] == "secret"
 
 
 def test_pages_newest_first_stable_with_filters(store_factory: Factory) -> None:
