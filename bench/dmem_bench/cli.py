@@ -269,6 +269,11 @@ def bench_retrieval(
     show_default=True,
     help="as `dmem up --milvus`",
 )
+@click.option(
+    "--new-connections",
+    is_flag=True,
+    help="time each HTTP call over a new connection [default: kept alive, as the SDK's client]",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_embedded(
     memories: int,
@@ -278,6 +283,7 @@ def bench_embedded(
     batch: int,
     encoder: str | None,
     milvus: str,
+    new_connections: bool,
     as_json: bool,
 ) -> None:
     """The `dmem up` stack: HTTP ingest, search latency, librdkafka clients, OpenAPI, page."""
@@ -292,6 +298,7 @@ def bench_embedded(
         batch=batch,
         encoder=encoder,
         milvus=milvus,
+        keep_alive=not new_connections,
     )
     try:
         run_embedded(cfg, as_json)
