@@ -6,7 +6,9 @@
   "use strict";
 
   var ui = null;
-  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null };
+  // gone: ids this page forgot; reads are bounded-stale (DMEM_MILVUS__SEARCH_CONSISTENCY), so a
+  // list right after a forget can still hold the row for a few seconds: the page hides it
+  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null, gone: {} };
   var WAIT_MS = 20000, STEP_MS = 700;
 
   function $(id) { return document.getElementById(id); }
@@ -42,7 +44,7 @@
         mark("explorer", "error");
         return;
       }
-      st.rows = r.body.memories || [];
+      st.rows = (r.body.memories || []).filter(function (m) { return !st.gone[m.memory_id]; });
       st.next = r.body.next_cursor;
       render();
       mark("explorer", "ready");
@@ -226,6 +228,7 @@
       if (r.status !== 200) { $("d-note").textContent = "forget answered " + r.status; return; }
       $("mem-detail").hidden = true;
       st.open = null;
+      st.gone[id] = true;
       mark("forgot", id);
       load();
     });
@@ -234,7 +237,7 @@
   window.dmemExplorer = {
     tenant: function (t) {
       if (!t || t === st.tenant) { return; }
-      st.tenant = t; st.cursors = [null]; st.page = 0;
+      st.tenant = t; st.cursors = [null]; st.page = 0; st.gone = {};
       $("mem-detail").hidden = true;
       load();
     },
