@@ -487,8 +487,9 @@ class IntrinsicConfig:
     #: the information term per token with this many tokens of shrinkage
     #: (`TokenSurprisal.surprisal`); None: summed over the tokens
     info_n0: float | None = 4.0
-    #: the information of a chat turn: (1 - w) x the whole text's term + w x its most
-    #: informative sentence's (`TokenSurprisal.best_sentence`; 0: the whole text only)
+    #: the information of a text: (1 - w) x the whole text's per-token term + w x its
+    #: most informative sentence's (`TokenSurprisal.best_sentence`; 0: the whole text
+    #: only; with ``info_n0`` None, the summed term, it does not apply)
     sentence_weight: float = 0.5
     #: how far each speaker of a chat (the ``"speaker: "`` prefix of a turn) is judged
     #: against its own typical turn: the information is divided by that speaker's
@@ -983,7 +984,7 @@ class IntrinsicState:
                 if type(self.tokens).surprisal is TokenSurprisal.surprisal:
                     info = self.tokens.scaled(total, int(tok.size))
                     w = cfg.sentence_weight
-                    if w > 0.0:
+                    if w > 0.0 and self.tokens.n0 is not None:  # per token only
                         info = (1.0 - w) * info + w * self.tokens.best_sentence(text, tok)
                 else:  # a measured alternative term (`operators.conversation_score`)
                     info = self.tokens.surprisal(tok)

@@ -532,9 +532,10 @@ class IntrinsicSettings(BaseModel):
         ge=0.0,
         le=1.0,
         description=(
-            "a chat turn's information is (1 - w) x its whole text's per-token term + "
+            "a text's information is (1 - w) x its whole text's per-token term + "
             "w x its most informative sentence's, so one specific fact in a long "
-            "answer is not diluted by the generic sentences around it; 0: whole text"
+            "answer is not diluted by the generic sentences around it; 0: whole text "
+            "(with info_n0 null, the summed term, it does not apply)"
         ),
     )
     speaker_pooling: float = Field(

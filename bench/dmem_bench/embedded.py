@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import select
 import statistics
 import tempfile
 import time
@@ -135,30 +136,54 @@ class EmbeddedConfig:
 class KeepAlive:
     """One kept-alive HTTP/1.1 connection per base URL, as the SDK's client keeps them
     (an ``aiohttp`` session): the timed calls then measure the request, not a TCP
-    connect per request. A dropped connection is reopened once."""
+    connect per request.
+
+    A kept connection the server has closed meanwhile (readable before a request: EOF)
+    is reopened before it is used; a request on a reused connection that the server
+    dropped before answering (reset, broken pipe, closed without a status line) is sent
+    once more on a new one. A timeout or any error on a fresh connection is raised:
+    the request may have been processed, so it is never sent twice for those."""
 
     def __init__(self) -> None:
         self.conns: dict[str, http_client.HTTPConnection] = {}
 
+    def _conn(self, base: str, timeout_s: float) -> tuple[http_client.HTTPConnection, bool]:
+        """(the connection to ``base``, whether it is a reused one)."""
+        conn = self.conns.get(base)
+        if conn is not None and conn.sock is not None:
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if readable:  # EOF (or stray bytes) on an idle connection: not reusable
+                conn.close()
+                conn = None
+        if conn is None:
+            u = urllib.parse.urlsplit(base)
+            conn = self.conns[base] = http_client.HTTPConnection(
+                u.hostname or "127.0.0.1", u.port or 80, timeout=timeout_s
+            )
+            return conn, False
+        conn.timeout = timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        return conn, True
+
     def request(self, base: str, method: str, path: str, data: bytes | None,
                 timeout_s: float) -> tuple[int, bytes, http_client.HTTPMessage]:  # fmt: skip
-        for attempt in (0, 1):
-            conn = self.conns.get(base)
-            if conn is None:
-                u = urllib.parse.urlsplit(base)
-                conn = self.conns[base] = http_client.HTTPConnection(
-                    u.hostname or "127.0.0.1", u.port or 80, timeout=timeout_s
-                )
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for _ in (0, 1):
+            conn, reused = self._conn(base, timeout_s)
             try:
-                headers = {"Content-Type": "application/json"} if data is not None else {}
                 conn.request(method, path, body=data, headers=headers)
                 r = conn.getresponse()
                 return r.status, r.read(), r.headers
-            except (http_client.HTTPException, ConnectionError, OSError):
+            except (http_client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 conn.close()
                 self.conns.pop(base, None)
-                if attempt:
+                if not reused:
                     raise
+            except BaseException:
+                conn.close()
+                self.conns.pop(base, None)
+                raise
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -72,9 +72,9 @@ HINT_CAP = 4
 #: the fields of a memory as the HTTP API shows it (everything but the vector)
 FIELDS = [f for f in scalar_fields() if f not in (PRIMARY_FIELD, VECTOR_FIELD)]
 #: `MissRate`: the weight of a read's share of misses in the moving average, and the
-#: average above which the fold read goes beside the lookup. Beside, it costs a stored
-#: id ~1.3 ms and saves a missing one 0.25-0.75 ms (Milvus 2.3.5 server, load 1.6-2.5):
-#: it pays when about 65-85 % of the ids read are not stored
+#: average above which the fold read goes beside the lookup: beside, it costs every
+#: stored id a second query and saves a missing one less, so it pays only when most ids
+#: read are not stored (the break-even, measured: docs/design/2026-12-03-read-round-trips.md)
 MISS_ALPHA = 0.2
 MISS_LIKELY = 0.75
 _FILTER_PARAMS = ("valence", "partition", "since_ms", "until_ms", "min_utility")

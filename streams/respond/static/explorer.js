@@ -6,9 +6,11 @@
   "use strict";
 
   var ui = null;
-  // gone: ids this page forgot; reads are bounded-stale (DMEM_MILVUS__SEARCH_CONSISTENCY), so a
-  // list right after a forget can still hold the row for a few seconds: the page hides it
+  // gone: id -> when this page forgot it; reads are bounded-stale (DMEM_MILVUS__SEARCH_CONSISTENCY),
+  // so a list right after a forget can still hold the row for a few seconds: the page hides it for
+  // GONE_MS (the same id written again later, ids being stable, shows again)
   var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null, gone: {} };
+  var GONE_MS = 15000;
   var WAIT_MS = 20000, STEP_MS = 700;
 
   function $(id) { return document.getElementById(id); }
@@ -44,7 +46,11 @@
         mark("explorer", "error");
         return;
       }
-      st.rows = (r.body.memories || []).filter(function (m) { return !st.gone[m.memory_id]; });
+      var now = Date.now();
+      st.rows = (r.body.memories || []).filter(function (m) {
+        var t = st.gone[m.memory_id];
+        return !(t && now - t < GONE_MS);
+      });
       st.next = r.body.next_cursor;
       render();
       mark("explorer", "ready");
@@ -228,7 +234,7 @@
       if (r.status !== 200) { $("d-note").textContent = "forget answered " + r.status; return; }
       $("mem-detail").hidden = true;
       st.open = null;
-      st.gone[id] = true;
+      st.gone[id] = Date.now();
       mark("forgot", id);
       load();
     });

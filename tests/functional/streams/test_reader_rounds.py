@@ -1,8 +1,8 @@
 """`MemoryReader.get` over a fake store: how many round trips a read by id costs.
 
-The fake counts lookups and fold-index reads and records whether a fold read
-started before the lookup of the same round had finished (issued beside it) or
-after (issued because the lookup did not find the id).
+The fake counts lookups and fold-index reads and records whether a fold read was
+issued beside the lookup (it runs on the reader's pool thread) or after it, on the
+calling thread, because the lookup did not find the id.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class FakeHistory:
 
     def folded_into(self, tenant: str, ids: Sequence[str],
                     consistency_level: str | None = None) -> dict[str, str]:  # fmt: skip
-        self.after_lookup.append(self.lookup_done.is_set())
+        # beside the lookup = submitted to the reader's pool ("dmem-reads" threads)
+        self.after_lookup.append(not threading.current_thread().name.startswith("dmem-reads"))
         self.started.set()
         self.asked.append(list(ids))
         return {m: self.folds[(tenant, m)] for m in ids if (tenant, m) in self.folds}

@@ -11,7 +11,7 @@ import pytest
 from milvus import MemoryStore
 from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
-from streams.respond.browse import MemoryReader, encode_cursor, read_cursor
+from streams.respond.browse import MemoryReader, MissRate, encode_cursor, read_cursor
 from tests.integration.milvus_fixtures import make_record
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,9 @@ def test_get_stored_folded_missing_and_other_tenant(store_factory: Factory,
     assert got["m100"]["partition"] == "buffer" and "vector" not in got["m100"]
     assert got["m001"]["text"] != "secret"
     assert reader.get("other", ["m002"]) == {}
+    if mostly_missing:  # the stored reads above lowered the rate: every read from here beside
+        reader.misses = MissRate(threshold=-1.0)
+    assert reader.misses.likely("acme") is mostly_missing
     folded = reader.get("acme", ["f2", "f1"])
     assert folded["f2"]["memory_id"] == "m005" and folded["f2"]["folded_id"] == "f2"
     assert folded["f1"]["folded_id"] == "f1"

@@ -10,6 +10,8 @@ import pytest
 
 from operators.encoders import HashingEncoder
 from operators.surprise import (
+    _SENTENCE,
+    SPEAKER_PREFIX,
     Contamination,
     IntrinsicConfig,
     IntrinsicState,
@@ -655,3 +657,28 @@ def test_a_checkpoint_without_the_sentence_mix_restarts_the_information_mean() -
     assert IntrinsicState.from_dict(d, IntrinsicConfig()).info_mean.count == 0
     same = IntrinsicState.from_dict(d, IntrinsicConfig(sentence_weight=0.0))
     assert same.info_mean.count == old.info_mean.count
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "user: 3.5 apples! it's 12:30? yes",
+        "İstanbul. Kelvin \u212a and Straße.\nΣ emoji 🙂 ok",
+        "user: ",
+        "assistant: line one\nline two. line three!",
+        "no prefix at all",
+    ],
+)
+def test_best_sentence_reads_every_token_once(text: str) -> None:
+    """The sentences' tokens are the text's tokens after the prefix, in order: each
+    sentence's slice of the per-token surprisals is its own."""
+    tok = TokenSurprisal(n0=4.0)
+    tok.learn(tok.ids("user: apples and pears. it's noon"))
+    ids = tok.ids(text)
+    m = SPEAKER_PREFIX.match(text)
+    body = text[m.end() :] if m else text
+    per = [tok.ids(x) for x in _SENTENCE.findall(body)]
+    pre = tok.ids(text[: m.end()]) if m else np.zeros(0, dtype=np.int64)
+    assert np.array_equal(np.concatenate([pre, *per]) if per else pre, ids)
+    want = max((tok.surprisal(p) for p in per if p.size), default=0.0)
+    assert tok.best_sentence(text, ids) == pytest.approx(want)
