@@ -278,6 +278,14 @@ class AgentRewardMix:
         return out
 
 
+def _body(text: str) -> tuple[str, int]:
+    """``text`` after its ``"speaker: "`` prefix, and how many tokens that prefix has."""
+    m = SPEAKER_PREFIX.match(text)
+    if m is None:
+        return text, 0
+    return text[m.end() :], len(_TOKEN.findall(text[: m.end()].lower()))
+
+
 class TokenSurprisal:
     """Online unigram model over hashed tokens; surprisal of a text in nats."""
 
@@ -328,11 +336,10 @@ class TokenSurprisal:
         """
         if ids.size == 0:
             return 0.0
-        m = SPEAKER_PREFIX.match(text)
-        lo = len(_TOKEN.findall(text[: m.end()].lower())) if m else 0
+        body, lo = _body(text)
         s = self.token_surprisals(ids)
         best = 0.0
-        for sentence in _SENTENCE.findall(text[m.end() :] if m else text):
+        for sentence in _SENTENCE.findall(body):
             n = len(_TOKEN.findall(sentence.lower()))
             if n:
                 best = max(best, self.scaled(float(s[lo : lo + n].sum()), n))
@@ -805,7 +812,7 @@ class IntrinsicState:
             return None
         return np.stack(list(dq))
 
-    def lexical(self, text: str | None) -> np.ndarray | None:
+    def lexical(self, text: str | None, ids: np.ndarray | None = None) -> np.ndarray | None:
         """The words of ``text`` (after a ``"speaker: "`` prefix) as a unit vector of
         `LEX_DIM` folded token buckets, each distinct word weighted by its surprisal
         under the tenant's token counts: two turns share rare words, not "the" and
@@ -814,19 +821,18 @@ class IntrinsicState:
         Why words beside the embedding: a turn pasted from another conversation can
         be as close in meaning to its neighbours as a real reply (both are small talk
         about family and work), but it rarely repeats their names, places and
-        objects; the context guard's fit separates them better with both.
+        objects; the context guard's fit separates them better with both. ``ids``:
+        ``text``'s token ids when the caller has them (not tokenised again).
         """
         if text is None or self.config.lexical <= 0.0:
             return None
-        m = SPEAKER_PREFIX.match(text)
-        ids = np.unique(self.tokens.ids(text[m.end() :] if m else text))
-        if ids.size == 0:
+        body, lo = _body(text)
+        words = np.unique(self.tokens.ids(body) if ids is None else ids[lo:])
+        if words.size == 0:
             return None
-        t = self.tokens
-        a = t.smoothing
-        w = -np.log((t.counts[ids].astype(np.float64) + a) / (t.total + a * t.buckets))
+        w = self.tokens.token_surprisals(words)
         out = np.zeros(LEX_DIM, dtype=np.float32)
-        np.add.at(out, ids % LEX_DIM, w.astype(np.float32))
+        np.add.at(out, words % LEX_DIM, w.astype(np.float32))
         n = float(np.linalg.norm(out))
         return out / n if n > 0.0 else None
 
@@ -977,9 +983,10 @@ class IntrinsicState:
             agent, vec = agents[i], s[i]
             text = texts[i]
             episode = episodes[i] if episodes is not None else None
-            lex = self.lexical(text)
+            tok = self.tokens.ids(text) if text is not None else None
+            lex = self.lexical(text, tok)
             if text is not None:
-                tok = self.tokens.ids(text)
+                assert tok is not None
                 total = self.tokens.summed(tok)
                 if type(self.tokens).surprisal is TokenSurprisal.surprisal:
                     info = self.tokens.scaled(total, int(tok.size))
