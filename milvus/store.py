@@ -920,8 +920,12 @@ class MemoryStore:
         output_fields: Sequence[str] | None = None,
         consistency_level: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Rows by storage key (``schemas.storage_key``): one read for many tenants."""
-        return self._fetch(list(dict.fromkeys(keys)), list(PARTITIONS), with_vector=with_vector,
+        """Rows by storage key (``schemas.storage_key``): one read for many tenants.
+        Keys forgotten lately are left out (`milvus.tombstones`: a bounded read can
+        still find a row for a moment after its delete)."""
+        gone = self.tombstones.hide(keys)
+        return self._fetch([k for k in dict.fromkeys(keys) if k not in gone], list(PARTITIONS),
+                           with_vector=with_vector,
                            fields=output_fields,
                            consistency_level=consistency_level)  # fmt: skip
 
@@ -938,6 +942,7 @@ class MemoryStore:
         Each row's partition comes from its write stamp (``PART_KEY``); a row
         without one (written by another client) is looked up again partition by
         partition. The read path of ``GET /v1/memories``: one round trip per call.
+        Keys forgotten lately are left out, as in `get_keys`.
         """
         keys = _tenant_keys(tenant, ids)
         if not keys:
@@ -953,7 +958,10 @@ class MemoryStore:
                                         output_fields=fields, partition_names=list(PARTITIONS),
                                         timeout=self.timeout_s,
                                         consistency_level=level)  # fmt: skip
+                gone = self.tombstones.hide(r[PRIMARY_FIELD] for r in res)
                 for r in res:
+                    if gone and r[PRIMARY_FIELD] in gone:
+                        continue
                     out = dict(r)
                     out.pop(PRIMARY_FIELD, None)
                     part = _unstamp(out)
@@ -983,7 +991,8 @@ class MemoryStore:
         expression ``flt`` over ``partitions``, each labelled with its partition from
         the write stamp (None when a row has none; no label and no metadata read
         without ``stamp``, when ``fields`` lacks metadata). ``flt`` must come from
-        `milvus.expr` (validated terms)."""
+        `milvus.expr` (validated terms). Keys forgotten lately are left out, as in
+        `get_keys`."""
         out_fields = self._out_fields(fields, False)
         if stamp:
             out_fields = list(dict.fromkeys([*out_fields, "metadata"]))
@@ -1008,7 +1017,10 @@ class MemoryStore:
                     it.close()
         rows = []
         want_meta = "metadata" in fields
+        gone = self.tombstones.hide(r[PRIMARY_FIELD] for r in res)
         for r in res:
+            if gone and r[PRIMARY_FIELD] in gone:
+                continue
             out = dict(r)
             out.pop(PRIMARY_FIELD, None)
             if stamp:
@@ -1145,7 +1157,7 @@ class MemoryStore:
         and server CPU than one per partition (docs/design/2026-12-01-read-path-latency.md).
         If any hit lacks a valid stamp (a row written before stamping, or by another
         client), the search falls back to one call per partition, which labels
-        hits by construction.
+        hits by construction. Keys forgotten lately are left out, as in `get_keys`.
         """
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > 16_384:
             raise InvalidRecord(f"k must be an int in 1..16384 (got {k!r})")
@@ -1174,8 +1186,12 @@ class MemoryStore:
                 consistency_level=consistency_level or self.consistency_level,
             )
             hits = []
-            for hit in res[0] if res else []:
-                entity = dict(hit.get("entity") or {})
+            found = [dict(h.get("entity") or {}) for h in res[0]] if res else []
+            # the filter holds the tenant: each hit's key is (tenant, its id)
+            gone = self.tombstones.hide(_key(tenant, e.get(ID_FIELD)) for e in found)
+            for hit, entity in zip(res[0] if res else [], found, strict=True):
+                if gone and _key(tenant, entity.get(ID_FIELD)) in gone:
+                    continue
                 entity.pop(PRIMARY_FIELD, None)
                 entity["distance"] = entity["similarity"] = float(hit["distance"])
                 stamp = _unstamp(entity)

@@ -19,6 +19,13 @@ The guard has two halves:
   which removes a row a writer of *that* process upserted between the origin's
   delete and the notice's arrival.
 
+Reads leave tombstoned keys out too (`MemoryStore.search`, `lookup`, `get`,
+`query_rows`): searches and reads by id run at bounded staleness, so for up to
+Milvus' graceful time after a delete a read can still find the row, and a person
+who forgets a memory and reads it back at once must not get it again. Within the
+TTL no write of the key is accepted, so a row with that key is such a stale read
+(or a write of another process that the notice is about to delete).
+
 Decision: tombstones refuse a key for ``ttl_s`` (default one hour) after the
 forget, then the key may be written again. A forget deletes what exists; a
 transition published again much later is a new event, and the bound keeps the
@@ -118,6 +125,13 @@ class Tombstones:
             if until > now:
                 break
             del self._until[k]
+
+    def hide(self, keys: Iterable[str]) -> set[str]:
+        """`dead` for the reads: no lock taken while nothing is tombstoned (the usual
+        case, so a search pays nothing for the check)."""
+        if not self._until:
+            return set()
+        return self.dead(keys)
 
     def clear(self) -> None:
         """Forget every tombstone (the collection was dropped or emptied)."""

@@ -6,11 +6,9 @@
   "use strict";
 
   var ui = null;
-  // gone: id -> when this page forgot it; reads are bounded-stale (DMEM_MILVUS__SEARCH_CONSISTENCY),
-  // so a list right after a forget can still hold the row for a few seconds: the page hides it for
-  // GONE_MS (the same id written again later, ids being stable, shows again)
-  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null, gone: {} };
-  var GONE_MS = 15000;
+  // a list right after a forget does not hold the forgotten row: the server leaves ids it
+  // forgot out of every read (milvus.tombstones), though its reads are bounded-stale
+  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null };
   var WAIT_MS = 20000, STEP_MS = 700;
 
   function $(id) { return document.getElementById(id); }
@@ -46,11 +44,7 @@
         mark("explorer", "error");
         return;
       }
-      var now = Date.now();
-      st.rows = (r.body.memories || []).filter(function (m) {
-        var t = st.gone[m.memory_id];
-        return !(t && now - t < GONE_MS);
-      });
+      st.rows = r.body.memories || [];
       st.next = r.body.next_cursor;
       render();
       mark("explorer", "ready");
@@ -234,7 +228,6 @@
       if (r.status !== 200) { $("d-note").textContent = "forget answered " + r.status; return; }
       $("mem-detail").hidden = true;
       st.open = null;
-      st.gone[id] = Date.now();
       mark("forgot", id);
       load();
     });
@@ -243,7 +236,7 @@
   window.dmemExplorer = {
     tenant: function (t) {
       if (!t || t === st.tenant) { return; }
-      st.tenant = t; st.cursors = [null]; st.page = 0; st.gone = {};
+      st.tenant = t; st.cursors = [null]; st.page = 0;
       $("mem-detail").hidden = true;
       load();
     },
