@@ -89,6 +89,7 @@ Measurements and rejected alternatives: docs/design/2026-12-01-context-guard.md.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import re
@@ -115,6 +116,19 @@ __all__ = [
 ]
 
 _TOKEN = re.compile(r"[a-z0-9']+")
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _fnv1a(token: str) -> int:
+    """A token's stable 64-bit hash: FNV-1a over its bytes (Python's hash() is salted
+    per process). Cached: a chat's words repeat (Zipf), and this byte loop in Python
+    is the costly part of tokenising a turn."""
+    h = 0xCBF29CE484222325
+    for b in token.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 _MIX_FORMAT = 1
 #: dimensions of a turn's word vector (`IntrinsicState.lexical`): token buckets folded
 LEX_DIM = 512
@@ -305,14 +319,8 @@ class TokenSurprisal:
         self.total = 0.0
 
     def ids(self, text: str) -> np.ndarray:
-        # crc32-free stable hash: FNV-1a over the token's bytes (no salted hash())
-        out = []
-        for tok in _TOKEN.findall(text.lower()):
-            h = 0xCBF29CE484222325
-            for b in tok.encode():
-                h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-            out.append(h % self.buckets)
-        return np.asarray(out, dtype=np.int64)
+        n = self.buckets
+        return np.asarray([_fnv1a(t) % n for t in _TOKEN.findall(text.lower())], dtype=np.int64)
 
     def token_surprisals(self, ids: np.ndarray) -> np.ndarray:
         """-log p(token) of each id under the counts so far (decide before learning)."""
@@ -853,10 +861,11 @@ class IntrinsicState:
         if lex is None or not lb or len(lb) != cos.size:
             return cos
         w = self.config.lexical
-        lx = np.fromiter(
-            (0.0 if v is None else float(v @ lex) for v in lb), dtype=np.float64, count=cos.size
-        )
         has = np.fromiter((v is not None for v in lb), dtype=bool, count=cos.size)
+        if not has.any():
+            return cos
+        lx = np.zeros(cos.size, dtype=np.float64)
+        lx[has] = np.stack([v for v in lb if v is not None]) @ lex  # one product, not one a memory
         return np.where(has, (1.0 - w) * cos + w * lx, cos)
 
     def stored(
