@@ -13,8 +13,10 @@ from streams.respond.responder import Responder
 class FakeStore:
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
+        self.counted: list[str] = []
 
-    def count(self, tenant: str) -> int:
+    def count(self, tenant: str, consistency_level: str = "Strong") -> int:
+        self.counted.append(consistency_level)
         return len(self.rows)
 
     def search(self, vec: Any, *, k: int, **kw: Any) -> list[dict[str, Any]]:
@@ -100,3 +102,16 @@ def test_as_of_bounds_the_search_and_measures_recency_from_the_question() -> Non
     asked, _ = r.answer(req(as_of=0), now_ms=0)  # asked on day 0: "old" is fresh
     rec = {h.memory_id: h.breakdown.recency for h in asked.hits}
     assert rec["old"] == 1.0
+
+
+def test_the_tenant_count_for_lambda_reads_with_the_searches_consistency() -> None:
+    """A Strong count waits for a server time tick per partition: the count that sets
+    lambda is read as the searches are (bounded), once per ``count_ttl_s``."""
+    store = FakeStore([mem("x0", 0.9)])
+    r = Responder(store, PassthroughEncoder(2), consistency_level="Bounded")
+    req = RetrievalRequest.model_validate(
+        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 1}
+    )
+    r.answer(req, now_ms=0)
+    r.answer(req, now_ms=1)
+    assert store.counted == ["Bounded"]
