@@ -353,16 +353,25 @@ def rank(
 def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy) -> list[Ranked]:
     """The main lane's first ``k - slots`` of ``order``, then ``slots`` exploration
     picks from the rest: the highest `RankPolicy.optimism`, ties by the main
-    lane's order. Without credit evidence every optimism is equal and the picks are
-    the main lane's next ones: exactly the list without lanes."""
+    lane's order, among the candidates whose action no served hit offers yet (all of
+    them when none is new: a chat's turns all say "say"). A pick that repeats a
+    served action gives the agent nothing new to try, however untried the memory is.
+    Without credit evidence every optimism is equal and the picks are the main
+    lane's next ones (`rank` passes only those): exactly the list without lanes."""
     main = list(order[: k - slots])
     rest = list(order[k - slots :])
     picks: list[Ranked] = []
     while rest and len(picks) < slots:
         values = [policy.optimism(r.row) for r in rest]
-        best = max(range(len(rest)), key=lambda i: (values[i], -i))
+        served = {_action(r.row) for r in (*main, *picks)}
+        fresh = [i for i, r in enumerate(rest) if _action(r.row) not in served]
+        best = max(fresh or range(len(rest)), key=lambda i: (values[i], -i))
         picks.append(replace(rest.pop(best), lane="explore"))
     return main + picks
+
+
+def _action(row: Mapping[str, Any]) -> str:
+    return str(row.get("action", "") or "")
 
 
 def mmr_order(

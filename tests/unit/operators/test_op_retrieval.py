@@ -125,6 +125,26 @@ def test_a_single_blame_never_demotes_an_exact_match_an_established_effect_can()
     assert "exact" not in [r.row["id"] for r in served if r.lane == "main"][:1]
 
 
+def test_the_exploration_slot_offers_an_action_the_served_hits_do_not() -> None:
+    """With credit in the context, the slot skips an untried memory whose action a
+    served hit already offers (the agent has nothing new to try there) for the most
+    optimistic one with a new action; where every candidate has the same action (a
+    chat's "say"), it picks by optimism alone."""
+    p = RankPolicy.hybrid()
+
+    def acted(mid: str, sim: float, action: str, uses: int = 0) -> dict:
+        return {**row(mid, sim, uses=uses), "action": action}
+
+    cands = [acted("meal", 0.9, "prepare meal", uses=2), acted("oven", 0.8, "cook in oven", 2),
+             acted("meal2", 0.7, "prepare meal"), acted("knife", 0.69, "take knife")]  # fmt: skip
+    served = rank(cands, p, 0.97, 0, 3, lanes=True)
+    assert [(r.row["id"], r.lane) for r in served] == [("meal", "main"), ("oven", "main"),
+                                                       ("knife", "explore")]  # fmt: skip
+    says = [{**c, "action": "say"} for c in cands]
+    assert [r.row["id"] for r in rank(says, p, 0.97, 0, 3, lanes=True)] == ["meal", "oven",
+                                                                            "meal2"]  # fmt: skip
+
+
 def test_a_request_that_fixes_lambda_ranks_without_lanes() -> None:
     p = RankPolicy.hybrid()
     cands = [row(f"d{i}", 0.6 - 0.03 * i, uses=4) for i in range(4)]
