@@ -901,16 +901,18 @@ class MemoryStore:
         with_vector: bool = False,
         output_fields: Sequence[str] | None = None,
         consistency_level: str | None = None,
+        include_forgotten: bool = False,
     ) -> list[dict[str, Any]]:
         """``tenant``'s rows for ``ids`` (request order, missing skipped), each with ``partition``.
 
         Normally one row per id; two only if a move on a server was interrupted.
         Another tenant's row with the same id is never returned. Every row
         carries ``tenant``. ``consistency_level`` overrides the store default.
+        ``include_forgotten``: see `get_keys`.
         """
         return self.get_keys(_tenant_keys(tenant, ids), with_vector=with_vector,
-                             output_fields=output_fields,
-                             consistency_level=consistency_level)  # fmt: skip
+                             output_fields=output_fields, consistency_level=consistency_level,
+                             include_forgotten=include_forgotten)  # fmt: skip
 
     def get_keys(
         self,
@@ -919,12 +921,16 @@ class MemoryStore:
         with_vector: bool = False,
         output_fields: Sequence[str] | None = None,
         consistency_level: str | None = None,
+        include_forgotten: bool = False,
     ) -> list[dict[str, Any]]:
         """Rows by storage key (``schemas.storage_key``): one read for many tenants.
         Keys forgotten lately are left out (`milvus.tombstones`: a bounded read can
-        still find a row for a moment after its delete)."""
-        gone = self.tombstones.hide(keys)
-        return self._fetch([k for k in dict.fromkeys(keys) if k not in gone], list(PARTITIONS),
+        still find a row for a moment after its delete), unless ``include_forgotten``
+        (a forget looking for what is still stored: a row a writer of another process
+        put back before the notice reached it)."""
+        keys = list(dict.fromkeys(keys))
+        gone = set() if include_forgotten else self.tombstones.hide(keys)
+        return self._fetch([k for k in keys if k not in gone], list(PARTITIONS),
                            with_vector=with_vector,
                            fields=output_fields,
                            consistency_level=consistency_level)  # fmt: skip
@@ -986,13 +992,16 @@ class MemoryStore:
         limit: int | None,
         consistency_level: str | None = None,
         stamp: bool = True,
+        hide: bool = True,
     ) -> list[dict[str, Any]]:
         """At most ``limit`` rows (None: all, paged by an iterator) matching the filter
         expression ``flt`` over ``partitions``, each labelled with its partition from
         the write stamp (None when a row has none; no label and no metadata read
         without ``stamp``, when ``fields`` lacks metadata). ``flt`` must come from
         `milvus.expr` (validated terms). Keys forgotten lately are left out, as in
-        `get_keys`."""
+        `get_keys`, unless ``hide`` is False: a caller that tells a capped answer by
+        ``len(rows) >= limit`` must count the rows Milvus returned, and leaves them
+        out itself (`visible`)."""
         out_fields = self._out_fields(fields, False)
         if stamp:
             out_fields = list(dict.fromkeys([*out_fields, "metadata"]))
@@ -1017,7 +1026,7 @@ class MemoryStore:
                     it.close()
         rows = []
         want_meta = "metadata" in fields
-        gone = self.tombstones.hide(r[PRIMARY_FIELD] for r in res)
+        gone = self.tombstones.hide(r[PRIMARY_FIELD] for r in res) if hide else set()
         for r in res:
             if gone and r[PRIMARY_FIELD] in gone:
                 continue
@@ -1029,6 +1038,11 @@ class MemoryStore:
                 out.pop("metadata", None)
             rows.append(out)
         return rows
+
+    def visible(self, tenant: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` of ``tenant`` without those whose key was forgotten lately."""
+        gone = self.tombstones.hide(_key(tenant, r[ID_FIELD]) for r in rows)
+        return [r for r in rows if _key(tenant, r[ID_FIELD]) not in gone] if gone else list(rows)
 
     @staticmethod
     def key_filter(tenant: str, ids: Iterable[str]) -> str:

@@ -347,19 +347,22 @@ def rank(
     order = mmr_order(scored, policy.mmr_mu, vectors, depth) if vectors else scored[:depth]
     if slots == 0 or len(order) <= k - slots:
         return order[:k]
-    return explore(order, k, slots, policy)
+    return explore(order, k, slots, policy, evidence=context_uses > 0)
 
 
-def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy) -> list[Ranked]:
+def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy,
+            evidence: bool = True) -> list[Ranked]:  # fmt: skip
     """The main lane's first ``k - slots`` of ``order``, then ``slots`` exploration
     picks from the rest: the highest `RankPolicy.optimism`, ties by the main
     lane's order, among the candidates whose action no served hit offers yet (all of
     them when none is new: a chat's turns all say "say"). A pick that repeats a
     served action gives the agent nothing new to try, however untried the memory is.
-    Without credit evidence every optimism is equal and the picks are the main
-    lane's next ones (`rank` passes only those): exactly the list without lanes."""
+    Without credit evidence (``evidence`` False) the picks are the main lane's next
+    ones, in its order: exactly the list without lanes."""
     main = list(order[: k - slots])
     rest = list(order[k - slots :])
+    if not evidence:
+        return main + [replace(r, lane="explore") for r in rest[:slots]]
     picks: list[Ranked] = []
     while rest and len(picks) < slots:
         values = [policy.optimism(r.row) for r in rest]

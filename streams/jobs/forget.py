@@ -41,7 +41,8 @@ def forget_scope(
         f" memory={memory_id}" if memory_id else "")  # fmt: skip
     for _ in range(rounds):
         if memory_id is not None:
-            rows = [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS)
+            rows = [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS,
+                                         include_forgotten=True)
                     if r.get("tenant") == tenant
                     and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
         else:

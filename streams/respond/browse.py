@@ -323,11 +323,13 @@ class MemoryReader:
         """Rows (``fields`` only, no partition) matching ``flt``: at most `WINDOW`, or all
         of them (``every``)."""
         level = self.consistency_level
+        # forgotten keys stay in: the page's rows are read by key (`_rows`), which
+        # leaves them out, and a window is judged by what Milvus holds
         rows = self.store.query_rows(flt, parts, fields, limit=WINDOW, consistency_level=level,
-                                     stamp=False)  # fmt: skip
+                                     stamp=False, hide=False)  # fmt: skip
         if every and len(rows) >= WINDOW:  # more than one answer holds: page through them
             rows = self.store.query_rows(flt, parts, fields, limit=None, consistency_level=level,
-                                         stamp=False)  # fmt: skip
+                                         stamp=False, hide=False)  # fmt: skip
         return list(rows)
 
     def page(self, q: MemoryListQuery) -> tuple[list[dict[str, Any]], str | None]:
@@ -407,7 +409,7 @@ class MemoryReader:
         cap = HINT_CAP * q.limit + 1
         bound = cur.bounds[0] if cur.bounds else None
         flt = E.and_all([*terms, _at_or_above(*bound)] if bound else terms)
-        rows = self.store.query_rows(flt, parts, FIELDS, limit=cap,
+        rows = self.store.query_rows(flt, parts, FIELDS, limit=cap, hide=False,
                                      consistency_level=self.consistency_level)  # fmt: skip
         if len(rows) >= cap or (bound is not None and len(rows) <= q.limit):
             return None
@@ -418,7 +420,9 @@ class MemoryReader:
             again = {str(r["id"]): r for r in self._rows(q.tenant, unstamped)}
             page = [again.get(str(r["id"]), r) for r in page]
         rest = Cursor(cur.ts, cur.id, cur.bounds[1:], cur.floor)
-        return [item(r) for r in page], self._next(rows, q.limit, bound is None, rest)
+        # the cursor from every row Milvus returned; the page without those forgotten lately
+        return ([item(r) for r in self.store.visible(q.tenant, page)],
+                self._next(rows, q.limit, bound is None, rest))  # fmt: skip
 
     def _learn(self, scope: str, d: _Density) -> None:
         with self._lock:

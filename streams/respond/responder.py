@@ -132,7 +132,7 @@ class Responder:
         if hit and now - hit[0] < self.count_ttl_s:
             return hit[1]
         # with the searches' consistency: a Strong count waits for a time tick per
-        # partition (the search that refreshed it paid ~0.8 s), and lambda only needs
+        # partition (the search that refreshes it would pay ~0.8 s), and lambda only needs
         # the count's order of magnitude
         level = self.consistency_level
         n = int(self.store.count(tenant=tenant, consistency_level=level) if level

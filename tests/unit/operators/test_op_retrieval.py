@@ -56,6 +56,7 @@ candidate = st.fixed_dictionaries(
         "utility": st.sampled_from([0.0, 0.0, 0.4, -0.7]),
         "created_ts": st.integers(0, 10**9),
         "partition": st.sampled_from(["core", "buffer"]),
+        "action": st.sampled_from(["say", "open fridge", "take knife", ""]),
     }
 )
 
