@@ -1204,14 +1204,11 @@ class MemoryStore:
                 consistency_level=consistency_level or self.consistency_level,
             )
             hits = []
-            found = [dict(h.get("entity") or {}) for h in res[0]] if res else []
-            # the filter holds the tenant: each hit's key is (tenant, its id)
-            gone = self.tombstones.hide(_key(tenant, e.get(ID_FIELD)) for e in found)
-            for hit, entity in zip(res[0] if res else [], found, strict=True):
-                if gone and _key(tenant, entity.get(ID_FIELD)) in gone:
-                    continue
+            found = [{**(h.get("entity") or {}), "distance": float(h["distance"])}
+                     for h in (res[0] if res else [])]  # fmt: skip
+            for entity in self.visible(tenant, found):  # the filter holds the tenant
                 entity.pop(PRIMARY_FIELD, None)
-                entity["distance"] = entity["similarity"] = float(hit["distance"])
+                entity["similarity"] = entity["distance"]
                 stamp = _unstamp(entity)
                 if not want_meta:
                     entity.pop("metadata", None)

@@ -134,9 +134,9 @@ class Responder:
         # with the searches' consistency: a Strong count waits for a time tick per
         # partition (the search that refreshes it would pay ~0.8 s), and lambda only needs
         # the count's order of magnitude
-        level = self.consistency_level
-        n = int(self.store.count(tenant=tenant, consistency_level=level) if level
-                else self.store.count(tenant=tenant))  # fmt: skip
+        n = int(
+            self.store.count(tenant=tenant, consistency_level=self.consistency_level or "Strong")
+        )
         self._counts[tenant] = (now, n)
         return n
 
