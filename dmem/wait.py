@@ -30,10 +30,22 @@ def health(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
         return dict(json.loads(exc.read() or b"{}"))
 
 
+def _settled(h: dict[str, Any], components: Sequence[str] | None) -> bool:
+    if components is None:
+        return bool(h.get("settled"))
+    report = h.get("settle") or {}
+    # a worker without the component (another role) has none of its work pending
+    return all(bool((report.get(c) or {"settled": True}).get("settled")) for c in components)
+
+
 def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float = 1.0,
-                 poll_s: float = 0.25) -> dict[str, Any]:  # fmt: skip
+                 poll_s: float = 0.25,
+                 components: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Block until every worker is settled for `quiet_s`; returns the waited seconds and
-    each worker's last settle report. ServiceUnavailable after `timeout_s`."""
+    each worker's last settle report. ServiceUnavailable after `timeout_s`.
+
+    ``components`` (names in ``/health``'s ``settle``, e.g. ``["credit"]``): wait for
+    those only; None: for everything the workers do."""
     t0 = time.monotonic()
     since: float | None = None
     last: dict[str, Any] = {}
@@ -41,7 +53,7 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
         now = time.monotonic()
         try:
             last = {u: health(u) for u in urls}
-            ok = all(h.get("settled") for h in last.values())
+            ok = all(_settled(h, components) for h in last.values())
         except (OSError, ValueError) as exc:  # not up yet / restarting
             last, ok = {"error": str(exc)}, False
         if ok:

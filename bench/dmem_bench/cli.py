@@ -848,6 +848,14 @@ def bench_credit(episodes: int, scenarios: int, seeds: int, encoder: str, as_jso
     show_default=True,
     help="stored stream in lockstep per episode, or per step as a live agent sends it",
 )
+@click.option(
+    "--credit-between",
+    type=click.Choice(["settled", "async"]),
+    default="settled",
+    show_default=True,
+    help="closed loop: wait until the worker has applied an episode's credit before the next "
+    "episode, or go on at once (the next episodes may or may not see it)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_sciworld(
     env: str,
@@ -862,6 +870,7 @@ def bench_sciworld(
     seed: int,
     play_cache: Path | None,
     publish: str,
+    credit_between: str,
     as_json: bool,
 ) -> None:
     """ScienceWorld through the real stack: gate, hindsight, ranking, closed loop."""
@@ -885,6 +894,7 @@ def bench_sciworld(
             seed=seed,
             play_cache=play_cache,
             publish=publish,
+            credit_between=credit_between,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc

@@ -126,10 +126,20 @@ class SciConfig:
     #: the stored stream in lockstep per "episode", or per "step" (one transition, then
     #: wait for the worker: how a live agent publishes; micro-batches of one)
     publish: str = "episode"
+    #: closed loop, credited condition: "settled" waits after each episode until the
+    #: worker has applied its usage and outcome (credit job and applier settled), as
+    #: an agent whose episodes are seconds apart sees it, so a run does not depend on
+    #: how the credit job's timing falls against the next episode's searches; "async"
+    #: goes on at once
+    credit_between: str = "settled"
 
     def __post_init__(self) -> None:
         if self.publish not in ("episode", "step"):
             raise ValueError(f"publish must be 'episode' or 'step', got {self.publish!r}")
+        if self.credit_between not in ("settled", "async"):
+            raise ValueError(
+                f"credit_between must be 'settled' or 'async', got {self.credit_between!r}"
+            )
         if self.env != "sciworld" and self.env not in ENVS:
             raise ValueError(f"unknown env {self.env!r} (sciworld or one of {sorted(ENVS)})")
         allowed = TASKS if self.env == "sciworld" else (ENVS[self.env],)
@@ -662,6 +672,17 @@ async def loop_episode(
     return final, final >= 100
 
 
+def credit_settled(stack: LocalStack) -> float:
+    """Wait until the stack's credit job and applier are settled (the last episode's
+    usage and outcome credited and applied; access stamps are flushed on their own
+    30 s clock and are left to it); the seconds waited."""
+    from dmem.wait import wait_settled
+
+    urls = [f"http://127.0.0.1:{p}" for p in stack.web_ports]
+    done = wait_settled(urls, timeout_s=120.0, quiet_s=0.3, poll_s=0.1, components=["credit"])
+    return float(done["waited_s"])
+
+
 async def closed_loop(
     sw: World, stack: LocalStack, played: Played, cfg: SciConfig, dim: int
 ) -> dict[str, Any]:
@@ -681,7 +702,7 @@ async def closed_loop(
             ("hybrid", None, c, True),
         ):
             before = set(await asyncio.to_thread(scan, stack, dim)) if client else set()
-            scores, wins = [], 0
+            scores, wins, waited = [], 0, 0.0
             for r in range(cfg.loop_repeats):
                 for task, vs in played.test_variations.items():
                     for v in vs:
@@ -692,11 +713,15 @@ async def closed_loop(
                         traces[f"{name}:{task}:{v}" + (f":r{r}" if r else "")] = tr
                         scores.append(sc)
                         wins += ok
+                        if credit and cfg.credit_between == "settled":
+                            waited += await asyncio.to_thread(credit_settled, stack)
             if client is not None:  # rows the condition's episodes removed (demoted
                 # and evicted after blame; a later condition would not find them)
                 after = set(await asyncio.to_thread(scan, stack, dim))
                 res[f"loop_store_removed_{name}"] = len(before - after)
             per[name] = scores
+            if credit:
+                res[f"loop_credit_wait_s_{name}"] = round(waited, 1)
             res[f"success_{name}"] = round(wins / max(len(scores), 1), 4)
             res[f"score_{name}"] = round(sum(scores) / max(len(scores), 1), 2)
             note(

@@ -240,3 +240,12 @@ def test_publish_mode_is_validated() -> None:
     assert SciConfig(tasks=("find-plant",), publish="step").publish == "step"
     with pytest.raises(ValueError, match="publish"):
         SciConfig(tasks=("find-plant",), publish="bulk")
+
+
+def test_credit_between_is_validated() -> None:
+    import pytest
+
+    assert SciConfig(tasks=("find-plant",)).credit_between == "settled"
+    assert SciConfig(tasks=("find-plant",), credit_between="async").credit_between == "async"
+    with pytest.raises(ValueError, match="credit_between"):
+        SciConfig(tasks=("find-plant",), credit_between="eventually")

@@ -1,0 +1,35 @@
+"""`dmem.wait.wait_settled` with ``components``: only the named parts of each worker's
+settle report must be settled; a worker without a part has none of its work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dmem import wait
+from schemas.errors import ServiceUnavailable
+
+
+def report(credit: bool | None, access: bool) -> dict[str, Any]:
+    settle: dict[str, Any] = {"access": {"settled": access, "pending": {}}}
+    if credit is not None:
+        settle["credit"] = {"settled": credit, "pending": {}}
+    return {"settled": access and credit is not False, "settle": settle}
+
+
+def test_components_wait_for_the_named_parts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    bodies = {"http://a": report(True, False), "http://b": report(None, False)}
+    monkeypatch.setattr(wait, "health", lambda url: bodies[url])
+    done = wait.wait_settled(list(bodies), timeout_s=2.0, quiet_s=0.05, poll_s=0.01,
+                             components=["credit"])  # fmt: skip
+    assert done["settled"] is True
+    with pytest.raises(ServiceUnavailable, match="not settled"):  # everything: access pends
+        wait.wait_settled(list(bodies), timeout_s=0.2, quiet_s=0.05, poll_s=0.01)
+
+
+def test_a_pending_named_part_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wait, "health", lambda url: report(False, True))
+    with pytest.raises(ServiceUnavailable, match="not settled"):
+        wait.wait_settled(["http://a"], timeout_s=0.2, quiet_s=0.05, poll_s=0.01,
+                          components=["credit"])  # fmt: skip
