@@ -151,9 +151,22 @@ def search(
     show_default=True,
     help="settled on every poll for this long",
 )
+@click.option(
+    "--part",
+    "parts",
+    type=click.Choice(["write", "credit", "maintenance", "access", "history"]),
+    multiple=True,
+    help="wait for this part of the settle report only (repeat for several; e.g. credit: "
+    "reported usage and outcomes applied) [default: every part]",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def wait_cmd(
-    settled: bool, http_urls: tuple[str, ...], timeout_s: float, quiet_s: float, as_json: bool
+    settled: bool,
+    http_urls: tuple[str, ...],
+    timeout_s: float,
+    quiet_s: float,
+    parts: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Wait until a running deployment has settled (exit 2 on timeout)."""
     from dmem.wait import wait_settled
@@ -162,7 +175,8 @@ def wait_cmd(
     settings = load_settings()
     urls = list(http_urls) or [f"http://{settings.web_host}:{settings.web_port}"]
     try:
-        out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s)
+        out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s,
+                           components=list(parts) or None)  # fmt: skip
     except DmemError as exc:
         fail(exc)
     click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")

@@ -33,3 +33,19 @@ def test_a_pending_named_part_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ServiceUnavailable, match="not settled"):
         wait.wait_settled(["http://a"], timeout_s=0.2, quiet_s=0.05, poll_s=0.01,
                           components=["credit"])  # fmt: skip
+
+
+def test_the_cli_waits_for_the_parts_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from dmem.cli.client import wait_cmd
+
+    monkeypatch.setattr(wait, "health", lambda url: report(True, False))
+    args = ["--settled", "--http", "http://a", "--quiet", "0.05", "--json"]
+    out = CliRunner().invoke(wait_cmd, [*args, "--part", "credit", "--timeout", "2"])
+    assert out.exit_code == 0, out.output
+    assert '"settled": true' in out.output
+    out = CliRunner().invoke(wait_cmd, [*args, "--timeout", "0.2"])  # every part: access pends
+    assert out.exit_code == 2 and "not settled" in out.output
+    out = CliRunner().invoke(wait_cmd, [*args, "--part", "gate"])
+    assert out.exit_code == 2 and "gate" in out.output
