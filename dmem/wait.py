@@ -30,12 +30,19 @@ def health(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
         return dict(json.loads(exc.read() or b"{}"))
 
 
-def _settled(h: dict[str, Any], components: Sequence[str] | None) -> bool:
+def _settled(bodies: Sequence[dict[str, Any]], components: Sequence[str] | None) -> bool:
     if components is None:
-        return bool(h.get("settled"))
-    report = h.get("settle") or {}
-    # a worker without the component (another role) has none of its work pending
-    return all(bool((report.get(c) or {"settled": True}).get("settled")) for c in components)
+        return all(bool(h.get("settled")) for h in bodies)
+    reports = [h.get("settle") for h in bodies]
+    if not all(isinstance(r, dict) for r in reports):  # a worker that reports nothing yet
+        return False
+    for c in components:
+        parts = [r[c] for r in reports if c in r]  # type: ignore[index,operator]
+        # a worker without the part (another role) has none of its work pending; a part
+        # no worker reports is not done (a misspelled name, or its role is not up yet)
+        if not parts or not all(bool(p.get("settled")) for p in parts):
+            return False
+    return True
 
 
 def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float = 1.0,
@@ -45,7 +52,8 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
     each worker's last settle report. ServiceUnavailable after `timeout_s`.
 
     ``components`` (names in ``/health``'s ``settle``, e.g. ``["credit"]``): wait for
-    those only; None: for everything the workers do."""
+    those only, in the workers that report them (at least one must); None: for
+    everything the workers do."""
     t0 = time.monotonic()
     since: float | None = None
     last: dict[str, Any] = {}
@@ -53,7 +61,7 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
         now = time.monotonic()
         try:
             last = {u: health(u) for u in urls}
-            ok = all(_settled(h, components) for h in last.values())
+            ok = _settled(list(last.values()), components)
         except (OSError, ValueError) as exc:  # not up yet / restarting
             last, ok = {"error": str(exc)}, False
         if ok:

@@ -1049,7 +1049,10 @@ class MemoryStore:
                 yield keyed[-1][0]
 
         gone = self.tombstones.hide(keys())
-        return [r for k, r in keyed if k not in gone] if gone else list(rows)
+        if not gone:
+            return list(rows)
+        assert len(keyed) == len(rows)  # `Tombstones.dead` reads every key
+        return [r for k, r in keyed if k not in gone]
 
     @staticmethod
     def key_filter(tenant: str, ids: Iterable[str]) -> str:

@@ -153,7 +153,11 @@ def build_app(settings: Settings, role: str = "write") -> faust.App:
         forgets = ForgetFollower(settings, [echo_to_store(store)], loop=app.loop,
                                  beacon=app.beacon)  # fmt: skip
         ctx.run(forgets)
-        status["forgets"] = lambda: {"applied": forgets.applied}
+        status["forgets"] = lambda: {
+            "applied": forgets.applied,
+            # keys this process hides from its reads now (its own forgets and those heard)
+            "tombstones": len(store.store.tombstones) if store.store is not None else 0,
+        }
 
     if role in ("jobs", "all"):
         from streams.jobs.credit import wire_jobs

@@ -675,11 +675,13 @@ async def loop_episode(
 def credit_settled(stack: LocalStack) -> float:
     """Wait until the stack's credit job and applier are settled (the last episode's
     usage and outcome credited and applied; access stamps are flushed on their own
-    30 s clock and are left to it); the seconds waited."""
+    30 s clock and are left to it); the seconds waited. Settled for 1 s in a row: a
+    record just produced can hide from one poll, until the consumer's next fetch
+    reports the new end offset."""
     from dmem.wait import wait_settled
 
     urls = [f"http://127.0.0.1:{p}" for p in stack.web_ports]
-    done = wait_settled(urls, timeout_s=120.0, quiet_s=0.3, poll_s=0.1, components=["credit"])
+    done = wait_settled(urls, timeout_s=120.0, quiet_s=1.0, poll_s=0.1, components=["credit"])
     return float(done["waited_s"])
 
 

@@ -1,5 +1,7 @@
 """`dmem.wait.wait_settled` with ``components``: only the named parts of each worker's
-settle report must be settled; a worker without a part has none of its work."""
+settle report must be settled; a worker without a part has none of its work, but a
+part no worker reports (a misspelled name) and a worker that reports nothing are
+never settled."""
 
 from __future__ import annotations
 
@@ -32,6 +34,22 @@ def test_a_pending_named_part_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(wait, "health", lambda url: report(False, True))
     with pytest.raises(ServiceUnavailable, match="not settled"):
         wait.wait_settled(["http://a"], timeout_s=0.2, quiet_s=0.05, poll_s=0.01,
+                          components=["credit"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bodies",
+    [
+        {"http://a": report(None, True)},  # nobody reports credit
+        {"http://a": report(True, True), "http://b": {}},  # b answers without a report
+    ],
+)
+def test_a_part_nobody_reports_is_not_settled(
+    monkeypatch: pytest.MonkeyPatch, bodies: dict[str, Any]
+) -> None:
+    monkeypatch.setattr(wait, "health", lambda url: bodies[url])
+    with pytest.raises(ServiceUnavailable, match="not settled"):
+        wait.wait_settled(list(bodies), timeout_s=0.2, quiet_s=0.05, poll_s=0.01,
                           components=["credit"])  # fmt: skip
 
 
