@@ -33,11 +33,11 @@ def health(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 def _settled(bodies: Sequence[dict[str, Any]], components: Sequence[str] | None) -> bool:
     if components is None:
         return all(bool(h.get("settled")) for h in bodies)
-    reports = [h.get("settle") for h in bodies]
-    if not all(isinstance(r, dict) for r in reports):  # a worker that reports nothing yet
+    reports = [r for h in bodies if isinstance(r := h.get("settle"), dict)]
+    if len(reports) < len(bodies):  # a worker that reports nothing yet
         return False
     for c in components:
-        parts = [r[c] for r in reports if c in r]  # type: ignore[index,operator]
+        parts = [r[c] for r in reports if c in r]
         # a worker without the part (another role) has none of its work pending; a part
         # no worker reports is not done (a misspelled name, or its role is not up yet)
         if not parts or not all(bool(p.get("settled")) for p in parts):

@@ -1041,18 +1041,9 @@ class MemoryStore:
 
     def visible(self, tenant: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """``rows`` of ``tenant`` without those whose key was forgotten lately."""
-        keyed: list[tuple[str, dict[str, Any]]] = []
-
-        def keys() -> Iterator[str]:  # computed once, and only while something is tombstoned
-            for r in rows:
-                keyed.append((_key(tenant, r[ID_FIELD]), r))
-                yield keyed[-1][0]
-
-        gone = self.tombstones.hide(keys())
-        if not gone:
-            return list(rows)
-        assert len(keyed) == len(rows)  # `Tombstones.dead` reads every key
-        return [r for k, r in keyed if k not in gone]
+        gone = self.tombstones.hide(_key(tenant, r[ID_FIELD]) for r in rows)
+        # the keys again only when one of these rows was forgotten (rare)
+        return [r for r in rows if _key(tenant, r[ID_FIELD]) not in gone] if gone else list(rows)
 
     @staticmethod
     def key_filter(tenant: str, ids: Iterable[str]) -> str:
