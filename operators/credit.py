@@ -57,6 +57,13 @@ with normalised weights w_i,t) are joined with its outcome by episode id.
   Only the sign is used, so this is free of the reward's scale. Why: an outcome
   alone cannot tell which decision failed the episode, and one late mistake
   would otherwise wipe out the utility of the step that earned a reward.
+- Where credit was earned: the responder's record names each served memory's
+  similarity to the query. An update carries the weighted mean similarity of the
+  uses that acted on the memory (an agent record takes the similarities from the
+  served record of the same request), and the memory's `CreditStats` keep its
+  discounted mean (``sim``). Ranking applies a memory's credit to queries about as
+  close to it as those (`operators.retrieval.RankPolicy.fit`): what a step earned
+  in one state says little about a state the memory only faintly resembles.
 
 Cases behind these rules: docs/design/2026-12-02-closed-loop-credit.md.
 """
@@ -67,7 +74,7 @@ import hashlib
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -90,6 +97,21 @@ class UsageRecord:
     source: str = "served"  # "served" (responder) or "agent" (what was actually used)
     #: the reward the agent saw right after acting on this decision (step evidence), if known
     reward: float | None = None
+    #: per memory, its similarity to the request's query (the responder's; empty: unknown)
+    similarities: tuple[float, ...] = ()
+
+    def similarity_of(self) -> dict[str, float]:
+        return dict(zip(self.memory_ids, self.similarities, strict=False))
+
+    def with_similarities(self, served: UsageRecord) -> UsageRecord:
+        """This record, with the similarities of ``served`` (the responder's record of
+        the same request) for the memories both name, where it has none of its own."""
+        if self.similarities or not served.similarities:
+            return self
+        known = served.similarity_of()
+        if not all(m in known for m in self.memory_ids):
+            return self
+        return replace(self, similarities=tuple(known[m] for m in self.memory_ids))
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,9 @@ class CreditUpdate:
     #: False when every use in this batch had weight 0 (served or tried, not acted on):
     #: the uses count (the exploration bonus shrinks) but the utility does not move
     evidence: bool = True
+    #: the weighted mean similarity to the query of the uses that acted on the memory
+    #: (None: unknown)
+    similarity: float | None = None
 
 
 @dataclass
@@ -342,8 +367,10 @@ class CreditAssigner:
         elif usage.source == "agent" and prev.source != "agent":
             if usage.request_id in ep.credited:
                 self.late_agent_reports += 1
-            else:
-                ep.usages[usage.request_id] = usage  # what was used beats what was served
+            else:  # what was used beats what was served; the query's similarities stay
+                ep.usages[usage.request_id] = usage.with_similarities(prev)
+        elif prev.source == "agent" and usage.source != "agent":
+            ep.usages[usage.request_id] = prev.with_similarities(usage)
         if ep.outcome is None:
             return []
         return self._credit(episode_id, ep)  # late usage: credit it now
@@ -380,6 +407,7 @@ class CreditAssigner:
         sums: dict[str, float] = {}
         uses: dict[str, int] = {}
         acted: set[str] = set()
+        sim: dict[str, list[float]] = {}  # memory -> [sum of w * similarity, sum of w]
         named_end = ep.outcome.step is not None
         for u in todo:
             ep.credited.add(u.request_id)
@@ -389,11 +417,16 @@ class CreditAssigner:
             adv = max(-ADV_CLIP, min(ADV_CLIP, (g - ep.advantage_base) / ep.scale))
             if u.reward is not None and u.reward * adv < 0:
                 continue  # the step's own reward contradicts its advantage: outside it
+            known = u.similarity_of()
             for mid, w in zip(u.memory_ids, u.weights, strict=True):
                 sums[mid] = sums.get(mid, 0.0) + adv * w
                 uses[mid] = uses.get(mid, 0) + 1
                 if w > 0:
                     acted.add(mid)
+                    if mid in known:
+                        acc = sim.setdefault(mid, [0.0, 0.0])
+                        acc[0] += w * known[mid]
+                        acc[1] += w
         batch_key = ",".join(sorted(u.request_id for u in todo))
         return [
             CreditUpdate(
@@ -404,6 +437,7 @@ class CreditAssigner:
                 credit=sums[mid] / uses[mid],
                 uses=uses[mid],
                 evidence=mid in acted,
+                similarity=min(1.0, sim[mid][0] / sim[mid][1]) if mid in sim else None,
             )
             for mid in sorted(sums)
         ]
@@ -424,13 +458,17 @@ class CreditStats:
     is their discounted weight (``w <- discount * w + 1``), ``mean`` and ``m2`` the
     discounted mean and sum of squared deviations. The advantage is in units of
     the spread of its (agent, task)'s outcomes, so the same numbers mean the same
-    for outcomes of +-1 and of 0..100.
+    for outcomes of +-1 and of 0..100. ``sim`` is the discounted mean similarity
+    of the queries in which the memory was acted on (``sim_w`` its weight; 0: not
+    known, as for a memory credited only by thumbs).
     """
 
     n: int = 0
     w: float = 0.0
     mean: float = 0.0
     m2: float = 0.0
+    sim: float = 0.0
+    sim_w: float = 0.0
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> CreditStats:
@@ -440,13 +478,18 @@ class CreditStats:
         if not isinstance(raw, Mapping):
             return cls()
         return cls(int(raw.get("n", 0)), float(raw.get("w", 0.0)),
-                   float(raw.get("mean", 0.0)), float(raw.get("m2", 0.0)))  # fmt: skip
+                   float(raw.get("mean", 0.0)), float(raw.get("m2", 0.0)),
+                   float(raw.get("sim", 0.0)), float(raw.get("sim_w", 0.0)))  # fmt: skip
 
-    def fold(self, x: float, discount: float) -> CreditStats:
+    def fold(self, x: float, discount: float, similarity: float | None = None) -> CreditStats:
         w = discount * self.w + 1.0
         mean = self.mean + (x - self.mean) / w
         m2 = discount * self.m2 + (x - self.mean) * (x - mean)
-        return CreditStats(self.n + 1, w, mean, max(0.0, m2))
+        sim, sim_w = self.sim, self.sim_w
+        if similarity is not None:
+            sim_w = discount * sim_w + 1.0
+            sim += (similarity - sim) / sim_w
+        return CreditStats(self.n + 1, w, mean, max(0.0, m2), sim, sim_w)
 
     def stderr(self, prior_var: float = 1.0) -> float:
         """Standard error of the mean, with one pseudo-observation of variance
@@ -469,7 +512,10 @@ class CreditStats:
         return 0.0
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"n": self.n, "w": self.w, "mean": self.mean, "m2": self.m2}
+        out: dict[str, float | int] = {"n": self.n, "w": self.w, "mean": self.mean, "m2": self.m2}
+        if self.sim_w > 0:
+            out.update(sim=self.sim, sim_w=self.sim_w)
+        return out
 
 
 def apply_utility(
@@ -480,6 +526,7 @@ def apply_utility(
     discount: float = 0.95,
     remember: int = 64,
     evidence: bool = True,
+    similarity: float | None = None,
 ) -> bool:
     """Fold one update into a stored row in place; False if it was applied before.
 
@@ -488,8 +535,9 @@ def apply_utility(
     mean; ``uses`` is added either way. An update without ``evidence`` (every use
     had weight 0: the memory was served or considered and not acted on) adds its
     uses and leaves the statistics alone: the outcome says nothing about a memory
-    nobody followed. The last `remember` update ids live in the row's metadata
-    (``credit_ids``), which is what makes a replayed update a no-op.
+    nobody followed. ``similarity`` (where known) is folded into the statistics'
+    ``sim`` with the advantage. The last `remember` update ids live in the row's
+    metadata (``credit_ids``), which is what makes a replayed update a no-op.
     """
     meta = row.setdefault("metadata", {}) or {}
     row["metadata"] = meta
@@ -497,7 +545,7 @@ def apply_utility(
     if update_id in applied:
         return False
     if evidence:
-        stats = CreditStats.of(row).fold(float(credit), discount)
+        stats = CreditStats.of(row).fold(float(credit), discount, similarity)
         meta["credit"] = stats.to_dict()
         row["utility"] = stats.mean
     else:

@@ -45,6 +45,14 @@ score = lambda * semantic + (1 - lambda) * salience * recency
     in meaning is served after the nearer untried ones, earns evidence, and is
     then promoted into the main lane by that evidence, not by optimism.
   Every hit names its lane (`Ranked.lane`).
+- where credit applies (`RankPolicy.fit`): a memory's credit (its utility in the
+  salience, its promotion bonus, its credited mean in the exploration lane) counts
+  in full for a query about as close to it as the queries in which it earned that
+  credit were (``CreditStats.sim``), and fades to nothing for one ``2 * fit_margin``
+  (0.3) less similar. A step that earned credit in one state ("go to outside" from
+  the hallway) is no evidence for a state it faintly resembles (the kitchen with
+  its door still closed, cosine 0.38). Memories without a recorded similarity
+  (thumbs only, or credit from before it was recorded) keep their credit everywhere.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
   (1000: 43 minutes for the default 30 days), so milliseconds between two
@@ -123,6 +131,7 @@ class RankPolicy:
     promote_min_uses: int = 2
     promote_z: float = 1.0
     promote_full: int = 8
+    fit_margin: float = 0.15
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -145,6 +154,8 @@ class RankPolicy:
             raise ValueError("promote_max and promote_z must be >= 0")
         if p.promote_min_uses < 1 or p.promote_full < 1:
             raise ValueError("promote_min_uses and promote_full must be >= 1")
+        if p.fit_margin < 0:
+            raise ValueError("fit_margin must be >= 0")
         return p
 
     def lambda_for(self, n_memories: int) -> float:
@@ -156,21 +167,32 @@ class RankPolicy:
         t = math.log(n_memories / self.young) / math.log(self.mature / self.young)
         return self.lambda_hi + t * (self.lambda_lo - self.lambda_hi)
 
-    def promotion(self, row: Mapping[str, Any], context_uses: int) -> float:
+    def fit(self, row: Mapping[str, Any], semantic: float) -> float:
+        """The share of a memory's credit that applies to a query at cosine
+        ``semantic``: 1 down to ``fit_margin`` below the similarity at which it earned
+        its credit (`CreditStats.sim`), then linearly to 0 at twice that; 1 where
+        that similarity is unknown, or with ``fit_margin`` 0."""
+        stats = CreditStats.of(row)
+        if self.fit_margin <= 0 or stats.sim_w <= 0:
+            return 1.0
+        return max(0.0, min(1.0, 2.0 - (stats.sim - semantic) / self.fit_margin))
+
+    def promotion(self, row: Mapping[str, Any], context_uses: int, fit: float = 1.0) -> float:
         """The main lane's bonus of an established effect (see the module doc)."""
-        if self.promote_max <= 0:
+        if self.promote_max <= 0 or fit <= 0:
             return 0.0
         est = CreditStats.of(row).established(self.promote_min_uses, self.promote_z)
         if est == 0.0:
             return 0.0
         anneal = min(1.0, context_uses / self.promote_full)
-        return self.promote_max * anneal * max(-1.0, min(1.0, est / EFFECT_FULL))
+        return fit * self.promote_max * anneal * max(-1.0, min(1.0, est / EFFECT_FULL))
 
-    def optimism(self, row: Mapping[str, Any]) -> float:
-        """The exploration lane's value: the credited mean plus a bonus that shrinks
-        with every credited use, served or acted on."""
+    def optimism(self, row: Mapping[str, Any], semantic: float) -> float:
+        """The exploration lane's value: the credited mean where it applies
+        (`fit`) plus a bonus that shrinks with every credited use, served or acted on."""
         uses = max(0, int(row.get("uses", 0) or 0))
-        return CreditStats.of(row).mean + self.explore_c / math.sqrt(1.0 + uses)
+        mean = CreditStats.of(row).mean * self.fit(row, semantic)
+        return mean + self.explore_c / math.sqrt(1.0 + uses)
 
     def salience(self, rpe: float, utility: float, uses: int = 0, core: bool = False) -> float:
         """Surprise (1 for a core memory, else from |rpe|) and optimistic credit."""
@@ -325,9 +347,10 @@ def rank(
     scored = []
     for row in candidates:
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
+        fit = policy.fit(row, sem)
         sal = policy.salience(
             max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
-            float(row.get("utility", 0.0)),
+            float(row.get("utility", 0.0)) * fit,
             int(row.get("uses", 0) or 0),
             row.get("partition") == "core",
         )
@@ -336,7 +359,7 @@ def rank(
         else:
             ref = float(now_ms)
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
-        bonus = policy.promotion(row, context_uses) if context_uses else 0.0
+        bonus = policy.promotion(row, context_uses, fit) if context_uses else 0.0
         score = lam * sem + (1.0 - lam) * sal * rec + bonus
         scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus))
     # exact ties: by memory id; a later statement above the older one it updates
@@ -365,7 +388,7 @@ def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy,
         return main + [replace(r, lane="explore") for r in rest[:slots]]
     picks: list[Ranked] = []
     while rest and len(picks) < slots:
-        values = [policy.optimism(r.row) for r in rest]
+        values = [policy.optimism(r.row, r.semantic) for r in rest]
         served = {_action(r.row) for r in (*main, *picks)}
         fresh = [i for i, r in enumerate(rest) if _action(r.row) not in served]
         best = max(fresh or range(len(rest)), key=lambda i: (values[i], -i))

@@ -374,12 +374,16 @@ class MemoryUsage(Model):
     #: per served memory, the probability it was served by its lane's choice (1.0 for
     #: a deterministic choice), for off-policy evaluation; empty: unknown
     propensities: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
+    #: per served memory, its cosine similarity to the request's query, clipped to
+    #: [0, 1] (responder records; empty: unknown). Credit remembers how close to a
+    #: memory the queries were in which it earned its evidence (`UtilityUpdate.similarity`)
+    similarities: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _aligned(self) -> MemoryUsage:
         if len(self.memory_ids) != len(self.weights):
             raise ValueError("memory_ids and weights differ in length")
-        for name in ("lanes", "propensities"):
+        for name in ("lanes", "propensities", "similarities"):
             if getattr(self, name) and len(getattr(self, name)) != len(self.memory_ids):
                 raise ValueError(f"{name} and memory_ids differ in length")
         return self
@@ -428,6 +432,17 @@ class UtilityUpdate(Model):
     ts: int = Field(ge=0)
     #: False: uses only (the memory was served, not acted on); the utility stays
     evidence: bool = True
+    similarity: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "the weighted mean similarity of the queries in which the memory was acted on "
+            "for this credit (from the responder's usage records); the applier keeps its "
+            "discounted mean, and ranking applies the memory's credit to queries about as "
+            "close to it as those (None: unknown, e.g. thumbs)"
+        ),
+    )
     episode_id: Ident | None = Field(
         default=None, description="the episode whose outcome (or feedback) earned the credit"
     )

@@ -181,6 +181,16 @@ class RespondSettings(BaseModel):
         description="credited uses among a query's candidates at which the bonus is full "
         "(it anneals in with the context's evidence)",
     )
+    credit_fit_margin: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "a memory's credit counts in full for queries up to this much less similar to "
+            "it than those in which it earned the credit, and fades to none at twice "
+            "this; 0: credit counts for every query"
+        ),
+    )
     tenant_searches: int = Field(
         default=4,
         ge=1,

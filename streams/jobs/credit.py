@@ -259,6 +259,7 @@ class CreditJob(Service):
                         tuple(u.weights),
                         u.source,
                         u.reward,
+                        tuple(u.similarities),
                     ),
                     now,
                 )
@@ -320,6 +321,7 @@ class CreditJob(Service):
                 uses=u.uses,
                 ts=now,
                 evidence=u.evidence,
+                similarity=u.similarity,
                 episode_id=u.episode_id or None,
                 feedback_partition=at[0] if at else None,
                 feedback_offset=at[1] if at else None,
@@ -495,6 +497,7 @@ class UtilityApplier(Service):
                 u.uses,
                 discount=self.settings.jobs.credit_discount,
                 evidence=u.evidence,
+                similarity=u.similarity,
             ):
                 touched[target] = row
                 history.append(credit_event(u, target[1], before, row))

@@ -187,6 +187,7 @@ def policy_from(settings: Settings) -> RankPolicy:
         promote_max=r.promote_max,
         promote_min_uses=r.promote_min_uses,
         promote_full=r.promote_full,
+        fit_margin=r.credit_fit_margin,
     )
 
 

@@ -258,6 +258,7 @@ class Responder:
                 weights=usage_weights(ranked),
                 lanes=[r.lane for r in ranked],
                 propensities=[1.0] * len(ranked),  # both lanes choose deterministically
+                similarities=[r.semantic for r in ranked],
                 ts=now_ms,
             )
         hook = self.on_access

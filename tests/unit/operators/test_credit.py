@@ -135,6 +135,41 @@ def test_agent_report_beats_served_record_in_either_order() -> None:
         assert ca.late_agent_reports == 0
 
 
+def test_an_update_carries_where_the_memory_was_acted_on_in_either_order() -> None:
+    """The agent's record names no similarities; the served record of the same
+    request does, and the update carries the mean over the uses that acted on the
+    memory (weighted), whichever record arrives first. Served and ignored: none."""
+    for order in ("served-first", "agent-first"):
+        ca = CreditAssigner(gamma=1.0)
+        records = [
+            (UsageRecord("r1", 0, ("a", "b"), (0.6, 0.4), "served", similarities=(0.9, 0.5)),
+             UsageRecord("r1", 0, ("b",), (1.0,), "agent")),
+            (UsageRecord("r2", 1, ("b", "a"), (0.5, 0.5), "served", similarities=(0.8, 0.7)),
+             UsageRecord("r2", 1, ("b", "a"), (1.0, 0.0), "agent")),
+        ]  # fmt: skip
+        for served, agent in records:
+            for u in (served, agent) if order == "served-first" else (agent, served):
+                ca.on_usage("t", "e", u, 0)
+        ups = {u.memory_id: u for u in ca.on_outcome("t", "e", OutcomeRecord("o", 2.0), 1)}
+        assert ups["b"].similarity == pytest.approx((0.5 + 0.8) / 2), order
+        assert ups["a"].similarity is None and not ups["a"].evidence, order
+    ca = CreditAssigner()
+    ca.on_usage("t", "e", UsageRecord("r", 0, ("m",), (1.0,), "agent"), 0)
+    assert ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)[0].similarity is None
+
+
+def test_the_statistics_keep_the_discounted_mean_similarity_of_their_evidence() -> None:
+    row: dict = {"utility": 0.0, "uses": 0, "metadata": {}}
+    assert apply_utility(row, "u1", 1.0, 1, discount=0.5, similarity=1.0)
+    assert apply_utility(row, "u2", 1.0, 1, discount=0.5)  # unknown: leaves it
+    assert apply_utility(row, "u3", 1.0, 1, discount=0.5, similarity=0.4)
+    stats = CreditStats.of(row)
+    # weights 0.5 (the older) and 1: (0.5 * 1.0 + 0.4) / 1.5
+    assert stats.sim == pytest.approx(0.6) and stats.sim_w == pytest.approx(1.5)
+    assert stats.n == 3
+    assert "sim" not in CreditStats().fold(1.0, 0.5).to_dict()
+
+
 def test_agent_report_after_crediting_is_counted_not_resplit() -> None:
     ca = CreditAssigner(gamma=1.0)
     ca.on_usage("t", "e", UsageRecord("r", 0, ("a",), (1.0,)), 0)

@@ -101,13 +101,43 @@ def test_the_exploration_slot_reaches_a_far_decisive_memory_and_evidence_promote
         if "brief" in ids:
             first_serve = first_serve or visit
             b = by_id["brief"]
-            s0 = CreditStats.of(b).fold(1.0, 0.95)
+            s0 = CreditStats.of(b).fold(1.0, 0.95, similarity=0.26)
             b["metadata"] = {"credit": s0.to_dict()}
             b["utility"] = s0.mean
     assert first_serve is not None and first_serve <= 5
     final = rank(list(by_id.values()), p, 0.97, 0, 3, lanes=True)
     assert final[0].row["id"] == "brief" and final[0].lane == "main" and final[0].bonus > 0
     assert final[-1].lane == "explore" and final[-1].row["id"] != "brief"
+
+
+def test_credit_applies_to_queries_about_as_close_as_those_that_earned_it() -> None:
+    """The ScienceWorld case: "go to outside", credited over five uses from the
+    hallway (cosine 1.0 there), is a candidate at the kitchen's start (cosine 0.38).
+    There its credit neither promotes it nor wins it the exploration slot; from a
+    state close to the hallway (0.95) it does both, and without a recorded similarity
+    (credit from thumbs) it keeps its credit everywhere."""
+    p = RankPolicy.hybrid()
+
+    def outside(sim: float, earned_at: float | None) -> dict:
+        r = credited("outside", sim, 5, 1.2, core=True)
+        st = CreditStats(5, r["metadata"]["credit"]["w"], 1.2, 0.2)
+        if earned_at is not None:
+            st = CreditStats(st.n, st.w, st.mean, st.m2, earned_at, 3.0)
+        r["metadata"] = {"credit": st.to_dict()}
+        return r
+
+    near = [row(f"door{i}", 0.72 - 0.01 * i, uses=1, core=True) for i in range(5)]
+    near += [credited("tried", 0.7, 3, 0.1, core=True)]
+    far = rank([outside(0.38, 1.0), *near], p, 0.97, 0, 5, lanes=True)
+    assert "outside" not in [r.row["id"] for r in far]
+    assert p.fit(outside(0.38, 1.0), 0.38) == 0.0
+    close = rank([outside(0.95, 1.0), *near], p, 0.97, 0, 5, lanes=True)
+    assert close[0].row["id"] == "outside" and close[0].bonus > 0
+    assert p.fit(outside(0.8, 1.0), 0.8) == pytest.approx(2.0 - 0.2 / 0.15)
+    unknown = rank([outside(0.38, None), *near], p, 0.97, 0, 5, lanes=True)
+    assert unknown[0].row["id"] == "outside"
+    off = RankPolicy.hybrid(fit_margin=0.0)
+    assert rank([outside(0.38, 1.0), *near], off, 0.97, 0, 5, lanes=True)[0].row["id"] == "outside"
 
 
 def test_a_single_blame_never_demotes_an_exact_match_an_established_effect_can() -> None:
