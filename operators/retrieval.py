@@ -297,6 +297,8 @@ def supersede(scored: Sequence[Ranked]) -> list[Ranked]:
     the two it comes first (chains follow in event-time order). Nothing else moves,
     and without updates among the candidates the order is exactly score then id.
     """
+    if not any(updated_id(r.row) for r in scored):  # the common case, in one sort
+        return sorted(scored, key=lambda r: (-r.score, tie_key(r.row)))
     by_id = {str(r.row.get("id")): r for r in scored}
     eff: dict[str, float] = {}
     lifted: dict[str, str] = {}
