@@ -97,21 +97,22 @@ class UsageRecord:
     source: str = "served"  # "served" (responder) or "agent" (what was actually used)
     #: the reward the agent saw right after acting on this decision (step evidence), if known
     reward: float | None = None
-    #: per memory, its similarity to the request's query (the responder's; empty: unknown)
+    #: per memory, its similarity to the request's query (the responder's; empty: none
+    #: known; NaN: not known for that memory)
     similarities: tuple[float, ...] = ()
 
     def similarity_of(self) -> dict[str, float]:
-        return dict(zip(self.memory_ids, self.similarities, strict=False))
+        """The known similarities by memory id."""
+        pairs = zip(self.memory_ids, self.similarities, strict=False)
+        return {m: s for m, s in pairs if not math.isnan(s)}
 
     def with_similarities(self, served: UsageRecord) -> UsageRecord:
-        """This record, with the similarities of ``served`` (the responder's record of
-        the same request) for the memories both name, where it has none of its own."""
-        if self.similarities or not served.similarities:
-            return self
+        """This record (an agent's), with the similarities of ``served`` (the
+        responder's record of the same request) for each memory that one served."""
         known = served.similarity_of()
-        if not all(m in known for m in self.memory_ids):
+        if not known:
             return self
-        return replace(self, similarities=tuple(known[m] for m in self.memory_ids))
+        return replace(self, similarities=tuple(known.get(m, math.nan) for m in self.memory_ids))
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   credit were (``CreditStats.sim``), and fades to nothing for one ``2 * fit_margin``
   (0.3) less similar. A step that earned credit in one state ("go to outside" from
   the hallway) is no evidence for a state it faintly resembles (the kitchen with
-  its door still closed, cosine 0.38). Memories without a recorded similarity
-  (thumbs only, or credit from before it was recorded) keep their credit everywhere.
+  its door still closed, cosine 0.38). Memories whose statistics have no ``sim``
+  (credited by thumbs only) keep their credit everywhere.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
   (1000: 43 minutes for the default 30 days), so milliseconds between two

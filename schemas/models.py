@@ -375,14 +375,17 @@ class MemoryUsage(Model):
     #: a deterministic choice), for off-policy evaluation; empty: unknown
     propensities: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
     #: per served memory, its cosine similarity to the request's query, clipped to
-    #: [0, 1] (responder records; empty: unknown). Credit remembers how close to a
-    #: memory the queries were in which it earned its evidence (`UtilityUpdate.similarity`)
-    similarities: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
+    #: [0, 1]: the responder's records only (None: unknown; left out of the payload).
+    #: Credit remembers how close to a memory the queries were in which it earned its
+    #: evidence (`UtilityUpdate.similarity`)
+    similarities: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> MemoryUsage:
         if len(self.memory_ids) != len(self.weights):
             raise ValueError("memory_ids and weights differ in length")
+        if self.similarities is not None and self.source == "agent":
+            raise ValueError("similarities are the responder's: an agent record carries none")
         for name in ("lanes", "propensities", "similarities"):
             if getattr(self, name) and len(getattr(self, name)) != len(self.memory_ids):
                 raise ValueError(f"{name} and memory_ids differ in length")

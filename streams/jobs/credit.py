@@ -259,7 +259,7 @@ class CreditJob(Service):
                         tuple(u.weights),
                         u.source,
                         u.reward,
-                        tuple(u.similarities),
+                        tuple(u.similarities or ()),
                     ),
                     now,
                 )

@@ -5,15 +5,17 @@ The store is an in-memory fake with the calls the applier makes (functional tier
 
 from __future__ import annotations
 
+import asyncio
 import random
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from operators.credit import CreditStats
-from schemas import UtilityUpdate, storage_key
-from streams.jobs.credit import EventTimeQueue, UtilityApplier
+from schemas import EpisodeOutcome, MemoryUsage, UtilityUpdate, encode, storage_key
+from streams.jobs.credit import CreditJob, EventTimeQueue, UtilityApplier
 from streams.settings import Settings
 
 
@@ -109,3 +111,43 @@ def test_applier_holds_an_outcomes_update_until_hindsight_committed_it() -> None
     assert applier.apply([], now_s=10 * hold_s, hindsight_done={2: 8}) == 1
     assert not applier.held and applier.skipped == 1  # "gone": committed, no row
     assert store.rows[storage_key("t", "m1")]["utility"] == pytest.approx(1.0)
+
+
+def test_where_credit_was_earned_goes_from_usage_through_the_job_to_the_row() -> None:
+    """The responder's record names each hit's similarity; the agent's record for the
+    same request names what it acted on; the job's update carries the similarity of the
+    acted-on memory, and the applier folds it into the row's credit statistics."""
+    s = Settings()
+    job = CreditJob(s)
+    sent: list[tuple[str, bytes]] = []
+
+    async def send(topic: str, value: bytes, key: bytes | None = None, headers: Any = None) -> None:
+        sent.append((topic, value))
+
+    job.producer = SimpleNamespace(send=send)  # type: ignore[assignment]
+    served = MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["a", "b"],
+                         weights=[0.6, 0.4], similarities=[0.9, 0.4], ts=1)  # fmt: skip
+    agent = MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["a", "b"],
+                        weights=[0.0, 1.0], ts=1, source="agent")  # fmt: skip
+    outcome = EpisodeOutcome(tenant="t", episode_id="e", reward=1.0, outcome_id="o")
+    records = [(s.topic("usage"), encode(served)), (s.topic("usage"), encode(agent)),
+               (s.topic("feedback"), encode(outcome))]  # fmt: skip
+    assert b"similarities" not in encode(agent)  # older jobs refuse unknown fields
+
+    async def go() -> None:
+        for i, (topic, value) in enumerate(records):
+            await job._handle(SimpleNamespace(topic=topic, value=value, key=b"k", headers=[],
+                                              partition=0, offset=i))  # fmt: skip
+
+    asyncio.run(go())
+    ups = {u.memory_id: u for u in (UtilityUpdate.model_validate(orjson.loads(v))
+                                    for t, v in sent if t == s.topic("credit"))}  # fmt: skip
+    assert ups["b"].similarity == pytest.approx(0.4) and ups["a"].similarity is None
+    store = FakeStore()
+    store.add("t", "a")
+    store.add("t", "b")
+    applier = UtilityApplier(s, SimpleNamespace(store=store))
+    assert applier.apply(list(ups.values()), now_s=0.0) == 2
+    stats = CreditStats.of(store.rows[storage_key("t", "b")])
+    assert stats.sim == pytest.approx(0.4) and stats.n == 1
+    assert CreditStats.of(store.rows[storage_key("t", "a")]).sim_w == 0.0

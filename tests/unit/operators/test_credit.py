@@ -156,6 +156,13 @@ def test_an_update_carries_where_the_memory_was_acted_on_in_either_order() -> No
     ca = CreditAssigner()
     ca.on_usage("t", "e", UsageRecord("r", 0, ("m",), (1.0,), "agent"), 0)
     assert ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)[0].similarity is None
+    # an agent record naming a memory the responder did not serve: the others keep theirs
+    ca = CreditAssigner()
+    ca.on_usage("t", "e", UsageRecord("r", 0, ("a", "b"), (0.5, 0.5), "served",
+                                      similarities=(0.9, 0.1)), 0)  # fmt: skip
+    ca.on_usage("t", "e", UsageRecord("r", 0, ("a", "c"), (0.5, 0.5), "agent"), 0)
+    ups = {u.memory_id: u for u in ca.on_outcome("t", "e", OutcomeRecord("o", 1.0), 1)}
+    assert ups["a"].similarity == pytest.approx(0.9) and ups["c"].similarity is None
 
 
 def test_the_statistics_keep_the_discounted_mean_similarity_of_their_evidence() -> None:

@@ -130,6 +130,9 @@ def test_credit_applies_to_queries_about_as_close_as_those_that_earned_it() -> N
     near += [credited("tried", 0.7, 3, 0.1, core=True)]
     far = rank([outside(0.38, 1.0), *near], p, 0.97, 0, 5, lanes=True)
     assert "outside" not in [r.row["id"] for r in far]
+    every = {r.row["id"]: r for r in rank([outside(0.38, 1.0), *near], p, 0.97, 0, 9, lanes=True)}
+    assert every["outside"].bonus == 0.0  # no promotion, and its utility does not count
+    assert every["outside"].salience == p.salience(3.0, 0.0, 5, core=True)
     assert p.fit(outside(0.38, 1.0), 0.38) == 0.0
     close = rank([outside(0.95, 1.0), *near], p, 0.97, 0, 5, lanes=True)
     assert close[0].row["id"] == "outside" and close[0].bonus > 0

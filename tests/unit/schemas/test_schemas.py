@@ -89,6 +89,18 @@ def test_usage_weights_align() -> None:
         )
 
 
+def test_usage_similarities_are_the_responders_aligned_and_in_range() -> None:
+    base = {"tenant": "t", "episode_id": "e", "request_id": "r", "memory_ids": ["a", "b"],
+            "weights": [0.5, 0.5], "ts": 0}  # fmt: skip
+    u = MemoryUsage(**base, similarities=[0.9, 0.2])
+    assert decode(MemoryUsage, encode(u)).similarities == [0.9, 0.2]
+    for bad in ([0.9], [1.2, 0.1], [-0.1, 0.5]):
+        with pytest.raises(ValidationError):
+            MemoryUsage(**base, similarities=bad)
+    with pytest.raises(ValidationError, match="responder"):
+        MemoryUsage(**base, similarities=[0.9, 0.2], source="agent")
+
+
 def test_usage_step_reward_is_optional_finite_and_round_trips() -> None:
     base = {
         "tenant": "t",

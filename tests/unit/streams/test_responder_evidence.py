@@ -59,6 +59,8 @@ def test_the_last_hit_is_the_exploration_lane_and_the_usage_records_it() -> None
                                                   ("x2", "explore")]  # fmt: skip
     assert usage is not None and usage.lanes == ["main", "main", "explore"]
     assert usage.propensities == [1.0, 1.0, 1.0]
+    # each served hit's cosine, for credit to remember where a memory earned it
+    assert usage.similarities == [r["similarity"] for r in rows[:3]]
     tried = [mem(f"x{i}", 0.9 - 0.1 * i, uses=2) for i in range(4)] + [mem("x4", 0.5)]
     hits, _ = served(tried)
     assert [m for m, _, _ in hits] == ["x0", "x1", "x4"]

@@ -62,3 +62,13 @@ def test_a_malformed_token_map_never_prints_the_token(
         Settings()
     line = setting_error(e.value)
     assert line.startswith(where) and "s3cr3t" not in line
+
+
+def test_the_credit_fit_margin_reaches_the_ranking(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.respond.http import policy_from
+
+    monkeypatch.setenv("DMEM_RESPOND__CREDIT_FIT_MARGIN", "0.3")
+    assert policy_from(Settings()).fit_margin == 0.3
+    monkeypatch.setenv("DMEM_RESPOND__CREDIT_FIT_MARGIN", "-0.1")
+    with pytest.raises(ValidationError):
+        Settings()
