@@ -187,12 +187,12 @@ class RankPolicy:
         anneal = min(1.0, context_uses / self.promote_full)
         return fit * self.promote_max * anneal * max(-1.0, min(1.0, est / EFFECT_FULL))
 
-    def optimism(self, row: Mapping[str, Any], semantic: float) -> float:
-        """The exploration lane's value: the credited mean where it applies
-        (`fit`) plus a bonus that shrinks with every credited use, served or acted on."""
+    def optimism(self, row: Mapping[str, Any], fit: float = 1.0) -> float:
+        """The exploration lane's value: the credited mean times the share of it that
+        applies to the query (`fit`) plus a bonus that shrinks with every credited
+        use, served or acted on."""
         uses = max(0, int(row.get("uses", 0) or 0))
-        mean = CreditStats.of(row).mean * self.fit(row, semantic)
-        return mean + self.explore_c / math.sqrt(1.0 + uses)
+        return CreditStats.of(row).mean * fit + self.explore_c / math.sqrt(1.0 + uses)
 
     def salience(self, rpe: float, utility: float, uses: int = 0, core: bool = False) -> float:
         """Surprise (1 for a core memory, else from |rpe|) and optimistic credit."""
@@ -280,6 +280,8 @@ class Ranked:
     lane: Lane = "main"
     #: the main lane's bonus for an established effect (included in ``score``)
     bonus: float = 0.0
+    #: the share of the memory's credit that applies to this query (`RankPolicy.fit`)
+    fit: float = 1.0
 
 
 def updated_id(row: Mapping[str, Any]) -> str | None:
@@ -363,7 +365,7 @@ def rank(
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
         bonus = policy.promotion(row, context_uses, fit) if context_uses else 0.0
         score = lam * sem + (1.0 - lam) * sal * rec + bonus
-        scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus))
+        scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus, fit=fit))
     # exact ties: by memory id; a later statement above the older one it updates
     scored = supersede(scored)
     slots = min(policy.explore_slots, k - 1) if lanes and k >= 3 else 0
@@ -390,7 +392,7 @@ def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy,
         return main + [replace(r, lane="explore") for r in rest[:slots]]
     picks: list[Ranked] = []
     while rest and len(picks) < slots:
-        values = [policy.optimism(r.row, r.semantic) for r in rest]
+        values = [policy.optimism(r.row, r.fit) for r in rest]
         served = {_action(r.row) for r in (*main, *picks)}
         fresh = [i for i, r in enumerate(rest) if _action(r.row) not in served]
         best = max(fresh or range(len(rest)), key=lambda i: (values[i], -i))
