@@ -475,9 +475,11 @@ class CreditStats:
     def of(cls, row: Mapping[str, Any]) -> CreditStats:
         """The stats stored in a row (none: an untried memory)."""
         meta = row.get("metadata")
-        raw = meta.get("credit") if isinstance(meta, Mapping) else None
-        if not isinstance(raw, Mapping):
-            return cls()
+        # ``type(...) is dict`` first: rows are plain dicts, and an ABC isinstance check
+        # per candidate is a measurable share of a search's ranking
+        raw = meta.get("credit") if type(meta) is dict or isinstance(meta, Mapping) else None
+        if raw is None or not (type(raw) is dict or isinstance(raw, Mapping)):
+            return NO_CREDIT
         return cls(int(raw.get("n", 0)), float(raw.get("w", 0.0)),
                    float(raw.get("mean", 0.0)), float(raw.get("m2", 0.0)),
                    float(raw.get("sim", 0.0)), float(raw.get("sim_w", 0.0)))  # fmt: skip
@@ -517,6 +519,10 @@ class CreditStats:
         if self.sim_w > 0:
             out.update(sim=self.sim, sim_w=self.sim_w)
         return out
+
+
+#: the statistics of a memory without credit (shared: `CreditStats` is immutable)
+NO_CREDIT = CreditStats()
 
 
 def apply_utility(

@@ -90,7 +90,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -167,21 +167,33 @@ class RankPolicy:
         t = math.log(n_memories / self.young) / math.log(self.mature / self.young)
         return self.lambda_hi + t * (self.lambda_lo - self.lambda_hi)
 
-    def fit(self, row: Mapping[str, Any], semantic: float) -> float:
+    def fit(
+        self, row: Mapping[str, Any], semantic: float, stats: CreditStats | None = None
+    ) -> float:
         """The share of a memory's credit that applies to a query at cosine
         ``semantic``: 1 down to ``fit_margin`` below the similarity at which it earned
         its credit (`CreditStats.sim`), then linearly to 0 at twice that; 1 where
-        that similarity is unknown, or with ``fit_margin`` 0."""
-        stats = CreditStats.of(row)
+        that similarity is unknown, or with ``fit_margin`` 0. ``stats``: the row's
+        `CreditStats` where the caller has them already."""
+        if stats is None:
+            stats = CreditStats.of(row)
         if self.fit_margin <= 0 or stats.sim_w <= 0:
             return 1.0
         return max(0.0, min(1.0, 2.0 - (stats.sim - semantic) / self.fit_margin))
 
-    def promotion(self, row: Mapping[str, Any], context_uses: int, fit: float = 1.0) -> float:
+    def promotion(
+        self,
+        row: Mapping[str, Any],
+        context_uses: int,
+        fit: float = 1.0,
+        stats: CreditStats | None = None,
+    ) -> float:
         """The main lane's bonus of an established effect (see the module doc)."""
         if self.promote_max <= 0 or fit <= 0:
             return 0.0
-        est = CreditStats.of(row).established(self.promote_min_uses, self.promote_z)
+        if stats is None:
+            stats = CreditStats.of(row)
+        est = stats.established(self.promote_min_uses, self.promote_z)
         if est == 0.0:
             return 0.0
         anneal = min(1.0, context_uses / self.promote_full)
@@ -287,7 +299,7 @@ class Ranked:
 def updated_id(row: Mapping[str, Any]) -> str | None:
     """The memory id ``row`` updates (``metadata.updates``, set by the write path)."""
     meta = row.get("metadata")
-    ref = meta.get("updates") if isinstance(meta, Mapping) else None
+    ref = meta.get("updates") if type(meta) is dict or isinstance(meta, Mapping) else None
     return str(ref) if isinstance(ref, str) and ref else None
 
 
@@ -348,22 +360,24 @@ def rank(
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")
     context_uses = sum(max(0, int(r.get("uses", 0) or 0)) for r in candidates) if lanes else 0
+    clocks = now_ms if isinstance(now_ms, Mapping) else None
     scored = []
     for row in candidates:
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
-        fit = policy.fit(row, sem)
+        stats = CreditStats.of(row)
+        fit = policy.fit(row, sem, stats)
         sal = policy.salience(
             max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
             float(row.get("utility", 0.0)) * fit,
             int(row.get("uses", 0) or 0),
             row.get("partition") == "core",
         )
-        if isinstance(now_ms, Mapping):
-            ref = float(now_ms.get(str(row.get("agent_id") or ""), row.get("created_ts", 0)))
+        if clocks is not None:
+            ref = float(clocks.get(str(row.get("agent_id") or ""), row.get("created_ts", 0)))
         else:
-            ref = float(now_ms)
+            ref = float(cast(float, now_ms))
         rec = policy.recency(float(row.get("created_ts", ref)), ref)
-        bonus = policy.promotion(row, context_uses, fit) if context_uses else 0.0
+        bonus = policy.promotion(row, context_uses, fit, stats) if context_uses else 0.0
         score = lam * sem + (1.0 - lam) * sal * rec + bonus
         scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus, fit=fit))
     # exact ties: by memory id; a later statement above the older one it updates
