@@ -274,6 +274,19 @@ def bench_retrieval(
     is_flag=True,
     help="time each HTTP call over a new connection [default: kept alive, as the SDK's client]",
 )
+@click.option(
+    "--ab-ref",
+    default=None,
+    metavar="REV",
+    help="then compare search latency with git revision REV's worker on the same stack",
+)
+@click.option(
+    "--ab-rounds",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="A/B rounds (each: REV, this checkout, this checkout, REV)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
 def bench_embedded(
     memories: int,
@@ -284,6 +297,8 @@ def bench_embedded(
     encoder: str | None,
     milvus: str,
     new_connections: bool,
+    ab_ref: str | None,
+    ab_rounds: int,
     as_json: bool,
 ) -> None:
     """The `dmem up` stack: HTTP ingest, search latency, librdkafka clients, OpenAPI, page."""
@@ -299,6 +314,8 @@ def bench_embedded(
         encoder=encoder,
         milvus=milvus,
         keep_alive=not new_connections,
+        ab_ref=ab_ref,
+        ab_rounds=ab_rounds,
     )
     try:
         run_embedded(cfg, as_json)

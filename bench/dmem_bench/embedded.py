@@ -58,6 +58,16 @@ Steps, each a key of the JSON:
    page's 50 rows read by primary key right after each page (what a store ordered by
    time would read), ``list_page_p50_ratio`` = page p50 / that, and
    ``list_page_server_p50_ms`` the page handler's ``Server-Timing`` total.
+6. A/B against another revision (``--ab-ref REV``, after everything above): the same
+   stack and data, its ``all`` worker restarted on REV's code (``git archive`` of this
+   checkout's REV) or this checkout's, in the order REV, this, this, REV per round
+   (``--ab-rounds``), so a store that slows during the run weighs on both; after each
+   start ``ab_settle_s`` of quiet, then ``--warmup`` + ``--queries`` searches as in 4.
+   A fresh stack per revision would add the load's variance (how the rows fell into
+   segments, what the server does after a load) to the code's. ``ab_search_p50_ms`` /
+   ``ab_search_p99_ms`` ({"ref", "main"}: medians over that code's runs),
+   ``ab_search_p50_ratio`` / ``ab_search_p99_ratio`` (this checkout / REV) and
+   ``ab_runs`` (every run).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ import importlib
 import json
 import select
 import statistics
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -131,6 +142,10 @@ class EmbeddedConfig:
     #: the timed calls over kept-alive connections (what the SDK's client does); False:
     #: a new connection per request
     keep_alive: bool = True
+    #: a git revision whose worker the search is compared with on the same stack (step 6)
+    ab_ref: str | None = None
+    ab_rounds: int = 2
+    ab_settle_s: float = 20.0
 
 
 class KeepAlive:
@@ -685,6 +700,74 @@ def check_explorer(base: str) -> tuple[bool, str]:
     return ok, why
 
 
+#: one round of the A/B: the reference revision, this checkout, this checkout, the reference
+AB_ROUND = ("ref", "main", "main", "ref")
+
+
+def ab_order(rounds: int) -> list[str]:
+    """Which code each worker start of the A/B runs, in order."""
+    return [code for _ in range(rounds) for code in AB_ROUND]
+
+
+def export_revision(rev: str, dest: Path) -> Path:
+    """This checkout's git revision ``rev``, written to ``dest`` (``git archive``)."""
+    from schemas.errors import ConfigError
+    from streams.local.stack import REPO_ROOT
+
+    arch = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev],
+                          capture_output=True, check=False)  # fmt: skip
+    if arch.returncode != 0:
+        why = arch.stderr.decode(errors="replace").strip()
+        raise ConfigError(f"--ab-ref {rev!r}: git archive failed: {why}")
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=arch.stdout, check=True)
+    return dest
+
+
+def ab_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The A/B keys from its runs (each with ``code`` "ref" or "main", ``p50``, ``p99``)."""
+    out: dict[str, Any] = {"ab_search_p50_ms": {}, "ab_search_p99_ms": {}}
+    for key in ("p50", "p99"):
+        for code in ("ref", "main"):
+            xs = [r[key] for r in runs if r["code"] == code]
+            out[f"ab_search_{key}_ms"][code] = round(statistics.median(xs), 2) if xs else None
+        m, r = out[f"ab_search_{key}_ms"]["main"], out[f"ab_search_{key}_ms"]["ref"]
+        out[f"ab_search_{key}_ratio"] = round(m / r, 3) if m and r else None
+    out["ab_runs"] = runs
+    return out
+
+
+def measure_ab(cfg: EmbeddedConfig, stack: Any, tmp: Path) -> dict[str, Any]:
+    """Step 6: search latency of ``cfg.ab_ref``'s worker and this checkout's, one stack."""
+    assert cfg.ab_ref is not None
+    ref_root = export_revision(cfg.ab_ref, tmp / "ab-ref")
+    rng = np.random.default_rng(cfg.seed + 7)
+    order = ab_order(cfg.ab_rounds)
+    runs: list[dict[str, Any]] = []
+    for i, code in enumerate(order):
+        stack.stop_workers()
+        worker = stack.start_worker("all", ref_root if code == "ref" else None)
+        stack.wait_ready(worker)
+        base = f"http://127.0.0.1:{stack.web_ports[0]}"
+        time.sleep(cfg.ab_settle_s)  # the worker's start-up work, in either revision
+        lat, took = [], []
+        for j in range(cfg.warmup + cfg.queries):
+            t0 = time.perf_counter()
+            status, body = http(base, "POST", "/v1/search",
+                                {"tenant": TENANT, "query": agent_note(rng), "k": 5})  # fmt: skip
+            dt = time.perf_counter() - t0
+            if status != 200:
+                raise RuntimeError(f"A/B search ({code}) answered {status}: {body}")
+            if j >= cfg.warmup:
+                lat.append(dt)
+                took.append(float(body.get("took_ms", 0.0)))
+        s = summarize_ms(lat)
+        runs.append({"code": code, "p50": round(s["p50"], 2), "p99": round(s["p99"], 2),
+                     "took_p50": round(statistics.median(took), 2)})  # fmt: skip
+        note(f"A/B {i + 1}/{len(order)} ({code}): p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms")
+    return {"ab_ref": cfg.ab_ref, **ab_summary(runs)}
+
+
 def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
     from milvus import MemoryStore
     from operators.encoders import build_encoder
@@ -725,6 +808,8 @@ def run_embedded(cfg: EmbeddedConfig) -> dict[str, Any]:
         folded = fold_some(cfg, base, stack.bootstrap, settings.topic("memories"))
         result.update(measure_reads(cfg, base, int(result["transitions"]), folded, raw))
         result["explorer_ok"], result["explorer_reason"] = check_explorer(base)
+        if cfg.ab_ref:
+            result.update(measure_ab(cfg, stack, tmp))
         failed = False
     finally:
         from dmem_bench.common import teardown

@@ -61,15 +61,23 @@ def open_private(path: Path) -> BinaryIO:
 class WorkerProcess:
     """One `dmem worker` subprocess with its own environment."""
 
-    def __init__(self, role: str, env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, role: str, env: dict[str, str], log_path: Path, code_root: Path | None = None
+    ) -> None:
         self.role = role
         self.env = env
         self.log_path = log_path
+        #: the checkout whose code the worker runs (default: this one); a benchmark
+        #: compares another revision's worker on the same broker and store with it
+        self.code_root = code_root or REPO_ROOT
+        #: ``-m`` puts the working directory first on sys.path: another checkout's worker
+        #: runs from it; this one's from the caller's directory (relative paths hold)
+        self.cwd = code_root
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(self.code_root) + os.pathsep + env.get("PYTHONPATH", "")
         # faust logs to stdout, block-buffered into a file: unbuffered, a worker that
         # is killed still leaves every line it logged (its assignments, its last error)
         env["PYTHONUNBUFFERED"] = "1"
@@ -80,6 +88,7 @@ class WorkerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=self.cwd,
             start_new_session=True,
             umask=PRIVATE_UMASK,  # the Milvus Lite file, faust's data dir: owner only
         )
@@ -192,9 +201,10 @@ class LocalStack:
         asyncio.run(ensure_topics(self.settings))
         return self.bootstrap
 
-    def start_worker(self, role: str) -> WorkerProcess:
+    def start_worker(self, role: str, code_root: Path | None = None) -> WorkerProcess:
         port = free_port()
-        w = WorkerProcess(role, self.env(port), self.data_dir / f"worker-{role}-{port}.log")
+        log = self.data_dir / f"worker-{role}-{port}.log"
+        w = WorkerProcess(role, self.env(port), log, code_root)
         w.start()
         self.workers.append(w)
         self.web_ports.append(port)
