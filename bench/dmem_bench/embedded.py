@@ -62,7 +62,8 @@ Steps, each a key of the JSON:
    stack and data, its ``all`` worker restarted on REV's code (``git archive`` of this
    checkout's REV) or this checkout's, in the order REV, this, this, REV per round
    (``--ab-rounds``), so a store that slows during the run weighs on both; after each
-   start ``ab_settle_s`` of quiet, then ``--warmup`` + ``--queries`` searches as in 4.
+   start, once the worker has used at most 30 % of a core over ``ab_settle_s`` (its
+   start-up work done: ``quiet_after_s``), ``--warmup`` + ``--queries`` searches as in 4.
    A fresh stack per revision would add the load's variance (how the rows fell into
    segments, what the server does after a load) to the code's. ``ab_search_p50_ms`` /
    ``ab_search_p99_ms`` ({"ref", "main"}: medians over that code's runs),
@@ -145,7 +146,8 @@ class EmbeddedConfig:
     #: a git revision whose worker the search is compared with on the same stack (step 6)
     ab_ref: str | None = None
     ab_rounds: int = 2
-    ab_settle_s: float = 20.0
+    #: after each A/B worker start: the worker at most 30 % of a core over this long
+    ab_settle_s: float = 10.0
 
 
 class KeepAlive:
@@ -737,6 +739,40 @@ def ab_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(pid: int, busy_share: float, quiet_s: float, timeout_s: float) -> float:
+    """Block until process ``pid`` used at most ``busy_share`` of a core over the last
+    ``quiet_s`` seconds (a worker's start-up work done: state restores, index rebuilds),
+    at most ``timeout_s``; returns the seconds waited. Without ``/proc``: ``quiet_s``."""
+    t0 = time.monotonic()
+    window: list[tuple[float, float]] = []
+    while time.monotonic() - t0 < timeout_s:
+        cpu = cpu_seconds(pid)
+        if cpu is None:
+            time.sleep(quiet_s)
+            break
+        now = time.monotonic()
+        window.append((now, cpu))
+        # keep the newest sample that is at least quiet_s old as the window's start
+        while len(window) > 1 and now - window[1][0] >= quiet_s:
+            window.pop(0)
+        span = now - window[0][0]
+        if span >= quiet_s and (cpu - window[0][1]) / span <= busy_share:
+            break
+        time.sleep(0.5)
+    return round(time.monotonic() - t0, 1)
+
+
 def measure_ab(cfg: EmbeddedConfig, stack: Any, tmp: Path) -> dict[str, Any]:
     """Step 6: search latency of ``cfg.ab_ref``'s worker and this checkout's, one stack."""
     assert cfg.ab_ref is not None
@@ -749,7 +785,10 @@ def measure_ab(cfg: EmbeddedConfig, stack: Any, tmp: Path) -> dict[str, Any]:
         worker = stack.start_worker("all", ref_root if code == "ref" else None)
         stack.wait_ready(worker)
         base = f"http://127.0.0.1:{stack.web_ports[0]}"
-        time.sleep(cfg.ab_settle_s)  # the worker's start-up work, in either revision
+        # the worker's start-up work (more of it in one revision than in the other) is
+        # not what the A/B compares: wait until the worker is idle
+        assert worker.proc is not None  # started
+        waited = wait_quiet(worker.proc.pid, 0.3, cfg.ab_settle_s, 180.0)
         lat, took = [], []
         for j in range(cfg.warmup + cfg.queries):
             t0 = time.perf_counter()
@@ -763,7 +802,8 @@ def measure_ab(cfg: EmbeddedConfig, stack: Any, tmp: Path) -> dict[str, Any]:
                 took.append(float(body.get("took_ms", 0.0)))
         s = summarize_ms(lat)
         runs.append({"code": code, "p50": round(s["p50"], 2), "p99": round(s["p99"], 2),
-                     "took_p50": round(statistics.median(took), 2)})  # fmt: skip
+                     "took_p50": round(statistics.median(took), 2),
+                     "quiet_after_s": waited})  # fmt: skip
         note(f"A/B {i + 1}/{len(order)} ({code}): p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms")
     return {"ab_ref": cfg.ab_ref, **ab_summary(runs)}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dmem_bench.embedded import ab_order, ab_summary, export_revision
+from dmem_bench.embedded import ab_order, ab_summary, cpu_seconds, export_revision, wait_quiet
 from schemas.errors import ConfigError
 from streams.local.stack import REPO_ROOT, WorkerProcess
 
@@ -82,3 +82,24 @@ def test_worker_runs_another_checkouts_code_from_it(
     assert isinstance(env, dict)
     assert env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
     assert seen["cwd"] is None  # this checkout's worker keeps the caller's directory
+
+
+def test_wait_quiet_returns_once_the_process_is_idle_and_waits_out_a_busy_one() -> None:
+    idle = subprocess.Popen(["sleep", "30"])
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        waited = wait_quiet(idle.pid, 0.3, 1.0, 10.0)
+        assert 1.0 <= waited < 5.0
+        assert wait_quiet(spin.pid, 0.3, 1.0, 2.5) >= 2.5  # never quiet: the timeout
+        spent = cpu_seconds(spin.pid)
+        assert spent is not None and spent > 0.5
+    finally:
+        for p in (idle, spin):
+            p.kill()
+            p.wait()
+
+
+def test_cpu_seconds_of_no_process_is_none() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert cpu_seconds(dead.pid) is None
