@@ -716,8 +716,18 @@ def export_revision(rev: str, dest: Path) -> Path:
     from schemas.errors import ConfigError
     from streams.local.stack import REPO_ROOT
 
-    arch = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev],
-                          capture_output=True, check=False)  # fmt: skip
+    def git(*args: str) -> subprocess.CompletedProcess[bytes]:
+        try:
+            return subprocess.run(["git", "-C", str(REPO_ROOT), *args],
+                                  capture_output=True, check=False)  # fmt: skip
+        except FileNotFoundError as exc:
+            raise ConfigError(f"--ab-ref needs git: {exc}") from exc
+
+    # resolved first: a revision that starts with "-" is never read as an option
+    found = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+    if found.returncode != 0:
+        raise ConfigError(f"--ab-ref {rev!r}: not a commit of this checkout ({REPO_ROOT})")
+    arch = git("archive", "--format=tar", found.stdout.decode().strip())
     if arch.returncode != 0:
         why = arch.stderr.decode(errors="replace").strip()
         raise ConfigError(f"--ab-ref {rev!r}: git archive failed: {why}")
@@ -751,9 +761,10 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def wait_quiet(pid: int, busy_share: float, quiet_s: float, timeout_s: float) -> float:
-    """Block until process ``pid`` used at most ``busy_share`` of a core over the last
-    ``quiet_s`` seconds (a worker's start-up work done: state restores, index rebuilds),
-    at most ``timeout_s``; returns the seconds waited. Without ``/proc``: ``quiet_s``."""
+    """Block until process ``pid`` itself (not its children nor the servers it talks to)
+    used at most ``busy_share`` of a core over the last ``quiet_s`` seconds (a worker's
+    start-up work done: state restores, its in-memory indexes), at most ``timeout_s``;
+    returns the seconds waited. Without ``/proc``: ``quiet_s``."""
     t0 = time.monotonic()
     window: list[tuple[float, float]] = []
     while time.monotonic() - t0 < timeout_s:
@@ -767,7 +778,7 @@ def wait_quiet(pid: int, busy_share: float, quiet_s: float, timeout_s: float) ->
         while len(window) > 1 and now - window[1][0] >= quiet_s:
             window.pop(0)
         span = now - window[0][0]
-        if span >= quiet_s and (cpu - window[0][1]) / span <= busy_share:
+        if span >= quiet_s and span > 0 and (cpu - window[0][1]) / span <= busy_share:
             break
         time.sleep(0.5)
     return round(time.monotonic() - t0, 1)
@@ -873,7 +884,8 @@ def print_report(r: dict[str, Any]) -> None:
         "raw_get_p50_ms", "get_p50_ratio", "get_missing_p50_ms", "get_folded_p50_ms",
         "list_page_p50_ms", "raw_page_p50_ms", "list_page_p50_ratio", "history_p50_ms",
         "kcat_ok", "confluent_kafka_ok", "openapi_valid",
-        "ui_ok", "explorer_ok")]  # fmt: skip
+        "ui_ok", "explorer_ok", "ab_ref", "ab_search_p50_ms", "ab_search_p99_ms",
+        "ab_search_p50_ratio", "ab_search_p99_ratio")]  # fmt: skip
     print_table("Embedded stack (dmem up)", ["metric", "value"], rows)
 
 
