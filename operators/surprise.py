@@ -68,6 +68,14 @@ a typical turn says"), and 0 when the turn is off-context:
   least nine times as likely as real (losing a real turn costs more than keeping a
   distractor, and on a clean chat the estimate of the injected share runs high:
   measured in docs/design/2026-12-03-conversation-defaults.md).
+- **A second look for the cold guard's passes** (``recheck_cold``, off by default):
+  a tenant's first turns meet a guard without a yardstick (no unrelated level, no
+  contamination estimate), which lets injected turns through. With it on, each turn
+  the cold guard lets through waits on probation until its window is complete and the
+  guard is warm, and is judged again as a live turn would be then
+  (`IntrinsicScore.retracts`); the write path evicts those it had written. Off by
+  default because the contamination estimate runs high on clean chats, and the
+  second look then costs real turns (docs/design/2026-12-04-cold-guard-recheck.md).
 - **The mix** (`AgentRewardMix`, `gate_score`): per agent, rewards switch the
   intrinsic score off; a chat beside a rewarded agent in one tenant keeps its own.
 - **Batch independence**: every part is decided per turn in stream order; the
@@ -89,6 +97,7 @@ Measurements and rejected alternatives: docs/design/2026-12-01-context-guard.md.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import io
 import math
@@ -96,7 +105,7 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -534,6 +543,11 @@ class IntrinsicConfig:
     #: embeddings + lexical x the cosine of their words (`IntrinsicState.lexical`,
     #: each distinct word weighted by its surprisal); 0: embeddings only
     lexical: float = 0.5
+    #: turns written before the guard had its yardstick (the unrelated level and the
+    #: contamination estimate still warming up) are judged again by the warm guard once
+    #: their window is complete; those it vetoes then are retracted
+    #: (`IntrinsicScore.retracts`); False: the cold guard's call is final
+    recheck_cold: bool = False
     hist_bins: int = 40
     hist_alpha: float = 0.002
     hist_warmup: int = 100
@@ -591,6 +605,23 @@ class IntrinsicScore:
     updates: str | None = None
     #: the speaker states something about itself (`discloses`; weighed by ``disclosure``)
     disclosure: bool = False
+    #: (memory id, episode id) of earlier turns of this agent that passed the guard while
+    #: it was cold and that the warm guard, their window now complete, judges
+    #: off-context (``recheck_cold``): the write path retracts those it wrote
+    retracts: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass
+class _Probation:
+    """A turn judged while the guard was cold, waiting for its window to complete and
+    for the warm guard to judge it again (``recheck_cold``)."""
+
+    memory_id: str
+    vec: np.ndarray
+    fit: float  # the best similarity so far: the window before it, then the turns after
+    left: int  # later turns of the agent still to see
+    episode: str | None = None
+    lex: np.ndarray | None = None
 
 
 @dataclass
@@ -606,8 +637,13 @@ class _Suspect:
     lex: np.ndarray | None = None
 
 
+_W = TypeVar("_W", "_Suspect", "_Probation")
+
 #: agents whose pending suspects a checkpoint keeps (the most recent ones)
 SUSPECT_AGENTS = 256
+#: turns on probation kept per agent (`IntrinsicState._recheck`): the guard is cold
+#: for about its warm-up's turns of a tenant; older ones beyond this are let through
+PROBATION_MAX = 512
 
 
 def _b64(x: np.ndarray | None) -> str | None:
@@ -618,30 +654,25 @@ def _unb64(x: str | None) -> np.ndarray | None:
     return None if x is None else np.frombuffer(base64.b64decode(x), dtype="<f4").copy()
 
 
-def _suspect_to_dict(x: _Suspect) -> dict[str, Any]:
-    return {
-        "id": x.memory_id,
-        "vec": _b64(x.vec),
-        "raw": x.raw,
-        "threshold": x.threshold,
-        "left": x.left,
-        "episode": x.episode,
-        "lex": _b64(x.lex),
-    }
+def _waiting_to_dict(x: _Suspect | _Probation) -> dict[str, Any]:
+    """A turn waiting in the intrinsic state (a suspect or a turn on probation) as
+    JSON: its fields by name (the memory id as ``id``), vectors as base64 float32."""
+    d = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    d["id"] = d.pop("memory_id")
+    d["vec"], d["lex"] = _b64(x.vec), _b64(x.lex)
+    return d
 
 
-def _suspect_from_dict(d: dict[str, Any]) -> _Suspect:
+def _waiting_from_dict(cls: type[_W], d: dict[str, Any]) -> _W:
+    """The inverse of `_waiting_to_dict`; ``left`` is a count, other numbers floats."""
     vec = _unb64(d["vec"])
     assert vec is not None
-    return _Suspect(
-        str(d["id"]),
-        vec,
-        float(d["raw"]),
-        float(d["threshold"]),
-        int(d["left"]),
-        None if d.get("episode") is None else str(d["episode"]),
-        _unb64(d.get("lex")),
-    )
+    kw: dict[str, Any] = {"memory_id": str(d["id"]), "vec": vec, "lex": _unb64(d.get("lex"))}
+    kw["episode"] = None if d.get("episode") is None else str(d["episode"])
+    for f in dataclasses.fields(cls):
+        if f.name not in kw:
+            kw[f.name] = int(d[f.name]) if f.name == "left" else float(d[f.name])
+    return cls(**kw)
 
 
 class _Running:
@@ -710,13 +741,14 @@ class Contamination:
         co = float(np.cumsum(self.obs)[m] / self.obs.sum())
         return min(1.0, co / max(float(c0[m]), 1e-9))
 
+    @property
+    def warm(self) -> bool:
+        """Enough observed fits and null draws for `cut` to estimate anything."""
+        return self.null_count > 0 and min(self.count, self.null_count) >= self.warmup
+
     def cut(self, posterior: float) -> float:
         """The fit below which a turn is off-context (-inf until warmed up)."""
-        if (
-            posterior >= 1.0
-            or self.null_count == 0
-            or min(self.count, self.null_count) < self.warmup
-        ):
+        if posterior >= 1.0 or not self.warm:
             return -math.inf  # 1 switches the cut off
         pi0 = self.pi0()
         if pi0 <= 0.0:
@@ -806,6 +838,8 @@ class IntrinsicState:
         self.lex_bank: OrderedDict[str, deque[np.ndarray | None]] = OrderedDict()
         self.lex_recent: OrderedDict[str, deque[np.ndarray | None]] = OrderedDict()
         self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
+        #: per agent: turns that passed the guard while it was cold (`_recheck`)
+        self.probation: OrderedDict[str, deque[_Probation]] = OrderedDict()
         c = self.config
         self.contamination = Contamination(c.hist_bins, c.hist_alpha, c.hist_warmup)
         self._rng = np.random.default_rng(seed)
@@ -913,6 +947,40 @@ class IntrinsicState:
                 keep.append(sus)
         self.suspects[agent] = keep
         return hit
+
+    def _recheck(
+        self, agent: str, vec: np.ndarray, lex: np.ndarray | None
+    ) -> tuple[tuple[str, str | None], ...]:
+        """Turns of ``agent`` on probation that the warm guard now judges off-context.
+
+        This turn extends each waiting turn's window (its similarity to them), then,
+        once the guard is warm (the unrelated level and the contamination estimate
+        both have their warm-up), every turn whose window is complete is judged as a
+        live turn is now: off-context if its best similarity to the ``window`` turns
+        before it, its next observation and the ``lookahead`` turns after it is below
+        today's threshold. Why: the first turns of a tenant pass a guard without a
+        yardstick (a contaminated stream's first hundred turns keep as many injected
+        turns as the rest of it); the cold guard's pass is provisional.
+        """
+        pend = self.probation.get(agent)
+        if not pend:
+            return ()
+        for p in pend:
+            if p.left > 0:
+                p.fit = max(p.fit, self._sim(p.vec, p.lex, vec, lex))
+                p.left -= 1
+        unrel = self._unrelated()
+        if unrel is None or not self.contamination.warm or pend[0].left > 0:
+            return ()
+        cfg = self.config
+        k = max(cfg.fit_k, self.contamination.cut(cfg.off_posterior))
+        threshold = unrel[0] + k * unrel[1]
+        out = []
+        while pend and pend[0].left <= 0:  # appended in order: complete in order
+            p = pend.popleft()
+            if p.fit < threshold:
+                out.append((p.memory_id, p.episode))
+        return tuple(out)
 
     def _window_stats(
         self,
@@ -1047,6 +1115,9 @@ class IntrinsicState:
                     known = self.bank_meta.get(agent)
                     updates = known[j][0] if known is not None and j < len(known) else None
             threshold = -math.inf
+            # the guard has no yardstick yet, or not the contamination's: its call on a
+            # turn it lets through is provisional (``recheck_cold``)
+            cold = unrel is None or not self.contamination.warm
             if unrel is not None:
                 # fit_k, or the contamination-adaptive cut (`Contamination`, in the same
                 # std units) where that is stricter
@@ -1070,6 +1141,14 @@ class IntrinsicState:
                 pend.append(
                     _Suspect(ids[i], vec.copy(), float(raw), threshold, cfg.lookahead, episode, lex)
                 )
+            retracts: tuple[tuple[str, str | None], ...] = ()
+            if cfg.recheck_cold:
+                retracts = self._recheck(agent, vec, lex)
+                if cold and recent and not off and not exempt and ids is not None:
+                    pq = _bounded(
+                        self.probation, agent, lambda: deque(maxlen=PROBATION_MAX), cfg.max_agents
+                    )
+                    pq.append(_Probation(ids[i], vec.copy(), fit, cfg.lookahead, episode, lex))
             score = 0.0 if off else raw
             out.append(
                 IntrinsicScore(
@@ -1082,6 +1161,7 @@ class IntrinsicState:
                     tuple((v.memory_id, v.raw, v.vec) for v in vind),
                     updates,
                     disclosed,
+                    retracts,
                 )
             )
             recent.append(np.asarray(vec, dtype=np.float32).copy())
@@ -1157,9 +1237,14 @@ class IntrinsicState:
             "speakers": {k: [r.mean, r.count] for k, r in self.speakers.items()},
             "disclosures": {k: [r.mean, r.count] for k, r in self.disclosures.items()},
             "suspects": {
-                agent: [_suspect_to_dict(x) for x in pend]
+                agent: [_waiting_to_dict(x) for x in pend]
                 for agent, pend in list(self.suspects.items())[-SUSPECT_AGENTS:]
                 if pend
+            },
+            "probation": {
+                agent: [_waiting_to_dict(x) for x in pq]
+                for agent, pq in list(self.probation.items())[-SUSPECT_AGENTS:]
+                if pq
             },
         }
 
@@ -1218,5 +1303,11 @@ class IntrinsicState:
         # restart between a turn and its reply must not lose the vindication
         for agent, pend in d.get("suspects", {}).items():
             if len(pend) and len(st.suspects) < cfg.max_agents:
-                st.suspects[str(agent)] = [_suspect_from_dict(x) for x in pend]
+                st.suspects[str(agent)] = [_waiting_from_dict(_Suspect, x) for x in pend]
+        # turns the cold guard let through, still to be judged by the warm one
+        for agent, pq in d.get("probation", {}).items():
+            if len(pq) and len(st.probation) < cfg.max_agents:
+                st.probation[str(agent)] = deque(
+                    (_waiting_from_dict(_Probation, x) for x in pq), maxlen=PROBATION_MAX
+                )
         return st

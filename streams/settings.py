@@ -613,6 +613,15 @@ class IntrinsicSettings(BaseModel):
         "of 'injected' exceeds this (contamination-adaptive cut; "
         "0.9: injected nine times as likely as real; 1 = off)",
     )
+    recheck_cold: bool = Field(
+        default=False,
+        description="turns the context guard let through before it had its yardstick (a "
+        "tenant's first turns, while the unrelated level and the contamination estimate "
+        "warm up) are judged again by the warm guard once the turns after them have "
+        "arrived; a written one it vetoes then is evicted (reason off_context). For "
+        "streams known to carry pasted or injected turns; off by default: on clean chats "
+        "the contamination estimate runs high and the second look costs real turns",
+    )
 
 
 class GateSettings(BaseModel):

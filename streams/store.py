@@ -10,9 +10,10 @@ during an outage still answers ``/health``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mode import Service
@@ -144,3 +145,14 @@ class StoreService(Service):
                     await self._retry(f"upsert {partition}", store.upsert, good, partition)
                 rejected.update(bad)
         return rejected
+
+    async def evict(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Delete the (tenant, memory id) rows, each tenant's own only; retried until
+        acknowledged (deleting a row that is not there is no error)."""
+        assert self.store is not None
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, mid in keys:
+            by_tenant.setdefault(tenant, []).append(mid)
+        for tenant, ids in by_tenant.items():
+            delete = functools.partial(self.store.delete, tenant=tenant)
+            await self._retry("evict", delete, ids)

@@ -211,7 +211,8 @@ def recall(hit_dias: Sequence[set[str]], evid: Sequence[set[str]]) -> list[float
 
 
 async def settle(settings: Any, ids: set[str], timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Read `memories` until every id has a write/drop event and the topic is quiet.
+    """Read `memories` until every id has a write/drop event and the topic is quiet
+    (an id's last written / dropped / evicted event is what ``decided`` holds).
 
     Fails when no new decision arrives for ``timeout_s`` (a stalled worker), not
     after a total time: MiniLM on a shared 2-core machine writes ~5-8 turns/s.
@@ -240,7 +241,8 @@ async def settle(settings: Any, ids: set[str], timeout_s: float) -> dict[str, di
                     ev = orjson.loads(m.value)
                     last_event = time.monotonic()
                     mid = ev["memory_id"]
-                    if ev["kind"] in ("written", "dropped") and mid in ids:
+                    # the last of written / dropped / evicted is what is stored now
+                    if ev["kind"] in ("written", "dropped", "evicted") and mid in ids:
                         if mid not in decided:
                             last_progress = last_event
                         decided[mid] = ev

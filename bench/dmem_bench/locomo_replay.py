@@ -59,7 +59,8 @@ class CacheEncoder:
 
 def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> list[Any]:
     """Feed ``transitions`` through ``pipe`` in batches of ``batch``, in process; the
-    ``written``/``dropped`` MemoryEvents in order. A dead letter is an error."""
+    ``written``/``dropped``/``evicted`` MemoryEvents in order (the write path evicts what
+    its warm context guard takes back). A dead letter is an error."""
     from streams.write.pipeline import RawRecord
 
     out: list[Any] = []
@@ -77,7 +78,7 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> 
         res = pipe.process(raws, now_ms=0)
         if res.dead:
             raise ValueError(f"{label}: {len(res.dead)} records dead-lettered ({res.dead[0][1]})")
-        out += [ev for ev in res.events if ev.kind in ("written", "dropped")]
+        out += [ev for ev in res.events if ev.kind in ("written", "dropped", "evicted")]
     return out
 
 
@@ -98,7 +99,9 @@ def forget(events: Iterable[Any], settings: Any) -> set[str]:
     for ev in events:
         ts = int(ev.event_ts)
         idx.advance(ev.agent_id, ts)
-        if ev.kind == "written":
+        if ev.kind == "evicted":
+            idx.remove(ev.memory_id)
+        elif ev.kind == "written":
             idx.upsert(
                 ev.memory_id,
                 Entry(

@@ -258,12 +258,16 @@ def quality_data(env: str, steps: int, seed: int, encoder: Any, now_ms: int) -> 
         ]
         offset += len(chunk)
         res = pipe.process(raws, int(chunk[-1].ts or now_ms))
+        gone = {mid for _, mid in res.retract}  # evicted by the write path's second look
         for part in ("core", "buffer"):
-            gated[part].extend(res.upserts[part])  # type: ignore[index]
+            rows = gated[part] + res.upserts[part]  # type: ignore[index]
+            gated[part] = [r for r in rows if r["id"] not in gone]
         by_id = {t.memory_id: t for t in chunk}
         vecs = encoder.encode([t.text() for t in chunk])
         vec_of = {t.memory_id: vecs[j] for j, t in enumerate(chunk)}
         for ev in res.events:  # store_all: every transition, same row layout
+            if ev.kind not in ("written", "dropped"):
+                continue
             t = by_id[ev.memory_id]
             every.append({  # own ids: the gated rows keep theirs
                 "id": f"all-{t.memory_id}", "tenant": all_tenant, "agent_id": t.agent_id,

@@ -14,6 +14,9 @@ Decisions:
   worker thread; stage 2 writes to Milvus (retried until acknowledged), awaits
   the produce acks and commits. The CPU work of batch n+1 overlaps the round
   trips of batch n; Milvus slowness becomes consumer lag, not memory growth.
+- Memories the write path takes back (`BatchResult.retract`: the context guard's
+  second look) are deleted after the batch's upserts, in the same stage and before
+  the commit: a batch that wrote and took back one row leaves it deleted.
 - Checkpoints of operator state (`streams.write.pipeline`) are taken after
   stage 2 has drained, so a checkpoint never runs ahead of the store.
 - State moves with its partitions: on revocation the in-flight batch is
@@ -525,6 +528,8 @@ class WriteConsumer(Service):
             try:
                 t1 = time.perf_counter()
                 rejected = await self.store_service.write(b.result.upserts)  # acked or refused
+                if b.result.retract:  # after the upserts: a row written by this batch too
+                    await self.store_service.evict(b.result.retract)
                 if rejected:
                     b.msgs = await asyncio.to_thread(self._reject, b, rejected)
                 t2 = time.perf_counter()

@@ -145,6 +145,8 @@ class BatchResult:
     dead: list[tuple[bytes | None, DeadLetter]] = field(default_factory=list)
     decisions: list[GateDecision] = field(default_factory=list)
     promote: list[str] = field(default_factory=list)  # buffer -> core moves
+    #: (tenant, memory id) of written memories the write path takes back (evicted)
+    retract: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -426,6 +428,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         update_k=i.update_k,
         repeat_scope=i.repeat_scope,
         lexical=i.lexical,
+        recheck_cold=i.recheck_cold,
     )
 
 
@@ -798,6 +801,46 @@ class WritePipeline:
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
             self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
+            self._retract(st, tenant, ts, intr, now_ms, out)
+
+    def _retract(
+        self,
+        st: TenantState,
+        tenant: str,
+        ts: Sequence[Transition],
+        intr: Sequence[IntrinsicScore | None],
+        now_ms: int,
+        out: BatchResult,
+    ) -> None:
+        """Evict the memories the warm context guard judged off-context on a second look
+        (`IntrinsicScore.retracts`: turns it let through while it had no yardstick yet).
+
+        Only what this state knows it wrote (its repeat keys) is evicted; a turn the
+        gate dropped anyway needs nothing. The row is deleted after the batch's upserts
+        (`BatchResult.retract`), and an ``evicted`` event (reason ``off_context``)
+        tells the jobs and the memory's history; the write path forgets its traces, so
+        the same text published again is judged afresh.
+        """
+        for t, x in zip(ts, intr, strict=True):
+            if x is None:
+                continue
+            for mid, episode in x.retracts:
+                if st.key_of.get(mid) is None:
+                    continue
+                st.forget(mid, episode)
+                out.retract.append((tenant, mid))
+                out.events.append(
+                    MemoryEvent(
+                        kind="evicted",
+                        memory_id=mid,
+                        tenant=tenant,
+                        agent_id=t.agent_id,
+                        episode_id=episode,
+                        reason="off_context",
+                        event_ts=t.ts if t.ts is not None else now_ms,
+                        ts=now_ms,
+                    )
+                )
 
     def _novel_statement(self, st: TenantState, t: Transition, x: IntrinsicScore | None) -> bool:
         """A reward-free statement that is new for its agent, of an agent whose episodes

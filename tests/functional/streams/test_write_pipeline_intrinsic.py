@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from dmem.client import ChatTurn, chat_transitions
 from dmem_bench.demo import q_learning_transitions
@@ -319,3 +320,49 @@ def test_novel_statements_are_kept_only_for_the_agent_that_reports_outcomes() ->
     kept = run(True, "explorer", restart=True)
     assert ("buffer", "novel_statement") in kept
     assert all(r != "drop" for r, _ in kept)
+
+
+def test_a_written_turn_the_warm_guard_takes_back_is_evicted(monkeypatch: Any) -> None:
+    """The guard's second look (`IntrinsicScore.retracts`, mocked here to name one
+    written and one dropped turn) evicts only what was written: an ``evicted`` event
+    (reason ``off_context``), a delete for the store after the batch's upserts, and the
+    write path forgets its repeat key, so the same text later is judged afresh."""
+    import dataclasses
+
+    from operators.surprise import IntrinsicState
+
+    p = WritePipeline(
+        Settings(intrinsic=IntrinsicSettings(recheck_cold=True)), HashingEncoder(dim=256)
+    )
+    ts = chat(6)
+    raws = raws_of(ts)
+    first = p.process(raws[:40], now_ms=1_000)
+    written = [e for e in first.events if e.kind == "written"]
+    dropped = [e for e in first.events if e.kind == "dropped"]
+    assert written and dropped
+    target, miss = written[0], dropped[0]
+    st = p.tenants["t"]
+    assert st.key_of.get(target.memory_id) is not None
+    real = IntrinsicState.score_batch
+    calls = {"n": 0}
+
+    def score_batch(self: IntrinsicState, *a: Any, **kw: Any) -> list[Any]:
+        out = real(self, *a, **kw)
+        if calls["n"] == 0 and out:
+            calls["n"] += 1
+            back = ((target.memory_id, target.episode_id), (miss.memory_id, miss.episode_id))
+            out[0] = dataclasses.replace(out[0], retracts=back)
+        return out
+
+    monkeypatch.setattr(IntrinsicState, "score_batch", score_batch)
+    second = p.process(raws[40:41], now_ms=2_000)
+    monkeypatch.undo()
+    evicted = [e for e in second.events if e.kind == "evicted"]
+    assert [(e.memory_id, e.reason) for e in evicted] == [(target.memory_id, "off_context")]
+    assert second.retract == [("t", target.memory_id)]
+    assert st.key_of.get(target.memory_id) is None  # forgotten: no longer a repeat key
+    # off by default: a pipeline on the default settings never takes a turn back
+    q = WritePipeline(Settings(), HashingEncoder(dim=256))
+    out = [q.process(raws[i : i + 16], now_ms=1_000 + i) for i in range(0, len(raws), 16)]
+    assert all(not r.retract for r in out)
+    assert Settings().intrinsic.recheck_cold is False

@@ -202,3 +202,25 @@ def test_legacy_collection_refused_then_migrated(store_factory: Factory) -> None
             c.drop_collection(name)
         finally:
             c.close()
+
+
+def test_the_write_paths_evictions_delete_each_tenants_own_rows(store_factory: Factory) -> None:
+    """`StoreService.evict` (what the write role does with `BatchResult.retract`): each
+    (tenant, id) deletes that tenant's row only; an id that is not there is no error."""
+    import asyncio
+
+    from streams.settings import Settings
+    from streams.store import StoreService
+
+    store = store_factory(dim=DIM)
+    for t in TENANTS:
+        store.upsert([make_record(m, tenant=t, text=f"{t} {m}") for m in IDS], "core")
+
+    async def evict() -> None:
+        svc = StoreService(Settings(), DIM)
+        svc.store = store
+        await svc.evict([("alpha", IDS[0]), ("beta", IDS[1]), ("alpha", "never-written")])
+
+    asyncio.run(evict())
+    assert set(_state(store, "alpha")) == {IDS[1], IDS[2]}
+    assert set(_state(store, "beta")) == {IDS[0], IDS[2]}

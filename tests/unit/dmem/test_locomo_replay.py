@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from dmem_bench.locomo import LocomoConfig
 from dmem_bench.locomo_replay import replay
@@ -56,3 +57,22 @@ def test_replay_is_reproducible_and_counts_noise(tmp_path: Path) -> None:
     assert a["store_all_recall_at_10"] > 0.5
     clean = replay(LocomoConfig(data=data, encoder="hash"), cache=tmp_path / "cache", batch=16)
     assert clean["noise_storage_ratio"] is None and clean["published"] == 120
+
+
+def test_forget_leaves_out_what_the_write_path_evicted() -> None:
+    """An ``evicted`` event after a ``written`` one (the context guard's second look)
+    removes the memory, as the maintenance job's index does."""
+    from dmem_bench.locomo_replay import forget
+    from schemas import MemoryEvent
+    from streams.settings import Settings
+
+    def ev(kind: Any, mid: str, ts: int) -> MemoryEvent:
+        part = "core" if kind == "written" else None
+        return MemoryEvent(
+            kind=kind, memory_id=mid, tenant="t", agent_id="a", partition=part,
+            rpe=1.0, rpe_smoothed=1.0, event_ts=ts, ts=ts,
+        )  # fmt: skip
+
+    events = [ev("written", "m1", 1), ev("written", "m2", 2), ev("evicted", "m1", 3)]
+    assert forget(events, Settings()) == {"m2"}
+    assert forget(events[:2], Settings()) == {"m1", "m2"}

@@ -682,3 +682,80 @@ def test_best_sentence_reads_every_token_once(text: str) -> None:
     assert np.array_equal(np.concatenate([pre, *per]) if per else pre, ids)
     want = max((tok.surprisal(p) for p in per if p.size), default=0.0)
     assert tok.best_sentence(text, ids) == pytest.approx(want)
+
+
+def _topic_stream(share: float, seed: int = 2) -> list[tuple[np.ndarray, bool]]:
+    """Loosely coherent talk (a topic per 12 turns) with unrelated turns injected at
+    ``share`` from the first turn on: (unit vector, injected)."""
+    rng = np.random.default_rng(11)
+    dim = 64
+    topics = rng.normal(size=(30, dim))
+    g = np.random.default_rng(seed)
+    out = []
+    for t in range(30):
+        for _ in range(12):
+            out.append((topics[t] + 1.6 * g.normal(size=dim), False))
+            if g.random() < share:
+                out.append((g.normal(size=dim) * 1.2, True))
+    return [((v / np.linalg.norm(v)).astype(np.float32), inj) for v, inj in out]
+
+
+def _recheck_run(
+    share: float, recheck: bool = True, restart_at: int | None = None
+) -> tuple[dict[str, bool], set[str], set[str], set[str]]:
+    """One run: (id -> injected for the turns the cold guard let through, the ids
+    retracted, the ids on probation at ``restart_at``, the ids retracted after it)."""
+    cfg = IntrinsicConfig(
+        warmup=5, hist_warmup=50, lookahead=3, off_posterior=2 / 3, recheck_cold=recheck
+    )
+    st = IntrinsicState(64, cfg)
+    g = np.random.default_rng(3)
+    cold_pass, retracted, held, after = {}, set(), set(), set()
+    for i, (v, inj) in enumerate(_topic_stream(share)):
+        if restart_at is not None and i == restart_at:
+            held = {p.memory_id for p in st.probation.get("a", ())}
+            st = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())), cfg)
+            assert {p.memory_id for p in st.probation["a"]} == held
+        mid = f"m{i}"
+        cold = st._unrelated() is None or not st.contamination.warm
+        [x] = st.score_batch(
+            ["a"], [f"word{g.integers(500)} x{g.integers(500)}"], v[None, :], v[None, :],
+            [False], [mid],
+        )  # fmt: skip
+        if cold and not x.off_context:
+            cold_pass[mid] = inj
+        retracted |= {m for m, _ in x.retracts}
+        if restart_at is not None and i >= restart_at:
+            after |= {m for m, _ in x.retracts}
+    return cold_pass, retracted, held, after
+
+
+def test_turns_the_cold_guard_let_through_are_judged_again_once_it_is_warm() -> None:
+    """A stream contaminated from its first turn: the guard has no yardstick for its
+    first turns and lets injected ones through; once warm, it takes most of those back
+    and few of the real ones, and never a turn judged warm."""
+    cold_pass, retracted, _, _ = _recheck_run(0.5)
+    cold_inj = {m for m, inj in cold_pass.items() if inj}
+    cold_real = {m for m, inj in cold_pass.items() if not inj}
+    assert len(cold_inj) >= 10, cold_pass
+    assert retracted <= set(cold_pass)  # only the cold guard's calls are revisited
+    assert len(retracted & cold_inj) >= 0.5 * len(cold_inj), (retracted, cold_inj)
+    assert len(retracted & cold_real) <= 0.2 * len(cold_real), (retracted, cold_real)
+    # off: the cold guard's call is final
+    assert _recheck_run(0.5, recheck=False)[1] == set()
+
+
+def test_a_clean_stream_loses_few_turns_to_the_second_look() -> None:
+    cold_pass, retracted, _, _ = _recheck_run(0.0)
+    assert len(cold_pass) >= 30
+    assert len(retracted) <= 0.1 * len(cold_pass), retracted
+
+
+def test_turns_on_probation_survive_a_checkpoint() -> None:
+    """A restart while the guard is still cold keeps the turns waiting for its second
+    look (the checkpoint holds them), and the restored state still takes them back."""
+    cold_pass, _, _, _ = _recheck_run(0.5)
+    restart = int(sorted(cold_pass, key=lambda m: int(m[1:]))[-1][1:]) - 5  # still cold
+    _, _, held, after = _recheck_run(0.5, restart_at=restart)
+    assert held, "turns on probation at the restart"
+    assert after & held, (after, held)
