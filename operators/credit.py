@@ -75,7 +75,7 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
     "CreditAssigner",
@@ -85,7 +85,15 @@ __all__ = [
     "OutcomeRecord",
     "UsageRecord",
     "apply_utility",
+    "is_mapping",
 ]
+
+
+def is_mapping(x: Any) -> TypeGuard[Mapping[str, Any]]:
+    """``x`` is a mapping (a row's metadata). ``type(x) is dict`` first: rows are plain
+    dicts, and an ABC isinstance check per candidate is a measurable share of a
+    search's ranking."""
+    return type(x) is dict or isinstance(x, Mapping)
 
 
 @dataclass(frozen=True)
@@ -475,10 +483,8 @@ class CreditStats:
     def of(cls, row: Mapping[str, Any]) -> CreditStats:
         """The stats stored in a row (none: an untried memory)."""
         meta = row.get("metadata")
-        # ``type(...) is dict`` first: rows are plain dicts, and an ABC isinstance check
-        # per candidate is a measurable share of a search's ranking
-        raw = meta.get("credit") if type(meta) is dict or isinstance(meta, Mapping) else None
-        if raw is None or not (type(raw) is dict or isinstance(raw, Mapping)):
+        raw = meta.get("credit") if is_mapping(meta) else None
+        if not is_mapping(raw):
             return NO_CREDIT
         return cls(int(raw.get("n", 0)), float(raw.get("w", 0.0)),
                    float(raw.get("mean", 0.0)), float(raw.get("m2", 0.0)),

@@ -94,7 +94,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from operators.credit import CreditStats
+from operators.credit import CreditStats, is_mapping
 
 __all__ = [
     "RECENCY_STEPS",
@@ -299,7 +299,7 @@ class Ranked:
 def updated_id(row: Mapping[str, Any]) -> str | None:
     """The memory id ``row`` updates (``metadata.updates``, set by the write path)."""
     meta = row.get("metadata")
-    ref = meta.get("updates") if type(meta) is dict or isinstance(meta, Mapping) else None
+    ref = meta.get("updates") if is_mapping(meta) else None
     return str(ref) if isinstance(ref, str) and ref else None
 
 

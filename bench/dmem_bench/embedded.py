@@ -474,6 +474,17 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
+def timed_search(base: str, query: str) -> tuple[float, float]:
+    """One search over HTTP as an agent asks it (k = 5): (seconds it took, the
+    responder's ``took_ms``); anything but 200 is an error."""
+    t0 = time.perf_counter()
+    code, body = http(base, "POST", "/v1/search", {"tenant": TENANT, "query": query, "k": 5})
+    dt = time.perf_counter() - t0
+    if code != 200:
+        raise RuntimeError(f"search answered {code}: {body}")
+    return dt, float(body.get("took_ms", 0.0))
+
+
 def measure_search(cfg: EmbeddedConfig, base: str, raw: RawBaseline | None,
                    encoder: Any) -> dict[str, Any]:  # fmt: skip
     """Timed HTTP searches; after each, the raw search of the same query (server mode)."""
@@ -487,16 +498,11 @@ def measure_search(cfg: EmbeddedConfig, base: str, raw: RawBaseline | None,
         qs = [agent_note(rng) for _ in range(cfg.warmup + cfg.queries)]
         lat = []
         for i, q in enumerate(qs):
-            t0 = time.perf_counter()
-            code, body = http(base, "POST", "/v1/search", {"tenant": TENANT, "query": q,
-                                                            "k": 5})  # fmt: skip
-            dt = time.perf_counter() - t0
-            if code != 200:
-                raise RuntimeError(f"search answered {code}: {body}")
+            dt, took_ms = timed_search(base, q)
             if i < cfg.warmup:
                 continue
             lat.append(dt)
-            took.append(float(body.get("took_ms", 0.0)))
+            took.append(took_ms)
             if raw is not None or len(enc) < 50:
                 t0 = time.perf_counter()
                 vec = encoder.encode([q])[0]
@@ -802,15 +808,10 @@ def measure_ab(cfg: EmbeddedConfig, stack: Any, tmp: Path) -> dict[str, Any]:
         waited = wait_quiet(worker.proc.pid, 0.3, cfg.ab_settle_s, 180.0)
         lat, took = [], []
         for j in range(cfg.warmup + cfg.queries):
-            t0 = time.perf_counter()
-            status, body = http(base, "POST", "/v1/search",
-                                {"tenant": TENANT, "query": agent_note(rng), "k": 5})  # fmt: skip
-            dt = time.perf_counter() - t0
-            if status != 200:
-                raise RuntimeError(f"A/B search ({code}) answered {status}: {body}")
+            dt, took_ms = timed_search(base, agent_note(rng))
             if j >= cfg.warmup:
                 lat.append(dt)
-                took.append(float(body.get("took_ms", 0.0)))
+                took.append(took_ms)
         s = summarize_ms(lat)
         runs.append({"code": code, "p50": round(s["p50"], 2), "p99": round(s["p99"], 2),
                      "took_p50": round(statistics.median(took), 2),
