@@ -405,11 +405,13 @@ def explore(order: Sequence[Ranked], k: int, slots: int, policy: RankPolicy,
     if not evidence:
         return main + [replace(r, lane="explore") for r in rest[:slots]]
     picks: list[Ranked] = []
+    # a candidate's optimism does not change between picks: read its statistics once
+    values = [policy.optimism(r.row, r.fit) for r in rest]
     while rest and len(picks) < slots:
-        values = [policy.optimism(r.row, r.fit) for r in rest]
         served = {_action(r.row) for r in (*main, *picks)}
         fresh = [i for i, r in enumerate(rest) if _action(r.row) not in served]
         best = max(fresh or range(len(rest)), key=lambda i: (values[i], -i))
+        values.pop(best)
         picks.append(replace(rest.pop(best), lane="explore"))
     return main + picks
 

@@ -392,3 +392,39 @@ def test_without_updates_the_order_is_exactly_score_then_id() -> None:
         got = [r.row["id"] for r in rank(cands, p, 0.95, 20.0, 12)]
         scored = [(r.score, r.row["id"]) for r in rank(cands, p, 0.95, 20.0, 12)]
         assert got == [mid for _, mid in sorted(scored, key=lambda x: (-x[0], x[1]))]
+
+
+MEANS = [0.0, 0.3, -0.4, 1.1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(pool=st.lists(candidate, min_size=3, max_size=12), k=st.integers(3, 8),
+       slots=st.integers(1, 3), uses=st.lists(st.integers(0, 6), min_size=12, max_size=12),
+       means=st.lists(st.sampled_from(MEANS), min_size=12, max_size=12))  # fmt: skip
+def test_several_exploration_slots_pick_by_optimism_among_new_actions(
+    pool: list[dict], k: int, slots: int, uses: list[int], means: list[float]
+) -> None:
+    """With credit evidence, each slot takes the remaining candidate of highest
+    optimism (ties by the main lane's order), preferring actions no served hit offers:
+    the picks equal that rule applied slot by slot to the main lane's order."""
+    from operators.retrieval import explore
+
+    cands = []
+    for i, c in enumerate(pool):
+        r = {**c, "id": f"m{i}", "uses": uses[i]}
+        if uses[i]:
+            r["metadata"] = {"credit": stats(uses[i], means[i])}
+        cands.append(r)
+    p = RankPolicy.hybrid(explore_slots=slots)
+    order = rank(cands, p, 0.97, 10**9, len(cands))  # the main lane's full order
+    cut = min(slots, k - 1)
+    got = [r.row["id"] for r in explore(order, k, cut, p)]
+    want = [r.row["id"] for r in order[: k - cut]]
+    rest = list(order[k - cut :])
+    while rest and len(want) < k:
+        served = {str(c["action"]) for c in cands if c["id"] in want}
+        fresh = [i for i, r in enumerate(rest) if str(r.row.get("action", "")) not in served]
+        value = [p.optimism(r.row, r.fit) for r in rest]
+        best = max(fresh or range(len(rest)), key=lambda i: (value[i], -i))
+        want.append(rest.pop(best).row["id"])
+    assert got == want
