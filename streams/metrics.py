@@ -214,6 +214,8 @@ def record_batch(
     # one inc per (route, tenant), not per event
     routes: collections.Counter[tuple[str, str]] = collections.Counter()
     for ev in events:
+        if ev.kind not in ("written", "dropped"):  # not a gate decision (an eviction)
+            continue
         routes[(ev.route or "none", ev.tenant)] += 1
         last[ev.tenant] = ev
         wrote = wrote or ev.kind == "written"

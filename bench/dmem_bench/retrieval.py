@@ -260,8 +260,9 @@ def quality_data(env: str, steps: int, seed: int, encoder: Any, now_ms: int) -> 
         res = pipe.process(raws, int(chunk[-1].ts or now_ms))
         gone = {mid for _, mid in res.retract}  # evicted by the write path's second look
         for part in ("core", "buffer"):
-            rows = gated[part] + res.upserts[part]  # type: ignore[index]
-            gated[part] = [r for r in rows if r["id"] not in gone]
+            gated[part].extend(res.upserts[part])  # type: ignore[index]
+            if gone:
+                gated[part] = [r for r in gated[part] if r["id"] not in gone]
         by_id = {t.memory_id: t for t in chunk}
         vecs = encoder.encode([t.text() for t in chunk])
         vec_of = {t.memory_id: vecs[j] for j, t in enumerate(chunk)}

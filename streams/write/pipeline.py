@@ -278,6 +278,7 @@ class TenantState:
 
     def forget(self, memory_id: str, episode_id: str | None) -> None:
         """Drop every trace of a forgotten memory from this state."""
+        self.intrinsic.release(memory_id)
         key = self.key_of.pop(memory_id, None)
         if key is not None:
             self.repeats.pop(key, None)
@@ -712,6 +713,7 @@ class WritePipeline:
         # and then learned, so a batch routes exactly as its records one by one would
         planned = [self.gate.decide_planned(st.gate_state, x) for x in scores]
         decisions = [d for d, _ in planned]
+        routed: list[str] = []
         for i, t in enumerate(ts):
             score, d = scores[i], decisions[i]
             route: str = d.route
@@ -729,6 +731,7 @@ class WritePipeline:
             elif intr is not None and (xi := intr[i]) is not None and xi.off_context and not score:
                 reason = "off_context"
             out.decisions.append(d)
+            routed.append(route)
             st.as_of(t.episode_id, float(sigmas[i]), planned[i][1], reward_scale)
             st.link(st.episode_agent, t.episode_id, t.agent_id)
             val = valence(float(deltas[i]))
@@ -800,8 +803,16 @@ class WritePipeline:
                     row["metadata"]["updates"] = x.updates
             out.upserts[cast(Partition, route)].append(row)
         if intr is not None:
+            # a turn on probation stays there only if the intrinsic score wrote it: the
+            # guard's second look takes back what its own pass let in, nothing else
+            released = set()
+            for t, x, route, g, e in zip(ts, intr, routed, scores, ext, strict=True):
+                if x is not None and x.on_probation and (route == "drop" or g <= e):
+                    st.intrinsic.release(t.memory_id, t.agent_id)
+                    released.add(t.memory_id)
             self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
-            self._retract(st, tenant, ts, intr, now_ms, out)
+            # a turn of this batch can be judged again by a later one before its release
+            self._retract(st, tenant, ts, intr, now_ms, out, released)
 
     def _retract(
         self,
@@ -811,21 +822,25 @@ class WritePipeline:
         intr: Sequence[IntrinsicScore | None],
         now_ms: int,
         out: BatchResult,
+        released: set[str],
     ) -> None:
         """Evict the memories the warm context guard judged off-context on a second look
         (`IntrinsicScore.retracts`: turns it let through while it had no yardstick yet).
 
-        Only what this state knows it wrote (its repeat keys) is evicted; a turn the
-        gate dropped anyway needs nothing. The row is deleted after the batch's upserts
-        (`BatchResult.retract`), and an ``evicted`` event (reason ``off_context``)
-        tells the jobs and the memory's history; the write path forgets its traces, so
-        the same text published again is judged afresh.
+        A turn stays on probation only while it is written on the intrinsic score's
+        account (`_process_tenant` releases the others, ``released`` those of this
+        batch; a forget releases it too), and
+        probation is part of the checkpoint, so a restart still evicts it. The row is
+        deleted after the batch's upserts (`BatchResult.retract`), and an ``evicted``
+        event (reason ``off_context``) tells the jobs and the memory's history; the
+        write path forgets its traces, so the same text published again is judged
+        afresh.
         """
         for t, x in zip(ts, intr, strict=True):
             if x is None:
                 continue
             for mid, episode in x.retracts:
-                if st.key_of.get(mid) is None:
+                if mid in released:  # not written on the intrinsic score's account
                     continue
                 st.forget(mid, episode)
                 out.retract.append((tenant, mid))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from dmem.client import ChatTurn, chat_transitions
 from dmem_bench.demo import q_learning_transitions
@@ -322,47 +325,90 @@ def test_novel_statements_are_kept_only_for_the_agent_that_reports_outcomes() ->
     assert all(r != "drop" for r, _ in kept)
 
 
-def test_a_written_turn_the_warm_guard_takes_back_is_evicted(monkeypatch: Any) -> None:
-    """The guard's second look (`IntrinsicScore.retracts`, mocked here to name one
-    written and one dropped turn) evicts only what was written: an ``evicted`` event
-    (reason ``off_context``), a delete for the store after the batch's upserts, and the
-    write path forgets its repeat key, so the same text later is judged afresh."""
-    import dataclasses
+class TableEncoder:
+    """A text -> vector table (the functional tier's stand-in for a real encoder), so
+    a test controls exactly which turns are related."""
 
-    from operators.surprise import IntrinsicState
+    name = "table"
 
-    p = WritePipeline(
-        Settings(intrinsic=IntrinsicSettings(recheck_cold=True)), HashingEncoder(dim=256)
-    )
-    ts = chat(6)
-    raws = raws_of(ts)
-    first = p.process(raws[:40], now_ms=1_000)
-    written = [e for e in first.events if e.kind == "written"]
-    dropped = [e for e in first.events if e.kind == "dropped"]
-    assert written and dropped
-    target, miss = written[0], dropped[0]
-    st = p.tenants["t"]
-    assert st.key_of.get(target.memory_id) is not None
-    real = IntrinsicState.score_batch
-    calls = {"n": 0}
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+        self.dim = len(next(iter(table.values())))
 
-    def score_batch(self: IntrinsicState, *a: Any, **kw: Any) -> list[Any]:
-        out = real(self, *a, **kw)
-        if calls["n"] == 0 and out:
-            calls["n"] += 1
-            back = ((target.memory_id, target.episode_id), (miss.memory_id, miss.episode_id))
-            out[0] = dataclasses.replace(out[0], retracts=back)
-        return out
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self.table[t] for t in texts]).astype(np.float32)
 
-    monkeypatch.setattr(IntrinsicState, "score_batch", score_batch)
-    second = p.process(raws[40:41], now_ms=2_000)
-    monkeypatch.undo()
-    evicted = [e for e in second.events if e.kind == "evicted"]
-    assert [(e.memory_id, e.reason) for e in evicted] == [(target.memory_id, "off_context")]
-    assert second.retract == [("t", target.memory_id)]
-    assert st.key_of.get(target.memory_id) is None  # forgotten: no longer a repeat key
-    # off by default: a pipeline on the default settings never takes a turn back
-    q = WritePipeline(Settings(), HashingEncoder(dim=256))
-    out = [q.process(raws[i : i + 16], now_ms=1_000 + i) for i in range(0, len(raws), 16)]
-    assert all(not r.retract for r in out)
-    assert Settings().intrinsic.recheck_cold is False
+
+def contaminated_chat(n_topics: int = 30) -> tuple[list[Transition], TableEncoder, set[str]]:
+    """Loosely coherent talk (a topic per 12 turns) with unrelated turns injected at a
+    rate of one per two real turns from the first turn on: (transitions, the encoder
+    of their texts, ids of the injected turns)."""
+    rng, g = np.random.default_rng(11), np.random.default_rng(2)
+    topics = rng.normal(size=(n_topics, 64))
+    vecs, injected = [], []
+    for t in range(n_topics):
+        for _ in range(12):
+            vecs.append(topics[t] + 1.6 * g.normal(size=64))
+            injected.append(False)
+            if g.random() < 0.5:
+                vecs.append(g.normal(size=64) * 1.2)
+                injected.append(True)
+    words = np.random.default_rng(3)
+    turns = [
+        ChatTurn(
+            "Ann" if i % 2 else "Bob", f"word{words.integers(500)} x{words.integers(500)} n{i}"
+        )
+        for i in range(len(vecs))
+    ]
+    ts = chat_transitions(turns, tenant="t", conversation="c1", session=1)
+    table = {}
+    for tr, v in zip(ts, vecs, strict=True):
+        table[tr.text()] = v / np.linalg.norm(v)
+    for tr in ts:  # the last turn's next observation is absent; others are turns above
+        if tr.next_observation is not None and tr.next_text() not in table:
+            table[tr.next_text()] = table[tr.text()]
+    return ts, TableEncoder(table), {t.memory_id for t, i in zip(ts, injected, strict=True) if i}
+
+
+def run_events(p: WritePipeline, ts: list[Transition], restart_at: int | None = None,
+               batch: int = 16) -> tuple[list[Any], WritePipeline, set[str]]:  # fmt: skip
+    """Every MemoryEvent of ``ts`` through ``p`` in batches; with ``restart_at``, the
+    state is checkpointed and read back into a new pipeline there (the ids on
+    probation at that moment are returned)."""
+    raws, events, held = raws_of(ts), [], set()
+    for i in range(0, len(raws), batch):
+        if restart_at is not None and i == restart_at:
+            held = {e.memory_id for q in p.tenants["t"].intrinsic.probation.values() for e in q}
+            fresh = WritePipeline(p.settings, p.encoder)
+            fresh.restore("t", p.snapshot("t"))
+            p = fresh
+        events += p.process(raws[i : i + batch], now_ms=1_000 + i).events
+    return events, p, held
+
+
+def test_the_warm_guard_takes_back_injected_turns_the_cold_guard_let_through() -> None:
+    """Contaminated from the first turn: with the second look on, the write path evicts
+    turns it wrote while the guard was cold, most of them injected; the live decisions
+    are the same as without it until the first eviction; a restart in between (state
+    checkpointed and read back) still evicts what was on probation."""
+    ts, enc, injected = contaminated_chat()
+    on = Settings(intrinsic=IntrinsicSettings(recheck_cold=True))
+    events, _, _ = run_events(WritePipeline(on, enc), ts)
+    off, _, _ = run_events(WritePipeline(Settings(), enc), ts)
+    evicted = [e for e in events if e.kind == "evicted"]
+    assert evicted and all(e.reason == "off_context" for e in evicted)
+    written = {e.memory_id for e in events if e.kind == "written"}
+    gone = {e.memory_id for e in evicted}
+    assert gone <= written  # only what was written is taken back
+    assert len(gone & injected) >= 2 * len(gone - injected), (gone, injected)
+    assert not [e for e in off if e.kind == "evicted"]  # off by default
+    first = next(i for i, e in enumerate(events) if e.kind == "evicted")
+    decided = [(e.memory_id, e.kind, e.route, e.reason) for e in events[:first]]
+    assert decided == [(e.memory_id, e.kind, e.route, e.reason) for e in off[:first]]
+    # a restart between the first evicted turn's write and its eviction: it waits on
+    # probation in the checkpoint and is still taken back afterwards
+    mid = events[first].memory_id
+    pos = next(i for i, t in enumerate(ts) if t.memory_id == mid)
+    again, _, held = run_events(WritePipeline(on, enc), ts, restart_at=16 * (pos // 16 + 1))
+    assert mid in held
+    assert mid in {e.memory_id for e in again if e.kind == "evicted"}

@@ -759,3 +759,33 @@ def test_turns_on_probation_survive_a_checkpoint() -> None:
     _, _, held, after = _recheck_run(0.5, restart_at=restart)
     assert held, "turns on probation at the restart"
     assert after & held, (after, held)
+
+
+def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
+    """A tenant that never warms up holds at most `PROBATION_MAX` turns; a turn the
+    write path releases (dropped, or forgotten) leaves; a state with the second look
+    off writes no probation into its checkpoint and reads none back."""
+    from operators.surprise import PROBATION_MAX
+
+    cfg = IntrinsicConfig(warmup=5, hist_warmup=10**6, recheck_cold=True)  # never warm
+    st = IntrinsicState(64, cfg)
+    rng = np.random.default_rng(4)
+    n = 2 * PROBATION_MAX
+    for i in range(n):  # one agent per 8 turns: short conversations
+        v = rng.normal(size=64).astype(np.float32)
+        v /= np.linalg.norm(v)
+        st.score_batch([f"a{i // 8}"], [f"w{i} x{i % 7}"], v[None, :], v[None, :], [False],
+                       [f"m{i}"])  # fmt: skip
+    held = [p.memory_id for q in st.probation.values() for p in q]
+    assert st.probation_size == len(held) == PROBATION_MAX
+    assert f"m{n - 1}" in held and "m1" not in held  # the oldest were let through
+    st.release(f"m{n - 1}")
+    st.release(f"m{n - 2}", f"a{(n - 2) // 8}")
+    assert st.probation_size == PROBATION_MAX - 2
+    assert not {f"m{n - 1}", f"m{n - 2}"} & {p.memory_id for q in st.probation.values() for p in q}
+    d = orjson.loads(orjson.dumps(st.to_dict()))
+    assert len([x for q in d["probation"].values() for x in q]) == PROBATION_MAX - 2
+    back = IntrinsicState.from_dict(d, cfg)
+    assert back.probation_size == PROBATION_MAX - 2
+    off = IntrinsicState.from_dict(d, IntrinsicConfig())  # the second look switched off
+    assert off.probation_size == 0 and "probation" not in off.to_dict()
