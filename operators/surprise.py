@@ -1007,19 +1007,27 @@ class IntrinsicState:
             if not q:
                 del self.probation[oldest]
 
-    def release(self, memory_id: str, agent: str | None = None) -> None:
+    def release(self, memory_id: str, agent: str | None = None, newest: bool = False) -> None:
         """Take ``memory_id`` off probation (of ``agent``, else of any agent): the write
-        path did not write it on the intrinsic score's account, or it was forgotten."""
+        path did not write it on the intrinsic score's account, or it was forgotten.
+        ``newest``: only its latest entry (a copy of a memory sent again and dropped
+        as a repeat must not release the original)."""
         if not self.probation_size:
             return
         for a in [agent] if agent is not None else list(self.probation):
             q = self.probation.get(a) if a is not None else None
             if not q:
                 continue
-            kept = [p for p in q if p.memory_id != memory_id]
-            if len(kept) != len(q):
-                self.probation[a] = deque(kept)
-                self.probation_size -= len(q) - len(kept)
+            hits = [j for j, p in enumerate(q) if p.memory_id == memory_id]
+            for j in reversed(hits[-1:] if newest else hits):
+                del q[j]
+            self.probation_size -= len(hits[-1:] if newest else hits)
+
+    def clear_probation(self) -> None:
+        """Nothing on probation (a state copied for another partition: its agents' turns
+        stay with the source)."""
+        self.probation.clear()
+        self.probation_size = 0
 
     def _unbank(self, agent: str, memory_id: str) -> None:
         """Remove ``memory_id`` from ``agent``'s bank (novelty, the unrelated level and

@@ -537,6 +537,7 @@ class WritePipeline:
                   else TenantState(self.settings, self.encoder.dim))  # fmt: skip
             st.learner.drop_pending()  # the source's own transitions, trained on there
             st.forget_episodes()  # the source's agents' episodes stay with the source
+            st.intrinsic.clear_probation()  # so do its turns on probation
             self.states[(tenant, partition)] = st
         return st
 
@@ -808,7 +809,7 @@ class WritePipeline:
             released = set()
             for t, x, route, g, e in zip(ts, intr, routed, scores, ext, strict=True):
                 if x is not None and x.on_probation and (route == "drop" or g <= e):
-                    st.intrinsic.release(t.memory_id, t.agent_id)
+                    st.intrinsic.release(t.memory_id, t.agent_id, newest=True)
                     released.add(t.memory_id)
             self._vindicate(st, tenant, intr, w_int, [p for _, p in planned], now_ms, out)
             # a turn of this batch can be judged again by a later one before its release
@@ -1117,6 +1118,7 @@ class WritePipeline:
 
             if e.route == "buffer":
                 out.promote.append(e.transition_id)
+                st.intrinsic.release(e.transition_id)  # kept for its outcome now
                 out.events.append(event("promoted"))
                 continue
             t = st.recent.pop(e.transition_id, None)

@@ -412,3 +412,17 @@ def test_the_warm_guard_takes_back_injected_turns_the_cold_guard_let_through() -
     again, _, held = run_events(WritePipeline(on, enc), ts, restart_at=16 * (pos // 16 + 1))
     assert mid in held
     assert mid in {e.memory_id for e in again if e.kind == "evicted"}
+
+
+def test_a_new_partition_state_starts_with_nothing_on_probation() -> None:
+    """A state created for another partition of the tenant is copied from a sibling;
+    the sibling's turns on probation stay with it (partitions hold whole agents)."""
+    ts, enc, _ = contaminated_chat(4)
+    p = WritePipeline(Settings(intrinsic=IntrinsicSettings(recheck_cold=True)), enc)
+    p.process(raws_of(ts[:40]), now_ms=1_000)
+    source = p.state("t", 0).intrinsic
+    held = source.probation_size
+    assert held > 0
+    copy = p.state("t", 1).intrinsic
+    assert copy.probation_size == 0 and not copy.probation
+    assert source.probation_size == held

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -780,8 +781,15 @@ def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
     assert st.probation_size == len(held) == PROBATION_MAX
     assert f"m{n - 1}" in held and "m1" not in held  # the oldest were let through
     st.release(f"m{n - 1}")
-    st.release(f"m{n - 2}", f"a{(n - 2) // 8}")
+    st.release(f"m{n - 2}", f"a{(n - 2) // 8}", newest=True)
     assert st.probation_size == PROBATION_MAX - 2
+    # the same id twice (a copy sent again): releasing the newest keeps the original
+    last = f"a{(n - 1) // 8}"
+    orig = st.probation[last][-1]
+    st.probation[last].append(dataclasses.replace(orig))
+    st.probation_size += 1
+    st.release(orig.memory_id, last, newest=True)
+    assert st.probation[last][-1] is orig and st.probation_size == PROBATION_MAX - 2
     assert not {f"m{n - 1}", f"m{n - 2}"} & {p.memory_id for q in st.probation.values() for p in q}
     d = orjson.loads(orjson.dumps(st.to_dict()))
     assert len([x for q in d["probation"].values() for x in q]) == PROBATION_MAX - 2
