@@ -845,7 +845,6 @@ class IntrinsicState:
         self.suspects: OrderedDict[str, list[_Suspect]] = OrderedDict()
         #: per agent: turns that passed the guard while it was cold (`_recheck`)
         self.probation: OrderedDict[str, deque[_Probation]] = OrderedDict()
-        self.probation_size = 0  # entries over all agents
         c = self.config
         self.contamination = Contamination(c.hist_bins, c.hist_alpha, c.hist_warmup)
         self._rng = np.random.default_rng(seed)
@@ -985,7 +984,6 @@ class IntrinsicState:
         out = []
         while pend and pend[0].left <= 0:  # appended in order: complete in order
             p = pend.popleft()
-            self.probation_size -= 1
             if p.fit < threshold:
                 out.append((p.memory_id, p.episode))
                 self._unbank(agent, p.memory_id)  # no longer a memory to measure against
@@ -996,23 +994,27 @@ class IntrinsicState:
         state, the oldest agent's oldest turns are let through."""
         pq = _bounded(self.probation, agent, deque, self.config.max_agents)
         pq.append(entry)
-        # counted again: the bounded table may have let an agent's queue go
-        self.probation_size = sum(len(q) for q in self.probation.values())
-        while self.probation_size > PROBATION_MAX:
+        over = self.probation_size - PROBATION_MAX
+        while over > 0:
             oldest = next(iter(self.probation))
             q = self.probation[oldest]
             if q:
                 q.popleft()
-                self.probation_size -= 1
+                over -= 1
             if not q:
                 del self.probation[oldest]
+
+    @property
+    def probation_size(self) -> int:
+        """Turns on probation over all agents."""
+        return sum(len(q) for q in self.probation.values())
 
     def release(self, memory_id: str, agent: str | None = None, newest: bool = False) -> None:
         """Take ``memory_id`` off probation (of ``agent``, else of any agent): the write
         path did not write it on the intrinsic score's account, or it was forgotten.
         ``newest``: only its latest entry (a copy of a memory sent again and dropped
         as a repeat must not release the original)."""
-        if not self.probation_size:
+        if not self.probation:
             return
         for a in [agent] if agent is not None else list(self.probation):
             q = self.probation.get(a) if a is not None else None
@@ -1021,13 +1023,11 @@ class IntrinsicState:
             hits = [j for j, p in enumerate(q) if p.memory_id == memory_id]
             for j in reversed(hits[-1:] if newest else hits):
                 del q[j]
-            self.probation_size -= len(hits[-1:] if newest else hits)
 
     def clear_probation(self) -> None:
         """Nothing on probation (a state copied for another partition: its agents' turns
         stay with the source)."""
         self.probation.clear()
-        self.probation_size = 0
 
     def _unbank(self, agent: str, memory_id: str) -> None:
         """Remove ``memory_id`` from ``agent``'s bank (novelty, the unrelated level and
@@ -1372,5 +1372,4 @@ class IntrinsicState:
         for agent, pq in d.get("probation", {}).items() if cfg.recheck_cold else ():
             if len(pq) and len(st.probation) < cfg.max_agents:
                 st.probation[str(agent)] = deque(_waiting_from_dict(_Probation, x) for x in pq)
-                st.probation_size += len(pq)
         return st

@@ -830,8 +830,8 @@ class WritePipeline:
 
         A turn stays on probation only while it is written on the intrinsic score's
         account (`_process_tenant` releases the others, ``released`` those of this
-        batch; a forget releases it too), and
-        probation is part of the checkpoint, so a restart still evicts it. The row is
+        batch; a forget releases it too), and probation is part of the checkpoint, so
+        a restart still evicts it. The row is
         deleted after the batch's upserts (`BatchResult.retract`), and an ``evicted``
         event (reason ``off_context``) tells the jobs and the memory's history; the
         write path forgets its traces, so the same text published again is judged

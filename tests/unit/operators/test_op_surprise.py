@@ -787,7 +787,6 @@ def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
     last = f"a{(n - 1) // 8}"
     orig = st.probation[last][-1]
     st.probation[last].append(dataclasses.replace(orig))
-    st.probation_size += 1
     st.release(orig.memory_id, last, newest=True)
     assert st.probation[last][-1] is orig and st.probation_size == PROBATION_MAX - 2
     assert not {f"m{n - 1}", f"m{n - 2}"} & {p.memory_id for q in st.probation.values() for p in q}
