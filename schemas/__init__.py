@@ -19,6 +19,7 @@ from schemas.errors import (
 from schemas.export import export_json_schemas, json_schemas
 from schemas.limits import LIMITS, Limits
 from schemas.models import (
+    DECISION_KINDS,
     SCHEMA_VERSION,
     BatchGetRequest,
     DeadLetter,
@@ -46,6 +47,7 @@ from schemas.models import (
 from schemas.topics import TOPICS, TopicSpec, topic_name
 
 __all__ = [
+    "DECISION_KINDS",
     "BrokerUnavailable",
     "ConfigError",
     "DmemError",

@@ -395,6 +395,9 @@ class MemoryUsage(Model):
 EventKind = Literal[
     "written", "dropped", "merged", "moved", "promoted", "demoted", "evicted", "forgotten"
 ]
+#: the kinds of a gate decision (one per transition the write path judged, with its
+#: score and thresholds); the other kinds are later changes to a memory
+DECISION_KINDS: tuple[EventKind, ...] = ("written", "dropped")
 
 
 class MemoryEvent(Model):

@@ -65,6 +65,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from schemas import DECISION_KINDS
+
 if TYPE_CHECKING:
     from streams.context import RoleContext
 
@@ -214,7 +216,7 @@ def record_batch(
     # one inc per (route, tenant), not per event
     routes: collections.Counter[tuple[str, str]] = collections.Counter()
     for ev in events:
-        if ev.kind not in ("written", "dropped"):  # not a gate decision (an eviction)
+        if ev.kind not in DECISION_KINDS:  # not a gate decision (an eviction)
             continue
         routes[(ev.route or "none", ev.tenant)] += 1
         last[ev.tenant] = ev

@@ -157,7 +157,7 @@ from dmem_bench.common import (
     print_table,
     teardown,
 )
-from schemas import RetrievalRequest, Transition
+from schemas import DECISION_KINDS, RetrievalRequest, Transition
 from streams.local.stack import LocalStack, WorkerProcess, tail
 from streams.settings import Settings
 from streams.write.consumer import assignments_in_log
@@ -615,7 +615,7 @@ def scale_out(
     judged = sorted(
         (e["ts"], e["route"] == "core")
         for e in events
-        if e["kind"] in ("written", "dropped") and e.get("reason") != "retrospective"
+        if e["kind"] in DECISION_KINDS and e.get("reason") != "retrospective"
     )
     ts = [t for t, _ in judged]
     core = np.cumsum([0] + [int(c) for _, c in judged])

@@ -59,6 +59,7 @@ from dmem_bench.common import (
     publish_lockstep,
     teardown,
 )
+from schemas import DECISION_KINDS
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.jobs.rows import dedup_tau
@@ -110,7 +111,7 @@ async def _drive(settings: Settings, env_name: str, steps: int, seed: int,
             def on_event(m: Any) -> None:
                 ev = orjson.loads(m.value)
                 kinds[ev["kind"]] += 1
-                if ev["kind"] in ("written", "dropped"):
+                if ev["kind"] in DECISION_KINDS:
                     seen.add(ev["memory_id"])
                 if ev["kind"] == "written":
                     written.add(ev["memory_id"])

@@ -66,7 +66,7 @@ from dmem_bench.common import emit_json, machine_info, note, print_table, teardo
 from operators.decay import DAY_MS
 from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
-from schemas import EpisodeOutcome, MemoryUsage, Transition, encode
+from schemas import DECISION_KINDS, EpisodeOutcome, MemoryUsage, Transition, encode
 from schemas.errors import ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.local.stack import LocalStack
@@ -383,7 +383,7 @@ def judge(run: dict[str, Any], stream: list[Record]) -> dict[str, Any]:
             into[ev["memory_id"]] = ev["reason"].split()[1]
         elif ev["kind"] == "evicted":
             evicted += 1
-        elif ev["kind"] in ("written", "dropped") and ev["reason"] != "retrospective":
+        elif ev["kind"] in DECISION_KINDS and ev["reason"] != "retrospective":
             routes.setdefault(ev["memory_id"], str(ev["route"]))
 
     def final(mid: str) -> str:

@@ -58,6 +58,7 @@ from typing import Any
 import orjson
 
 from operators.credit import apply_utility
+from schemas import DECISION_KINDS
 from schemas.errors import ConfigError
 from streams.settings import Settings
 
@@ -300,7 +301,7 @@ def gate_scores(events: Sequence[dict[str, Any]]) -> dict[str, list[tuple[float,
     """(gate score, route) of every gate decision, per tenant."""
     out: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for e in events:
-        if e.get("rpe_smoothed") is not None and e.get("kind") in ("written", "dropped"):
+        if e.get("rpe_smoothed") is not None and e.get("kind") in DECISION_KINDS:
             out[e.get("tenant", "?")].append((float(e["rpe_smoothed"]), e.get("route") or "drop"))
     return dict(out)
 
@@ -409,7 +410,7 @@ def plot_routes(events: Sequence[dict[str, Any]]) -> str:
     dec = [
         (e["ts"], e.get("route") or "drop")
         for e in events
-        if e.get("kind") in ("written", "dropped") and e.get("ts") is not None
+        if e.get("kind") in DECISION_KINDS and e.get("ts") is not None
     ]
     if not dec:
         _empty(ax, "no gate decisions yet")
@@ -532,7 +533,7 @@ def _table_or(header: Sequence[str], rows: Sequence[Sequence[Any]], why_empty: s
 
 def render(data: ReportData, settings: Settings, title: str = "dmem report") -> str:
     ev = data.events
-    decisions = [e for e in ev if e.get("kind") in ("written", "dropped")]
+    decisions = [e for e in ev if e.get("kind") in DECISION_KINDS]
     routes = Counter(e.get("route") or "drop" for e in decisions)
     reasons = Counter(f"{e.get('route')}: {e.get('reason')}" for e in decisions)
     th = latest_thresholds(ev)
@@ -639,7 +640,7 @@ def build_report(
     out.write_text(page, encoding="utf-8")
     by_route: defaultdict[str, int] = defaultdict(int)
     for e in data.events:
-        if e.get("kind") in ("written", "dropped"):
+        if e.get("kind") in DECISION_KINDS:
             by_route[e.get("route") or "drop"] += 1
     return {
         "out": str(out),

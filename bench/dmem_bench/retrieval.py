@@ -77,6 +77,7 @@ from dmem_bench.common import (
     summarize_ms,
 )
 from operators.encoders import encoder_dim
+from schemas import DECISION_KINDS
 
 LOAD_TENANT = "bench-load"
 QUALITY_BATCH = 256  # write-path micro-batch, as in `dmem demo`
@@ -267,7 +268,7 @@ def quality_data(env: str, steps: int, seed: int, encoder: Any, now_ms: int) -> 
         vecs = encoder.encode([t.text() for t in chunk])
         vec_of = {t.memory_id: vecs[j] for j, t in enumerate(chunk)}
         for ev in res.events:  # store_all: every transition, same row layout
-            if ev.kind not in ("written", "dropped"):
+            if ev.kind not in DECISION_KINDS:
                 continue
             t = by_id[ev.memory_id]
             every.append({  # own ids: the gated rows keep theirs

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from milvus import MemoryStore
 from operators.decay import Entry, MaintenancePolicy, PriorityIndex, entry_from_row
-from schemas import MemoryEvent
+from schemas import DECISION_KINDS, MemoryEvent
 from streams.jobs.rows import MOVED, REMOVED, SCAN_FIELDS, get_bounded, unique_rows
 
 __all__ = ["IndexedEngine"]
@@ -72,7 +72,7 @@ class IndexedEngine:
         and ``dropped`` event: a dropped transition is stream time seen too.
         """
         changed = False
-        if ev.kind in ("written", "dropped") and ev.event_ts is not None:
+        if ev.kind in DECISION_KINDS and ev.event_ts is not None:
             changed = self.index.tenant(ev.tenant).advance(ev.agent_id, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None and ev.event_ts is not None:
             t = self.index.tenant(ev.tenant)

@@ -34,7 +34,7 @@ from mode import Service
 from pydantic import ValidationError
 
 from operators.dedup import EventTimeWindows
-from schemas import MemoryEvent, encode
+from schemas import DECISION_KINDS, MemoryEvent, encode
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
@@ -166,7 +166,7 @@ class MaintenanceJob(Service):
             return
         if self.engine.observe(ev):
             self.dirty = True
-        if ev.kind in ("written", "dropped") and ev.event_ts is not None:
+        if ev.kind in DECISION_KINDS and ev.event_ts is not None:
             self.windows.advance(ev.tenant, ev.event_ts)
         if ev.kind == "written" and ev.partition is not None:
             # an event without an event time is decided with the tenant's next due rows

@@ -43,13 +43,13 @@ from typing import Any, NamedTuple
 import orjson
 from mode import Service
 
+from schemas import DECISION_KINDS
 from streams.auth import KafkaGuard
 from streams.settings import Settings
 
 log = logging.getLogger("dmem.live")
 
 FETCH_WAIT_MS = 500
-DECISION_KINDS = ("written", "dropped")
 ROUTES = ("core", "buffer", "drop")
 
 
