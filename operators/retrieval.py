@@ -60,7 +60,13 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   an exact tie. On the memory's own clock, never the wall clock: the responder
   passes, per agent, the highest event time it has read from that agent's
   memories (`StreamClock`), so a replayed or shifted stream ranks as it did
-  live and one agent's skewed clock does not age another's memories.
+  live and one agent's skewed clock does not age another's memories. The
+  half-life follows the agent's own span as the decay's horizons do
+  (``span_factor``, the maintenance setting): at least ``span_factor`` x (its stream
+  time - the earliest event time read of it), so a chat whose sessions are months
+  apart does not rank its early sessions down by age alone (its oldest memory keeps
+  half the recency of its newest at factor 1), and a stream shorter than the fixed
+  half-life (an RL run of hours) ranks as before.
 - lambda schedule: lambda(n) interpolates log-linearly from ``hi`` (0.97) at
   ``young`` memories to ``lo`` (0.9) at ``mature`` memories of the tenant; a
   request may override it. Why so high: salience * recency is in [0, 1], so it
@@ -132,6 +138,9 @@ class RankPolicy:
     promote_z: float = 1.0
     promote_full: int = 8
     fit_margin: float = 0.15
+    #: the recency half-life follows the agent's own span: at least ``span_factor`` x
+    #: (its stream time - its earliest event time read, `StreamClock.span`); 0: fixed
+    span_factor: float = 0.0
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -156,6 +165,8 @@ class RankPolicy:
             raise ValueError("promote_min_uses and promote_full must be >= 1")
         if p.fit_margin < 0:
             raise ValueError("fit_margin must be >= 0")
+        if not (math.isfinite(p.span_factor) and p.span_factor >= 0):
+            raise ValueError("span_factor must be a finite number >= 0")
         return p
 
     def lambda_for(self, n_memories: int) -> float:
@@ -213,10 +224,13 @@ class RankPolicy:
         credit = 0.5 + 0.5 * math.tanh(optimistic)
         return (1.0 - self.utility_weight) * surprise + self.utility_weight * credit
 
-    def recency(self, created_ms: float, now_ms: float) -> float:
-        step = self.half_life_ms / RECENCY_STEPS
+    def recency(self, created_ms: float, now_ms: float, span_ms: float = 0.0) -> float:
+        """``2^(-age / half-life)``; the half-life is ``half_life_ms``, or
+        ``span_factor`` x ``span_ms`` (the agent's span) where that is longer."""
+        half = max(self.half_life_ms, self.span_factor * max(0.0, span_ms))
+        step = half / RECENCY_STEPS
         age = math.floor(max(0.0, now_ms - created_ms) / step) * step
-        return float(2.0 ** (-age / self.half_life_ms))
+        return float(2.0 ** (-age / half))
 
 
 def similarity(row: Mapping[str, Any]) -> float:
@@ -241,15 +255,18 @@ class StreamClock:
     """Stream time as a reader learns it: per (tenant, agent), or per tenant
     (``per_agent=False``), the highest event time (``created_ts``) among the rows it
     has read. A lower bound of the writers' watermark (it only knows what it read),
-    monotone, and on the memories' own clock. At most ``max_keys`` clocks are kept
-    (least recently advanced dropped first; a dropped one is relearned from the next
-    rows, which can only make memories look fresher, never older).
+    monotone, and on the memories' own clock. Beside it, the lowest event time read:
+    the clock's span (`span`), which the recency half-life follows. At most
+    ``max_keys`` clocks are kept (least recently advanced dropped first; a dropped one
+    is relearned from the next rows: its stream time can only be lower, and its span
+    shorter, until the rows read reach back again).
     """
 
     def __init__(self, per_agent: bool = True, max_keys: int = 100_000) -> None:
         self.per_agent = per_agent
         self.max_keys = max_keys
         self._wm: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._origin: dict[tuple[str, str], int] = {}
 
     def _key(self, tenant: str, agent: Any) -> tuple[str, str]:
         return (tenant, str(agent or "") if self.per_agent else "")
@@ -266,13 +283,23 @@ class StreamClock:
             if ts > self._wm.get(key, -1):
                 self._wm[key] = ts
                 self._wm.move_to_end(key)
+            if ts < self._origin.get(key, ts + 1):
+                self._origin[key] = ts
         for r in rows:
             key = self._key(tenant, r.get("agent_id"))
             if key in self._wm:
                 out[str(r.get("agent_id") or "")] = self._wm[key]
         while len(self._wm) > self.max_keys:
-            self._wm.popitem(last=False)
+            self._origin.pop(self._wm.popitem(last=False)[0], None)
         return out
+
+    def span(self, tenant: str, agent: Any) -> int:
+        """Stream time minus the earliest event time read, for ``agent``'s clock (0
+        when nothing of it was read)."""
+        key = self._key(tenant, agent)
+        if key not in self._wm:
+            return 0
+        return self._wm[key] - self._origin.get(key, self._wm[key])
 
 
 Lane = Literal["main", "explore"]
@@ -349,12 +376,15 @@ def rank(
     k: int,
     vectors: Mapping[str, np.ndarray] | None = None,
     lanes: bool = False,
+    spans: Mapping[str, float] | None = None,
 ) -> list[Ranked]:
     """Re-rank ANN candidates (each with ``similarity``, ``rpe``, ``utility``,
     ``uses``, ``created_ts``, ``id``) and return the top `k`; MMR when `vectors` given.
 
     `now_ms` is the stream time recency is measured against: one number, or per
     ``agent_id`` (`StreamClock.observe`; an agent missing from it: no decay).
+    ``spans``: per ``agent_id``, the span its recency half-life follows
+    (`StreamClock.span`, `RankPolicy.span_factor`); missing: the fixed half-life.
     ``lanes``: credit evidence takes part (the main lane's promotion bonus and the
     exploration slots); a request that fixes lambda ranks without them."""
     if not 0.0 <= lam <= 1.0:
@@ -376,7 +406,8 @@ def rank(
             ref = float(clocks.get(str(row.get("agent_id") or ""), row.get("created_ts", 0)))
         else:
             ref = float(cast(float, now_ms))
-        rec = policy.recency(float(row.get("created_ts", ref)), ref)
+        span = spans.get(str(row.get("agent_id") or ""), 0.0) if spans is not None else 0.0
+        rec = policy.recency(float(row.get("created_ts", ref)), ref, span)
         bonus = policy.promotion(row, context_uses, fit, stats) if context_uses else 0.0
         score = lam * sem + (1.0 - lam) * sal * rec + bonus
         scored.append(Ranked(row, sem, sal, rec, lam, score, bonus=bonus, fit=fit))

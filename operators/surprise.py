@@ -67,15 +67,18 @@ a typical turn says"), and 0 when the turn is off-context:
   posterior reaches ``off_posterior``). Default 0.9: only where injected is at
   least nine times as likely as real (losing a real turn costs more than keeping a
   distractor, and on a clean chat the estimate of the injected share runs high:
-  measured in docs/design/2026-12-03-conversation-defaults.md).
-- **A second look for the cold guard's passes** (``recheck_cold``, off by default):
+  measured in docs/design/2026-12-03-conversation-defaults.md); 0.75 with torch
+  MiniLM (`GUARD_BY_ENCODER`), whose estimate stays nearer the truth.
+- **A second look for the cold guard's passes** (``recheck_cold``; on with torch
+  MiniLM, off with the other encoders, `GUARD_BY_ENCODER`):
   a tenant's first turns meet a guard without a yardstick (no unrelated level, no
   contamination estimate), which lets injected turns through. With it on, each turn
   the cold guard lets through waits on probation until its window is complete and the
   guard is warm, and is judged again as a live turn would be then
-  (`IntrinsicScore.retracts`); the write path evicts those it had written. Off by
-  default because the contamination estimate runs high on clean chats, and the
-  second look then costs real turns (docs/design/2026-12-04-cold-guard-recheck.md).
+  (`IntrinsicScore.retracts`); the write path evicts those it had written. Off for
+  the encoders whose contamination estimate runs high on clean chats, where the
+  second look costs real turns (docs/design/2026-12-04-cold-guard-recheck.md,
+  docs/design/2026-12-04-guard-per-encoder.md).
 - **The mix** (`AgentRewardMix`, `gate_score`): per agent, rewards switch the
   intrinsic score off; a chat beside a rewarded agent in one tenant keeps its own.
 - **Batch independence**: every part is decided per turn in stream order; the
@@ -121,8 +124,11 @@ __all__ = [
     "RewardMix",
     "RndSurprise",
     "TokenSurprisal",
+    "GUARD_BY_ENCODER",
+    "GuardCalibration",
     "discloses",
     "gate_score",
+    "guard_calibration",
 ]
 
 _TOKEN = re.compile(r"[a-z0-9']+")
@@ -586,6 +592,38 @@ class IntrinsicConfig:
             raise ValueError(f"off_posterior must be in (0, 1], got {self.off_posterior}")
         if self.hist_bins < 4 or not 0.0 < self.hist_alpha <= 1.0 or self.hist_warmup < 0:
             raise ValueError("hist_bins >= 4, hist_alpha in (0, 1], hist_warmup >= 0")
+
+
+@dataclass(frozen=True)
+class GuardCalibration:
+    """The context guard's strictness for one encoder: ``recheck_cold`` and
+    ``off_posterior`` of `IntrinsicConfig`."""
+
+    recheck_cold: bool = False
+    off_posterior: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.off_posterior <= 1.0:
+            raise ValueError(f"off_posterior must be in (0, 1], got {self.off_posterior}")
+
+
+#: The guard's calibration per encoder, where it differs from the default (a second
+#: look off, posterior 0.9). How far the contamination estimate can be trusted depends
+#: on how well the encoder tells a turn's context from unrelated turns: on clean LoCoMo
+#: it reads an injected share of 0.07-0.44 with torch MiniLM and 0.32-0.58 with
+#: ``minilm-static`` (the truth is 0). With MiniLM the second look at posterior 0.75
+#: costs a clean chat 0.007 of recall and halves the noise kept; with
+#: ``minilm-static`` it costs 0.07 (docs/design/2026-12-04-guard-per-encoder.md). An
+#: encoder not named here gets the default. ``DMEM_INTRINSIC__RECHECK_COLD`` and
+#: ``DMEM_INTRINSIC__OFF_POSTERIOR`` override it.
+GUARD_BY_ENCODER: dict[str, GuardCalibration] = {
+    "minilm": GuardCalibration(recheck_cold=True, off_posterior=0.75),
+}
+
+
+def guard_calibration(encoder: str) -> GuardCalibration:
+    """The guard's calibration for the encoder named ``encoder`` (`GUARD_BY_ENCODER`)."""
+    return GUARD_BY_ENCODER.get(encoder, GuardCalibration())
 
 
 @dataclass(frozen=True)

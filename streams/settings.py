@@ -132,7 +132,10 @@ class RespondSettings(BaseModel):
         default=30.0, ge=0.0, description="cache lifetime of a tenant's memory count (sets lambda)"
     )
     half_life_s: float = Field(
-        default=30 * 24 * 3600.0, gt=0.0, description="half-life of the recency term of the ranking"
+        default=30 * 24 * 3600.0,
+        gt=0.0,
+        description="half-life of the recency term of the ranking; the least one, see "
+        "maintenance.span_factor (an agent whose stream spans longer ranks on its span)",
     )
     lambda_hi: float = Field(
         default=0.97,
@@ -400,12 +403,12 @@ class MaintenanceSettings(BaseModel):
         ge=0.0,
         allow_inf_nan=False,
         description=(
-            "horizons follow each clock's own span: half-life and buffer TTL are at least "
-            "this times (the clock's watermark - its earliest event time), so time alone "
-            "never ages away the past of a stream that spans months (a chat whose sessions "
-            "are weeks apart); what goes is then decided by value and capacity. A stream "
-            "that spans less than the fixed horizons (an RL run of hours) is unchanged. "
-            "0: fixed horizons"
+            "horizons follow each clock's own span: half-life and buffer TTL, and the "
+            "ranking's recency half-life, are at least this times (the clock's watermark - "
+            "its earliest event time), so time alone never ages away, nor ranks down, the "
+            "past of a stream that spans months (a chat whose sessions are weeks apart); "
+            "what goes is then decided by value and capacity. A stream that spans less "
+            "than the fixed horizons (an RL run of hours) is unchanged. 0: fixed horizons"
         ),
     )
     demote_below: float = Field(default=0.3, ge=0.0, description="demote core below this")
@@ -605,22 +608,24 @@ class IntrinsicSettings(BaseModel):
             "things (0: embeddings only)"
         ),
     )
-    off_posterior: float = Field(
-        default=0.9,
+    off_posterior: float | None = Field(
+        default=None,
         gt=0.0,
         le=1.0,
-        description="off-context also where the estimated posterior "
-        "of 'injected' exceeds this (contamination-adaptive cut; "
-        "0.9: injected nine times as likely as real; 1 = off)",
+        description="off-context also where the estimated posterior of 'injected' exceeds "
+        "this (contamination-adaptive cut; 0.9: injected nine times as likely as real; "
+        "1 = off); unset: per encoder (`operators.surprise.GUARD_BY_ENCODER`: 0.75 for "
+        "minilm, 0.9 for the others)",
     )
-    recheck_cold: bool = Field(
-        default=False,
+    recheck_cold: bool | None = Field(
+        default=None,
         description="turns the context guard let through before it had its yardstick (a "
         "tenant's first turns, while the unrelated level and the contamination estimate "
         "warm up) are judged again by the warm guard once the turns after them have "
-        "arrived; a written one it vetoes then is evicted (reason off_context). For "
-        "streams known to carry pasted or injected turns; off by default: on clean chats "
-        "the contamination estimate runs high and the second look costs real turns",
+        "arrived; a written one it vetoes then is evicted (reason off_context); unset: "
+        "per encoder (`operators.surprise.GUARD_BY_ENCODER`: on for minilm, whose "
+        "contamination estimate stays near the truth on clean chats; off for the others, "
+        "where it runs high and the second look costs real turns)",
     )
 
 

@@ -185,6 +185,8 @@ def replay(
     enc.encode(texts)
     emb_cache.save()
     settings = Settings()
+    # the encoder the worker would name (its calibrations follow it, as live)
+    settings.encoder.name = cfg.encoder  # type: ignore[assignment]
     pipe = WritePipeline(settings, enc)
     reasons: dict[str, int] = defaultdict(int)
     scores: dict[str, list[float]] = defaultdict(list)

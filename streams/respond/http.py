@@ -188,6 +188,7 @@ def policy_from(settings: Settings) -> RankPolicy:
         promote_min_uses=r.promote_min_uses,
         promote_full=r.promote_full,
         fit_margin=r.credit_fit_margin,
+        span_factor=settings.maintenance.span_factor,
     )
 
 

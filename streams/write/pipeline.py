@@ -77,6 +77,7 @@ from operators.surprise import (
     IntrinsicState,
     RndSurprise,
     gate_score,
+    guard_calibration,
 )
 from schemas import LIMITS, DeadLetter, MemoryEvent, Partition, Transition
 from streams.auth import UNAUTHENTICATED, KafkaGuard
@@ -416,12 +417,15 @@ def check_sizes(what: str, got: dict[str, Any], expect: dict[str, int | None]) -
 
 
 def intrinsic_config(settings: Settings) -> IntrinsicConfig:
+    """The intrinsic score's knobs; the guard's calibration, where unset, is the
+    encoder's (`GUARD_BY_ENCODER`)."""
     i = settings.intrinsic
+    guard = guard_calibration(settings.encoder.name)
     return IntrinsicConfig(
         fit_k=i.fit_k,
         repeat_cos=i.repeat_cos,
         reward_rate_full=i.reward_rate_full,
-        off_posterior=i.off_posterior,
+        off_posterior=guard.off_posterior if i.off_posterior is None else i.off_posterior,
         info_n0=i.info_n0,
         sentence_weight=i.sentence_weight,
         speaker_pooling=i.speaker_pooling,
@@ -429,7 +433,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         update_k=i.update_k,
         repeat_scope=i.repeat_scope,
         lexical=i.lexical,
-        recheck_cold=i.recheck_cold,
+        recheck_cold=guard.recheck_cold if i.recheck_cold is None else i.recheck_cold,
     )
 
 

@@ -225,6 +225,47 @@ def test_recency_is_stream_time_on_each_agents_clock() -> None:
     assert clock.observe("t", [{"agent_id": "b", "created_ts": 10}]) == {"b": 50}
 
 
+def test_the_recency_half_life_follows_each_agents_span() -> None:
+    """With ``span_factor`` 1 an agent whose memories span 180 days ranks its oldest at
+    half the recency of its newest (not 2^-6 on the fixed 30 days); an agent whose
+    stream is shorter than the half-life ranks exactly as with a fixed one."""
+    from operators.retrieval import StreamClock
+
+    day = 24 * 3600 * 1000
+    fixed, spanned = RankPolicy.hybrid(), RankPolicy.hybrid(span_factor=1.0)
+    chat = [{"id": "old", "agent_id": "chat", "similarity": 0.6, "rpe": 1.0,
+             "created_ts": 10 * day},
+            {"id": "mid", "agent_id": "chat", "similarity": 0.55, "rpe": 1.0,
+             "created_ts": 100 * day},
+            {"id": "new", "agent_id": "chat", "similarity": 0.5, "rpe": 1.0,
+             "created_ts": 190 * day},
+            {"id": "run-a", "agent_id": "rl", "similarity": 0.5, "rpe": 1.0,
+             "created_ts": 3 * day},
+            {"id": "run-b", "agent_id": "rl", "similarity": 0.45, "rpe": 1.0,
+             "created_ts": 3 * day + 7_200_000}]  # fmt: skip
+    clock = StreamClock()
+    now = clock.observe("t", chat)
+    assert clock.span("t", "chat") == 180 * day and clock.span("t", "rl") == 7_200_000
+    assert clock.span("t", "nobody") == 0 and clock.span("other", "chat") == 0
+    spans = {a: float(clock.span("t", a)) for a in now}
+
+    def rec(policy: RankPolicy, with_spans: bool) -> dict[str, float]:
+        out = rank(chat, policy, 0.3, now, 5, spans=spans if with_spans else None)
+        return {r.row["id"]: r.recency for r in out}
+
+    got, before = rec(spanned, True), rec(fixed, True)
+    assert got["old"] == pytest.approx(0.5, abs=1e-3) and got["new"] == 1.0
+    assert before["old"] == pytest.approx(2**-6, abs=1e-3)
+    assert got["mid"] == pytest.approx(2 ** (-90 / 180), abs=1e-3)
+    assert before == rec(spanned, False)  # no spans given: the fixed half-life
+    assert got["run-a"] == before["run-a"] and got["run-b"] == before["run-b"]
+    # a later read of an older row stretches the span; the stream time stays
+    clock.observe("t", [{"agent_id": "chat", "created_ts": 0}])
+    assert clock.span("t", "chat") == 190 * day
+    with pytest.raises(ValueError):
+        RankPolicy.hybrid(span_factor=-1.0)
+
+
 def test_identical_texts_are_won_by_outcome_evidence() -> None:
     """Many observations are identical strings: among equally similar candidates the
     rewarded one (its gate score carries the reward's surprise) ranks first."""

@@ -14,6 +14,7 @@ from operators.surprise import (
     _SENTENCE,
     SPEAKER_PREFIX,
     Contamination,
+    GuardCalibration,
     IntrinsicConfig,
     IntrinsicState,
     RewardMix,
@@ -186,6 +187,10 @@ def test_config_is_validated() -> None:
         IntrinsicConfig(lookahead=-1)
     with pytest.raises(ValueError):
         IntrinsicConfig(bank_per_agent=0)
+    with pytest.raises(ValueError):
+        GuardCalibration(off_posterior=0.0)
+    with pytest.raises(ValueError):
+        GuardCalibration(recheck_cold=True, off_posterior=1.5)
 
 
 def garden_state() -> tuple[IntrinsicState, list[str]]:

@@ -72,3 +72,40 @@ def test_the_credit_fit_margin_reaches_the_ranking(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("DMEM_RESPOND__CREDIT_FIT_MARGIN", "-0.1")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_the_ranking_recency_follows_the_span_factor_of_the_horizons(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streams.respond.http import policy_from
+
+    assert policy_from(Settings()).span_factor == Settings().maintenance.span_factor == 1.0
+    monkeypatch.setenv("DMEM_MAINTENANCE__SPAN_FACTOR", "0")
+    assert policy_from(Settings()).span_factor == 0.0
+
+
+def test_the_context_guard_follows_the_encoder_unless_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unset, the second look and the posterior cut are the encoder's calibration
+    (`GUARD_BY_ENCODER`); an explicit setting wins over it, either way."""
+    from streams.write.pipeline import intrinsic_config
+
+    def guard(encoder: str, **env: str) -> tuple[bool, float]:
+        for k in ("RECHECK_COLD", "OFF_POSTERIOR"):
+            monkeypatch.delenv(f"DMEM_INTRINSIC__{k}", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(f"DMEM_INTRINSIC__{k.upper()}", v)
+        monkeypatch.setenv("DMEM_ENCODER__NAME", encoder)
+        cfg = intrinsic_config(Settings())
+        return cfg.recheck_cold, cfg.off_posterior
+
+    assert guard("minilm") == (True, 0.75)
+    for name in ("minilm-static", "hash", "passthrough"):
+        assert guard(name) == (False, 0.9)
+    assert guard("minilm", recheck_cold="false") == (False, 0.75)
+    assert guard("minilm", off_posterior="0.9") == (True, 0.9)
+    assert guard("minilm-static", recheck_cold="true", off_posterior="0.6") == (True, 0.6)
+    monkeypatch.setenv("DMEM_INTRINSIC__OFF_POSTERIOR", "0")
+    with pytest.raises(ValidationError):
+        Settings()
