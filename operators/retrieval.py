@@ -55,7 +55,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   (credited by thumbs only) keep their credit everywhere.
 - recency: 2^(-age / half_life), age = stream time - the memory's event time
   (``created_ts``), counted in whole steps of ``half_life / RECENCY_STEPS``
-  (1000: 43 minutes for the default 30 days), so milliseconds between two
+  (1000: 43 minutes for a half-life of 30 days), so milliseconds between two
   memories of one session are not a difference in age and equal evidence stays
   an exact tie. On the memory's own clock, never the wall clock: the responder
   passes, per agent, the highest event time it has read from that agent's
@@ -66,7 +66,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   time - the earliest event time read of it), so a chat whose sessions are months
   apart does not rank its early sessions down by age alone (its oldest memory keeps
   half the recency of its newest at factor 1), and a stream shorter than the fixed
-  half-life (an RL run of hours) ranks as before.
+  half-life (an RL run of hours) ranks on the fixed half-life.
 - lambda schedule: lambda(n) interpolates log-linearly from ``hi`` (0.97) at
   ``young`` memories to ``lo`` (0.9) at ``mature`` memories of the tenant; a
   request may override it. Why so high: salience * recency is in [0, 1], so it
@@ -140,7 +140,8 @@ class RankPolicy:
     fit_margin: float = 0.15
     #: the recency half-life follows the agent's own span: at least ``span_factor`` x
     #: (its stream time - its earliest event time read, `StreamClock.span`); 0: fixed
-    span_factor: float = 0.0
+    #: (the product's value is the maintenance setting, `policy_from`)
+    span_factor: float = 1.0
 
     @classmethod
     def hybrid(cls, **kw: Any) -> RankPolicy:
@@ -257,9 +258,10 @@ class StreamClock:
     has read. A lower bound of the writers' watermark (it only knows what it read),
     monotone, and on the memories' own clock. Beside it, the lowest event time read:
     the clock's span (`span`), which the recency half-life follows. At most
-    ``max_keys`` clocks are kept (least recently advanced dropped first; a dropped one
-    is relearned from the next rows: its stream time can only be lower, and its span
-    shorter, until the rows read reach back again).
+    ``max_keys`` clocks are kept (least recently read dropped first, so the clocks of
+    the rows just read are kept; a dropped one is relearned from the next rows: its
+    stream time can only be lower, and its span shorter, until the rows read reach
+    back again).
     """
 
     def __init__(self, per_agent: bool = True, max_keys: int = 100_000) -> None:
@@ -280,11 +282,11 @@ class StreamClock:
                 continue
             key = self._key(tenant, r.get("agent_id"))
             ts = int(r["created_ts"])
-            if ts > self._wm.get(key, -1):
+            if key not in self._wm or ts > self._wm[key]:
                 self._wm[key] = ts
-                self._wm.move_to_end(key)
-            if ts < self._origin.get(key, ts + 1):
+            if key not in self._origin or ts < self._origin[key]:
                 self._origin[key] = ts
+            self._wm.move_to_end(key)
         for r in rows:
             key = self._key(tenant, r.get("agent_id"))
             if key in self._wm:
@@ -293,13 +295,14 @@ class StreamClock:
             self._origin.pop(self._wm.popitem(last=False)[0], None)
         return out
 
-    def span(self, tenant: str, agent: Any) -> int:
-        """Stream time minus the earliest event time read, for ``agent``'s clock (0
-        when nothing of it was read)."""
+    def span(self, tenant: str, agent: Any, until: float | None = None) -> int:
+        """Stream time (or ``until``, a question's own time, where earlier) minus the
+        earliest event time read, for ``agent``'s clock; 0 when nothing of it was read."""
         key = self._key(tenant, agent)
         if key not in self._wm:
             return 0
-        return self._wm[key] - self._origin.get(key, self._wm[key])
+        end = self._wm[key] if until is None else min(self._wm[key], int(until))
+        return max(0, end - self._origin.get(key, end))
 
 
 Lane = Literal["main", "explore"]

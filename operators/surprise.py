@@ -612,7 +612,7 @@ class GuardCalibration:
 #: on how well the encoder tells a turn's context from unrelated turns: on clean LoCoMo
 #: it reads an injected share of 0.07-0.44 with torch MiniLM and 0.32-0.58 with
 #: ``minilm-static`` (the truth is 0). With MiniLM the second look at posterior 0.75
-#: costs a clean chat 0.007 of recall and halves the noise kept; with
+#: costs a clean chat 0.007 of recall and cuts the noise kept from 0.28 to 0.17; with
 #: ``minilm-static`` it costs 0.07 (docs/design/2026-12-04-guard-per-encoder.md). An
 #: encoder not named here gets the default. ``DMEM_INTRINSIC__RECHECK_COLD`` and
 #: ``DMEM_INTRINSIC__OFF_POSTERIOR`` override it.

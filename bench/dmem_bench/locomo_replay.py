@@ -166,7 +166,7 @@ def replay(
     """One replay of ``cfg``'s streams; the live bench's keys plus ``recall_ratio``."""
     from operators.encoders import build_encoder
     from streams.settings import Settings
-    from streams.write.pipeline import WritePipeline
+    from streams.write.pipeline import WritePipeline, intrinsic_config
 
     t0 = time.monotonic()
     convs = list(convs) if convs is not None else load(cfg.data, cfg.conversations)
@@ -187,6 +187,7 @@ def replay(
     settings = Settings()
     # the encoder the worker would name (its calibrations follow it, as live)
     settings.encoder.name = cfg.encoder  # type: ignore[assignment]
+    guard = intrinsic_config(settings)
     pipe = WritePipeline(settings, enc)
     reasons: dict[str, int] = defaultdict(int)
     scores: dict[str, list[float]] = defaultdict(list)
@@ -255,7 +256,9 @@ def replay(
         "noise_storage_ratio": kept_noise / n_noise if n_noise else None,
         "noise_evidence_recall_at_10": r10 if cfg.noise > 0 else None,
         "store_all_noisy_recall_at_10": mean("noisy10"),
-        "intrinsic": settings.intrinsic.model_dump(),
+        # the settings as resolved for the encoder (unset ones follow it)
+        "intrinsic": settings.intrinsic.model_dump()
+        | {k: getattr(guard, k) for k in ("recheck_cold", "off_posterior")},
         "routes": dict(sorted(reasons.items())),
         "elapsed_s": time.monotonic() - t0,
         "seed": cfg.seed,

@@ -205,7 +205,7 @@ class Responder:
         # recency from the question's own time where it says one; the access stamps
         # (`on_access`) stay on the memories' clock
         now_rank: float | dict[str, int] = stream_now if req.as_of is None else float(req.as_of)
-        spans = {agent: float(self.clock.span(req.tenant, agent)) for agent in stream_now}
+        spans = {a: float(self.clock.span(req.tenant, a, req.as_of)) for a in stream_now}
         ranked = rank(pool, self.policy, lam, now_rank, req.k, vectors, lanes=lanes, spans=spans)
         folded = self.merged_ids([r.row for r in ranked])
         hits = [

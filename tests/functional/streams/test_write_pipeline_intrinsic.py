@@ -394,14 +394,15 @@ def test_the_warm_guard_takes_back_injected_turns_the_cold_guard_let_through() -
     ts, enc, injected = contaminated_chat()
     on = Settings(intrinsic=IntrinsicSettings(recheck_cold=True))
     events, _, _ = run_events(WritePipeline(on, enc), ts)
-    off, _, _ = run_events(WritePipeline(Settings(), enc), ts)
+    no = Settings(intrinsic=IntrinsicSettings(recheck_cold=False))
+    off, _, _ = run_events(WritePipeline(no, enc), ts)
     evicted = [e for e in events if e.kind == "evicted"]
     assert evicted and all(e.reason == "off_context" for e in evicted)
     written = {e.memory_id for e in events if e.kind == "written"}
     gone = {e.memory_id for e in evicted}
     assert gone <= written  # only what was written is taken back
     assert len(gone & injected) >= 2 * len(gone - injected), (gone, injected)
-    assert not [e for e in off if e.kind == "evicted"]  # off by default
+    assert not [e for e in off if e.kind == "evicted"]  # none without the second look
     first = next(i for i, e in enumerate(events) if e.kind == "evicted")
     decided = [(e.memory_id, e.kind, e.route, e.reason) for e in events[:first]]
     assert decided == [(e.memory_id, e.kind, e.route, e.reason) for e in off[:first]]

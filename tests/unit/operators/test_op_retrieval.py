@@ -232,7 +232,7 @@ def test_the_recency_half_life_follows_each_agents_span() -> None:
     from operators.retrieval import StreamClock
 
     day = 24 * 3600 * 1000
-    fixed, spanned = RankPolicy.hybrid(), RankPolicy.hybrid(span_factor=1.0)
+    fixed, spanned = RankPolicy.hybrid(span_factor=0.0), RankPolicy.hybrid(span_factor=1.0)
     chat = [{"id": "old", "agent_id": "chat", "similarity": 0.6, "rpe": 1.0,
              "created_ts": 10 * day},
             {"id": "mid", "agent_id": "chat", "similarity": 0.55, "rpe": 1.0,
@@ -259,11 +259,38 @@ def test_the_recency_half_life_follows_each_agents_span() -> None:
     assert got["mid"] == pytest.approx(2 ** (-90 / 180), abs=1e-3)
     assert before == rec(spanned, False)  # no spans given: the fixed half-life
     assert got["run-a"] == before["run-a"] and got["run-b"] == before["run-b"]
+    # a question's own time ends the span there (not after it), never before the origin
+    assert clock.span("t", "chat", until=70 * day) == 60 * day
+    assert clock.span("t", "chat", until=5 * day) == 0
+    assert clock.span("t", "chat", until=900 * day) == 180 * day
     # a later read of an older row stretches the span; the stream time stays
     clock.observe("t", [{"agent_id": "chat", "created_ts": 0}])
     assert clock.span("t", "chat") == 190 * day
     with pytest.raises(ValueError):
         RankPolicy.hybrid(span_factor=-1.0)
+
+
+def test_the_stream_clock_keeps_the_clocks_it_read_last_with_their_spans() -> None:
+    """Bounded: the least recently read clock goes first, its span with it; the clocks
+    of the rows just read stay, even one that did not advance; with one clock per
+    tenant every agent has the tenant's span."""
+    from operators.retrieval import StreamClock
+
+    clock = StreamClock(max_keys=2)
+    clock.observe("t", [{"agent_id": "a", "created_ts": 10}, {"agent_id": "a", "created_ts": 50}])
+    clock.observe("t", [{"agent_id": "b", "created_ts": 100}])
+    clock.observe("t", [{"agent_id": "a", "created_ts": 20}])  # read, not advanced
+    now = clock.observe(
+        "t", [{"agent_id": "c", "created_ts": 5}, {"agent_id": "a", "created_ts": 30}]
+    )
+    assert now == {"c": 5, "a": 50}
+    assert clock.span("t", "a") == 40 and clock.span("t", "c") == 0
+    assert clock.span("t", "b") == 0  # dropped: relearned from the next rows
+    assert clock.observe("t", [{"agent_id": "b", "created_ts": 90}]) == {"b": 90}
+    assert clock.span("t", "b") == 0 and clock.span("t", "c") == 0  # c went now
+    shared = StreamClock(per_agent=False)
+    shared.observe("t", [{"agent_id": "a", "created_ts": 10}, {"agent_id": "b", "created_ts": 70}])
+    assert shared.span("t", "a") == shared.span("t", "b") == 60
 
 
 def test_identical_texts_are_won_by_outcome_evidence() -> None:

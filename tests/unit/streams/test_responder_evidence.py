@@ -117,3 +117,25 @@ def test_the_tenant_count_for_lambda_reads_with_the_searches_consistency() -> No
     r.answer(req, now_ms=0)
     r.answer(req, now_ms=1)
     assert store.counted == ["Bounded"]
+
+
+def test_recency_follows_the_agents_span_up_to_the_question() -> None:
+    """The responder gives the ranking each agent's span as its clock has read it: a
+    chat over 180 days keeps half the recency for its oldest memory (not 2^-6 on the
+    fixed 30 days); a question asked on day 90 measures the span up to day 90."""
+    from operators.retrieval import RankPolicy
+
+    day = 24 * 3600 * 1000
+    rows = [mem("old", 0.9) | {"created_ts": 0}, mem("new", 0.8) | {"created_ts": 180 * day}]
+    req = RetrievalRequest.model_validate(
+        {"request_id": "q", "tenant": "t", "vector": [1.0, 0.0], "k": 2}
+    )
+
+    def recency(policy: RankPolicy | None, **kw: Any) -> dict[str, float]:
+        r = Responder(FakeStore(rows), PassthroughEncoder(2), policy=policy)
+        resp, _ = r.answer(req.model_copy(update=kw), now_ms=0)
+        return {h.memory_id: h.breakdown.recency for h in resp.hits}
+
+    assert recency(None)["old"] == 0.5 and recency(None)["new"] == 1.0
+    assert recency(RankPolicy.hybrid(span_factor=0.0))["old"] == 2.0**-6
+    assert recency(None, as_of=90 * day)["old"] == 0.5  # age 90 d on a 90 d half-life
