@@ -297,6 +297,14 @@ class TenantState:
             "gate": self.gate_state.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
+            # the repeat keys of the turns on probation: one evicted after a restart
+            # must leave the repeat table (the same text sent again is judged afresh)
+            "probation_keys": [
+                [e.memory_id, self.key_of[e.memory_id]]
+                for q in self.intrinsic.probation.values()
+                for e in q
+                if e.memory_id in self.key_of
+            ],
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
             "intrinsic": self.intrinsic.to_dict(),
             "hindsight": self._hindsight_dict(),
@@ -368,7 +376,8 @@ class TenantState:
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
         self.recent = OrderedDict()
-        self.key_of = OrderedDict()
+        # absent in older checkpoints
+        self.key_of = OrderedDict((m, k) for m, k in header.get("probation_keys", ()))
         self.eligibility = EligibilityWindow(
             horizon=settings.write.eligibility_horizon, ttl_ms=settings.write.eligibility_ttl_ms
         )
@@ -961,8 +970,9 @@ class WritePipeline:
 
         After this, the same content published again is judged afresh (it is no
         longer a "repeat"), and hindsight re-scoring cannot resurrect it. The
-        content-key map is not checkpointed, so forgetting reaches repeat keys
-        of memories stored since the worker's last start.
+        content-key map is checkpointed only for the turns on probation (their
+        eviction must reach it), so forgetting reaches the repeat keys of memories
+        stored since the worker's last start and of those.
         """
         for (t, part), st in self.states.items():  # the memory's partition is not known
             if t == tenant:

@@ -13,7 +13,7 @@ from dmem_bench.demo import q_learning_transitions
 from operators import HashingEncoder
 from schemas import Transition, encode
 from streams.settings import IntrinsicSettings, Settings
-from streams.write.pipeline import RawRecord, WritePipeline
+from streams.write.pipeline import RawRecord, WritePipeline, content_key
 
 
 def raws_of(transitions: list[Transition]) -> list[RawRecord]:
@@ -410,9 +410,12 @@ def test_the_warm_guard_takes_back_injected_turns_the_cold_guard_let_through() -
     # probation in the checkpoint and is still taken back afterwards
     mid = events[first].memory_id
     pos = next(i for i, t in enumerate(ts) if t.memory_id == mid)
-    again, _, held = run_events(WritePipeline(on, enc), ts, restart_at=16 * (pos // 16 + 1))
+    again, after, held = run_events(WritePipeline(on, enc), ts, restart_at=16 * (pos // 16 + 1))
     assert mid in held
     assert mid in {e.memory_id for e in again if e.kind == "evicted"}
+    # its repeat key left with it, across the restart: sent again, it is judged afresh
+    # rather than dropped as a repeat of a memory that is gone
+    assert content_key(ts[pos]) not in after.tenants["t"].repeats
 
 
 def test_a_new_partition_state_starts_with_nothing_on_probation() -> None:
