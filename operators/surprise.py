@@ -1047,6 +1047,10 @@ class IntrinsicState:
         """Turns on probation over all agents."""
         return sum(len(q) for q in self.probation.values())
 
+    def probation_ids(self) -> list[str]:
+        """The memory ids of the turns on probation, over all agents."""
+        return [p.memory_id for q in self.probation.values() for p in q]
+
     def release(self, memory_id: str, agent: str | None = None, newest: bool = False) -> None:
         """Take ``memory_id`` off probation (of ``agent``, else of any agent): the write
         path did not write it on the intrinsic score's account, or it was forgotten.
@@ -1055,7 +1059,7 @@ class IntrinsicState:
         if not self.probation:
             return
         for a in [agent] if agent is not None else list(self.probation):
-            q = self.probation.get(a) if a is not None else None
+            q = self.probation.get(a)
             if not q:
                 continue
             hits = [j for j, p in enumerate(q) if p.memory_id == memory_id]

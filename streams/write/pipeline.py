@@ -300,10 +300,7 @@ class TenantState:
             # the repeat keys of the turns on probation: one evicted after a restart
             # must leave the repeat table (the same text sent again is judged afresh)
             "probation_keys": [
-                [e.memory_id, self.key_of[e.memory_id]]
-                for q in self.intrinsic.probation.values()
-                for e in q
-                if e.memory_id in self.key_of
+                [m, self.key_of[m]] for m in self.intrinsic.probation_ids() if m in self.key_of
             ],
             "learner_b64": base64.b64encode(self.learner.state_bytes()).decode(),
             "intrinsic": self.intrinsic.to_dict(),
@@ -844,11 +841,10 @@ class WritePipeline:
         A turn stays on probation only while it is written on the intrinsic score's
         account (`_process_tenant` releases the others, ``released`` those of this
         batch; a forget releases it too), and probation is part of the checkpoint, so
-        a restart still evicts it. The row is
-        deleted after the batch's upserts (`BatchResult.retract`), and an ``evicted``
-        event (reason ``off_context``) tells the jobs and the memory's history; the
-        write path forgets its traces, so the same text published again is judged
-        afresh.
+        a restart still evicts it. The row is deleted after the batch's upserts
+        (`BatchResult.retract`), and an ``evicted`` event (reason ``off_context``)
+        tells the jobs and the memory's history; the write path forgets its traces, so
+        the same text published again is judged afresh.
         """
         for t, x in zip(ts, intr, strict=True):
             if x is None:

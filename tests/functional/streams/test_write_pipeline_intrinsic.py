@@ -378,7 +378,7 @@ def run_events(p: WritePipeline, ts: list[Transition], restart_at: int | None = 
     raws, events, held = raws_of(ts), [], set()
     for i in range(0, len(raws), batch):
         if restart_at is not None and i == restart_at:
-            held = {e.memory_id for q in p.tenants["t"].intrinsic.probation.values() for e in q}
+            held = set(p.tenants["t"].intrinsic.probation_ids())
             fresh = WritePipeline(p.settings, p.encoder)
             fresh.restore("t", p.snapshot("t"))
             p = fresh

@@ -782,7 +782,7 @@ def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
         v /= np.linalg.norm(v)
         st.score_batch([f"a{i // 8}"], [f"w{i} x{i % 7}"], v[None, :], v[None, :], [False],
                        [f"m{i}"])  # fmt: skip
-    held = [p.memory_id for q in st.probation.values() for p in q]
+    held = st.probation_ids()
     assert st.probation_size == len(held) == PROBATION_MAX
     assert f"m{n - 1}" in held and "m1" not in held  # the oldest were let through
     st.release(f"m{n - 1}")
@@ -794,7 +794,7 @@ def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
     st.probation[last].append(dataclasses.replace(orig))
     st.release(orig.memory_id, last, newest=True)
     assert st.probation[last][-1] is orig and st.probation_size == PROBATION_MAX - 2
-    assert not {f"m{n - 1}", f"m{n - 2}"} & {p.memory_id for q in st.probation.values() for p in q}
+    assert not {f"m{n - 1}", f"m{n - 2}"} & set(st.probation_ids())
     d = orjson.loads(orjson.dumps(st.to_dict()))
     assert len([x for q in d["probation"].values() for x in q]) == PROBATION_MAX - 2
     back = IntrinsicState.from_dict(d, cfg)
