@@ -115,6 +115,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from schemas.models import MACHINE_SPEAKERS
+
 __all__ = [
     "AgentRewardMix",
     "Contamination",
@@ -165,11 +167,15 @@ FIRST_PERSON = frozenset(
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
 
 
-def discloses(text: str) -> bool:
+def discloses(text: str, machine_speakers: frozenset[str] | tuple[str, ...] = ()) -> bool:
     """Whether ``text`` (after a ``"speaker: "`` prefix) has a sentence that is not a
     question and holds a first-person word (`FIRST_PERSON`): the speaker says
-    something about itself."""
+    something about itself. Never for a speaker named in ``machine_speakers`` (lower
+    case): a language model's "I" ("I'd recommend", "I hope this helps", "as an AI,
+    I don't") says nothing about a person that a later question could ask about."""
     m = SPEAKER_PREFIX.match(text)
+    if m and m.group(1).strip().lower() in machine_speakers:
+        return False
     body = text[m.end() :] if m else text
     for sentence in _SENTENCE.findall(body):
         s = sentence.strip()
@@ -532,6 +538,9 @@ class IntrinsicConfig:
     #: carries ``1 + disclosure`` times its information, over its speaker's mean
     #: factor (`IntrinsicState._disclosed`; 0: off)
     disclosure: float = 0.3
+    #: speakers (the ``"speaker: "`` prefix, any case) whose first-person sentences are
+    #: never disclosures (`discloses`): programs, not people
+    machine_speakers: tuple[str, ...] = MACHINE_SPEAKERS
     #: a written turn whose nearest memory of the same agent is this many standard
     #: deviations above the unrelated level speaks of the same thing: it updates that
     #: memory (`IntrinsicScore.updates`), and a search ranks it above the older one
@@ -560,6 +569,11 @@ class IntrinsicConfig:
     hist_warmup: int = 100
 
     def __post_init__(self) -> None:
+        # one spelling (a checkpoint's JSON gives a list): matched in lower case
+        names = tuple(str(n).strip().lower() for n in self.machine_speakers)
+        object.__setattr__(self, "machine_speakers", names)
+        if not all(names):
+            raise ValueError(f"machine_speakers must be non-empty names, got {names}")
         if not 0.0 < self.repeat_cos < 1.0:
             raise ValueError(f"repeat_cos must be in (0, 1), got {self.repeat_cos}")
         if not all(math.isfinite(v) for v in (self.fit_k, self.bank_min)):
@@ -1175,7 +1189,7 @@ class IntrinsicState:
                 else:  # a measured alternative term (`operators.conversation_score`)
                     info = self.tokens.surprisal(tok)
                 self.tokens.learn(tok)
-                disclosed = cfg.disclosure > 0.0 and discloses(text)
+                disclosed = cfg.disclosure > 0.0 and discloses(text, cfg.machine_speakers)
                 info = self._per_speaker(
                     agent, text, info * self._disclosed(agent, text, disclosed)
                 )

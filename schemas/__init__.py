@@ -20,6 +20,7 @@ from schemas.export import export_json_schemas, json_schemas
 from schemas.limits import LIMITS, Limits
 from schemas.models import (
     DECISION_KINDS,
+    MACHINE_SPEAKERS,
     SCHEMA_VERSION,
     BatchGetRequest,
     DeadLetter,
@@ -48,6 +49,7 @@ from schemas.topics import TOPICS, TopicSpec, topic_name
 
 __all__ = [
     "DECISION_KINDS",
+    "MACHINE_SPEAKERS",
     "BrokerUnavailable",
     "ConfigError",
     "DmemError",

@@ -399,6 +399,12 @@ EventKind = Literal[
 #: score and thresholds); the other kinds are later changes to a memory
 DECISION_KINDS: tuple[EventKind, ...] = ("written", "dropped")
 
+#: chat speakers (the ``"speaker: "`` prefix of a chat turn, lower case) that are
+#: programs, not people: the roles the LLM APIs give the model's own turns, its system
+#: prompt and its tools. The write path never weighs their first-person sentences as
+#: something a person said about themselves (``DMEM_INTRINSIC__MACHINE_SPEAKERS``)
+MACHINE_SPEAKERS: tuple[str, ...] = ("assistant", "ai", "bot", "model", "system", "tool")
+
 
 class MemoryEvent(Model):
     """What happened to a memory, and why: the audit trail and the metrics feed."""

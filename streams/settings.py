@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from schemas.models import MACHINE_SPEAKERS
+
 
 class KafkaSettings(BaseModel):
     broker: str = Field(
@@ -573,6 +575,15 @@ class IntrinsicSettings(BaseModel):
             "carries 1 + this times its information, before the speaker's yardstick "
             "(0: off; the words cover English, German, French, Spanish, Italian, "
             "Portuguese and Dutch)"
+        ),
+    )
+    machine_speakers: list[str] = Field(
+        default_factory=lambda: list(MACHINE_SPEAKERS),
+        description=(
+            "speakers of a chat (the 'speaker: ' prefix, any case) that are programs, "
+            "not people: their first-person sentences ('I'd recommend', 'as an AI, I "
+            "don't') are never weighed as disclosures; the default is the chat roles of "
+            "the LLM APIs (a JSON list; [] weighs every speaker's)"
         ),
     )
     repeat_scope: Literal["episode", "agent"] = Field(

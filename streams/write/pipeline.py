@@ -436,6 +436,7 @@ def intrinsic_config(settings: Settings) -> IntrinsicConfig:
         sentence_weight=i.sentence_weight,
         speaker_pooling=i.speaker_pooling,
         disclosure=i.disclosure,
+        machine_speakers=tuple(i.machine_speakers),
         update_k=i.update_k,
         repeat_scope=i.repeat_scope,
         lexical=i.lexical,

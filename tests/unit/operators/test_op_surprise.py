@@ -16,6 +16,7 @@ from operators.surprise import (
     Contamination,
     GuardCalibration,
     IntrinsicConfig,
+    IntrinsicScore,
     IntrinsicState,
     RewardMix,
     RndSurprise,
@@ -491,6 +492,62 @@ def test_a_restatement_in_a_later_episode_is_no_repeat_of_this_one() -> None:
 )
 def test_discloses_finds_statements_about_the_speaker(text: str, says: bool) -> None:
     assert discloses(text) is says
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "assistant: I'd recommend Roscioli for a romantic dinner.",
+        "Assistant: As an AI, I don't have personal preferences, but I hope this helps.",
+        "model: I think the answer is 12.",
+        "tool: I found 3 results.",
+    ],
+)
+def test_a_machine_speakers_first_person_is_not_a_disclosure(text: str) -> None:
+    """A language model's "I" says nothing about a person: with the product's machine
+    speakers (any case) it is not a disclosure; without them it is."""
+    assert discloses(text) is True
+    assert discloses(text, IntrinsicConfig().machine_speakers) is False
+    # a person named like no role still discloses
+    person = "Ann: " + text.split(": ", 1)[1]
+    assert discloses(person, IntrinsicConfig().machine_speakers) is True
+
+
+def test_machine_speakers_config_is_normalised_and_checkpointed() -> None:
+    cfg = IntrinsicConfig(machine_speakers=["  Bot ", "ASSISTANT"])  # type: ignore[arg-type]
+    assert cfg.machine_speakers == ("bot", "assistant")
+    with pytest.raises(ValueError, match="machine_speakers"):
+        IntrinsicConfig(machine_speakers=("assistant", " "))
+    st = IntrinsicState(16, cfg)
+    back = IntrinsicState.from_dict(orjson.loads(orjson.dumps(st.to_dict())))
+    assert back.config.machine_speakers == ("bot", "assistant")
+
+
+def test_machine_speaker_turns_are_scored_without_the_disclosure_weight() -> None:
+    """The same chat with the assistant's first-person answers: the weight lifts them
+    over its other answers when the assistant is a person's name, not when it is a
+    machine speaker; the user's disclosures are weighed either way."""
+    enc = HashingEncoder(dim=64)
+    texts: list[str] = []
+    for i in range(30):
+        texts.append(f"user: my garden has {i} tomato plants now.")
+        texts.append(f"assistant: I would water {i} tomato plants daily.")
+        texts.append(f"assistant: water {i} tomato plants daily.")
+    vecs = enc.encode(texts)
+
+    def scored(machines: tuple[str, ...]) -> list[IntrinsicScore]:
+        st = IntrinsicState(64, IntrinsicConfig(disclosure=0.5, machine_speakers=machines))
+        return st.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+
+    person, machine = scored(()), scored(("assistant",))
+    assert [s.disclosure for s in person[1::3]] == [True] * 30
+    assert [s.disclosure for s in machine[1::3]] == [False] * 30
+    assert all(s.disclosure for s in machine[0::3])
+
+    def said_over_plain(sc: list[IntrinsicScore]) -> float:
+        return float(np.mean([s.info for s in sc[1::3]]) / np.mean([s.info for s in sc[2::3]]))
+
+    assert said_over_plain(person) > 1.25 * said_over_plain(machine)
 
 
 def test_disclosure_weighs_statements_about_the_speaker_within_each_speaker() -> None:

@@ -109,3 +109,20 @@ def test_the_context_guard_follows_the_encoder_unless_set(
     monkeypatch.setenv("DMEM_INTRINSIC__OFF_POSTERIOR", "0")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_machine_speakers_reach_the_write_path_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The LLM roles by default; a JSON list replaces them, [] weighs every speaker's
+    first person."""
+    from schemas import MACHINE_SPEAKERS
+    from streams.write.pipeline import intrinsic_config
+
+    monkeypatch.delenv("DMEM_INTRINSIC__MACHINE_SPEAKERS", raising=False)
+    assert intrinsic_config(Settings()).machine_speakers == MACHINE_SPEAKERS
+    assert "assistant" in MACHINE_SPEAKERS
+    monkeypatch.setenv("DMEM_INTRINSIC__MACHINE_SPEAKERS", '["Copilot"]')
+    assert intrinsic_config(Settings()).machine_speakers == ("copilot",)
+    monkeypatch.setenv("DMEM_INTRINSIC__MACHINE_SPEAKERS", "[]")
+    assert intrinsic_config(Settings()).machine_speakers == ()
