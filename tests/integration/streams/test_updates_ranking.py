@@ -1,16 +1,19 @@
-"""A later statement of the same thing, written by the real write path into a real
-Milvus (Lite and server), is served above the older memory it updates."""
+"""Chats written by the real write path into a real Milvus (Lite and server), then
+served: a later statement of the same thing above the older memory it updates, and
+the recency of a months-long chat measured on the chat's own span."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from dmem.client import ChatTurn, chat_transitions
 from milvus import MemoryStore
 from operators import HashingEncoder
-from schemas import RetrievalRequest, encode
+from schemas import RetrievalRequest, Transition, encode
+from streams.respond.http import policy_from
 from streams.respond.responder import Responder
 from streams.settings import Settings
 from streams.write.pipeline import RawRecord, WritePipeline
@@ -27,6 +30,20 @@ OLD = "I keep my running sneakers under the bed in my room."
 NEW = "I keep my running sneakers in the hall closet now."
 
 
+def write(store: MemoryStore, enc: HashingEncoder, ts: Sequence[Transition]) -> None:
+    """``ts`` through the real write pipeline (product settings) into ``store``."""
+    pipe = WritePipeline(Settings(), enc)
+    for i in range(0, len(ts), 16):
+        raws = [
+            RawRecord(encode(t), b"c1", "dmem.transitions", 0, i + j)
+            for j, t in enumerate(ts[i : i + 16])
+        ]
+        res = pipe.process(raws, now_ms=1_000 + i)
+        for part, rows in res.upserts.items():
+            if rows:
+                store.upsert(rows, part)
+
+
 def test_the_update_is_served_first_and_names_what_it_supersedes(
     store_factory: Callable[..., MemoryStore],
 ) -> None:
@@ -39,17 +56,8 @@ def test_the_update_is_served_first_and_names_what_it_supersedes(
             turns.append(ChatTurn("Ann", OLD if r == 4 else NEW))
     ts = chat_transitions(turns, tenant="acme", conversation="c1", session=1)
     ts = [t.model_copy(update={"ts": 1_700_000_000_000 + 60_000 * i}) for i, t in enumerate(ts)]
-    pipe = WritePipeline(Settings(), enc)
     store = store_factory(dim=256)
-    for i in range(0, len(ts), 16):
-        raws = [
-            RawRecord(encode(t), b"c1", "dmem.transitions", 0, i + j)
-            for j, t in enumerate(ts[i : i + 16])
-        ]
-        res = pipe.process(raws, now_ms=1_000 + i)
-        for part, rows in res.upserts.items():
-            if rows:
-                store.upsert(rows, part)
+    write(store, enc, ts)
     old, new = (t.memory_id for t in ts if "sneakers" in t.observation)
     (row,) = store.get([new], tenant="acme")
     assert row["metadata"]["updates"] == old
@@ -63,3 +71,53 @@ def test_the_update_is_served_first_and_names_what_it_supersedes(
     # another tenant sees neither
     other = req.model_copy(update={"tenant": "zeta"})
     assert Responder(store, enc, consistency_level="Strong").answer(other, 0)[0].hits == []
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def test_a_chats_past_keeps_half_its_recency_over_the_chats_own_span(
+    store_factory: Callable[..., MemoryStore],
+) -> None:
+    """Two sessions 180 days apart: with the product's ranking policy (span factor 1) the
+    first session's memories keep half the recency of the last one's; with a fixed
+    30-day half-life (span factor 0) they would keep 2^-6 of it. The span is what the
+    responder read of the agent's rows in Milvus; a question's ``as_of`` ends it."""
+    enc = HashingEncoder(dim=256)
+    ts: list[Transition] = []
+    for session, day in ((1, 0), (2, 180)):
+        turns = [ChatTurn("Ann" if j % 2 else "Bob", f) for j, f in enumerate(FILLER)]
+        turns += [ChatTurn("Ann", f"{n} (session {session})") for n in NEWS]
+        for i, t in enumerate(
+            chat_transitions(turns, tenant="acme", conversation="c1", session=session)
+        ):
+            ts.append(t.model_copy(update={"ts": 1_700_000_000_000 + day * DAY_MS + 60_000 * i}))
+    store = store_factory(dim=256)
+    write(store, enc, ts)
+    first = {t.memory_id for t in ts if t.episode_id == "c1:1"}
+    policy = policy_from(Settings())
+    assert policy.span_factor == 1.0
+
+    def recency(p: object, as_of: int | None = None) -> tuple[float, float]:
+        req = RetrievalRequest(
+            request_id="q", tenant="acme", query="Ann's beagle Rex and her sister Anna",
+            k=10, as_of=as_of,
+        )  # fmt: skip
+        hits = Responder(store, enc, p, consistency_level="Strong").answer(req, 0)[0].hits
+        old = [h.breakdown.recency for h in hits if h.memory_id in first]
+        new = [h.breakdown.recency for h in hits if h.memory_id not in first]
+        assert old and new, [h.memory_id for h in hits]
+        return min(old), max(new)
+
+    old, new = recency(policy)
+    assert new == pytest.approx(1.0, abs=0.02)
+    assert old == pytest.approx(0.5, abs=0.03)
+    fixed_old, _ = recency(dataclasses.replace(policy, span_factor=0.0))
+    assert fixed_old == pytest.approx(2.0**-6, abs=0.005)
+    # asked on day 90: the second session is not yet written; the span and the ages end there
+    day90 = 1_700_000_000_000 + 90 * DAY_MS
+    req = RetrievalRequest(
+        request_id="q", tenant="acme", query="Ann's beagle Rex", k=10, as_of=day90
+    )
+    hits = Responder(store, enc, policy, consistency_level="Strong").answer(req, 0)[0].hits
+    assert hits and {h.memory_id for h in hits} <= first
