@@ -129,6 +129,7 @@ __all__ = [
     "GUARD_BY_ENCODER",
     "GuardCalibration",
     "discloses",
+    "speaker_of",
     "gate_score",
     "guard_calibration",
 ]
@@ -167,15 +168,22 @@ FIRST_PERSON = frozenset(
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
 
 
+def speaker_of(text: str) -> str:
+    """The speaker of a chat turn: its ``"speaker: "`` prefix, stripped and in lower
+    case ("" without one)."""
+    m = SPEAKER_PREFIX.match(text)
+    return m.group(1).strip().lower() if m else ""
+
+
 def discloses(text: str, machine_speakers: frozenset[str] | tuple[str, ...] = ()) -> bool:
     """Whether ``text`` (after a ``"speaker: "`` prefix) has a sentence that is not a
     question and holds a first-person word (`FIRST_PERSON`): the speaker says
     something about itself. Never for a speaker named in ``machine_speakers`` (lower
     case): a language model's "I" ("I'd recommend", "I hope this helps", "as an AI,
     I don't") says nothing about a person that a later question could ask about."""
-    m = SPEAKER_PREFIX.match(text)
-    if m and m.group(1).strip().lower() in machine_speakers:
+    if machine_speakers and speaker_of(text) in machine_speakers:
         return False
+    m = SPEAKER_PREFIX.match(text)
     body = text[m.end() :] if m else text
     for sentence in _SENTENCE.findall(body):
         s = sentence.strip()
@@ -1308,8 +1316,7 @@ class IntrinsicState:
     def _speaker(self, table: OrderedDict[str, _Running], agent: str, text: str) -> _Running:
         """The running mean in ``table`` of the speaker of ``text`` (its ``"speaker: "``
         prefix; none is the speaker "") for ``agent``."""
-        m = SPEAKER_PREFIX.match(text)
-        key = f"{agent}\x1f{m.group(1).strip().lower() if m else ''}"
+        key = f"{agent}\x1f{speaker_of(text)}"
         return _bounded(
             table, key, lambda: _Running(self.config.stats_alpha), self.config.max_agents
         )
@@ -1415,6 +1422,8 @@ class IntrinsicState:
                 r = st.speakers[str(key)] = _Running(cfg.stats_alpha)
                 r.mean, r.count = float(mean), int(count)
         for key, (mean, count) in list(d.get("disclosures", {}).items())[-cfg.max_agents :]:
+            if str(key).rpartition("\x1f")[2] in cfg.machine_speakers:
+                continue  # never discloses: a rate it kept from before is stale
             r = st.disclosures[str(key)] = _Running(cfg.stats_alpha)
             r.mean, r.count = float(mean), int(count)
         if "speakers" not in d and cfg.speaker_pooling > 0.0:  # the unpooled term's mean

@@ -403,7 +403,9 @@ DECISION_KINDS: tuple[EventKind, ...] = ("written", "dropped")
 #: programs, not people: the roles the LLM APIs give the model's own turns, its system
 #: prompt and its tools. The write path never weighs their first-person sentences as
 #: something a person said about themselves (``DMEM_INTRINSIC__MACHINE_SPEAKERS``)
-MACHINE_SPEAKERS: tuple[str, ...] = ("assistant", "ai", "bot", "model", "system", "tool")
+MACHINE_SPEAKERS: tuple[str, ...] = (
+    "assistant", "ai", "bot", "model", "system", "developer", "tool", "function",
+)  # fmt: skip
 
 
 class MemoryEvent(Model):

@@ -586,6 +586,15 @@ class IntrinsicSettings(BaseModel):
             "the LLM APIs (a JSON list; [] weighs every speaker's)"
         ),
     )
+
+    @field_validator("machine_speakers")
+    @classmethod
+    def _speaker_names(cls, v: list[str]) -> list[str]:
+        names = [n.strip().lower() for n in v]
+        if not all(names):
+            raise ValueError("machine_speakers must be non-empty names")
+        return names
+
     repeat_scope: Literal["episode", "agent"] = Field(
         default="episode",
         description=(

@@ -98,26 +98,36 @@ def test_a_chats_past_keeps_half_its_recency_over_the_chats_own_span(
     policy = policy_from(Settings())
     assert policy.span_factor == 1.0
 
-    def recency(p: object, as_of: int | None = None) -> tuple[float, float]:
+    def recency(responder: Responder) -> tuple[float, float]:
         req = RetrievalRequest(
-            request_id="q", tenant="acme", query="Ann's beagle Rex and her sister Anna",
-            k=10, as_of=as_of,
-        )  # fmt: skip
-        hits = Responder(store, enc, p, consistency_level="Strong").answer(req, 0)[0].hits
+            request_id="q", tenant="acme", query="Ann's beagle Rex and her sister Anna", k=10
+        )
+        hits = responder.answer(req, 0)[0].hits
         old = [h.breakdown.recency for h in hits if h.memory_id in first]
         new = [h.breakdown.recency for h in hits if h.memory_id not in first]
         assert old and new, [h.memory_id for h in hits]
         return min(old), max(new)
 
-    old, new = recency(policy)
+    seen = Responder(store, enc, policy, consistency_level="Strong")
+    old, new = recency(seen)
     assert new == pytest.approx(1.0, abs=0.02)
     assert old == pytest.approx(0.5, abs=0.03)
-    fixed_old, _ = recency(dataclasses.replace(policy, span_factor=0.0))
+    fixed = dataclasses.replace(policy, span_factor=0.0)
+    fixed_old, _ = recency(Responder(store, enc, fixed, consistency_level="Strong"))
     assert fixed_old == pytest.approx(2.0**-6, abs=0.005)
-    # asked on day 90: the second session is not yet written; the span and the ages end there
+    # asked on day 90 of a responder whose clock has read both sessions: the second
+    # session is left out, and the span and the ages end on day 90. The first
+    # session's memories are 90 days old on a 90-day span: half the recency (0.71 if
+    # the span ran on to day 180). A responder that has read nothing else knows a span
+    # of minutes then: 2^-3 on the fixed half-life (the span is what it has read).
     day90 = 1_700_000_000_000 + 90 * DAY_MS
     req = RetrievalRequest(
         request_id="q", tenant="acme", query="Ann's beagle Rex", k=10, as_of=day90
     )
-    hits = Responder(store, enc, policy, consistency_level="Strong").answer(req, 0)[0].hits
-    assert hits and {h.memory_id for h in hits} <= first
+    for responder, want in (
+        (seen, 0.5),
+        (Responder(store, enc, policy, consistency_level="Strong"), 2.0**-3),
+    ):
+        hits = responder.answer(req, 0)[0].hits
+        assert hits and {h.memory_id for h in hits} <= first
+        assert [h.breakdown.recency for h in hits] == pytest.approx([want] * len(hits), abs=0.03)

@@ -523,6 +523,25 @@ def test_machine_speakers_config_is_normalised_and_checkpointed() -> None:
     assert back.config.machine_speakers == ("bot", "assistant")
 
 
+def test_a_restore_drops_the_disclosure_rate_of_a_machine_speaker() -> None:
+    """A checkpoint written while the assistant's "I" still counted holds its rate of
+    disclosures (mean factor > 1), which would push its turns down for a hundred more;
+    restored under machine speakers, only the people's rates come back."""
+    texts = [
+        f"{who}: I think {i} plants are enough." for i in range(10) for who in ("ann", "assistant")
+    ]
+    vecs = ENC.encode(texts)
+    old = IntrinsicState(128, IntrinsicConfig(machine_speakers=()))
+    old.score_batch(["a"] * len(texts), texts, vecs, vecs, [False] * len(texts))
+    assert {k.split("\x1f")[1] for k in old.disclosures} == {"ann", "assistant"}
+    d = orjson.loads(orjson.dumps(old.to_dict()))
+    back = IntrinsicState.from_dict(d, IntrinsicConfig())
+    assert {k.split("\x1f")[1] for k in back.disclosures} == {"ann"}
+    assert back.disclosures["a\x1fann"].mean == pytest.approx(old.disclosures["a\x1fann"].mean)
+    kept = IntrinsicState.from_dict(d, IntrinsicConfig(machine_speakers=()))
+    assert set(kept.disclosures) == set(old.disclosures)
+
+
 def test_machine_speaker_turns_are_scored_without_the_disclosure_weight() -> None:
     """The same chat with the assistant's first-person answers: the weight lifts them
     over its other answers when the assistant is a person's name, not when it is a

@@ -126,3 +126,6 @@ def test_machine_speakers_reach_the_write_path_from_the_environment(
     assert intrinsic_config(Settings()).machine_speakers == ("copilot",)
     monkeypatch.setenv("DMEM_INTRINSIC__MACHINE_SPEAKERS", "[]")
     assert intrinsic_config(Settings()).machine_speakers == ()
+    monkeypatch.setenv("DMEM_INTRINSIC__MACHINE_SPEAKERS", '["assistant", " "]')
+    with pytest.raises(ValidationError, match="machine_speakers"):
+        Settings()
