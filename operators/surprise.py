@@ -115,7 +115,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from schemas.models import MACHINE_SPEAKERS
+from schemas.models import MACHINE_SPEAKERS, machine_speaker_names
 
 __all__ = [
     "AgentRewardMix",
@@ -578,10 +578,7 @@ class IntrinsicConfig:
 
     def __post_init__(self) -> None:
         # one spelling (a checkpoint's JSON gives a list): matched in lower case
-        names = tuple(str(n).strip().lower() for n in self.machine_speakers)
-        object.__setattr__(self, "machine_speakers", names)
-        if not all(names):
-            raise ValueError(f"machine_speakers must be non-empty names, got {names}")
+        object.__setattr__(self, "machine_speakers", machine_speaker_names(self.machine_speakers))
         if not 0.0 < self.repeat_cos < 1.0:
             raise ValueError(f"repeat_cos must be in (0, 1), got {self.repeat_cos}")
         if not all(math.isfinite(v) for v in (self.fit_k, self.bank_min)):

@@ -21,6 +21,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -406,6 +407,15 @@ DECISION_KINDS: tuple[EventKind, ...] = ("written", "dropped")
 MACHINE_SPEAKERS: tuple[str, ...] = (
     "assistant", "ai", "bot", "model", "system", "developer", "tool", "function",
 )  # fmt: skip
+
+
+def machine_speaker_names(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as a chat turn's speaker is matched against them: stripped, lower
+    case. A blank name is an error (it would match no prefix)."""
+    out = tuple(str(n).strip().lower() for n in names)
+    if not all(out):
+        raise ValueError(f"machine_speakers must be non-empty names, got {out}")
+    return out
 
 
 class MemoryEvent(Model):

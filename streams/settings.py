@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from schemas.models import MACHINE_SPEAKERS
+from schemas.models import MACHINE_SPEAKERS, machine_speaker_names
 
 
 class KafkaSettings(BaseModel):
@@ -590,10 +590,7 @@ class IntrinsicSettings(BaseModel):
     @field_validator("machine_speakers")
     @classmethod
     def _speaker_names(cls, v: list[str]) -> list[str]:
-        names = [n.strip().lower() for n in v]
-        if not all(names):
-            raise ValueError("machine_speakers must be non-empty names")
-        return names
+        return list(machine_speaker_names(v))
 
     repeat_scope: Literal["episode", "agent"] = Field(
         default="episode",
