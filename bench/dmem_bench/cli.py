@@ -48,6 +48,7 @@ def demo(
 
     if steps < 1:
         raise click.BadParameter("must be >= 1", param_hint="--steps")
+    load_settings()  # a bad DMEM_* setting is a usage error, not a traceback
     try:
         summary = run_demo(
             env_name=env_name,
@@ -133,6 +134,7 @@ def report(
 @click.group()
 def bench() -> None:
     """Benchmarks (long; not run in CI)."""
+    load_settings()  # every benchmark reads DMEM_*: a bad one is a usage error
 
 
 BACKEND_OPTION = click.option(

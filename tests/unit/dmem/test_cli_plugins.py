@@ -88,3 +88,21 @@ def test_dmem_never_names_the_harness() -> None:
         if "dmem_bench" in p.read_text()
     ]
     assert hits == []
+
+
+@pytest.mark.parametrize(
+    "args", [["demo", "--json"], ["bench", "credit", "--json"], ["bench", "longmemeval"]]
+)
+def test_the_harness_commands_refuse_a_bad_setting_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """Before any broker, store or data set is touched: exit status 2 and the setting's
+    name, not a pydantic traceback."""
+    from dmem_bench.cli import bench, demo
+
+    monkeypatch.setenv("DMEM_GATE__Q_LOW", "abc")
+    group = click.Group("dmem", commands={"demo": demo, "bench": bench})
+    out = CliRunner().invoke(group, args)
+    assert out.exit_code == 2, out.output
+    assert "bad setting gate.q_low" in out.output
+    assert "Traceback" not in out.output and isinstance(out.exception, SystemExit)
