@@ -17,8 +17,10 @@ a typical turn says"), and 0 when the turn is off-context:
   length, so it would rank an assistant's long answers above the user's short
   disclosures ("The play I attended was The Glass Menagerie"), which are what
   later questions ask about; the shrinkage keeps a one-word turn with one rare
-  token from outranking a sentence. Half of it (``sentence_weight``) is the same
-  term of the turn's most informative sentence (`TokenSurprisal.best_sentence`):
+  token from outranking a sentence. Tokens are words of any script (`words`), and
+  each character of Chinese and Japanese, which are written without spaces. Half
+  of it (``sentence_weight``) is the same term of the turn's most informative
+  sentence (`TokenSurprisal.best_sentence`):
   per token over the whole text, one specific fact in a long answer ("12 of the 23
   games were played at Arrowhead") is diluted by the generic sentences around it.
   Transitions without text use the error of a random-network-distillation
@@ -134,7 +136,22 @@ __all__ = [
     "guard_calibration",
 ]
 
-_TOKEN = re.compile(r"[a-z0-9']+")
+#: scripts written without spaces between words (Han, Hiragana, Katakana): each of
+#: their characters is a token of its own (a unigram model over characters, as for
+#: Chinese text); a whole clause would otherwise be one token, seen once
+_NO_SPACES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+#: a token: one character of `_NO_SPACES`, or a run of letters and digits of any
+#: other script with apostrophes inside ("i'm", "café", "привет"); for ASCII text
+#: exactly ``[a-z0-9']+``
+_TOKEN = re.compile(rf"[{_NO_SPACES}]|(?:[^\W_{_NO_SPACES}]|')+")
+
+
+def words(text: str) -> list[str]:
+    """The tokens (`_TOKEN`) of ``text`` in lower case, a typographic apostrophe read
+    as a straight one ("I’m" is "i'm"). Letters of every script count: with ASCII
+    letters only, a Russian or Chinese turn had no words but its speaker's name, and
+    every turn of such a chat said the same to the information term."""
+    return _TOKEN.findall(text.lower().replace("\u2019", "'"))
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -156,16 +173,18 @@ MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkp
 #: the speaker of a chat turn: the ``"speaker: "`` prefix of the chat mapping's text
 SPEAKER_PREFIX = re.compile(r"^([^:\n]{1,64}):\s")
 #: first-person words (singular and plural) of English, German, French, Spanish,
-#: Italian, Portuguese and Dutch, as `_TOKEN` cuts them (lower case, ASCII letters;
-#: an accented word is cut at its accent, so "nós" is "n" and is left out)
+#: Italian, Portuguese, Dutch, Russian, Chinese and Japanese, as `words` cuts them
+#: (lower case; a Chinese or Japanese word is its first character: "我们" is "我", "们")
 FIRST_PERSON = frozenset(
     "i i'm im i've ive i'd i'll my me mine myself we we're we've we'd we'll our ours us "
     "ourselves ich mein meine meinen meinem meiner mich mir wir uns unser unsere je j'ai "
-    "j'avais j'etais moi mon ma mes nous notre nos yo mi mis nosotros nosotras nuestro "
-    "nuestra io mio mia miei mie noi nostro nostra eu meu minha meus minhas ik mijn wij "
-    "ons onze".split()
+    "j'avais j'etais j'étais moi mon ma mes nous notre nos yo mi mí mis nosotros "
+    "nosotras nuestro nuestra io mio mia miei mie noi nostro nostra eu meu minha meus "
+    "minhas nós ik mijn wij ons onze я мой моя моё мое мои меня мне мной мы наш наша "
+    "наше наши нас нам нами 我 私 僕 俺".split()
 )
-_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
+#: a sentence: up to its end mark (Latin or CJK full-width), or the end of a line
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
 
 
 def speaker_of(text: str) -> str:
@@ -187,9 +206,9 @@ def discloses(text: str, machine_speakers: frozenset[str] | tuple[str, ...] = ()
     body = text[m.end() :] if m else text
     for sentence in _SENTENCE.findall(body):
         s = sentence.strip()
-        if not s or s.endswith("?"):
+        if not s or s.endswith(("?", "？")):
             continue
-        if any(w in FIRST_PERSON for w in _TOKEN.findall(s.lower())):
+        if any(w in FIRST_PERSON for w in words(s)):
             return True
     return False
 
@@ -327,7 +346,7 @@ def _body(text: str) -> tuple[str, int]:
     m = SPEAKER_PREFIX.match(text)
     if m is None:
         return text, 0
-    return text[m.end() :], len(_TOKEN.findall(text[: m.end()].lower()))
+    return text[m.end() :], len(words(text[: m.end()]))
 
 
 class TokenSurprisal:
@@ -350,7 +369,7 @@ class TokenSurprisal:
 
     def ids(self, text: str) -> np.ndarray:
         n = self.buckets
-        return np.asarray([_fnv1a(t) % n for t in _TOKEN.findall(text.lower())], dtype=np.int64)
+        return np.asarray([_fnv1a(t) % n for t in words(text)], dtype=np.int64)
 
     def token_surprisals(self, ids: np.ndarray) -> np.ndarray:
         """-log p(token) of each id under the counts so far (decide before learning)."""
@@ -378,7 +397,7 @@ class TokenSurprisal:
         s = self.token_surprisals(ids)
         best = 0.0
         for sentence in _SENTENCE.findall(body):
-            n = len(_TOKEN.findall(sentence.lower()))
+            n = len(words(sentence))
             if n:
                 best = max(best, self.scaled(float(s[lo : lo + n].sum()), n))
                 lo += n

@@ -23,6 +23,7 @@ from operators.surprise import (
     TokenSurprisal,
     discloses,
     gate_score,
+    words,
 )
 
 
@@ -58,6 +59,49 @@ def test_token_surprisal_frequent_tokens_say_little() -> None:
     back = TokenSurprisal.from_dict(orjson.loads(orjson.dumps(tm.to_dict())))
     probe = tm.ids("hey lisbon")
     assert back.surprisal(probe) == pytest.approx(tm.surprisal(probe))
+
+
+def test_words_of_any_script() -> None:
+    assert words("Ann: I’m at the Café, it's 42°C!") == [
+        "ann",
+        "i'm",
+        "at",
+        "the",
+        "café",
+        "it's",
+        "42",
+        "c",
+    ]
+    assert words("Ann: Я взял бигля из приюта.") == ["ann", "я", "взял", "бигля", "из", "приюта"]
+    # Han and kana: a token per character; Latin next to them is a word of its own
+    assert words("我们去了Lisbon。私は猫") == ["我", "们", "去", "了", "lisbon", "私", "は", "猫"]
+    assert words("snake_case x__y") == ["snake", "case", "x", "y"]
+
+
+def test_words_of_ascii_text_are_the_ascii_tokens() -> None:
+    """ASCII text cuts exactly as ``[a-z0-9']+`` of its lower case: the token counts
+    (checkpointed, hashed) of an English chat mean what they meant."""
+    import random
+    import re
+    import string
+
+    rng = random.Random(3)
+    alphabet = string.ascii_letters + string.digits + " '_-.,!?:;\n\t"
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        assert words(text) == re.findall(r"[a-z0-9']+", text.lower()), text
+
+
+@pytest.mark.parametrize("lang", ["ru", "zh"])
+def test_token_surprisal_frequent_tokens_say_little_in_any_script(lang: str) -> None:
+    small_talk, facts = CHATS[lang]
+    tm = TokenSurprisal(buckets=1 << 12)
+    for _ in range(20):
+        for t in small_talk:
+            tm.learn(tm.ids(t))
+    greeting = tm.surprisal(tm.ids(small_talk[0]))
+    news = tm.surprisal(tm.ids(facts[2]))
+    assert news > 2 * greeting > 0
 
 
 def test_token_counts_are_halved_before_float16_overflows() -> None:
@@ -114,14 +158,41 @@ def score_stream(
     return out
 
 
-def test_repeats_score_low_and_informative_turns_high() -> None:
+#: small talk and facts of one chat, in three scripts
+CHATS = {
+    "en": (
+        ["hey how are you", "good thanks and you", "that's great", "wow that's great"],
+        [
+            "my dog rex is a three year old beagle who loves swimming in the lake",
+            "i start a new job as a nurse at the city hospital on monday",
+            "my sister anna moved to lisbon last spring to study architecture",
+        ],
+    ),
+    "ru": (
+        ["привет как дела", "хорошо спасибо а у тебя", "это здорово", "ого это здорово"],
+        [
+            "моему псу рексу три года это бигль который любит плавать в озере",
+            "в понедельник я начинаю работать медсестрой в городской больнице",
+            "моя сестра анна весной переехала в лиссабон изучать архитектуру",
+        ],
+    ),
+    "zh": (
+        ["嗨你好吗", "很好谢谢你呢", "太好了", "哇太好了"],
+        [
+            "我的狗雷克斯是一只三岁的小猎犬，喜欢在湖里游泳",
+            "星期一我开始在市医院当护士",
+            "我姐姐安娜去年春天搬到里斯本学习建筑",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("lang", sorted(CHATS))
+def test_repeats_score_low_and_informative_turns_high(lang: str) -> None:
+    """In any script: a chat whose words are not ASCII letters is scored on its words,
+    not only on its punctuation and digits."""
     st = IntrinsicState(128)
-    filler = ["hey how are you", "good thanks and you", "that's great", "wow that's great"]
-    facts = [
-        "my dog rex is a three year old beagle who loves swimming in the lake",
-        "i start a new job as a nurse at the city hospital on monday",
-        "my sister anna moved to lisbon last spring to study architecture",
-    ]
+    filler, facts = CHATS[lang]
     texts = (filler + facts[:1] + filler + facts[1:2] + filler + facts[2:]) * 2
     scores = score_stream(st, texts)
     first = len(texts) // 2
@@ -483,6 +554,13 @@ def test_a_restatement_in_a_later_episode_is_no_repeat_of_this_one() -> None:
         ("user: Can you recommend a hotel? By the way, my sister moved to Chicago.", True),
         ("bob: ich habe einen neuen Hund", True),
         ("alice: Mon frère habite à Lyon.", True),
+        ("ana: Nós mudámos para Lisboa.", True),
+        ("ann: Я переехала в Лиссабон.", True),
+        ("ann: Мы купили дом.", True),
+        ("ann: 我搬到了里斯本。", True),
+        ("ann: 私は東京に住んでいます。", True),
+        ("ann: 你去过里斯本吗？", False),
+        ("ann: Ты была в Лиссабоне?", False),
         ("user: Can you recommend some good hotels in Paris?", False),
         ("user: Do you think I should go?", False),
         ("assistant: Paris has many museums. The Louvre is the largest.", False),
