@@ -108,6 +108,7 @@ import functools
 import io
 import math
 import re
+import unicodedata
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,22 +137,41 @@ __all__ = [
     "guard_calibration",
 ]
 
-#: scripts written without spaces between words (Han, Hiragana, Katakana): each of
-#: their characters is a token of its own (a unigram model over characters, as for
-#: Chinese text); a whole clause would otherwise be one token, seen once
-_NO_SPACES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-#: a token: one character of `_NO_SPACES`, or a run of letters and digits of any
-#: other script with apostrophes inside ("i'm", "café", "привет"); for ASCII text
-#: exactly ``[a-z0-9']+``
-_TOKEN = re.compile(rf"[{_NO_SPACES}]|(?:[^\W_{_NO_SPACES}]|')+")
+#: scripts written without spaces between words (Han, Hiragana, Katakana, half-width
+#: Katakana): each of their characters is a token of its own (a unigram model over
+#: characters, as for Chinese text); a whole clause would otherwise be one token
+_NO_SPACES = (
+    "\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uf900-\ufaff\uff66-\uff9d\U00020000-\U0002ebef"
+)
+
+
+def _marks() -> str:
+    """Character-class ranges of the combining marks (Unicode category M) of the Basic
+    Multilingual Plane: the vowel signs of Hindi or Thai and the accents of decomposed
+    Latin, which belong to the word they sit in."""
+    ranges: list[tuple[int, int]] = []
+    for c in range(0x10000):
+        if unicodedata.category(chr(c))[0] == "M":
+            if ranges and ranges[-1][1] == c - 1:
+                ranges[-1] = (ranges[-1][0], c)
+            else:
+                ranges.append((c, c))
+    return "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in ranges)
+
+
+#: a token: one character of `_NO_SPACES`, or a run of letters, digits and combining
+#: marks of any other script with apostrophes inside ("i'm", "café", "привет",
+#: "नमस्ते"); for ASCII text exactly ``[a-z0-9']+``
+_TOKEN = re.compile(rf"[{_NO_SPACES}]|(?:[^\W_{_NO_SPACES}]|[{_marks()}]|')+")
 
 
 def words(text: str) -> list[str]:
-    """The tokens (`_TOKEN`) of ``text`` in lower case, a typographic apostrophe read
-    as a straight one ("I’m" is "i'm"). Letters of every script count: with ASCII
-    letters only, a Russian or Chinese turn had no words but its speaker's name, and
-    every turn of such a chat said the same to the information term."""
-    return _TOKEN.findall(text.lower().replace("\u2019", "'"))
+    """The tokens (`_TOKEN`) of ``text``: lower case, composed (NFC, so a decomposed
+    "nós" is the word "nós"), a typographic apostrophe read as a straight one ("I’m" is
+    "i'm"). Letters of every script count, so a chat in any language is scored on its
+    words."""
+    return _TOKEN.findall(unicodedata.normalize("NFC", text.lower()).replace("\u2019", "'"))
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -174,14 +194,15 @@ MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkp
 SPEAKER_PREFIX = re.compile(r"^([^:\n]{1,64}):\s")
 #: first-person words (singular and plural) of English, German, French, Spanish,
 #: Italian, Portuguese, Dutch, Russian, Chinese and Japanese, as `words` cuts them
-#: (lower case; a Chinese or Japanese word is its first character: "我们" is "我", "们")
+#: (lower case; a Chinese or Japanese word is its first character: "我们" is "我", "们").
+#: Not the Japanese "私": in Chinese it is "private" ("私立", "隐私")
 FIRST_PERSON = frozenset(
     "i i'm im i've ive i'd i'll my me mine myself we we're we've we'd we'll our ours us "
     "ourselves ich mein meine meinen meinem meiner mich mir wir uns unser unsere je j'ai "
     "j'avais j'etais j'étais moi mon ma mes nous notre nos yo mi mí mis nosotros "
     "nosotras nuestro nuestra io mio mia miei mie noi nostro nostra eu meu minha meus "
     "minhas nós ik mijn wij ons onze я мой моя моё мое мои меня мне мной мы наш наша "
-    "наше наши нас нам нами 我 私 僕 俺".split()
+    "наше наши нас нам нами 我 僕 俺".split()
 )
 #: a sentence: up to its end mark (Latin or CJK full-width), or the end of a line
 _SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")

@@ -17,7 +17,17 @@ from schemas.errors import DmemError
 __all__ = ["bench", "demo", "deploycheck", "report"]
 
 
-@click.command()
+class SettingsChecked(click.Command):
+    """A harness command that reads the DMEM_* settings: a bad one is a usage error (one
+    line, exit status 2) before the command starts a broker or reads a data set. Checked
+    when the command runs, after its options are parsed, so its ``--help`` needs none."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        load_settings()
+        return super().invoke(ctx)
+
+
+@click.command(cls=SettingsChecked)
 @click.option(
     "--env",
     "env_name",
@@ -48,7 +58,6 @@ def demo(
 
     if steps < 1:
         raise click.BadParameter("must be >= 1", param_hint="--steps")
-    load_settings()  # a bad DMEM_* setting is a usage error, not a traceback
     try:
         summary = run_demo(
             env_name=env_name,
@@ -131,10 +140,15 @@ def report(
         click.echo(f"wrote {out} ({summary['events']} events, {summary['images']} plots)")
 
 
-@click.group()
+class SettingsCheckedGroup(click.Group):
+    """A group whose commands are `SettingsChecked`."""
+
+    command_class = SettingsChecked
+
+
+@click.group(cls=SettingsCheckedGroup)
 def bench() -> None:
     """Benchmarks (long; not run in CI)."""
-    load_settings()  # every benchmark reads DMEM_*: a bad one is a usage error
 
 
 BACKEND_OPTION = click.option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import unicodedata
 
 import numpy as np
 import orjson
@@ -76,6 +77,9 @@ def test_words_of_any_script() -> None:
     # Han and kana: a token per character; Latin next to them is a word of its own
     assert words("我们去了Lisbon。私は猫") == ["我", "们", "去", "了", "lisbon", "私", "は", "猫"]
     assert words("snake_case x__y") == ["snake", "case", "x", "y"]
+    # combining marks stay in their word: Hindi's vowel signs, a decomposed accent
+    assert words("नमस्ते, मैं यहाँ हूँ") == ["नमस्ते", "मैं", "यहाँ", "हूँ"]
+    assert words(unicodedata.normalize("NFD", "Nós")) == ["nós"]
 
 
 def test_words_of_ascii_text_are_the_ascii_tokens() -> None:
@@ -558,8 +562,9 @@ def test_a_restatement_in_a_later_episode_is_no_repeat_of_this_one() -> None:
         ("ann: Я переехала в Лиссабон.", True),
         ("ann: Мы купили дом.", True),
         ("ann: 我搬到了里斯本。", True),
-        ("ann: 私は東京に住んでいます。", True),
+        ("ann: 僕は東京に住んでいます。", True),
         ("ann: 你去过里斯本吗？", False),
+        ("ann: 这是一所私立学校。", False),  # 私 is "private" in Chinese
         ("ann: Ты была в Лиссабоне?", False),
         ("user: Can you recommend some good hotels in Paris?", False),
         ("user: Do you think I should go?", False),
