@@ -402,10 +402,12 @@ DECISION_KINDS: tuple[EventKind, ...] = ("written", "dropped")
 
 #: chat speakers (the ``"speaker: "`` prefix of a chat turn, lower case) that are
 #: programs, not people: the roles the LLM APIs give the model's own turns, its system
-#: prompt and its tools. The write path never weighs their first-person sentences as
+#: prompt and its tools, and the model's name in ShareGPT-style exports ("gpt"; the
+#: user there is "human"). The write path never weighs their first-person sentences as
 #: something a person said about themselves (``DMEM_INTRINSIC__MACHINE_SPEAKERS``)
 MACHINE_SPEAKERS: tuple[str, ...] = (
     "assistant", "ai", "bot", "model", "system", "developer", "tool", "function",
+    "gpt", "chatgpt", "llm",
 )  # fmt: skip
 
 

@@ -584,6 +584,7 @@ def test_discloses_finds_statements_about_the_speaker(text: str, says: bool) -> 
         "Assistant: As an AI, I don't have personal preferences, but I hope this helps.",
         "model: I think the answer is 12.",
         "tool: I found 3 results.",
+        "gpt: I would suggest visiting the Louvre first.",  # a ShareGPT export's model
     ],
 )
 def test_a_machine_speakers_first_person_is_not_a_disclosure(text: str) -> None:
