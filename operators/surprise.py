@@ -164,6 +164,7 @@ def _marks() -> str:
 #: marks of any other script with apostrophes inside ("i'm", "café", "привет",
 #: "नमस्ते"); for ASCII text exactly ``[a-z0-9']+``
 _TOKEN = re.compile(rf"[{_NO_SPACES}]|(?:[^\W_{_NO_SPACES}]|[{_marks()}]|')+")
+_ASCII_TOKEN = re.compile(r"[a-z0-9']+")
 
 
 def words(text: str) -> list[str]:
@@ -171,6 +172,8 @@ def words(text: str) -> list[str]:
     "nós" is the word "nós"), a typographic apostrophe read as a straight one ("I’m" is
     "i'm"). Letters of every script count, so a chat in any language is scored on its
     words."""
+    if text.isascii():  # the common case, cut the same four times faster
+        return _ASCII_TOKEN.findall(text.lower())
     return _TOKEN.findall(unicodedata.normalize("NFC", text.lower()).replace("\u2019", "'"))
 
 
