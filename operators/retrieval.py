@@ -35,8 +35,9 @@ score = lambda * semantic + (1 - lambda) * salience * recency
     is exactly the ranking without lanes; one blame never moves a memory (an
     effect needs ``promote_min_uses`` uses and a bound past 0); an established
     negative effect demotes. ``promote_max`` (0.6 of cosine) bounds the lift.
-  - exploration lane: for k >= 3 the last ``explore_slots`` (default 1) served
-    hits are picked from the candidates the main lane did not serve, by
+  - exploration lane: for k >= 3 and more candidates than k, the last
+    ``explore_slots`` (default 1) served hits are picked from the candidates the
+    main lane did not serve, by
     `RankPolicy.optimism` (credited mean + ``explore_c / sqrt(1 + uses)``), ties
     by the main lane's order. Deterministic (serve probability 1). Without
     evidence every optimism is equal and the pick is the main lane's next: the
@@ -420,7 +421,10 @@ def rank(
     # without any credited use every optimism is equal: the picks are the next by order
     depth = k if slots == 0 or context_uses == 0 else len(scored)
     order = mmr_order(scored, policy.mmr_mu, vectors, depth) if vectors else scored[:depth]
-    if slots == 0 or len(order) <= k - slots:
+    if slots == 0 or len(scored) <= k:
+        # no more candidates than hits: every one is served whatever the lanes would
+        # choose, in the main lane's order; an exploration slot with nothing to choose
+        # from is not one (it would name its one candidate as explored in every query)
         return order[:k]
     return explore(order, k, slots, policy, evidence=context_uses > 0)
 

@@ -81,7 +81,8 @@ def test_without_evidence_the_lanes_serve_exactly_todays_list(
     assert [r.row["id"] for r in lanes] == [r.row["id"] for r in today]
     assert [r.score for r in lanes] == [r.score for r in today]
     cut = min(slots, k - 1) if k >= 3 else 0  # slots, one main hit at least
-    n_explore = min(cut, max(0, len(lanes) - (k - cut))) if cut else 0
+    # a slot exists where there is a choice: more candidates than hits
+    n_explore = min(cut, max(0, len(lanes) - (k - cut))) if cut and len(cands) > k else 0
     assert [r.lane for r in lanes] == ["main"] * (len(lanes) - n_explore) + ["explore"] * n_explore
 
 
@@ -157,6 +158,20 @@ def test_a_single_blame_never_demotes_an_exact_match_an_established_effect_can()
     served = rank([often, *others, *focus], p, p.lambda_for(50), 0, 5, lanes=True)
     assert served[0].row["id"] != "exact"
     assert "exact" not in [r.row["id"] for r in served if r.lane == "main"][:1]
+
+
+def test_no_exploration_slot_where_there_is_nothing_to_choose() -> None:
+    """A vault with three memories, searched with k = 3: all three are served whatever
+    the lanes would choose, in the main lane's order, and none is named as explored
+    (it would be named in every query, a monopoly of a slot without a choice). A
+    fourth candidate makes the choice, and the slot, real again."""
+    p = RankPolicy.hybrid()
+    pool = [credited("brief", 0.3, 3, 1.0), row("d1", 0.6), row("d4", 0.5, uses=2)]
+    served = rank(pool, p, 0.97, 0, 3, lanes=True)
+    assert [r.lane for r in served] == ["main"] * 3
+    assert served == rank(pool, RankPolicy.hybrid(explore_slots=0), 0.97, 0, 3, lanes=True)
+    more = rank([*pool, row("d2", 0.55)], p, 0.97, 0, 3, lanes=True)
+    assert [r.lane for r in more] == ["main", "main", "explore"]
 
 
 def test_the_exploration_slot_offers_an_action_the_served_hits_do_not() -> None:
