@@ -75,7 +75,7 @@ def demo(
         click.echo(dumps(summary).decode())
 
 
-@click.command()
+@click.command(cls=SettingsChecked)
 @click.option(
     "--out",
     "out",
@@ -125,7 +125,6 @@ def report(
     from dmem_bench.report import build_report, locate
     from streams.admin import check_broker
 
-    load_settings()  # a bad DMEM_* setting is a usage error
     try:
         settings, up = locate(up_dir)
         asyncio.run(check_broker(settings.kafka))

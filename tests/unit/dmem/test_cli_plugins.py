@@ -90,18 +90,20 @@ def test_dmem_never_names_the_harness() -> None:
     assert hits == []
 
 
-@pytest.mark.parametrize("args", [["demo", "--steps", "1"], ["bench", "longmemeval", "--data"]])
+@pytest.mark.parametrize(
+    "args", [["demo", "--steps", "1"], ["bench", "longmemeval", "--data"], ["report"]]
+)
 def test_the_harness_commands_refuse_a_bad_setting_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str]
 ) -> None:
     """Before any broker, store or data set is touched: exit status 2 and the setting's
     name, not a pydantic traceback (the data file is not JSON: read, it fails otherwise)."""
-    from dmem_bench.cli import bench, demo
+    from dmem_bench.cli import bench, demo, report
 
     data = tmp_path / "questions.jsonl"
     data.write_text("not json\n")
     monkeypatch.setenv("DMEM_GATE__Q_LOW", "abc")
-    group = click.Group("dmem", commands={"demo": demo, "bench": bench})
+    group = click.Group("dmem", commands={"demo": demo, "bench": bench, "report": report})
     out = CliRunner().invoke(group, args + ([str(data)] if args[-1] == "--data" else []))
     assert out.exit_code == 2, out.output
     assert "bad setting gate.q_low" in out.output
