@@ -35,6 +35,8 @@ GAMES: dict[str, str] = {
     "limitInventorySize=0",
 }
 ENVS: dict[str, str] = {"twx-coin": "coin", "twx-cookingworld": "cookingworld"}
+#: TWX's own limit, on every input: far above any episode (the step limit is ours)
+ENV_INPUT_LIMIT = 1_000_000
 
 
 class TWXWorld(JvmWorld):
@@ -45,8 +47,12 @@ class TWXWorld(JvmWorld):
     def __init__(self, step_limit: int = 100) -> None:
         from textworld_express import TextWorldExpressEnv
 
-        self.env = TextWorldExpressEnv(envStepLimit=step_limit)
+        # TWX counts every input toward its own step limit, one it cannot parse too;
+        # the limit is kept here over accepted actions instead (`act`), so an agent
+        # that tries more unusable memories does not run out of moves sooner
+        self.env = TextWorldExpressEnv(envStepLimit=ENV_INPUT_LIMIT)
         self.step_limit = step_limit
+        self.moves = 0
         self.loaded: tuple[str, int] | None = None
         self.fold: dict[tuple[str, int], str] = {}
         self.gold: list[str] = []
@@ -79,6 +85,7 @@ class TWXWorld(JvmWorld):
             gameParams=GAMES[task],
             generateGoldPath=True,
         )
+        self.moves = 0
         self.gold = [str(a) for a in self.env.getGoldActionSequence()]
         return str(obs)
 
@@ -90,7 +97,8 @@ class TWXWorld(JvmWorld):
 
     def act(self, action: str) -> tuple[str, float, int, bool, bool]:
         """(observation, reward on TWX's own scale, score 0..100 with failure 0, done,
-        failed). An input TWX cannot parse changes nothing (no move)."""
+        failed). An input TWX cannot parse changes nothing: no move, and it does not
+        count toward ``step_limit`` (done once that many actions were accepted)."""
         obs, reward, done, infos = self.env.step(action)
         if str(obs).startswith(self.invalid_prefixes):
             return (
@@ -101,6 +109,8 @@ class TWXWorld(JvmWorld):
                 False,
             )
         self.infos = infos
+        self.moves += 1
+        done = bool(done) or self.moves >= self.step_limit
         failed = bool(infos.get("taskfailure"))
         score = 0 if failed else int(round(100 * float(infos.get("score", 0.0))))
         return str(obs), float(reward), score, bool(done) or failed, failed

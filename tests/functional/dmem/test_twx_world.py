@@ -48,3 +48,22 @@ def test_config_checks_tasks_per_env() -> None:
         SciConfig(env="twx-coin", tasks=("find-plant",))
     with pytest.raises(ValueError, match="unknown env"):
         SciConfig(env="twx-zork", tasks=("coin",))
+
+
+def test_unparsable_inputs_do_not_spend_the_step_limit() -> None:
+    """TWX counts every input toward its own limit; the bench's limit counts accepted
+    actions only, so an agent that tries more unusable memories gets as many moves."""
+    if shutil.which("java") is None:
+        pytest.fail("TextWorldExpress needs Java 17: run scripts/setup.sh as root")
+    w = TWXWorld(step_limit=3)
+    try:
+        w.load("cookingworld", w.variations("cookingworld")[1][0])
+        w.reset()
+        for _ in range(12):  # four times the limit of inputs it cannot parse
+            assert w.act("fly to the moon")[3] is False
+        done = [w.act("look around")[3] for _ in range(3)]
+        assert done == [False, False, True]
+        w.reset()  # a new episode has its moves again
+        assert w.act("look around")[3] is False
+    finally:
+        w.close()
