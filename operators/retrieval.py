@@ -22,7 +22,11 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   below what a memory that helped earns in one or two uses, so a memory that
   helped keeps its place by its utility and one that did not makes room quickly
   (faster than UCB's 1/sqrt(n) on purpose). In a store nobody credits every
-  memory has the same bonus, so the ranking changes only through recency.
+  memory has the same bonus, so the ranking changes only through recency. This
+  is the one-ranking form (``lanes=False``: a request that fixes lambda). With
+  lanes the main lane counts no uses (every memory keeps the full bonus), and
+  optimism lives in the exploration lane alone: a memory tried in another state,
+  where it earned its credit, is not pushed below untried twins in this one.
 - two lanes (``lanes=True``: the default request; one that fixes lambda, e.g. 1.0
   for pure semantic search, ranks without them):
   - main lane: the score above plus a promotion bonus for an *established*
@@ -50,7 +54,7 @@ score = lambda * semantic + (1 - lambda) * salience * recency
   salience, its promotion bonus, its credited mean in the exploration lane) counts
   in full for a query about as close to it as the queries in which it earned that
   credit were (``CreditStats.sim``), and fades to nothing for one ``2 * fit_margin``
-  (0.3) less similar. A step that earned credit in one state ("go to outside" from
+  (0.2) less similar. A step that earned credit in one state ("go to outside" from
   the hallway) is no evidence for a state it faintly resembles (the kitchen with
   its door still closed, cosine 0.38). Memories whose statistics have no ``sim``
   (credited by thumbs only) keep their credit everywhere.
@@ -138,7 +142,7 @@ class RankPolicy:
     promote_min_uses: int = 2
     promote_z: float = 1.0
     promote_full: int = 8
-    fit_margin: float = 0.15
+    fit_margin: float = 0.1
     #: the recency half-life follows the agent's own span: at least ``span_factor`` x
     #: (its stream time - its earliest event time read, `StreamClock.span`); 0: fixed
     #: (the product's value is the maintenance setting, `policy_from`)
@@ -400,10 +404,13 @@ def rank(
         sem = min(1.0, max(0.0, float(row.get("similarity", row.get("distance", 0.0)))))
         stats = CreditStats.of(row)
         fit = policy.fit(row, sem, stats)
+        # optimism is the exploration lane's: in the main lane every memory keeps the
+        # untried bonus, so uses alone (tries where the memory earned nothing, in any
+        # state) move nothing there; its credit does, through utility and promotion
         sal = policy.salience(
             max(abs(float(row.get("rpe", 0.0))), float(row.get("rpe_smoothed", 0.0) or 0.0)),
             float(row.get("utility", 0.0)) * fit,
-            int(row.get("uses", 0) or 0),
+            0 if lanes else int(row.get("uses", 0) or 0),
             row.get("partition") == "core",
         )
         if clocks is not None:

@@ -156,7 +156,13 @@ class RespondSettings(BaseModel):
     )
     young: int = Field(default=200, ge=1, description="memories up to which a tenant is young")
     mature: int = Field(default=20_000, ge=2, description="memories from which a tenant is mature")
-    explore: float = Field(default=1.0, ge=0.0, description="optimism bonus for untried memories")
+    explore: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="optimism bonus for untried memories in a request that fixes lambda "
+        "(it fades with credited uses); a default search's main lane gives every memory "
+        "the full bonus, its optimism being the exploration lane's",
+    )
     explore_slots: int = Field(
         default=1,
         ge=0,
@@ -187,7 +193,7 @@ class RespondSettings(BaseModel):
         "(it anneals in with the context's evidence)",
     )
     credit_fit_margin: float = Field(
-        default=0.15,
+        default=0.1,
         ge=0.0,
         le=1.0,
         description=(

@@ -133,15 +133,38 @@ def test_credit_applies_to_queries_about_as_close_as_those_that_earned_it() -> N
     assert "outside" not in [r.row["id"] for r in far]
     every = {r.row["id"]: r for r in rank([outside(0.38, 1.0), *near], p, 0.97, 0, 9, lanes=True)}
     assert every["outside"].bonus == 0.0  # no promotion, and its utility does not count
-    assert every["outside"].salience == p.salience(3.0, 0.0, 5, core=True)
+    # the main lane's salience: its utility does not count, and its uses spend no
+    # untried bonus there (optimism is the exploration lane's)
+    assert every["outside"].salience == p.salience(3.0, 0.0, 0, core=True)
     assert p.fit(outside(0.38, 1.0), 0.38) == 0.0
     close = rank([outside(0.95, 1.0), *near], p, 0.97, 0, 5, lanes=True)
     assert close[0].row["id"] == "outside" and close[0].bonus > 0
-    assert p.fit(outside(0.8, 1.0), 0.8) == pytest.approx(2.0 - 0.2 / 0.15)
+    assert p.fit(outside(0.85, 1.0), 0.85) == pytest.approx(2.0 - 0.15 / p.fit_margin)
     unknown = rank([outside(0.38, None), *near], p, 0.97, 0, 5, lanes=True)
     assert unknown[0].row["id"] == "outside"
     off = RankPolicy.hybrid(fit_margin=0.0)
     assert rank([outside(0.38, 1.0), *near], off, 0.97, 0, 5, lanes=True)[0].row["id"] == "outside"
+
+
+def test_uses_alone_move_nothing_in_the_main_lane() -> None:
+    """The TextWorldExpress case: "open fridge", acted on 16 times in the state where
+    it earned its credit (cosine 0.92), is an exact tie (0.54) with two untried
+    memories in another state, where its credit does not apply. In the main lane it
+    keeps its place among them (optimism is the exploration lane's); ranked without
+    lanes (a request that fixes lambda) its spent untried bonus puts it last."""
+    p = RankPolicy.hybrid(explore_slots=0)
+    fridge = credited("a-fridge", 0.54, 16, 0.8, core=True)
+    fridge["metadata"]["credit"].update(sim=0.92, sim_w=5.0)
+    pool = [fridge, row("b-apple", 0.54, core=True), row("c-apple", 0.54, core=True)]
+    assert p.fit(fridge, 0.54) == 0.0
+    main = rank(pool, p, 0.97, 0, 3, lanes=True)
+    assert [r.row["id"] for r in main] == ["a-fridge", "b-apple", "c-apple"]
+    assert main[0].bonus == 0.0 and main[0].salience == main[1].salience
+    plain = rank(pool, p, 0.97, 0, 3)
+    assert [r.row["id"] for r in plain] == ["b-apple", "c-apple", "a-fridge"]
+    # where its credit applies, the credit (not the uses) lifts it
+    near = {**fridge, "similarity": 0.92}
+    assert rank([near, *pool[1:]], p, 0.97, 0, 3, lanes=True)[0].salience > main[1].salience
 
 
 def test_a_single_blame_never_demotes_an_exact_match_an_established_effect_can() -> None:
