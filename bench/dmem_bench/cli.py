@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -15,6 +17,33 @@ from dmem_bench.deploycheck import deploycheck
 from schemas.errors import DmemError
 
 __all__ = ["bench", "demo", "deploycheck", "report"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+#: the encoders a harness command can run with
+ENCODERS = ("minilm-static", "minilm", "hash")
+#: the Gymnasium environments of the rewarded runs
+GYM_ENVS = ("cliffwalking", "taxi", "frozenlake")
+
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True, help="print one JSON object on the last line"
+)
+SEED_OPTION = click.option("--seed", type=int, default=7, show_default=True)
+GYM_ENV_OPTION = click.option(
+    "--env", "env_name", type=click.Choice(GYM_ENVS), default="cliffwalking", show_default=True
+)
+
+
+def encoder_option(default: str | None, help: str | None = None) -> Callable[[F], F]:
+    """``--encoder`` (one of `ENCODERS`); ``default`` None leaves the choice to the stack."""
+    return click.option(
+        "--encoder",
+        type=click.Choice(ENCODERS),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
 
 
 class SettingsChecked(click.Command):
@@ -28,28 +57,17 @@ class SettingsChecked(click.Command):
 
 
 @click.command(cls=SettingsChecked)
-@click.option(
-    "--env",
-    "env_name",
-    type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
-    default="cliffwalking",
-    show_default=True,
-)
+@GYM_ENV_OPTION
 @click.option("--steps", type=int, default=3000, show_default=True)
-@click.option("--seed", type=int, default=7, show_default=True)
-@click.option(
-    "--encoder",
-    type=click.Choice(["minilm", "minilm-static", "hash"]),
-    default=None,
-    help="override DMEM_ENCODER__NAME",
-)
+@SEED_OPTION
+@encoder_option(None, help="override DMEM_ENCODER__NAME")
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="keep the Milvus Lite data here (default: a fresh temp dir)",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def demo(
     env_name: str, steps: int, seed: int, encoder: str | None, data_dir: Path | None, as_json: bool
 ) -> None:
@@ -176,17 +194,11 @@ BACKEND_OPTION = click.option(
     help="sequential requests per transport and repeat",
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default="hash",
-    show_default=True,
-    help="encoder of the stored rows and of the worker",
-)
+@encoder_option("hash", help="encoder of the stored rows and of the worker")
 @click.option(
     "--env",
     "envs",
-    type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
+    type=click.Choice(GYM_ENVS),
     multiple=True,
     help="Gymnasium run(s) of the quality probes [default: cliffwalking and taxi]",
 )
@@ -197,7 +209,7 @@ BACKEND_OPTION = click.option(
     show_default=True,
     help="steps of each quality run",
 )
-@click.option("--seed", type=int, default=7, show_default=True)
+@SEED_OPTION
 @click.option(
     "--warmup",
     type=click.IntRange(0),
@@ -211,7 +223,7 @@ BACKEND_OPTION = click.option(
     help="also measure the stack `dmem up` starts (loaded through HTTP ingest)",
 )
 @BACKEND_OPTION
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_retrieval(
     memories: int,
     requests: int,
@@ -271,12 +283,7 @@ def bench_retrieval(
     show_default=True,
     help="transitions per POST /v1/transitions",
 )
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default=None,
-    help="worker encoder [default: the worker's default, as `dmem up`]",
-)
+@encoder_option(None, help="worker encoder [default: the worker's default, as `dmem up`]")
 @click.option(
     "--milvus",
     type=click.Choice(["auto", "server", "lite"]),
@@ -302,7 +309,7 @@ def bench_retrieval(
     show_default=True,
     help="A/B rounds (each: REV, this checkout, this checkout, REV)",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_embedded(
     memories: int,
     queries: int,
@@ -340,12 +347,7 @@ def bench_embedded(
 
 @bench.command("write")
 @click.option("--transitions", type=click.IntRange(1), default=50_000, show_default=True)
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default="hash",
-    show_default=True,
-)
+@encoder_option("hash")
 @click.option(
     "--workers",
     default="1",
@@ -375,7 +377,7 @@ def bench_embedded(
 )
 @click.option("--milvus-uri", default=None, help="use this Milvus server instead of starting one")
 @BACKEND_OPTION
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_write(
     transitions: int,
     encoder: str,
@@ -453,7 +455,7 @@ def bench_write(
     help="write-path transitions per repeat for torch minilm (at most --transitions)",
 )
 @click.option("--no-pipeline", is_flag=True, help="skip the write-path measurement")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_encoders(
     encoders: str,
     repeats: int,
@@ -501,12 +503,7 @@ def bench_encoders(
     show_default=True,
     help="at most this many questions of each type (0: all)",
 )
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default="minilm-static",
-    show_default=True,
-)
+@encoder_option("minilm-static")
 @click.option("--batch", type=click.IntRange(1), default=64, show_default=True)
 @click.option(
     "--cache",
@@ -521,7 +518,7 @@ def bench_encoders(
     show_default=True,
     help="recall per question type against store-all",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_longmemeval(
     data: Path,
     questions: int,
@@ -571,12 +568,7 @@ def bench_longmemeval(
     show_default=True,
     help="noise turns from other conversations per real turn (0.5 = one per two)",
 )
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default="minilm",
-    show_default=True,
-)
+@encoder_option("minilm")
 @click.option("--conversations", type=click.IntRange(0), default=0, help="first N (0 = all)")
 @click.option(
     "--turns", type=click.IntRange(0), default=0, help="first N turns per conversation (0 = all)"
@@ -587,7 +579,7 @@ def bench_longmemeval(
     default=0,
     help="first N scored questions per conversation (0 = all)",
 )
-@click.option("--seed", type=int, default=7, show_default=True)
+@SEED_OPTION
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -629,7 +621,7 @@ def bench_longmemeval(
     show_default=True,
     help="--replay: turns per write batch",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_locomo(
     data: Path,
     noise: float,
@@ -754,8 +746,8 @@ def bench_locomo(
     help="hostile Kafka records (reads, writes, forgets, credit, poisoned checkpoints) "
     "against one tenant, bare or signed with the intruder's own token",
 )
-@click.option("--seed", type=int, default=7, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@SEED_OPTION
+@JSON_OPTION
 def bench_chaos(
     transitions: int,
     tenants: int,
@@ -804,13 +796,8 @@ def bench_chaos(
 @click.option("--scenarios", type=click.IntRange(1, 24), default=20, show_default=True)
 @click.option("--seeds", type=click.IntRange(1, 10), default=3, show_default=True,
               help="worlds played (seeds 7, 8, ...), each with both rankings")  # fmt: skip
-@click.option(
-    "--encoder",
-    type=click.Choice(["minilm-static", "minilm", "hash"]),
-    default="minilm-static",
-    show_default=True,
-)
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@encoder_option("minilm-static")
+@JSON_OPTION
 def bench_credit(episodes: int, scenarios: int, seeds: int, encoder: str, as_json: bool) -> None:
     """Delayed-credit task through the real pipeline: hybrid vs semantic ranking."""
     from dmem_bench.credit import CreditConfig
@@ -853,12 +840,7 @@ def bench_credit(episodes: int, scenarios: int, seeds: int, encoder: str, as_jso
     show_default=True,
     help="closed-loop episodes per test variation and condition (paired seeds)",
 )
-@click.option(
-    "--encoder",
-    type=click.Choice(["hash", "minilm", "minilm-static"]),
-    default="minilm",
-    show_default=True,
-)
+@encoder_option("minilm")
 @click.option(
     "--settle-s",
     type=click.FloatRange(0.0),
@@ -888,7 +870,7 @@ def bench_credit(episodes: int, scenarios: int, seeds: int, encoder: str, as_jso
     help="closed loop: wait until the worker has applied an episode's credit before the next "
     "episode, or go on at once (the next episodes may or may not see it)",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_sciworld(
     env: str,
     tasks: tuple[str, ...],
@@ -951,20 +933,9 @@ def bench_sciworld(
     show_default=True,
     help="chat stream: turns (sessions of 12, three days apart)",
 )
-@click.option(
-    "--env",
-    "env_name",
-    type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
-    default="cliffwalking",
-    show_default=True,
-)
-@click.option("--seed", type=int, default=7, show_default=True)
-@click.option(
-    "--encoder",
-    type=click.Choice(["minilm-static", "minilm", "hash"]),
-    default=None,
-    help="encoder of the stack [default: the stack's, minilm-static]",
-)
+@GYM_ENV_OPTION
+@SEED_OPTION
+@encoder_option(None, help="encoder of the stack [default: the stack's, minilm-static]")
 @click.option(
     "--variants",
     default="full,one,restart,shifted,hog,import",
@@ -979,7 +950,7 @@ def bench_sciworld(
     show_default=True,
     help="comma-separated streams",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_replay(steps: int, chat_turns: int, env_name: str, seed: int, encoder: str | None,
                  variants: str, stream_names: str, as_json: bool) -> None:  # fmt: skip
     """The same streams processed live, record by record, after a restart, shifted 400
@@ -1011,14 +982,8 @@ def bench_replay(steps: int, chat_turns: int, env_name: str, seed: int, encoder:
     show_default=True,
     help="Gymnasium steps streamed through the pipeline",
 )
-@click.option(
-    "--env",
-    "env_name",
-    type=click.Choice(["cliffwalking", "taxi", "frozenlake"]),
-    default="cliffwalking",
-    show_default=True,
-)
-@click.option("--seed", type=int, default=7, show_default=True)
+@GYM_ENV_OPTION
+@SEED_OPTION
 @click.option("--core-capacity", type=click.IntRange(1), default=150, show_default=True)
 @click.option("--buffer-capacity", type=click.IntRange(1), default=300, show_default=True)
 @click.option(
@@ -1040,7 +1005,7 @@ def bench_replay(steps: int, chat_turns: int, env_name: str, seed: int, encoder:
     help="Milvus server for the scale measurement [default: start the embedded one, "
     "else Milvus Lite]",
 )
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object on the last line")
+@JSON_OPTION
 def bench_maintenance(
     steps: int,
     env_name: str,
