@@ -191,6 +191,8 @@ def _fnv1a(token: str) -> int:
 _MIX_FORMAT = 1
 #: dimensions of a turn's word vector (`IntrinsicState.lexical`): token buckets folded
 LEX_DIM = 512
+#: pairs of a bank's memories the cold unrelated level needs (`IntrinsicState._cold_unrelated`)
+COLD_PAIRS = 10
 MAX_COUNT = 30_000.0  # token counts are halved beyond this (float16-safe checkpoints)
 
 #: the speaker of a chat turn: the ``"speaker: "`` prefix of the chat mapping's text
@@ -592,9 +594,10 @@ class IntrinsicConfig:
     #: speakers (the ``"speaker: "`` prefix, any case) whose first-person sentences are
     #: never disclosures (`discloses`): programs, not people
     machine_speakers: tuple[str, ...] = MACHINE_SPEAKERS
-    #: a written turn whose nearest memory of the same agent is this many standard
-    #: deviations above the unrelated level speaks of the same thing: it updates that
-    #: memory (`IntrinsicScore.updates`), and a search ranks it above the older one
+    #: a written turn whose nearest memory of the same agent (by the guard's similarity,
+    #: meaning and words) is this many standard deviations above the unrelated level
+    #: speaks of the same thing: it updates that memory (`IntrinsicScore.updates`), and a
+    #: search ranks it above the older one
     update_k: float = 3.0
     #: where a near-repeat is discounted: "episode" (a chat session) against the
     #: agent's memories of the same episode only, so a restatement in a later session
@@ -1037,6 +1040,31 @@ class IntrinsicState:
         var = max(self.unrel_sq.mean - mu * mu, 0.0)
         return mu, math.sqrt(var)
 
+    def _cold_unrelated(self, agent: str) -> tuple[float, float] | None:
+        """The unrelated level before the running one is warm (a tenant's first
+        ``warmup`` turns), from the pairs of ``agent``'s bank: the mean and standard
+        deviation of the guard's similarity between its memories, near-repeats left
+        out. Pairs spread wider than the running level's per-turn means, so the bar is
+        stricter, not looser, while it is cold; None below ``COLD_PAIRS`` pairs."""
+        bank, lb = self.bank.get(agent), self.lex_bank.get(agent)
+        if not bank or lb is None or len(lb) != len(bank) or len(bank) < 2:
+            return None
+        b = np.stack(list(bank)).astype(np.float64)
+        g = c = b @ b.T
+        has = np.fromiter((v is not None for v in lb), dtype=bool, count=len(lb))
+        if has.any():
+            w = self.config.lexical
+            lx = np.zeros_like(c)
+            idx = np.flatnonzero(has)
+            lv = np.stack([v for v in lb if v is not None]).astype(np.float64)
+            lx[np.ix_(idx, idx)] = lv @ lv.T
+            g = np.where(has[:, None] & has[None, :], (1.0 - w) * c + w * lx, c)
+        iu = np.triu_indices(len(bank), k=1)
+        far = g[iu][c[iu] < self.config.repeat_cos]
+        if far.size < COLD_PAIRS:
+            return None
+        return float(far.mean()), float(far.std())
+
     def _vindicated(self, agent: str, vec: np.ndarray, lex: np.ndarray | None) -> list[_Suspect]:
         """Suspects of ``agent`` that ``vec`` refers back to (they leave the list), and
         one turn less for the others (those with none left are dropped for good)."""
@@ -1273,9 +1301,13 @@ class IntrinsicState:
             fit = max(fits) if fits else 1.0
             unrel = self._unrelated()
             updates = None
-            if cos is not None and unrel is not None:
-                j = int(np.argmax(cos))
-                if float(cos[j]) >= unrel[0] + cfg.update_k * unrel[1]:
+            level = unrel if unrel is not None else self._cold_unrelated(agent)
+            if gcos is not None and level is not None:
+                # in the unrelated level's own units: the guard's similarity, meaning
+                # and words (the embeddings' cosine alone runs higher than that level
+                # for any two turns of a chat, so unrelated turns passed as updates)
+                j = int(np.argmax(gcos))
+                if float(gcos[j]) >= level[0] + cfg.update_k * level[1]:
                     known = self.bank_meta.get(agent)
                     updates = known[j][0] if known is not None and j < len(known) else None
             threshold = -math.inf

@@ -613,9 +613,9 @@ class IntrinsicSettings(BaseModel):
         allow_inf_nan=False,
         description=(
             "a written chat turn whose nearest earlier memory of the same agent is this "
-            "many standard deviations above the unrelated level (the encoder's cosine "
-            "between unrelated turns) speaks of the same thing: it is recorded as an "
-            "update of that memory, and a search that finds both ranks the later first"
+            "many standard deviations above the unrelated level (the similarity, meaning "
+            "and words, between unrelated turns) speaks of the same thing: it is recorded "
+            "as an update of that memory, and a search that finds both ranks the later first"
         ),
     )
     lexical: float = Field(

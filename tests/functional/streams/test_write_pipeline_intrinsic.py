@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from dmem.client import ChatTurn, chat_transitions
 from dmem_bench.demo import q_learning_transitions
@@ -430,3 +431,54 @@ def test_a_new_partition_state_starts_with_nothing_on_probation() -> None:
     copy = p.state("t", 1).intrinsic
     assert copy.probation_size == 0 and not copy.probation
     assert source.probation_size == held
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_updates_link_the_same_thing_and_nothing_unrelated(warm: bool) -> None:
+    """With the default encoder (static MiniLM, whose cosine between any two turns of a
+    chat runs high): a changed statement links the one it changes, in a chat's first
+    turns (before the unrelated level is warm) as after them, and small talk, a turn in
+    another language or about another thing links nothing."""
+    from operators.encoders import build_encoder
+    from operators.surprise import IntrinsicConfig
+
+    T = ChatTurn
+    turns = [
+        T("user", "hey there 👋"),
+        T("assistant", "Hi! How can I help you today?"),
+        T("user", "I'm allergic to nuts."),
+        T("user", "I keep my sneakers under the bed."),
+        T("user", "lol ok thx 😂"),
+        T("user", "My sister Clara is visiting from Lisbon on November 3rd."),
+        T("assistant", "Lovely! Would you like ideas for things to do with Clara in town?"),
+        T("user", "Ich habe einen Hund namens Bello, er ist drei Jahre alt."),
+        T("user", "I keep my sneakers in the hall closet now."),
+        T("user", "I started learning the cello last week, practising every evening."),
+        T("user", "I work as a nurse at St. Mary's hospital on night shifts."),
+        T("assistant", "That sounds demanding. Do you want tips on sleeping during the day?"),
+        T("user", "nah im good. my fav color is teal btw"),
+        T("user", "Je vais à Paris en décembre pour voir ma grand-mère."),
+        T("assistant", "Paris in December is beautiful. Say hi to your grandmother!"),
+        T("user", "I moved my sneakers to the car trunk, the closet got too full."),
+    ]
+    earlier = [T("Ann" if j % 2 else "Bob", f) for j, f in enumerate(FILLER + FACTS + FILLER)]
+    ts = chat_transitions(turns, tenant="t", conversation="c1", session=2)
+    if warm:
+        ts = chat_transitions(earlier, tenant="t", conversation="c1", session=1) + ts
+    p = WritePipeline(Settings(), build_encoder("minilm-static"))
+    rows: dict[str, dict[str, Any]] = {}
+    for i, raw in enumerate(raws_of(ts)):
+        res = p.process([raw], now_ms=1_000 + i)
+        rows |= {r["id"]: r for part in res.upserts.values() for r in part}
+    # the chat alone is shorter than the level's warm-up; the earlier turns are not
+    n0 = IntrinsicConfig().warmup
+    assert len(turns) < n0 and (len(ts) - len(turns) >= n0) == warm
+    text = {t.memory_id: t.observation.split(": ", 1)[1] for t in ts}
+    links = {
+        text[i]: text[r["metadata"]["updates"]]
+        for i, r in rows.items()
+        if r["metadata"].get("updates")
+    }
+    bed, closet, trunk = (t for t in text.values() if "sneakers" in t)
+    assert links.get(closet) == bed and links.get(trunk) == closet, links
+    assert set(links) == {closet, trunk}, links
