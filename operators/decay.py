@@ -45,8 +45,9 @@ Rules per tenant (`plan_decay`):
   (``ttl``); buffer entries with p below ``buffer_floor`` too (``below_floor``);
 - core entries with p below ``demote_below`` are demoted (``faded``);
 - buffer entries whose earned value reaches ``promote_above`` are promoted
-  (``earned``); ``promote_above > demote_below`` (hysteresis: p >= earned, so a
-  just-promoted entry is never demoted by the next pass);
+  (``earned``), unless their utility is negative (retrievals alone do not lift a
+  memory that misled when acted on); ``promote_above > demote_below`` (hysteresis:
+  p >= earned, so a just-promoted entry is never demoted by the next pass);
 - capacities: core keeps its top ``core_capacity`` by p (the rest are demoted,
   ``core_capacity``; a promotion that would not make the top is not made), then
   the buffer keeps its top ``buffer_capacity`` (the rest are evicted,
@@ -484,7 +485,9 @@ def plan_decay(t: TenantIndex, policy: MaintenancePolicy,
     ttl = buf & stale
     floor = buf & ~ttl & (p < policy.buffer_floor)
     faded = core & (p < policy.demote_below)
-    promote = buf & ~ttl & ~floor & (earned >= policy.promote_above)
+    # never a memory whose credit is negative, however often it is found: its
+    # retrievals could outweigh the utility it lost when acted on (or thumbed down)
+    promote = buf & ~ttl & ~floor & (earned >= policy.promote_above) & (v["utility"] >= 0.0)
 
     # core after fading and promotions, capped at core_capacity by priority
     in_core = (core & ~faded) | promote

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from operators.credit import CreditStats
 from operators.decay import (
     BUFFER,
     CORE,
@@ -17,6 +18,7 @@ from operators.decay import (
     entry_from_row,
     plan_decay,
     priority,
+    tenant_priorities,
 )
 from operators.dedup import is_critical, merge_rows, merge_scope, plan_merges, rewards_agree
 from streams.jobs.access import AccessTracker
@@ -401,3 +403,30 @@ def test_retrievals_the_agent_reported_ignoring_are_not_earned() -> None:
     assert entry_from_row(mem(12, 0)).hits == 0
     assert entry_from_row(mem(12, 4)).hits == 4
     assert entry_from_row(mem(0, 0)).hits == 12
+
+
+def test_a_memory_with_negative_credit_is_not_promoted_by_its_retrievals() -> None:
+    """Served 22 times in the last second: a buffer memory without credit is promoted
+    on its retrievals; one whose credit is negative (acted on three times: helped once,
+    misled twice; or thumbed down) is not, however often it is found."""
+
+    def mem(credits: list[float]) -> dict:
+        stats = CreditStats()
+        for x in credits:
+            stats = stats.fold(x, 0.95)
+        meta: dict = {"access": {"n": 22}}
+        if credits:
+            meta["credit"] = stats.to_dict()
+        row = {"partition": "buffer", "created_ts": NOW - 1000, "rpe": 0.1, "uses": len(credits)}
+        return row | {"last_access_ts": NOW - 1000, "utility": stats.mean, "metadata": meta}
+
+    idx = TenantIndex()
+    cases = {"plain": [], "helped": [1.0], "mixed": [1.0, -1.0, -1.0], "thumbed": [-0.5]}
+    for name, credits in cases.items():
+        idx.upsert(name, entry_from_row(mem(credits)))
+    plan = plan_decay(idx, MaintenancePolicy(), NOW)
+    promoted = {a.memory_id for a in plan.actions if a.kind == "promoted"}
+    assert promoted == {"plain", "helped"}
+    # the earned value alone would have promoted the two with negative credit
+    _, earned = tenant_priorities(idx, MaintenancePolicy(), NOW)
+    assert all(earned[idx.ids.index(m)] >= MaintenancePolicy().promote_above for m in cases)
