@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ValidationError
 
 from schemas import (
     LIMITS,
@@ -56,10 +58,20 @@ from schemas import (
     encode,
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
-from schemas.errors import DmemError, ServiceUnavailable
+from schemas.errors import DmemError, InvalidRecord, ServiceUnavailable
 from schemas.topics import topic_name
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+def build(model: type[M], data: Mapping[str, Any]) -> M:
+    """``model`` validated from ``data``; bad input is an `InvalidRecord` (a `DmemError`,
+    not retriable) naming the field and the reason, as every SDK error is a `DmemError`."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise InvalidRecord(f"invalid {model.__name__}: {exc}") from exc
 
 
 def list_params(tenant: str, limit: int, cursor: str | None, agent_id: str | None,
@@ -70,8 +82,7 @@ def list_params(tenant: str, limit: int, cursor: str | None, agent_id: str | Non
         q["cursor"] = cursor
     if agent_id:
         q["agent_id"] = agent_id
-    f = filters if isinstance(filters, SearchFilters) else SearchFilters.model_validate(
-        dict(filters or {}))  # fmt: skip
+    f = filters if isinstance(filters, SearchFilters) else build(SearchFilters, filters or {})
     for key, value in f.model_dump(exclude_none=True, exclude={"schema_version"}).items():
         if key == "metadata_equals":
             for mk, mv in value.items():
@@ -287,16 +298,19 @@ class Client:
         that earned the outcome (its last reward), if known: usages after it are
         outside the outcome (no credit, no blame, not counted as uses)."""
         assert self._producer is not None, "call start() first"
-        out = EpisodeOutcome(
-            tenant=self.tenant,
-            episode_id=episode_id,
-            agent_id=agent_id,
-            task=task,
-            step=step,
-            reward=reward,
-            success=success,
-            ts=int(time.time() * 1000),
-            outcome_id=f"{episode_id}:final",
+        out = build(
+            EpisodeOutcome,
+            {
+                "tenant": self.tenant,
+                "episode_id": episode_id,
+                "agent_id": agent_id,
+                "task": task,
+                "step": step,
+                "reward": reward,
+                "success": success,
+                "ts": int(time.time() * 1000),
+                "outcome_id": f"{episode_id}:final",
+            },
         )
         await self._send("feedback", self.tenant, encode(out), episode_id.encode())
 
@@ -312,7 +326,8 @@ class Client:
         """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
         on the feedback topic, where the credit job turns it into utility."""
         assert self._producer is not None, "call start() first"
-        fb = Feedback.model_validate(
+        fb = build(
+            Feedback,
             {
                 "tenant": self.tenant,
                 "memory_id": memory_id,
@@ -322,7 +337,7 @@ class Client:
                 "value": value,
                 "ts": int(time.time() * 1000),
                 "feedback_id": uuid.uuid4().hex,
-            }
+            },
         )
         key = (episode_id or memory_id or self.tenant).encode()
         await self._send("feedback", self.tenant, encode(fb), key)
@@ -483,19 +498,25 @@ class Client:
         """
         assert self._producer is not None, "call start() first"
         ids = list(weights)
-        total = sum(max(0.0, float(weights[m])) for m in ids)
-        w = [max(0.0, float(weights[m])) / total if total > 0 else 0.0 for m in ids]
-        usage = MemoryUsage(
-            tenant=self.tenant,
-            episode_id=episode_id,
-            request_id=request_id,
-            agent_id=agent_id,
-            step=step,
-            memory_ids=ids,
-            weights=w,
-            ts=int(time.time() * 1000),
-            source="agent",
-            reward=reward,
+        bad = {m: v for m, v in weights.items() if not (math.isfinite(float(v)) and v >= 0)}
+        if bad:
+            raise InvalidRecord(f"usage weights must be finite numbers >= 0, got {bad}")
+        total = sum(float(weights[m]) for m in ids)
+        w = [float(weights[m]) / total if total > 0 else 0.0 for m in ids]
+        usage = build(
+            MemoryUsage,
+            {
+                "tenant": self.tenant,
+                "episode_id": episode_id,
+                "request_id": request_id,
+                "agent_id": agent_id,
+                "step": step,
+                "memory_ids": ids,
+                "weights": w,
+                "ts": int(time.time() * 1000),
+                "source": "agent",
+                "reward": reward,
+            },
         )
         await self._send("usage", self.tenant, encode(usage), episode_id.encode())
 
@@ -518,7 +539,8 @@ class Client:
         """Search the tenant's memories. ``as_of``: when the question is asked (event
         time, ms): later memories are left out, recency is measured from it.
         ``filters``: the `SearchFilters` fields."""
-        req = RetrievalRequest.model_validate(
+        req = build(
+            RetrievalRequest,
             {
                 "request_id": request_id or uuid.uuid4().hex,
                 "tenant": self.tenant,
@@ -531,9 +553,9 @@ class Client:
                 "step": step,
                 "mmr": mmr,
                 "as_of": as_of,
-                "filters": SearchFilters(**filters),
+                "filters": filters,
                 "reply_topic": self._own_reply(),
-            }
+            },
         )
         resp = await (
             self._search_http(req) if self.transport == "http" else self._search_kafka(req)

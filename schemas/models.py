@@ -289,6 +289,9 @@ class RetrievalRequest(Model):
     def _has_query(self) -> RetrievalRequest:
         if self.query is None and self.vector is None:
             raise ValueError("a retrieval request needs a query (text) or a vector")
+        if self.vector is None and self.query is not None and not self.query.strip():
+            # an empty text encodes to a vector about nothing: hits at ~0 similarity
+            raise ValueError("query is empty: give the text to search for, or a vector")
         return self
 
 
@@ -366,7 +369,8 @@ class MemoryUsage(Model):
     agent_id: Ident | None = None
     step: int = Field(default=0, ge=0)
     memory_ids: list[Ident]
-    weights: list[FiniteFloat]
+    #: each memory's share of the decision: finite and never negative (0: ignored)
+    weights: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]
     ts: int = Field(ge=0)
     source: Literal["served", "agent"] = "served"
     reward: FiniteFloat | None = None

@@ -80,13 +80,21 @@ def test_retrieval_request_alias_and_bounds() -> None:
         RetrievalRequest(request_id="r", tenant="t", query="q", k=LIMITS.max_k + 1)
     with pytest.raises(ValidationError):
         RetrievalRequest(request_id="r", tenant="t")
+    for empty in ("", "  \n "):
+        with pytest.raises(ValidationError, match="query is empty"):
+            RetrievalRequest(request_id="r", tenant="t", query=empty)
+    assert RetrievalRequest(request_id="r", tenant="t", query="", vector=[1.0]).query == ""
 
 
-def test_usage_weights_align() -> None:
+def test_usage_weights_align_and_are_shares() -> None:
     with pytest.raises(ValidationError):
         MemoryUsage(
             tenant="t", episode_id="e", request_id="r", memory_ids=["a", "b"], weights=[1.0], ts=0
         )
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValidationError, match="weights.0"):
+            MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["a"],
+                        weights=[bad], ts=0)  # fmt: skip
 
 
 def test_usage_similarities_are_the_responders_aligned_and_in_range() -> None:

@@ -1,0 +1,50 @@
+"""Bad input to the SDK is a `DmemError` (`InvalidRecord`, not retriable) naming the
+field, and nothing is sent: no pydantic error escapes, no bad value is mended quietly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from dmem import DmemError
+from dmem.client import Client
+from schemas.errors import InvalidRecord
+from tests.unit.dmem.test_client_credentials import FakeProducer
+
+Call = Callable[[Client], Awaitable[Any]]
+
+BAD: dict[str, tuple[Call, str]] = {
+    "nan outcome": (lambda c: c.report_outcome("e", float("nan")), "reward"),
+    "negative step": (lambda c: c.report_usage("e", "r", {"m": 1.0}, step=-1), "step"),
+    "negative weight": (lambda c: c.report_usage("e", "r", {"m": -1.0, "n": 2.0}), "'m': -1.0"),
+    "nan weight": (lambda c: c.report_usage("e", "r", {"m": float("nan")}), "'m': nan"),
+    "infinite weight": (lambda c: c.report_usage("e", "r", {"m": float("inf")}), "'m': inf"),
+    "unknown thumbs": (lambda c: c.feedback(memory_id="m", kind="like"), "kind"),
+    "k of 0": (lambda c: c.search("where?", k=0), "k"),
+    "unknown filter": (lambda c: c.search("where?", colour="red"), "colour"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_an_invalid_record_and_sends_nothing(case: str) -> None:
+    call, named = BAD[case]
+    client = Client("127.0.0.1:9092", "acme")
+    producer = FakeProducer()
+    client._producer = producer  # type: ignore[assignment]
+    with pytest.raises(InvalidRecord) as err:
+        asyncio.run(call(client))  # type: ignore[arg-type]
+    assert isinstance(err.value, DmemError) and not err.value.retriable
+    assert named in str(err.value)
+    assert producer.sent == []
+
+
+def test_good_weights_are_normalised_and_sent() -> None:
+    client = Client("127.0.0.1:9092", "acme")
+    producer = FakeProducer()
+    client._producer = producer  # type: ignore[assignment]
+    asyncio.run(client.report_usage("e", "r", {"m": 3.0, "n": 1.0, "o": 0.0}))
+    ((topic, value, _),) = producer.sent
+    assert topic.endswith("usage") and b'"weights":[0.75,0.25,0.0]' in value
