@@ -33,12 +33,12 @@ score = lambda * semantic + (1 - lambda) * salience * recency
     effect, ``promote_max * min(1, U / promote_full) * clip(e / 0.5, -1, 1)``: e is
     the memory's `CreditStats.established` (the lower confidence bound of its
     normalised advantage where above 0, the upper one where below 0, over at
-    least ``promote_min_uses`` acted-on uses; else 0), U the credited uses of
-    the request's candidates (the context's evidence: the bonus anneals in as
-    the context is credited). Without evidence the bonus is 0 and the main lane
-    is exactly the ranking without lanes; one blame never moves a memory (an
-    effect needs ``promote_min_uses`` uses and a bound past 0); an established
-    negative effect demotes. ``promote_max`` (0.6 of cosine) bounds the lift.
+    least ``promote_min_uses`` acted-on uses; else 0), U the uses recorded for
+    the request's candidates, acted on or not (the context's evidence: the bonus
+    anneals in as the context is tried and credited). Without evidence the bonus is 0
+    and the main lane is exactly the ranking without lanes; one blame never moves a
+    memory (an effect needs ``promote_min_uses`` uses and a bound past 0); an
+    established negative effect demotes. ``promote_max`` (0.6 of cosine) bounds the lift.
   - exploration lane: for k >= 3 and more candidates than k, the last
     ``explore_slots`` (default 1) served hits are picked from the candidates the
     main lane did not serve, by

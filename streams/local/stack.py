@@ -329,8 +329,16 @@ def first_screen(info: Mapping[str, object]) -> str:
     """What `dmem up` prints: the addresses and how to publish from curl, Python, kcat."""
     http, kafka = info["http"], info["kafka"]
     # with auth on, the examples carry the header they need
-    bearer = (
-        " -H 'Authorization: Bearer <token>'" if str(info.get("auth", "")).startswith("on") else ""
+    auth = str(info.get("auth", "")).startswith("on")
+    bearer = " -H 'Authorization: Bearer <token>'" if auth else ""
+    # the SDK signs its Kafka records with the token; without it they are dead letters
+    token = ', token="<token>"' if auth else ""
+    kcat = (
+        "           (with auth on a record needs the SDK's signed credential: kcat's are\n"
+        "            dead letters, reason unauthenticated; use the SDK or curl)\n"
+        if auth
+        else "           (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "
+        '"Read underflow",\n            see docs/operations/local.md; use curl then)\n'
     )
     reach = ""
     if info["milvus_mode"] == "server":
@@ -351,14 +359,12 @@ Publish a transition
              -d '{{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":0,
                   "observation":"door is locked","action":"use key","reward":1.0}}'
   Python:  from dmem import SyncClient, Transition
-           c = SyncClient("{kafka}", tenant="t1", http_url="{http}")
+           c = SyncClient("{kafka}", tenant="t1", http_url="{http}"{token})
            c.publish(Transition(tenant="t1", agent_id="a1", episode_id="e1", step=0,
                                 observation="door is locked", action="use key", reward=1.0))
   kcat:    echo '{one}' \\
              | kcat -P -b {kafka} -t dmem.transitions -k a1
-           (needs librdkafka >= 2.2: `kcat -V`; older ones fail with "Read underflow",
-            see docs/operations/local.md; use curl then)
-Search
+{kcat}Search
   curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json'{bearer} \\
              -d '{{"tenant":"t1","query":"locked door","k":5}}'
 (Ctrl-C to stop; data kept in {info["data_dir"]})"""

@@ -17,6 +17,16 @@ def test_first_screen_tells_how_to_publish() -> None:
     assert 'SyncClient("127.0.0.1:9999"' in text
     assert "kcat -P -b 127.0.0.1:9999 -t dmem.transitions" in text
     assert "http://127.0.0.1:7777/openapi.json" in text and "librdkafka >= 2.2" in text
+    assert "token=" not in text and "Bearer" not in text
+
+
+def test_first_screen_with_auth_on_passes_the_token_in_every_example() -> None:
+    text = first_screen({"kafka": "127.0.0.1:9999", "http": "http://127.0.0.1:7777",
+                         "milvus": "m.db", "milvus_mode": "lite", "data_dir": "/d",
+                         "auth": "on (2 tokens; send Authorization: Bearer <token>)"})  # fmt: skip
+    assert text.count("-H 'Authorization: Bearer <token>'") == 2  # publish and search
+    assert 'http_url="http://127.0.0.1:7777", token="<token>")' in text
+    assert "kcat's are" in text and "unauthenticated" in text
 
 
 def test_milvus_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
