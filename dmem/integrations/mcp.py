@@ -160,7 +160,9 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
     @server.tool(
         description="Search memory: hits ranked by meaning, surprise and outcome, "
         "each with its score breakdown, RPE, valence and utility. as_of (optional): "
-        "when the question is asked, event time in ms; later memories are left out."
+        "when the question is asked, event time in ms; later memories are left out. "
+        "episode_id (optional, with step): the episode this search serves; the hits "
+        "are recorded as used in it, and report_outcome for that episode credits them."
     )
     async def recall(
         query: Text,
@@ -168,11 +170,15 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         filters: SearchFilters | None = None,
         lambda_: float | None = None,
         as_of: int | None = None,
+        episode_id: Ident | None = None,
+        step: int | None = None,
     ) -> list[dict[str, Any]]:
         f = (filters or SearchFilters()).model_dump(exclude={"schema_version"}, exclude_none=True)
 
         async def go(c: Client) -> list[dict[str, Any]]:
-            hits = await c.search(query, k, lambda_=lambda_, as_of=as_of, **f)
+            hits = await c.search(
+                query, k, lambda_=lambda_, as_of=as_of, episode_id=episode_id, step=step, **f
+            )
             return [h.model_dump(mode="json", by_alias=True) for h in hits]
 
         result: list[dict[str, Any]] = await call("search", go)
@@ -180,7 +186,7 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
 
     @server.tool(
         description="Report how an episode ended (its return): credit flows back "
-        "to the memories that were used in it."
+        "to the memories recall served in it (recall with this episode_id)."
     )
     async def report_outcome(episode_id: Ident, reward: FiniteFloat) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:

@@ -162,9 +162,28 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     assert written["route"] in ("core", "buffer") and "theta_high" in written
     lines.append(f"memory_history -> {[e['kind'] for e in events]}")
 
-    r = await client.call_tool("report_outcome", {"episode_id": "mcp-agent-ep0", "reward": 1})
+    # a recall inside an episode records what it served; the episode's outcome credits it
+    served = {"query": TRAP, "k": 3, "episode_id": "mcp-agent-ep1", "step": 0}
+    r = await client.call_tool("recall", served)
+    assert not r.is_error and text_of(r)
+    used = text_of(r)[0]["memory_id"]
+    r = await client.call_tool("report_outcome", {"episode_id": "mcp-agent-ep1", "reward": 1})
     assert not r.is_error and text_of(r)["accepted"] is True
-    lines.append(f"report_outcome -> {text_of(r)}")
+    lines.append(f"recall in episode mcp-agent-ep1, report_outcome -> {text_of(r)}")
+    async with Client(
+        stack.bootstrap,
+        TENANT,
+        topic_prefix=stack.settings.kafka.topic_prefix,
+        http_url=http_url(stack),
+    ) as c:
+        uses, deadline = 0, time.monotonic() + 60
+        while not uses and time.monotonic() < deadline:
+            row = await c.get_memory(used)
+            uses = int((row or {}).get("uses", 0) or 0)
+            if not uses:
+                await asyncio.sleep(0.5)
+    assert uses >= 1, "the outcome of a recalled episode credited nothing"
+    lines.append(f"memory {used} credited: uses {uses}")
     r = await client.call_tool("feedback", {"memory_id": hits[0]["memory_id"], "thumbs": "up"})
     assert not r.is_error and text_of(r)["kind"] == "thumbs_up"
 
