@@ -57,11 +57,16 @@ async def session(kafka: str, http: str, tenant: str) -> None:
             r = answer(await mcp.call_tool("remember", args))
             print(f"remember {args['action']!r} reward {args['reward']} ->", r)
         hits: list[Any] = []
+        asked = {"query": "edge of the pit", "k": 3}
         deadline = time.monotonic() + 30
-        while not hits and time.monotonic() < deadline:  # the write role is asynchronous
-            hits = answer(await mcp.call_tool("recall", {"query": "edge of the pit", "k": 3}))
-            if not hits:
-                await asyncio.sleep(0.5)
+        # the write role is asynchronous, and the mundane steps may be searchable first
+        while not any(h["action"] == "jump" for h in hits) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            hits = answer(await mcp.call_tool("recall", asked))
+        # asked inside the episode: what it serves is credited by the episode's outcome
+        hits = answer(
+            await mcp.call_tool("recall", {**asked, "episode_id": "demo-ep1", "step": 10})
+        )
         for h in hits:
             print(
                 f"recall -> {h['action']!r} valence {h['valence']:+d} rpe {h['rpe']:.2f} "
