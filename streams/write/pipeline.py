@@ -214,6 +214,9 @@ class TenantState:
         #: per (agent, task): recent outcomes, which judge an outcome a failure
         self.contexts = ContextOutcomes()
         self.gate_state = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
+        #: the scores of agents that never earned a reward (chats): they route by these
+        #: where the tenant also holds rewarded agents (`reward_free_gate`)
+        self.gate_free = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
         self.recent: OrderedDict[str, Transition] = OrderedDict()
@@ -295,6 +298,7 @@ class TenantState:
             "outcomes": self.outcomes.to_dict(),
             "contexts": self.contexts.to_dict(last=CHECKPOINT_CONTEXTS),
             "gate": self.gate_state.to_dict(),
+            "gate_free": self.gate_free.to_dict(),
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
             # the repeat keys of the turns on probation: one evicted after a restart
@@ -370,6 +374,12 @@ class TenantState:
         ctx = header.get("contexts")  # absent in older checkpoints
         self.contexts = ContextOutcomes.from_dict(ctx) if ctx else ContextOutcomes()
         self.gate_state = GateState.from_dict(header["gate"])
+        gf = header.get("gate_free")  # absent in older checkpoints
+        self.gate_free = (
+            GateState.from_dict(gf)
+            if gf
+            else GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
+        )
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
         self.recent = OrderedDict()
@@ -481,6 +491,25 @@ def intrinsic_scores(
     for i, x in zip(idx, scored, strict=True):
         out[i] = x
     return w, out
+
+
+def reward_free_gate(st: TenantState, w_int: np.ndarray) -> list[bool]:
+    """Per transition: route it by the thresholds of the tenant's reward-free agents?
+
+    Where a tenant holds agents that earn rewards beside agents that never did (a chat
+    beside a grid-world agent), one set of thresholds serves neither: the rewarded
+    agents' scores are in units of their RPE, the chat's in typical turns, and the
+    chat's turns land above the rewarded agents' bulk as outliers (6 of 7 chat turns to
+    core, small talk included). So a transition of an agent without any reward so far
+    (``w_int`` 1: `AgentRewardMix`) routes by the reward-free agents' own sketch once
+    some agent of the tenant has earned a reward. The tenant's sketch still learns
+    every score, so rewarded agents route as before, and a tenant of one kind (only
+    chats, only rewarded agents) routes exactly as with one sketch.
+    """
+    n = len(w_int)
+    if n == 0 or not any(m.rate > 0.0 for m in st.intrinsic.mix.mixes.values()):
+        return [False] * n
+    return [bool(w >= 1.0) for w in w_int.tolist()]
 
 
 #: gate drops a novel reward-free statement is kept from (`Pipeline._novel_statement`)
@@ -723,7 +752,16 @@ class WritePipeline:
             ]
         # one score at a time: each is routed by the thresholds of the scores before it
         # and then learned, so a batch routes exactly as its records one by one would
-        planned = [self.gate.decide_planned(st.gate_state, x) for x in scores]
+        free = reward_free_gate(st, w_int)
+        planned = []
+        for i, sc in enumerate(scores):
+            if free[i]:  # a chat beside rewarded agents: its own thresholds; the tenant's
+                planned.append(self.gate.decide_planned(st.gate_free, sc))  # still learn it
+                st.gate_state.sketch.add(float(sc))
+            else:
+                planned.append(self.gate.decide_planned(st.gate_state, sc))
+                if w_int[i] >= 1.0:  # a reward-free agent's score, for when one is needed
+                    st.gate_free.sketch.add(float(sc))
         decisions = [d for d, _ in planned]
         routed: list[str] = []
         for i, t in enumerate(ts):

@@ -482,3 +482,40 @@ def test_updates_link_the_same_thing_and_nothing_unrelated(warm: bool) -> None:
     bed, closet, trunk = (t for t in text.values() if "sneakers" in t)
     assert links.get(closet) == bed and links.get(trunk) == closet, links
     assert set(links) == {closet, trunk}, links
+
+
+def test_a_chat_beside_a_rewarded_agent_routes_as_it_would_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One tenant, a CliffWalking agent (rewards -1 and -100) and a chat interleaved:
+    the chat's turns route (nearly) as in a tenant of their own, by the reward-free
+    agents' own thresholds, and the rewarded agent's exactly as with one set of
+    thresholds for the tenant (the tenant's sketch still learns every score). With one
+    set for both, the chat's turns landed above the grid's bulk and few routes agreed."""
+    import streams.write.pipeline as wp
+
+    grid = [t.model_copy(update={"tenant": "t"})
+            for t, _, _ in q_learning_transitions("cliffwalking", 400, seed=5)]  # fmt: skip
+    turns: list[ChatTurn] = []
+    for r in range(8):
+        turns += [ChatTurn("Ann" if j % 2 else "Bob", f) for j, f in enumerate(FILLER)]
+        turns.append(ChatTurn("Ann", FACTS[r % len(FACTS)] + f" (week {r})"))
+    chat = chat_transitions(turns, tenant="t", conversation="c1", session=1)
+    mixed: list[Transition] = []
+    for i, c in enumerate(chat):
+        mixed += [*grid[4 * i : 4 * i + 4], c]
+
+    def run() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        got = routes(WritePipeline(Settings(), HashingEncoder(dim=256)), mixed)
+        pairs = list(zip(mixed, got, strict=True))
+        return [g for t, g in pairs if t.agent_id == "c1"], [
+            g for t, g in pairs if t.agent_id != "c1"
+        ]
+
+    alone = routes(WritePipeline(Settings(), HashingEncoder(dim=256)), chat)
+    chat_routes, grid_routes = run()
+    assert sum(a == b for a, b in zip(chat_routes, alone, strict=True)) >= 0.9 * len(chat)
+    monkeypatch.setattr(wp, "reward_free_gate", lambda st, w: [False] * len(w))
+    one_chat, one_grid = run()
+    assert grid_routes == one_grid
+    assert sum(a == b for a, b in zip(one_chat, alone, strict=True)) < 0.5 * len(chat)
