@@ -78,6 +78,14 @@ def text_of(result: Any) -> Any:
     return json.loads(result.content[0].text)
 
 
+def sdk(stack: LocalStack) -> Client:
+    """The SDK on the test's stack and tenant (Kafka and HTTP)."""
+    return Client(
+        stack.bootstrap, TENANT, topic_prefix=stack.settings.kafka.topic_prefix,
+        http_url=http_url(stack),
+    )  # fmt: skip
+
+
 async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     """The transcript the closing note shows: list tools, remember, recall, outcome, ..."""
     lines: list[str] = []
@@ -170,12 +178,7 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
     r = await client.call_tool("report_outcome", {"episode_id": "mcp-agent-ep1", "reward": 1})
     assert not r.is_error and text_of(r)["accepted"] is True
     lines.append(f"recall in episode mcp-agent-ep1, report_outcome -> {text_of(r)}")
-    async with Client(
-        stack.bootstrap,
-        TENANT,
-        topic_prefix=stack.settings.kafka.topic_prefix,
-        http_url=http_url(stack),
-    ) as c:
+    async with sdk(stack) as c:
         uses, deadline = 0, time.monotonic() + 60
         while not uses and time.monotonic() < deadline:
             row = await c.get_memory(used)
@@ -194,12 +197,7 @@ async def mcp_session_checks(client: Any, stack: LocalStack) -> list[str]:
 
     r = await client.call_tool("forget", {"memory_id": hits[0]["memory_id"]})
     assert not r.is_error and text_of(r)["forgotten"] == 1
-    async with Client(
-        stack.bootstrap,
-        TENANT,
-        topic_prefix=stack.settings.kafka.topic_prefix,
-        http_url=http_url(stack),
-    ) as c:
+    async with sdk(stack) as c:
         assert await c.get_memory(hits[0]["memory_id"]) is None
     lines.append(f"forget {hits[0]['memory_id']} -> {text_of(r)}")
     r = await client.call_tool("forget", {})
