@@ -39,6 +39,7 @@ HTTP handlers run it in a worker thread).
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -56,7 +57,7 @@ from schemas.errors import InvalidRecord
 from streams.respond.responder import Responder, filter_terms
 
 __all__ = ["FOLD_CACHE", "MAX_HOPS", "Cursor", "MemoryReader", "MissRate", "decode_cursor",
-           "encode_cursor", "list_query", "read_cursor"]  # fmt: skip
+           "encode_cursor", "list_query", "read_cursor", "scope_of"]  # fmt: skip
 
 MAX_HOPS = 8
 #: Milvus' largest result window of one query (``limit``): more rows take an iterator
@@ -120,16 +121,29 @@ class Cursor:
     id: str
     bounds: tuple[tuple[int, str], ...] = ()
     floor: bool = False
+    #: the listing it belongs to (`scope_of`: tenant, agent and filters); None in a
+    #: cursor that names none
+    scope: str | None = None
+
+
+def scope_of(q: MemoryListQuery) -> str:
+    """A short digest of what a listing lists (tenant, agent, filters): a cursor is only
+    good for the listing that issued it."""
+    key = orjson.dumps(q.model_dump(exclude={"cursor", "limit"}), option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(key, digest_size=6).hexdigest()
 
 
 def encode_cursor(created_ts: int, memory_id: str, bounds: Sequence[tuple[int, str]] = (),
-                  floor: bool = False) -> str:  # fmt: skip
-    """The cursor of a page below (``created_ts``, ``memory_id``), with as many of
-    ``bounds`` (and ``floor`` when all fit) as keep it under `CURSOR_CHARS`."""
+                  floor: bool = False, scope: str | None = None) -> str:  # fmt: skip
+    """The cursor of a page below (``created_ts``, ``memory_id``) of the listing
+    ``scope``, with as many of ``bounds`` (and ``floor`` when all fit) as keep it under
+    `CURSOR_CHARS`."""
     bounds = list(bounds[:MAX_BOUNDS])
     floor = floor and len(bounds) <= MAX_BOUNDS
     while True:
         d: dict[str, Any] = {"t": created_ts, "i": memory_id}
+        if scope is not None:
+            d["s"] = scope
         if bounds:
             d["b"] = [[t, i] for t, i in bounds]
         if floor:
@@ -152,9 +166,12 @@ def read_cursor(cursor: str) -> Cursor:
                        if isinstance(t, int) and isinstance(i, str) and i)  # fmt: skip
     except (ValueError, TypeError, KeyError, AttributeError, orjson.JSONDecodeError) as exc:
         raise bad from exc
+    scope = d.get("s")
     if not (isinstance(ts, int) and isinstance(mid, str) and mid) or len(bounds) != len(raw):
         raise bad
-    return Cursor(ts, mid, bounds[:MAX_BOUNDS], d.get("f") == 1)
+    if scope is not None and not isinstance(scope, str):
+        raise bad
+    return Cursor(ts, mid, bounds[:MAX_BOUNDS], d.get("f") == 1, scope)
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
@@ -335,6 +352,28 @@ class MemoryReader:
     def page(self, q: MemoryListQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of `q`: (memories newest first, the next page's cursor or None).
 
+        A cursor names the listing that issued it (`scope_of`); one from another
+        tenant, agent or filter set is refused (`InvalidRecord`): it would only start
+        this listing at a foreign position.
+        """
+        scope = scope_of(q)
+        cur = read_cursor(q.cursor) if q.cursor else None
+        if cur is not None and cur.scope is not None and cur.scope != scope:
+            raise InvalidRecord(
+                "cursor belongs to another listing (its tenant, agent or filters differ): "
+                "list again without a cursor"
+            )
+        rows, nxt = self._page(q, cur)
+        if nxt is None:
+            return rows, None
+        c = read_cursor(nxt)
+        return rows, encode_cursor(c.ts, c.id, c.bounds, c.floor, scope)
+
+    def _page(
+        self, q: MemoryListQuery, cur: Cursor | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """`page` without the cursor's listing check: the rows and an unbound cursor.
+
         Keyset pagination on (created_ts, id): the page is the newest ``limit``
         memories below the cursor. With a bound in the cursor it is one query
         (`_hinted`); else it is read from a window ``created_ts >= lo`` sized from
@@ -347,7 +386,6 @@ class MemoryReader:
                               extra_filter=filter_terms(f) or None)  # fmt: skip
         parts: list[str] = [f.partition] if f.partition else list(PARTITIONS)
         terms = [base]
-        cur = read_cursor(q.cursor) if q.cursor else None
         if cur is not None:
             terms.append(_below(cur.ts, cur.id))
             if cur.bounds or cur.floor:

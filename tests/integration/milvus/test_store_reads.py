@@ -9,9 +9,15 @@ from collections.abc import Callable
 import pytest
 
 from milvus import MemoryStore
-from schemas import MemoryListQuery, storage_key
+from schemas import MemoryListQuery, SearchFilters, storage_key
 from schemas.errors import InvalidRecord
-from streams.respond.browse import MemoryReader, MissRate, encode_cursor, read_cursor
+from streams.respond.browse import (
+    MemoryReader,
+    MissRate,
+    encode_cursor,
+    read_cursor,
+    scope_of,
+)
 from tests.integration.milvus_fixtures import make_record
 
 pytestmark = pytest.mark.integration
@@ -152,6 +158,14 @@ def test_hinted_pages_are_one_query_and_stay_right_when_rows_change(
     page, _ = reader.page(MemoryListQuery(tenant="acme", limit=7, cursor=forged))
     assert [(m["created_ts"], m["memory_id"]) for m in page] == want
     assert all(m["partition"] in ("core", "buffer") for m in page)
+    # a cursor is good for the listing that issued it only (any page size)
+    assert read_cursor(cursor).scope == scope_of(MemoryListQuery(tenant="acme", limit=50))
+    for other in (MemoryListQuery(tenant="zeta", limit=7, cursor=cursor),
+                  MemoryListQuery(tenant="acme", agent_id="a", limit=7, cursor=cursor),
+                  MemoryListQuery(tenant="acme", limit=7, cursor=cursor,
+                                  filters=SearchFilters(valence=1))):  # fmt: skip
+        with pytest.raises(InvalidRecord, match="another listing"):
+            reader.page(other)
 
 
 def test_a_walk_leaves_out_rows_forgotten_lately_and_misses_no_other(
