@@ -27,15 +27,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from dmem_bench.ui import chromium_path
 
-__all__ = ["explorer_check"]
+__all__ = ["Page", "explorer_check", "in_chromium"]
 
+T = TypeVar("T")
 _LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
 
 
@@ -137,8 +139,9 @@ async def _drive(page: Page, url: str, mid: str, shot: Path | None,
     return t
 
 
-async def _session(chromium: str, url: str, mid: str, shot: Path | None,
-                   timeout_s: float) -> dict[str, float]:  # fmt: skip
+async def in_chromium(chromium: str, drive: Callable[[Page], Awaitable[T]]) -> T:
+    """``drive(page)`` on a fresh headless Chromium's one page (about:blank: ``drive``
+    navigates), then the browser is stopped whatever happened."""
     # chromium's helper processes may still write into the profile as it exits: the
     # whole process group is stopped, and a leftover file never fails the check
     tmp = tempfile.TemporaryDirectory(prefix="dmem-explorer-", ignore_cleanup_errors=True)
@@ -168,7 +171,7 @@ async def _session(chromium: str, url: str, mid: str, shot: Path | None,
                     targets = await r.json()
                 target = next(x for x in targets if x.get("type") == "page")
                 async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                    return await _drive(Page(ws), url, mid, shot, timeout_s)
+                    return await drive(Page(ws))
         finally:
             _stop_group(proc)
 
@@ -212,7 +215,9 @@ def explorer_check(base_url: str, token: str | None, tenant: str, memory_id: str
         frag += f"&token={urllib.parse.quote(token, safe='')}"
     url = f"{base_url.rstrip('/')}/ui/{frag}"
     try:
-        t = asyncio.run(_session(chromium, url, memory_id, screenshot, timeout_s))
+        t = asyncio.run(
+            in_chromium(chromium, lambda page: _drive(page, url, memory_id, screenshot, timeout_s))
+        )
     except (RuntimeError, TimeoutError, OSError, aiohttp.ClientError, StopIteration) as exc:
         return False, f"explorer scenario failed: {exc}", {}
     # reads are bounded-stale (DMEM_MILVUS__SEARCH_CONSISTENCY), but a forgotten id is

@@ -8,7 +8,7 @@
   var ui = null;
   // a list right after a forget does not hold the forgotten row: the server leaves ids it
   // forgot out of every read (milvus.tombstones), though its reads are bounded-stale
-  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null };
+  var st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null, events: [] };
   var WAIT_MS = 20000, STEP_MS = 700;
 
   function $(id) { return document.getElementById(id); }
@@ -26,7 +26,8 @@
     if (util) { q.push("min_utility=" + enc(util)); }
     if (meta) {
       var i = meta.indexOf("=");
-      if (i > 0) { q.push("meta." + enc(meta.slice(0, i).trim()) + "=" + enc(meta.slice(i + 1).trim())); }
+      if (i <= 0) { return null; }  // said to the user by load(), never dropped quietly
+      q.push("meta." + enc(meta.slice(0, i).trim()) + "=" + enc(meta.slice(i + 1).trim()));
     }
     var c = st.cursors[st.page];
     if (c) { q.push("cursor=" + enc(c)); }
@@ -35,8 +36,14 @@
 
   function load() {
     if (!st.tenant) { return; }
+    var qs = query();
+    if (qs === null) {
+      $("mem-note").textContent = "the metadata filter must be key=value (for example speaker=user)";
+      mark("explorer", "error");
+      return;
+    }
     mark("explorer", "loading");
-    ui.api("GET", "/v1/memories?" + query()).then(function (r) {
+    ui.api("GET", "/v1/memories?" + qs).then(function (r) {
       if (r.status === 401) { ui.needToken(r.body); return; }
       if (r.status !== 200) {
         $("mem-note").textContent = "GET /v1/memories answered " + r.status + ": " +
@@ -131,6 +138,7 @@
   }
 
   function show(m, events) {
+    st.events = events;
     var d = $("mem-detail");
     d.hidden = false;
     d.setAttribute("data-memory-id", m.memory_id);
@@ -144,7 +152,9 @@
     fact(dl, "action", m.action);
     fact(dl, "reward", ui.fmtNum(m.reward, 3));
     fact(dl, "valence", String(m.valence));
-    fact(dl, "utility", ui.fmtNum(m.utility, 4) + " after " + m.uses + " uses");
+    var credited = (m.metadata && m.metadata.credit && m.metadata.credit.n) || 0;
+    fact(dl, "utility", ui.fmtNum(m.utility, 4) + " from " + credited +
+         " credited uses and thumbs (" + m.uses + " uses in credited episodes)");
     fact(dl, "surprise", "rpe " + ui.fmtNum(m.rpe, 3) + ", gate score " + ui.fmtNum(m.rpe_smoothed, 3));
     fact(dl, "agent / episode:step", m.agent_id + " / " + m.episode_id + ":" + m.step);
     fact(dl, "created", new Date(m.created_ts).toISOString());
@@ -191,12 +201,27 @@
       show(rs[0].body, rs[1].status === 200 ? rs[1].body.events : []);
       mark("detail", "ready");
       $("mem-detail").focus();
-    });
+    }, failed("detail", "opening the memory"));
   }
 
-  // rate: send the thumbs, then re-read until the credit job has moved the utility
+  // a request that never got an answer (worker down, network): said, not swallowed
+  function failed(what, doing) {
+    return function (e) {
+      $("mem-detail").hidden = false;
+      $("d-note").textContent = doing + " failed: " + e;
+      mark(what, "error");
+    };
+  }
+
+  function feedbackEvents(events) {
+    return (events || []).filter(function (e) { return e.kind === "fed_back"; }).length;
+  }
+
+  // rate: send the thumbs, then re-read until the memory's history holds the feedback
+  // (the credit job applied it; the utility may not move: one already at 1 stays there)
   function rate(kind) {
     var id = st.open, before = parseFloat($("mem-detail").getAttribute("data-utility"));
+    var seen = feedbackEvents(st.events);
     var body = { tenant: st.tenant, memory_id: id, kind: kind, value: kind === "thumbs_up" ? 1 : -1 };
     mark("rating", "sent");
     ui.api("POST", "/v1/feedback", body).then(function (r) {
@@ -205,21 +230,23 @@
       var until = Date.now() + WAIT_MS;
       (function again() {
         fetchDetail(id).then(function (rs) {
-          if (rs[0].status === 200 && rs[0].body.utility !== before) {
-            show(rs[0].body, rs[1].status === 200 ? rs[1].body.events : []);
-            $("d-note").textContent = "utility " + ui.fmtNum(before) + " \u2192 " + ui.fmtNum(rs[0].body.utility);
+          var events = rs[1].status === 200 ? rs[1].body.events : [];
+          if (rs[0].status === 200 && (feedbackEvents(events) > seen || rs[0].body.utility !== before)) {
+            show(rs[0].body, events);
+            $("d-note").textContent = "applied: utility " + ui.fmtNum(before) + " \u2192 " +
+              ui.fmtNum(rs[0].body.utility);
             mark("rating", "applied");
             var tr = document.querySelector('#memories tr[data-memory-id="' + CSS.escape(id) + '"]');
             if (tr) { tr.setAttribute("data-utility", rs[0].body.utility); tr.children[6].textContent = ui.fmtNum(rs[0].body.utility, 3); }
           } else if (Date.now() < until) {
             setTimeout(again, STEP_MS);
           } else {
-            $("d-note").textContent = "sent; the utility has not moved yet (the credit job applies it shortly)";
+            $("d-note").textContent = "sent; the credit job has not applied it yet (it will shortly)";
             mark("rating", "pending");
           }
-        });
+        }, failed("rating", "reading the memory again"));
       })();
-    });
+    }, failed("rating", "sending the feedback"));
   }
 
   function forget() {
@@ -230,16 +257,27 @@
       st.open = null;
       mark("forgot", id);
       load();
-    });
+    }, failed("forgot", "forgetting the memory"));
+  }
+
+  function reset() {
+    st = { tenant: null, cursors: [null], page: 0, next: null, rows: [], open: null, events: [] };
+    if (!ui) { return; }  // nothing drawn yet
+    $("mem-filters").reset();  // one tenant's filters are not the next one's
+    $("mem-detail").hidden = true;
+    render();
+    $("d-note").textContent = "";
+    $("mem-note").textContent = "";
   }
 
   window.dmemExplorer = {
     tenant: function (t) {
       if (!t || t === st.tenant) { return; }
-      st.tenant = t; st.cursors = [null]; st.page = 0;
-      $("mem-detail").hidden = true;
+      reset();
+      st.tenant = t;
       load();
     },
+    reset: reset,
   };
 
   document.addEventListener("DOMContentLoaded", function () {

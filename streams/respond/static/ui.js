@@ -12,19 +12,24 @@
   var ROUTES = ["drop", "buffer", "core"];
 
   var params = new URLSearchParams(window.location.search);
-  var state = { tenant: params.get("tenant") || null, autoQuery: params.get("q"), timer: null };
+  var state = { tenant: params.get("tenant") || null, autoQuery: params.get("q"), timer: null, refused: null };
 
   // ------------------------------------------------------------------ token
-  (function takeTokenFromFragment() {
+  // /ui/#tenant=T opens on that tenant; #token=... is kept in this tab's storage and
+  // removed from the address bar at once: on load, and when a link is pasted into an
+  // open tab (hashchange). True when the fragment named a tenant or a token.
+  function takeFragment() {
     var t = /(?:^#|&)tenant=([^&]*)/.exec(window.location.hash);
-    if (t) { state.tenant = decodeURIComponent(t[1]); }  // /ui/#tenant=T opens on that tenant
     var m = /(?:^#|&)token=([^&]*)/.exec(window.location.hash);
+    if (t) { state.tenant = decodeURIComponent(t[1]); }
     if (m) {
       sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
       history.replaceState(null, "", window.location.pathname + window.location.search +
                            (t ? "#tenant=" + t[1] : ""));
     }
-  })();
+    return Boolean(t || m);
+  }
+  takeFragment();
 
   function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
@@ -418,7 +423,24 @@
   }
 
   // ------------------------------------------------------------------ polling
+  // what the page shows of a tenant goes when the token or the tenant changes, or the
+  // server refuses the token: never one tenant's memories under another's credentials
+  function wipe() {
+    ["#tenants tbody", "#decisions tbody", "#dead tbody"].forEach(function (q) {
+      clear(document.querySelector(q));
+    });
+    ["gate-chart", "routes-chart", "hist-chart", "gate-legend", "hits", "hits-legend"].forEach(function (id) {
+      clear($(id));
+    });
+    ["tenants-note", "gate-note", "decisions-note", "dead-note", "search-note"].forEach(function (id) {
+      $(id).textContent = "";
+    });
+    ["gate-tenant", "decisions-tenant", "search-tenant"].forEach(function (id) { $(id).textContent = ""; });
+    if (window.dmemExplorer) { window.dmemExplorer.reset(); }
+  }
+
   function needToken(body) {
+    wipe();
     document.body.setAttribute("data-state", "auth");
     $("auth").hidden = false;
     setStatus((token() ? "token refused: " : "this deployment needs an API token: ") +
@@ -427,6 +449,7 @@
 
   function select(tenant) {
     state.tenant = tenant;
+    state.refused = null;
     var p = new URLSearchParams(window.location.search);
     p.set("tenant", tenant);
     p.delete("q");
@@ -440,7 +463,18 @@
     var path = "/v1/live" + (state.tenant ? "?tenant=" + encodeURIComponent(state.tenant) : "");
     api("GET", path).then(function (r) {
       if (r.status === 401) { needToken(r.body); return; }
+      if (r.status === 403 && state.tenant) {
+        // a tenant this token may not read: nothing of it is shown; the page goes back
+        // to the tenants the token may read, and says why
+        var refused = state.tenant;
+        wipe();
+        state.tenant = null;
+        state.refused = "token not allowed for tenant " + refused + "; showing this token's tenants";
+        poll();
+        return;
+      }
       if (r.status !== 200) {
+        wipe();
         document.body.setAttribute("data-state", "error");
         setStatus("GET /v1/live answered " + r.status + ": " + ((r.body && r.body.error) || ""), true);
       } else {
@@ -449,10 +483,11 @@
         if (window.dmemExplorer) { window.dmemExplorer.tenant(data.tenant); }
         renderTenants(data); renderGate(data); renderDecisions(data); renderDead(data);
         var feed = data.feed || {};
-        setStatus("updated " + fmtTime(data.now_ms) + " \u00b7 feed " +
+        setStatus((state.refused ? state.refused + " \u00b7 " : "") + "updated " + fmtTime(data.now_ms) +
+                  " \u00b7 feed " +
                   (feed.enabled ? (feed.running ? "running" : "paused" + (feed.error ? ": " + feed.error : ""))
                                 : "off") +
-                  " \u00b7 " + (feed.events_seen || 0) + " events read", false);
+                  " \u00b7 " + (feed.events_seen || 0) + " events read", Boolean(state.refused));
         document.body.setAttribute("data-state", "ready");
         if (state.autoQuery && data.tenant) {
           var q = state.autoQuery;
@@ -479,11 +514,16 @@
       sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
       $("token").value = "";
       $("auth").hidden = true;
+      wipe();
+      state.refused = null;
       poll();
     });
     $("forget-token").addEventListener("click", function () {
       sessionStorage.removeItem(TOKEN_KEY);
       needToken(null);
+    });
+    window.addEventListener("hashchange", function () {
+      if (takeFragment()) { wipe(); state.refused = null; $("auth").hidden = true; poll(); }
     });
     $("search").addEventListener("submit", function (ev) {
       ev.preventDefault();

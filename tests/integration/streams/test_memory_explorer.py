@@ -158,3 +158,94 @@ def test_read_list_history_and_explorer(stack: LocalStack, tmp_path: Path) -> No
         code, body = call(base, "GET", f"/v1/memories/{mid}/history?tenant=alpha", "tok-a")
         kinds = [e["kind"] for e in body["events"]] if code == 200 else []
     assert "fed_back" in kinds and kinds[-1] == "forgotten", kinds
+
+
+def test_the_page_keeps_tenants_apart_and_says_what_it_could_not_do(
+    stack: LocalStack,
+) -> None:
+    """In headless Chromium, as a person uses the page: the token leaves the address bar
+    (also from a link pasted into the open tab), the token form is hidden once signed in,
+    a malformed metadata filter is said, not dropped, a second thumbs on a memory is
+    reported applied (its history holds it, though the utility cannot move past 1), and
+    a token that may not read the tenant asked for shows none of that tenant's memories:
+    the page goes back to the token's own tenant and says why."""
+    import asyncio
+
+    from dmem_bench.explorer import Page, in_chromium
+
+    chromium = chromium_path()
+    if chromium is None:
+        pytest.skip("no chromium (scripts/setup.sh installs it)")
+    base = f"http://127.0.0.1:{stack.web_ports[0]}"
+    ids: dict[str, set[str]] = {}
+    for tenant, tok in (("alpha", "tok-a"), ("beta", "tok-b")):
+        code, body = call(base, "POST", "/v1/transitions", tok, episode(tenant, "ep0"))
+        assert code == 202, body
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (ids.get("alpha") and ids.get("beta")):
+        for tenant, tok in (("alpha", "tok-a"), ("beta", "tok-b")):
+            code, body = call(base, "GET", f"/v1/memories?tenant={tenant}&limit=500", tok)
+            ids[tenant] = {m["memory_id"] for m in body.get("memories", [])}
+        time.sleep(0.5)
+    assert ids["alpha"] and ids["beta"]
+
+    shown = (
+        "Array.from(document.querySelectorAll('#memories tr.memory')).map(r => r.dataset.memoryId)"
+    )
+    explorer_on = "document.getElementById('explorer-tenant').textContent"
+
+    async def drive(page: Page) -> None:
+        await page.call("Page.enable")
+        await page.call("Page.navigate", url=f"{base}/ui/#tenant=alpha&token=tok-a")
+        await page.until("document.body && document.body.dataset.explorer === 'ready' && "
+                         "document.querySelectorAll('#memories tr.memory').length > 0", 60,
+                         every="document.getElementById('mem-refresh').click()")  # fmt: skip
+        assert "token" not in await page.js("location.href")
+        assert await page.js("getComputedStyle(document.getElementById('auth')).display") == "none"
+        assert set(await page.js(shown)) <= ids["alpha"]
+
+        # a metadata filter without a key: said, and the list is not reloaded unfiltered
+        await page.js("document.getElementById('f-meta').value = '=x'; "
+                      "document.getElementById('mem-filters').requestSubmit(); true")  # fmt: skip
+        note = await page.until("document.body.dataset.explorer === 'error' && "
+                                "document.getElementById('mem-note').textContent", 10)  # fmt: skip
+        assert "key=value" in note
+        await page.js("document.getElementById('f-meta').value = ''; "
+                      "document.getElementById('mem-filters').requestSubmit(); true")  # fmt: skip
+        await page.until("document.body.dataset.explorer === 'ready'", 30)
+
+        # thumbs up twice: the second is applied too (history), at utility 1 already
+        first = (await page.js(shown))[0]
+        await page.js(f"document.querySelector('#memories tr[data-memory-id=\"{first}\"]')"
+                      ".click(); true")  # fmt: skip
+        await page.until("document.body.dataset.detail === 'ready'", 30)
+        for _ in range(2):
+            await page.js("document.body.dataset.rating = ''; "
+                          "document.getElementById('d-up').click(); true")  # fmt: skip
+            rated = (
+                "['applied', 'pending', 'error'].includes(document.body.dataset.rating)"
+                " && document.body.dataset.rating"
+            )
+            state = await page.until(rated, 60)
+            assert state == "applied", state
+
+        # a link with the other tenant's token pasted into this tab
+        await page.js("location.hash = '#tenant=beta&token=tok-b'; true")
+        await page.until(f"{explorer_on} === 'beta' && document.body.dataset.explorer === "
+                         "'ready'", 30)  # fmt: skip
+        assert "token" not in await page.js("location.href")
+        assert set(await page.js(shown)) <= ids["beta"]
+        # asking for alpha with beta's token: nothing of alpha, back to beta, and why
+        await page.js("location.hash = '#tenant=alpha'; true")
+        status = await page.until("document.getElementById('status').textContent.includes("
+                                  "'not allowed') && document.getElementById('status')"
+                                  ".textContent", 30)  # fmt: skip
+        assert "alpha" in status
+        await page.until(f"{explorer_on} === 'beta' && document.body.dataset.explorer === "
+                         "'ready'", 30)  # fmt: skip
+        assert not set(await page.js(shown)) & ids["alpha"]
+        tenants = await page.js("Array.from(document.querySelectorAll('#tenants tbody tr'))"
+                                ".map(r => r.dataset.tenant)")  # fmt: skip
+        assert "alpha" not in tenants
+
+    asyncio.run(in_chromium(chromium, drive))
