@@ -58,7 +58,7 @@ from schemas import (
     encode,
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
-from schemas.errors import DmemError, InvalidRecord, ServiceUnavailable
+from schemas.errors import BrokerUnavailable, DmemError, InvalidRecord, ServiceUnavailable
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -135,6 +135,8 @@ class Client:
             reply_topic_for(self.topic("responses"), tenant) if token else self.topic("responses")
         )
         self._producer: AIOKafkaProducer | None = None
+        self._started = False
+        self._producing = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self._tps: list[TopicPartition] = []
         self._reader: asyncio.Task[None] | None = None
@@ -146,8 +148,11 @@ class Client:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> Client:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0, **self.kw)
-        await self._producer.start()
+        self._started = True
+        if self.transport == "kafka":
+            await self._producer_ready()
+        # over HTTP the producer starts with the first write: a client that only searches,
+        # reads and forgets over HTTP needs no reachable broker
         if self.transport == "kafka":
             c = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -207,15 +212,30 @@ class Client:
         """The record's credential (none without a token)."""
         return self._signer.headers(tenant, value) if self._signer is not None else None
 
+    async def _producer_ready(self) -> AIOKafkaProducer:
+        """The Kafka producer, started on first use; `BrokerUnavailable` when the
+        broker cannot be reached."""
+        assert self._started, "call start() first"
+        async with self._producing:
+            if self._producer is None:
+                p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0, **self.kw)
+                try:
+                    await p.start()
+                except KafkaError as exc:
+                    await p.stop()
+                    raise BrokerUnavailable(f"Kafka at {self.bootstrap}: {exc}") from exc
+                self._producer = p
+            return self._producer
+
     async def _send(self, logical: str, tenant: str, value: bytes, key: bytes,
                     wait: bool = True) -> None:  # fmt: skip
-        assert self._producer is not None, "call start() first"
+        producer = await self._producer_ready()
         topic, headers = self.topic(logical), self._headers(tenant, value)
         kw: dict[str, Any] = {"headers": headers} if headers else {}
         if wait:
-            await self._producer.send_and_wait(topic, value, key=key, **kw)
+            await producer.send_and_wait(topic, value, key=key, **kw)
         else:
-            await self._producer.send(topic, value, key=key, **kw)
+            await producer.send(topic, value, key=key, **kw)
 
     async def stop(self) -> None:
         if self._reader:
@@ -231,6 +251,7 @@ class Client:
             await self._http.close()
         self._consumer = self._producer = None
         self._http = None
+        self._started = False
 
     async def __aenter__(self) -> Client:
         return await self.start()
@@ -258,12 +279,12 @@ class Client:
         await self.publish_many([transition])
 
     async def publish_many(self, transitions: Iterable[Transition]) -> int:
-        assert self._producer is not None, "call start() first"
+        producer = await self._producer_ready()
         n = 0
         for t in transitions:
             await self._send("transitions", t.tenant, encode(t), t.agent_id.encode(), wait=False)
             n += 1
-        await self._producer.flush()
+        await producer.flush()
         return n
 
     async def publish_chat(
@@ -297,7 +318,7 @@ class Client:
         the memories that earned it (docs/concepts/credit.md). ``step``: the step
         that earned the outcome (its last reward), if known: usages after it are
         outside the outcome (no credit, no blame, not counted as uses)."""
-        assert self._producer is not None, "call start() first"
+        assert self._started, "call start() first"
         out = build(
             EpisodeOutcome,
             {
@@ -325,7 +346,7 @@ class Client:
     ) -> Feedback:
         """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
         on the feedback topic, where the credit job turns it into utility."""
-        assert self._producer is not None, "call start() first"
+        assert self._started, "call start() first"
         fb = build(
             Feedback,
             {
@@ -496,7 +517,7 @@ class Client:
         memories used here (a directly rewarded step is not blamed for a failure
         that came later from elsewhere).
         """
-        assert self._producer is not None, "call start() first"
+        assert self._started, "call start() first"
         ids = list(weights)
         bad = {m: v for m, v in weights.items() if not (math.isfinite(float(v)) and v >= 0)}
         if bad:
@@ -565,7 +586,7 @@ class Client:
         return resp.hits
 
     async def _search_kafka(self, req: RetrievalRequest) -> RetrievalResponse:
-        assert self._producer is not None, "call start() first"
+        assert self._started, "call start() first"
         fut: asyncio.Future[RetrievalResponse] = asyncio.get_running_loop().create_future()
         if not self._waiting and self._consumer is not None:
             self._consumer.resume(*self._tps)  # starts a fetch now, before the request

@@ -27,6 +27,7 @@ class FakeProducer:
 def _run(client: Client) -> list[tuple[str, bytes, dict[str, Any]]]:
     producer = FakeProducer()
     client._producer = producer  # type: ignore[assignment]
+    client._started = True  # noqa: SLF001
     t = Transition(tenant="acme", agent_id="a", episode_id="e", step=0, observation="x",
                    action="go")  # fmt: skip
 

@@ -48,6 +48,7 @@ def _client(log: list[str], answer: bool = True, **kw: Any) -> Client:
     c._consumer = FakeConsumer(log)  # type: ignore[assignment]  # noqa: SLF001
     c._tps = [TopicPartition("dmem.retrieval.responses", p) for p in range(3)]  # noqa: SLF001
     c._producer = FakeProducer(c, log, answer)  # type: ignore[assignment]  # noqa: SLF001
+    c._started = True  # noqa: SLF001
     return c
 
 

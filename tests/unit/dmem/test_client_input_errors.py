@@ -34,6 +34,7 @@ def test_bad_input_is_an_invalid_record_and_sends_nothing(case: str) -> None:
     client = Client("127.0.0.1:9092", "acme")
     producer = FakeProducer()
     client._producer = producer  # type: ignore[assignment]
+    client._started = True  # noqa: SLF001
     with pytest.raises(InvalidRecord) as err:
         asyncio.run(call(client))  # type: ignore[arg-type]
     assert isinstance(err.value, DmemError) and not err.value.retriable
@@ -45,6 +46,7 @@ def test_good_weights_are_normalised_and_sent() -> None:
     client = Client("127.0.0.1:9092", "acme")
     producer = FakeProducer()
     client._producer = producer  # type: ignore[assignment]
+    client._started = True  # noqa: SLF001
     asyncio.run(client.report_usage("e", "r", {"m": 3.0, "n": 1.0, "o": 0.0}))
     ((topic, value, _),) = producer.sent
     assert topic.endswith("usage") and b'"weights":[0.75,0.25,0.0]' in value
