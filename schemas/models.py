@@ -41,11 +41,11 @@ SUPPORTED = frozenset({1})
 Partition = Literal["core", "buffer"]
 Route = Literal["core", "buffer", "drop"]
 
+#: what an id (a tenant, an agent, a memory...) may be made of
+IDENT_PATTERN = r"^[A-Za-z0-9_.:@/-]+$"
 Ident = Annotated[
     str,
-    StringConstraints(
-        min_length=1, max_length=LIMITS.max_id_chars, pattern=r"^[A-Za-z0-9_.:@/-]+$"
-    ),
+    StringConstraints(min_length=1, max_length=LIMITS.max_id_chars, pattern=IDENT_PATTERN),
 ]
 Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

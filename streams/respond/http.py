@@ -475,6 +475,10 @@ class RespondApi:
 
     async def delete_memory(self, view: View, request: Request, memory_id: str) -> Response:
         """``DELETE /v1/memories/{id}?tenant=T``: 404 when nothing matched."""
+        if not request.query.get("tenant"):  # as the reads say it
+            if (no := self.denied(view, request)) is not None:
+                return no
+            return json_response(view, {"error": "query parameter tenant is required"}, 422)
         body = {"tenant": request.query.get("tenant"), "memory_id": memory_id}
         return await self._forget(view, request, body, missing=404)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -46,12 +47,16 @@ from typing import Any
 import faust
 from faust.web import Request, Response, View
 
+from schemas.limits import LIMITS
+from schemas.models import IDENT_PATTERN
 from streams.auth import Authorizer
 from streams.context import RoleContext, StatusFn
 from streams.respond.live import LiveFeed, LiveRing, gate_summary
 
 log = logging.getLogger("dmem.ui")
 
+#: a tenant name, as every read takes it (`schemas.models.Ident`)
+TENANT_NAME = re.compile(IDENT_PATTERN[1:-1])
 COUNT_TTL_S = 3.0
 MAX_COUNTED = 50
 DISCOVER_MAX_ROWS = 200_000
@@ -222,6 +227,13 @@ def wire_ui(
                 return no
             scope = authorizer.scope(request.headers.get("Authorization"))
             tenant = request.query.get("tenant") or None
+            if tenant is not None and not (
+                TENANT_NAME.fullmatch(tenant) and len(tenant) <= LIMITS.max_id_chars
+            ):
+                # the reads' rule (`schemas.models.Ident`): not echoed back as a tenant
+                return json_response(self, {"error": f"tenant must match {TENANT_NAME.pattern}"
+                                            f" (at most {LIMITS.max_id_chars} characters)"},
+                                     422)  # fmt: skip
             if tenant is not None and (no := denied(self, request, tenant)) is not None:
                 return no
             names, notes = await tenant_rows(scope)

@@ -129,6 +129,10 @@ def test_read_list_history_and_explorer(stack: LocalStack, tmp_path: Path) -> No
     assert code == 422 and body["detail"]
     code, body = call(base, "GET", f"/v1/memories/{mid}/history?tenant=alpha&limit=x", "tok-a")
     assert code == 422
+    code, body = call(base, "GET", "/v1/live?tenant=%3Cimg%3E", "tok-a")
+    assert code == 422 and "tenant must match" in body["error"]  # never echoed as a tenant
+    code, body = call(base, "DELETE", f"/v1/memories/{mid}", "tok-a")
+    assert code == 422 and body["error"] == "query parameter tenant is required"
 
     # history: why it was stored
     events: list[dict[str, Any]] = []
