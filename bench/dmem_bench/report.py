@@ -179,9 +179,15 @@ async def read_topic(
 
 def milvus_utilities(settings: Settings) -> list[float]:
     from milvus import MemoryStore
+    from operators.encoders import encoder_dim
 
+    # the collection's dim is the deployment's encoder's: a store opened with another
+    # refuses the collection (the default 256 against minilm-static's 384)
     store = MemoryStore(
-        settings.milvus_uri, collection=settings.milvus.collection, token=settings.milvus.token
+        settings.milvus_uri,
+        collection=settings.milvus.collection,
+        dim=encoder_dim(settings.encoder.name, settings.encoder.dim),
+        token=settings.milvus.token,
     )
     store.connect()
     try:

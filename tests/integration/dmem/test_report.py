@@ -166,7 +166,7 @@ def test_report_finds_a_running_dmem_up(tmp_path: Path) -> None:
     # no deployment settings; the tier's consumer-group timing stays (it says nothing
     # about where the deployment is)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_") or k in FAST_GROUPS}
-    env.update(DMEM_RUNTIME_DIR=str(tmp_path / "run"), DMEM_ENCODER__NAME="hash",
+    env.update(DMEM_RUNTIME_DIR=str(tmp_path / "run"), DMEM_ENCODER__NAME="minilm-static",
                PYTHONPATH=_pythonpath())  # fmt: skip
     data = tmp_path / "up"
     up = subprocess.Popen([sys.executable, "-m", "dmem.cli", "up", "--data-dir", str(data),
