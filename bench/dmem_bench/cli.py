@@ -149,7 +149,7 @@ def report(
         summary = build_report(
             settings, out, bench_json=bench_json, bench_dir=bench_dir, max_events=max_events, up=up
         )
-    except DmemError as exc:
+    except (DmemError, OSError) as exc:  # OSError: the --out file cannot be written
         fail(exc)
     if as_json:
         click.echo(json.dumps(summary))

@@ -11,7 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from dmem.cli.common import UsageError, fail, load_settings
+from dmem.cli.common import UsageError, fail, load_settings, tenant_name
 from dmem.client import Client
 from schemas.errors import DmemError
 
@@ -66,13 +66,19 @@ def schemas_export(directory: Path) -> None:
     """Write the JSON Schema of every payload into DIRECTORY."""
     from schemas import export_json_schemas
 
-    for p in export_json_schemas(directory):
+    try:
+        paths = export_json_schemas(directory)
+    except OSError as exc:
+        fail(exc)
+    for p in paths:
         click.echo(str(p))
 
 
 @click.command()
 @click.argument("query")
-@click.option("--tenant", required=True, help="tenant whose memories to search")
+@click.option(
+    "--tenant", required=True, callback=tenant_name, help="tenant whose memories to search"
+)
 @click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option("--agent", "agent_id", default=None, help="only this agent's memories")
 @click.option(
@@ -85,7 +91,13 @@ def schemas_export(directory: Path) -> None:
 @click.option(
     "--http", "http_url", default=None, help="search over HTTP at this base URL instead of Kafka"
 )
-@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=5.0,
+    show_default=True,
+)
 @click.option(
     "--token", envvar="DMEM_API_TOKEN", default=None, help="HTTP bearer token [env DMEM_API_TOKEN]"
 )
@@ -190,6 +202,7 @@ def wait_cmd(
     "--tenant",
     required=True,
     envvar="DMEM_MCP_TENANT",
+    callback=tenant_name,
     help="the tenant every tool acts for [env DMEM_MCP_TENANT]",
 )
 @click.option(
@@ -212,7 +225,13 @@ def wait_cmd(
     help="the tenant's API token: HTTP bearer token, and the credential that signs every "
     "record sent over Kafka [env DMEM_API_TOKEN]",
 )
-@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=5.0,
+    show_default=True,
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")
 @click.option(
     "--port",

@@ -4,6 +4,7 @@ and the message for a server command run without the server's packages."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,8 +40,35 @@ def fail(exc: BaseException) -> NoReturn:
     """One line on stderr and exit status 2 (``DMEM_DEBUG=1``: the traceback instead)."""
     if os.environ.get("DMEM_DEBUG"):
         raise exc
-    click.echo(f"dmem: error: {exc}", err=True)
+    click.echo(f"dmem: error: {one_line(exc)}", err=True)
     sys.exit(2)
+
+
+def one_line(exc: BaseException) -> str:
+    """The error as one line: a validation error as ``field: reason; ...``."""
+    cause = exc if isinstance(exc, ValidationError) else exc.__cause__
+    if isinstance(cause, ValidationError):
+        reasons = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'input'}: {e['msg']}" for e in cause.errors()
+        )
+        head = "" if cause is exc else str(exc).split(":", 1)[0] + ": "
+        return head + reasons
+    return " ".join(str(exc).split())
+
+
+def tenant_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--tenant`` option's check: a name every payload accepts (`schemas.models.Ident`),
+    refused before anything runs (a forget or an inspect of a name no write can have
+    used would answer 0 and exit 0)."""
+    from schemas.limits import LIMITS
+    from schemas.models import IDENT_PATTERN
+
+    if value is not None and not (
+        re.fullmatch(IDENT_PATTERN[1:-1], value) and len(value) <= LIMITS.max_id_chars
+    ):
+        raise click.BadParameter(f"must match {IDENT_PATTERN} (at most {LIMITS.max_id_chars} "
+                                 "characters)")  # fmt: skip
+    return value
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dmem.cli.common import fail, load_settings, server_imports
+from dmem.cli.common import fail, load_settings, server_imports, tenant_name
 from schemas.errors import DmemError
 
 
@@ -77,7 +77,9 @@ def _store(settings: Any) -> Any:
 
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--tenant", default=None, help="put every record into this tenant")
+@click.option(
+    "--tenant", default=None, callback=tenant_name, help="put every record into this tenant"
+)
 @click.option(
     "--wait",
     "wait_s",
@@ -151,7 +153,7 @@ def migrate(as_json: bool) -> None:
 
 
 @click.command("inspect")
-@click.option("--tenant", required=True, help="tenant to inspect")
+@click.option("--tenant", required=True, callback=tenant_name, help="tenant to inspect")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option(
     "--events/--no-events",
@@ -216,7 +218,9 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--tenant", required=True, help="tenant whose memories to forget")
+@click.option(
+    "--tenant", required=True, callback=tenant_name, help="tenant whose memories to forget"
+)
 @click.option("--agent", "agent_id", default=None, help="only this agent's memories")
 @click.option("--memory", "memory_id", default=None, help="only this memory")
 @click.option(

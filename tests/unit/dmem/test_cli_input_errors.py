@@ -1,0 +1,42 @@
+"""Operator commands refuse bad input before they touch anything: one line on stderr,
+exit status 2 (a name no payload accepts is not a tenant with 0 memories)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+import dmem.cli as cli
+from dmem.cli.common import one_line
+from schemas import RetrievalRequest
+from schemas.errors import InvalidRecord
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["inspect", "--tenant", "bad|tenant"], "--tenant"),
+        (["forget", "--tenant", "bad|tenant"], "--tenant"),
+        (["search", "q", "--tenant", "bad|tenant"], "--tenant"),
+        (["import", "/dev/null", "--tenant", "a b"], "--tenant"),
+        (["search", "q", "--tenant", "t", "--timeout", "-1"], "--timeout"),
+        (["schemas", "export", "/proc/no/such/dir"], "No such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], named: str) -> None:
+    out = CliRunner().invoke(cli.main, args)
+    assert out.exit_code == 2, out.output
+    assert named in out.output and "Traceback" not in out.output
+
+
+def test_a_validation_error_is_one_line_naming_each_field() -> None:
+    with pytest.raises(ValidationError) as err:
+        RetrievalRequest.model_validate({"request_id": "r", "tenant": "a|b", "k": 0, "query": "q"})
+    line = one_line(InvalidRecord("invalid RetrievalRequest: ..."))
+    assert line == "invalid RetrievalRequest: ..."
+    wrapped = InvalidRecord(f"invalid RetrievalRequest: {err.value}")
+    wrapped.__cause__ = err.value
+    line = one_line(wrapped)
+    assert "\n" not in line and line.startswith("invalid RetrievalRequest: ")
+    assert "tenant: " in line and "k: " in line
