@@ -176,7 +176,13 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("finite", "non_finite"),
     ("at most", "too_large"),
     ("invalid record", "invalid_record"),
+    ("unauthenticated", "unauthenticated"),
 )
+
+
+def count_dead_letter(dl: Any) -> None:
+    """One dead letter in ``dmem_dead_letters_total``, whichever role wrote it."""
+    DEAD_LETTERS.labels(reason=reason_category(dl.reason)).inc()
 
 
 def reason_category(reason: str) -> str:
@@ -231,8 +237,7 @@ def record_batch(
         if ev.theta_high is not None:
             GATE_RPE.labels(tenant=tenant, name="theta_high").set(ev.theta_high)
     for item in dead:
-        dl = item[1] if isinstance(item, tuple) else item
-        DEAD_LETTERS.labels(reason=reason_category(dl.reason)).inc()
+        count_dead_letter(item[1] if isinstance(item, tuple) else item)
     BATCHES.inc()
     RECORDS.inc(n_records)
 

@@ -79,7 +79,7 @@ from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
 from streams.jobs.rows import WRITE_LOCK
-from streams.metrics import CREDIT_UPDATES
+from streams.metrics import CREDIT_UPDATES, count_dead_letter
 from streams.settings import Settings
 from streams.settle import backlog
 from streams.store import StoreService
@@ -335,6 +335,7 @@ class CreditJob(Service):
     async def _dead(self, key: bytes | None, dl: DeadLetter) -> None:
         assert self.producer is not None
         await self.producer.send(self.settings.topic("deadletter"), encode(dl), key=key)
+        count_dead_letter(dl)
         self.dead += 1
 
 

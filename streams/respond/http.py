@@ -69,7 +69,7 @@ from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
-from streams.metrics import tenant_label
+from streams.metrics import count_dead_letter, tenant_label
 from streams.respond.browse import MemoryReader, list_query
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
@@ -325,6 +325,7 @@ class RespondApi:
             kind = "Unauthenticated" if isinstance(exc, PermissionError) else type(exc).__name__
             dl = dead_letter(raw, why, kind, "respond", now)
             await self.deadletters.send(key=msg.key, value=encode(dl))
+            count_dead_letter(dl)
             self.errors += 1
             return
         try:

@@ -51,7 +51,7 @@ from schemas import DeadLetter, MemoryEvent, encode, storage_key
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.backoff import Backoff
 from streams.control import ForgetFollower, echo_to_store
-from streams.metrics import record_batch
+from streams.metrics import count_dead_letter, record_batch
 from streams.partitioner import partitions_for_records
 from streams.settings import Settings
 from streams.write.checkpoints import CheckpointIndex
@@ -573,6 +573,7 @@ class WriteConsumer(Service):
             why = f"store refused the memory: {rejected[skey]}"
             dl = dead_letter(raw, why, "InvalidRecord", "store", now)
             dead.append((raw.key, encode(dl)))
+            count_dead_letter(dl)
             self.pipeline.forget(item.tenant, item.memory_id, item.episode_id)  # not stored
             log.warning("dead-lettered %s: %s", item.memory_id, why)
         return msgs + self._messages(self.dl_topic, dead, b.parts)

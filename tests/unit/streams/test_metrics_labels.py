@@ -31,3 +31,16 @@ def test_labelled_metrics_never_carry_the_id_by_default() -> None:
         assert 'tenant="visible"' in generate_latest(reg).decode()
     finally:
         TENANT_LABELS[0] = saved
+
+
+def test_a_dead_letter_of_any_role_is_counted_by_its_category() -> None:
+    from streams.auth import UNAUTHENTICATED
+    from streams.metrics import DEAD_LETTERS, count_dead_letter, reason_category
+    from streams.write.pipeline import RawRecord, dead_letter
+
+    assert reason_category(UNAUTHENTICATED) == "unauthenticated"
+    raw = RawRecord(b"{}", b"k", "dmem.retrieval.requests", 0, 7)
+    counter = DEAD_LETTERS.labels(reason="unauthenticated")
+    before = counter._value.get()  # noqa: SLF001
+    count_dead_letter(dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "respond", 1))
+    assert counter._value.get() == before + 1  # noqa: SLF001
