@@ -602,7 +602,9 @@ class Client:
                     continue
             raise ServiceUnavailable(
                 f"no answer to request {req.request_id} after {self.retries + 1} tries "
-                f"of {self.timeout_s}s (is a respond worker running?)"
+                f"of {self.timeout_s}s (is a respond worker running? With Kafka credentials "
+                f"on, a request without a token for tenant {req.tenant!r} gets no answer: "
+                f"{'this client has one' if self._signer else 'this client has none'})"
             )
         finally:
             self._waiting.pop(req.request_id, None)

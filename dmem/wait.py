@@ -59,11 +59,13 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
     last: dict[str, Any] = {}
     while True:
         now = time.monotonic()
-        try:
-            last = {u: health(u) for u in urls}
-            ok = _settled(list(last.values()), components)
-        except (OSError, ValueError) as exc:  # not up yet / restarting
-            last, ok = {"error": str(exc)}, False
+        last, ok = {}, True
+        for u in urls:
+            try:
+                last[u] = health(u)
+            except (OSError, ValueError) as exc:  # not up yet / restarting: say which
+                last[u], ok = {"unreachable": f"{u}/health: {exc}"}, False
+        ok = ok and _settled(list(last.values()), components)
         if ok:
             since = now if since is None else since
             if now - since >= quiet_s:
@@ -72,9 +74,9 @@ def wait_settled(urls: Sequence[str], timeout_s: float = 120.0, quiet_s: float =
         else:
             since = None
         if now - t0 > timeout_s:
-            pending = {u: {k: v.get("pending") for k, v in (h.get("settle") or {}).items()
-                           if not v.get("settled")} if isinstance(h, dict) else h
-                       for u, h in last.items()}  # fmt: skip
+            pending = {u: h["unreachable"] if "unreachable" in h else
+                       {k: v.get("pending") for k, v in (h.get("settle") or {}).items()
+                        if not v.get("settled")} for u, h in last.items()}  # fmt: skip
             raise ServiceUnavailable(
                 f"not settled after {timeout_s:g} s; pending: {json.dumps(pending, default=str)}"
             )

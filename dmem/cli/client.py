@@ -99,7 +99,11 @@ def schemas_export(directory: Path) -> None:
     show_default=True,
 )
 @click.option(
-    "--token", envvar="DMEM_API_TOKEN", default=None, help="HTTP bearer token [env DMEM_API_TOKEN]"
+    "--token",
+    envvar="DMEM_API_TOKEN",
+    default=None,
+    help="API token: the HTTP bearer token, and the credential Kafka requests are signed "
+    "with [env DMEM_API_TOKEN]",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the hits as JSON")
 def search(

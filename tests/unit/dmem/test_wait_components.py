@@ -67,3 +67,20 @@ def test_the_cli_waits_for_the_parts_it_is_given(monkeypatch: pytest.MonkeyPatch
     assert out.exit_code == 2 and "not settled" in out.output
     out = CliRunner().invoke(wait_cmd, [*args, "--part", "gate"])
     assert out.exit_code == 2 and "gate" in out.output
+
+
+def test_an_unreachable_worker_is_named_when_the_wait_gives_up() -> None:
+    import socket
+
+    import pytest
+
+    from dmem.wait import wait_settled
+    from schemas.errors import ServiceUnavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(ServiceUnavailable) as err:
+        wait_settled([url], timeout_s=0.3, poll_s=0.1)
+    assert f"{url}/health" in str(err.value)
