@@ -103,9 +103,13 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 async def wait_committed(settings: Settings, group: str, ends: dict[TopicPartition, int],
-                         wait_s: float, label: str | None = None) -> bool:  # fmt: skip
+                         wait_s: float, label: str | None = None,
+                         starts: dict[TopicPartition, int] | None = None) -> bool:  # fmt: skip
     """Until consumer group `group` has committed `ends` (``{tp: next offset}``; True),
-    or `wait_s` passed (False). Reads the group's commits without joining it."""
+    or `wait_s` passed (False). Reads the group's commits without joining it. The
+    progress (``label``) counts the records from ``starts`` (where this run's began; none:
+    the topic's start) to ``ends``."""
+    base = starts or {}
     c = AIOKafkaConsumer(group_id=group, enable_auto_commit=False,
                          **kafka_client_kwargs(settings.kafka))  # fmt: skip
     await c.start()
@@ -115,18 +119,29 @@ async def wait_committed(settings: Settings, group: str, ends: dict[TopicPartiti
         while True:
             done = 0
             for tp, end in ends.items():
-                done += min(end, await c.committed(tp) or 0)
-            total = sum(ends.values())
+                done += max(0, min(end, await c.committed(tp) or 0) - base.get(tp, 0))
+            total = sum(end - base.get(tp, 0) for tp, end in ends.items())
             if label is not None:  # progress on stderr
                 progress = progress or Progress(label, total)
                 progress.update(done)
-            if done >= total:
+            if done >= total:  # every record of ours (and before it) is committed
                 return True
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.5)
     finally:
         await c.stop()
+
+
+async def _end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, int]:
+    """The next offset of each partition of ``topic`` now."""
+    probe = AIOKafkaConsumer(**kafka_client_kwargs(settings.kafka))
+    await probe.start()
+    try:
+        parts = probe.partitions_for_topic(topic) or set()
+        return dict(await probe.end_offsets([TopicPartition(topic, p) for p in parts]))
+    finally:
+        await probe.stop()
 
 
 async def _publish(settings: Settings, path: Path, tenant: str | None,
@@ -139,10 +154,11 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
     try:
         topic = settings.topic("transitions")
+        starts = await _end_offsets(settings, topic)  # where this import's records begin
         pending = 0
         for n, raw in _lines(path):
             rep.lines += 1
-            progress.update(rep.lines, f"published={rep.published}")
+            progress.update(rep.lines, f"sent={rep.published + pending}")
             try:
                 kind, rec = parse_line(raw, tenant)
             except (ValidationError, ValueError) as exc:
@@ -168,16 +184,11 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
         await producer.flush()
         rep.published += pending
         if rep.counts["transition"]:
-            probe = AIOKafkaConsumer(**kafka_client_kwargs(settings.kafka))
-            await probe.start()
-            try:
-                parts = probe.partitions_for_topic(topic) or set()
-                ends = await probe.end_offsets([TopicPartition(topic, p) for p in parts])
-            finally:
-                await probe.stop()
+            ends = await _end_offsets(settings, topic)
             rep.write_committed = await wait_committed(
-                settings, settings.group("write"), dict(ends), wait_s, "write path stored"
-            )
+                settings, settings.group("write"), ends, wait_s,
+                "write path stored (this import's records)", starts,
+            )  # fmt: skip
             if not rep.write_committed:
                 sys.stderr.write(
                     "\ndmem import: warning: the write path has not stored every "
