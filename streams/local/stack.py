@@ -344,6 +344,16 @@ def first_screen(info: Mapping[str, object]) -> str:
     if info["milvus_mode"] == "server":
         reach = (", this machine only" if info.get("milvus_loopback")
                  else ", REACHABLE FROM OTHER MACHINES, no authentication")  # fmt: skip
+    # dmem inspect / forget / search / import / wait read the deployment from DMEM_*
+    if info["milvus_mode"] == "lite":
+        where = ("  (Milvus Lite is this process's file: dmem inspect and forget need it stopped;\n"
+                 "   use the HTTP API meanwhile)\n")  # fmt: skip
+        milvus = ""
+    else:
+        where, milvus = "", f" DMEM_MILVUS__URI={info['milvus']}"
+    operate = (f"Operate from another shell (dmem inspect, search, forget, import, wait)\n"
+               f"  export DMEM_KAFKA__BROKER={kafka}{milvus} DMEM_WEB_PORT="
+               f"{str(http).rsplit(':', 1)[-1]}\n{where}")  # fmt: skip
     one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'
            '"observation":"door is open","action":"walk"}')  # fmt: skip
     return f"""dmem is up
@@ -367,7 +377,7 @@ Publish a transition
 {kcat}Search
   curl:    curl -sX POST {http}/v1/search -H 'Content-Type: application/json'{bearer} \\
              -d '{{"tenant":"t1","query":"locked door","k":5}}'
-(Ctrl-C to stop; data kept in {info["data_dir"]})"""
+{operate}(Ctrl-C to stop; data kept in {info["data_dir"]})"""
 
 
 def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:

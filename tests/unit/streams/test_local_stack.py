@@ -18,6 +18,10 @@ def test_first_screen_tells_how_to_publish() -> None:
     assert "kcat -P -b 127.0.0.1:9999 -t dmem.transitions" in text
     assert "http://127.0.0.1:7777/openapi.json" in text and "librdkafka >= 2.2" in text
     assert "token=" not in text and "Bearer" not in text
+    # how an operator's commands find this stack
+    assert (
+        "export DMEM_KAFKA__BROKER=127.0.0.1:9999 DMEM_MILVUS__URI=http://127.0.0.1:19530" in text
+    )
 
 
 def test_first_screen_with_auth_on_passes_the_token_in_every_example() -> None:
@@ -27,6 +31,8 @@ def test_first_screen_with_auth_on_passes_the_token_in_every_example() -> None:
     assert text.count("-H 'Authorization: Bearer <token>'") == 2  # publish and search
     assert 'http_url="http://127.0.0.1:7777", token="<token>")' in text
     assert "kcat's are" in text and "unauthenticated" in text
+    assert "export DMEM_KAFKA__BROKER=127.0.0.1:9999 DMEM_WEB_PORT=7777" in text
+    assert "Milvus Lite is this process's file" in text  # no URI another process can open
 
 
 def test_milvus_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
