@@ -36,6 +36,13 @@ def deployment_client(
     )
 
 
+#: seconds a request waits for its answer (search, the MCP tools)
+TIMEOUT_OPTION = click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=5.0,
+    show_default=True,
+)  # fmt: skip
+
+
 @click.group()
 def topics() -> None:
     """Topic administration."""
@@ -91,13 +98,7 @@ def schemas_export(directory: Path) -> None:
 @click.option(
     "--http", "http_url", default=None, help="search over HTTP at this base URL instead of Kafka"
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(0, min_open=True),
-    default=5.0,
-    show_default=True,
-)
+@TIMEOUT_OPTION
 @click.option(
     "--token",
     envvar="DMEM_API_TOKEN",
@@ -229,13 +230,7 @@ def wait_cmd(
     help="the tenant's API token: HTTP bearer token, and the credential that signs every "
     "record sent over Kafka [env DMEM_API_TOKEN]",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(0, min_open=True),
-    default=5.0,
-    show_default=True,
-)
+@TIMEOUT_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True, help="http transport only")
 @click.option(
     "--port",
