@@ -493,23 +493,35 @@ def intrinsic_scores(
     return w, out
 
 
-def reward_free_gate(st: TenantState, w_int: np.ndarray) -> list[bool]:
-    """Per transition: route it by the thresholds of the tenant's reward-free agents?
+def reward_free_gate(
+    ts: Sequence[Transition], rewards: np.ndarray, rewarded: set[str], enabled: bool
+) -> tuple[list[bool], list[bool]]:
+    """Per transition, in stream order: (its agent has published no reward so far, it
+    routes by the thresholds of such agents).
 
     Where a tenant holds agents that earn rewards beside agents that never did (a chat
     beside a grid-world agent), one set of thresholds serves neither: the rewarded
     agents' scores are in units of their RPE, the chat's in typical turns, and the
     chat's turns land above the rewarded agents' bulk as outliers (6 of 7 chat turns to
-    core, small talk included). So a transition of an agent without any reward so far
-    (``w_int`` 1: `AgentRewardMix`) routes by the reward-free agents' own sketch once
-    some agent of the tenant has earned a reward. The tenant's sketch still learns
-    every score, so rewarded agents route as before, and a tenant of one kind (only
-    chats, only rewarded agents) routes exactly as with one sketch.
+    core, small talk included). So a transition of an agent without a reward so far
+    routes by the reward-free agents' own sketch once some agent of the tenant has
+    published one (``rewarded``: the agents with a reward before this batch; a reward
+    counts from its own transition on, so a batch routes as its records one by one
+    would). The tenant's sketch still learns every score, so rewarded agents route as
+    before, and a tenant of one kind (only chats, only rewarded agents) routes exactly
+    as with one sketch. Off with the intrinsic term (every score is then extrinsic).
     """
-    n = len(w_int)
-    if n == 0 or not any(m.rate > 0.0 for m in st.intrinsic.mix.mixes.values()):
-        return [False] * n
-    return [bool(w >= 1.0) for w in w_int.tolist()]
+    n = len(ts)
+    if not enabled:
+        return [False] * n, [False] * n
+    seen = set(rewarded)
+    free, own = [False] * n, [False] * n
+    for i, (t, reward) in enumerate(zip(ts, rewards.tolist(), strict=True)):
+        if reward != 0.0:
+            seen.add(t.agent_id)
+        free[i] = t.agent_id not in seen
+        own[i] = free[i] and bool(seen)
+    return free, own
 
 
 #: gate drops a novel reward-free statement is kept from (`Pipeline._novel_statement`)
@@ -738,6 +750,8 @@ class WritePipeline:
             for i, t in enumerate(ts)
         ]
         # reward-free surprise: one gate score, max(extrinsic, w * intrinsic)
+        # the agents with a reward before this batch (the batch's own are folded in next)
+        rewarded = {a for a, m in st.intrinsic.mix.mixes.items() if m.rate > 0.0}
         w_int, intr = intrinsic_scores(st, self.settings, ts, s, s2, r)
         stored_rpe = [float(x) for x in z]
         if intr is not None:
@@ -752,15 +766,15 @@ class WritePipeline:
             ]
         # one score at a time: each is routed by the thresholds of the scores before it
         # and then learned, so a batch routes exactly as its records one by one would
-        free = reward_free_gate(st, w_int)
+        free, own = reward_free_gate(ts, r, rewarded, self.settings.intrinsic.enabled)
         planned = []
         for i, sc in enumerate(scores):
-            if free[i]:  # a chat beside rewarded agents: its own thresholds; the tenant's
+            if own[i]:  # a chat beside rewarded agents: its own thresholds; the tenant's
                 planned.append(self.gate.decide_planned(st.gate_free, sc))  # still learn it
                 st.gate_state.sketch.add(float(sc))
             else:
                 planned.append(self.gate.decide_planned(st.gate_state, sc))
-                if w_int[i] >= 1.0:  # a reward-free agent's score, for when one is needed
+                if free[i]:  # a reward-free agent's score, for when one is needed
                     st.gate_free.sketch.add(float(sc))
         decisions = [d for d, _ in planned]
         routed: list[str] = []

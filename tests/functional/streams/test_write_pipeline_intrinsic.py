@@ -514,8 +514,12 @@ def test_a_chat_beside_a_rewarded_agent_routes_as_it_would_alone(
 
     alone = routes(WritePipeline(Settings(), HashingEncoder(dim=256)), chat)
     chat_routes, grid_routes = run()
+    # decided per record in stream order: one record at a time routes the same
+    one_by_one = routes(WritePipeline(Settings(), HashingEncoder(dim=256)), mixed, batch=1)
+    assert one_by_one == [*routes(WritePipeline(Settings(), HashingEncoder(dim=256)), mixed)]
     assert sum(a == b for a, b in zip(chat_routes, alone, strict=True)) >= 0.9 * len(chat)
-    monkeypatch.setattr(wp, "reward_free_gate", lambda st, w: [False] * len(w))
+    monkeypatch.setattr(wp, "reward_free_gate",
+                        lambda ts, r, seen, on: ([False] * len(ts), [False] * len(ts)))  # fmt: skip
     one_chat, one_grid = run()
     assert grid_routes == one_grid
     assert sum(a == b for a, b in zip(one_chat, alone, strict=True)) < 0.5 * len(chat)
