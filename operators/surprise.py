@@ -1302,12 +1302,14 @@ class IntrinsicState:
             unrel = self._unrelated()
             updates = None
             level = unrel if unrel is not None else self._cold_unrelated(agent)
-            if gcos is not None and level is not None:
+            if text is not None and gcos is not None and level is not None:
                 # in the unrelated level's own units: the guard's similarity, meaning
                 # and words (the embeddings' cosine alone runs higher than that level
-                # for any two turns of a chat, so unrelated turns passed as updates)
+                # for any two turns of a chat, so unrelated turns passed as updates);
+                # strictly above it, and never on a spread of 0 (states as one-hot
+                # vectors: every pair at the level, none an update of another)
                 j = int(np.argmax(gcos))
-                if float(gcos[j]) >= level[0] + cfg.update_k * level[1]:
+                if float(gcos[j]) > level[0] + cfg.update_k * max(level[1], 1e-6):
                     known = self.bank_meta.get(agent)
                     updates = known[j][0] if known is not None and j < len(known) else None
             threshold = -math.inf

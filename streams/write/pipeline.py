@@ -217,6 +217,9 @@ class TenantState:
         #: the scores of agents that never earned a reward (chats): they route by these
         #: where the tenant also holds rewarded agents (`reward_free_gate`)
         self.gate_free = GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
+        #: some agent of the tenant has published a reward (never reset: the bounded
+        #: per-agent table may forget that agent, the tenant stays mixed)
+        self.mixed = False
         self.smoothers: dict[str, AgentSmoother] = {}
         self.repeats: OrderedDict[str, str] = OrderedDict()
         self.recent: OrderedDict[str, Transition] = OrderedDict()
@@ -299,6 +302,7 @@ class TenantState:
             "contexts": self.contexts.to_dict(last=CHECKPOINT_CONTEXTS),
             "gate": self.gate_state.to_dict(),
             "gate_free": self.gate_free.to_dict(),
+            "mixed": self.mixed,
             "smoothers": {k: s.to_dict() for k, s in self.smoothers.items()},
             "repeats": list(self.repeats.items())[-CHECKPOINT_REPEAT_KEYS:],
             # the repeat keys of the turns on probation: one evicted after a restart
@@ -380,6 +384,7 @@ class TenantState:
             if gf
             else GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         )
+        self.mixed = bool(header.get("mixed", False))
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
         self.recent = OrderedDict()
@@ -494,7 +499,11 @@ def intrinsic_scores(
 
 
 def reward_free_gate(
-    ts: Sequence[Transition], rewards: np.ndarray, rewarded: set[str], enabled: bool
+    ts: Sequence[Transition],
+    rewards: np.ndarray,
+    rewarded: set[str],
+    enabled: bool,
+    mixed: bool = False,
 ) -> tuple[list[bool], list[bool]]:
     """Per transition, in stream order: (its agent has published no reward so far, it
     routes by the thresholds of such agents).
@@ -505,11 +514,15 @@ def reward_free_gate(
     chat's turns land above the rewarded agents' bulk as outliers (6 of 7 chat turns to
     core, small talk included). So a transition of an agent without a reward so far
     routes by the reward-free agents' own sketch once some agent of the tenant has
-    published one (``rewarded``: the agents with a reward before this batch; a reward
-    counts from its own transition on, so a batch routes as its records one by one
-    would). The tenant's sketch still learns every score, so rewarded agents route as
-    before, and a tenant of one kind (only chats, only rewarded agents) routes exactly
-    as with one sketch. Off with the intrinsic term (every score is then extrinsic).
+    published one (``rewarded``: the agents with a reward before this batch; ``mixed``:
+    some agent had one before; a reward counts from its own transition on, so a batch
+    routes as its records one by one would). The tenant's sketch still learns every
+    score, so rewarded agents route as before, and a tenant of only chats or of agents
+    that all earn rewards on their first steps routes exactly as with one sketch. An
+    agent of a sparse-reward environment counts as reward-free until its first reward:
+    beside a rewarded agent its steps route by the reward-free sketch until then (its
+    score is then mostly the reward-free term too). Off with the intrinsic term (every
+    score is then extrinsic).
     """
     n = len(ts)
     if not enabled:
@@ -519,8 +532,9 @@ def reward_free_gate(
     for i, (t, reward) in enumerate(zip(ts, rewards.tolist(), strict=True)):
         if reward != 0.0:
             seen.add(t.agent_id)
+            mixed = True
         free[i] = t.agent_id not in seen
-        own[i] = free[i] and bool(seen)
+        own[i] = free[i] and (mixed or bool(seen))
     return free, own
 
 
@@ -766,7 +780,8 @@ class WritePipeline:
             ]
         # one score at a time: each is routed by the thresholds of the scores before it
         # and then learned, so a batch routes exactly as its records one by one would
-        free, own = reward_free_gate(ts, r, rewarded, self.settings.intrinsic.enabled)
+        free, own = reward_free_gate(ts, r, rewarded, self.settings.intrinsic.enabled, st.mixed)
+        st.mixed = st.mixed or any(own) or bool(rewarded) or bool(np.any(r != 0.0))
         planned = []
         for i, sc in enumerate(scores):
             if own[i]:  # a chat beside rewarded agents: its own thresholds; the tenant's

@@ -518,8 +518,30 @@ def test_a_chat_beside_a_rewarded_agent_routes_as_it_would_alone(
     one_by_one = routes(WritePipeline(Settings(), HashingEncoder(dim=256)), mixed, batch=1)
     assert one_by_one == [*routes(WritePipeline(Settings(), HashingEncoder(dim=256)), mixed)]
     assert sum(a == b for a, b in zip(chat_routes, alone, strict=True)) >= 0.9 * len(chat)
-    monkeypatch.setattr(wp, "reward_free_gate",
-                        lambda ts, r, seen, on: ([False] * len(ts), [False] * len(ts)))  # fmt: skip
+
+    def one_sketch(ts: list[Transition], *_: Any) -> tuple[list[bool], list[bool]]:
+        return [False] * len(ts), [False] * len(ts)
+
+    monkeypatch.setattr(wp, "reward_free_gate", one_sketch)
     one_chat, one_grid = run()
     assert grid_routes == one_grid
     assert sum(a == b for a, b in zip(one_chat, alone, strict=True)) < 0.5 * len(chat)
+
+
+def test_reward_free_routing_is_decided_in_stream_order() -> None:
+    """An agent is reward-free until its own first reward; the tenant is mixed from the
+    first reward of any agent on (and stays so when that agent is forgotten); nothing
+    splits without the intrinsic term."""
+    from streams.write.pipeline import reward_free_gate
+
+    def tr(agent: str, step: int, reward: float) -> Transition:
+        return Transition(tenant="t", agent_id=agent, episode_id=agent, step=step,
+                          observation=f"{agent} {step}", action="x", reward=reward)  # fmt: skip
+
+    ts = [tr("chat", 0, 0.0), tr("grid", 0, -1.0), tr("chat", 1, 0.0), tr("lake", 0, 0.0)]
+    r = np.array([t.reward for t in ts])
+    assert reward_free_gate(ts, r, set(), True) == (
+        [True, False, True, True], [False, False, True, True])  # fmt: skip
+    assert reward_free_gate(ts[:1], r[:1], set(), True, mixed=True) == ([True], [True])
+    assert reward_free_gate(ts[:1], r[:1], {"grid"}, True) == ([True], [True])
+    assert reward_free_gate(ts, r, set(), False) == ([False] * 4, [False] * 4)

@@ -964,3 +964,16 @@ def test_probation_is_bounded_released_and_checkpointed_only_when_on() -> None:
     assert back.probation_size == PROBATION_MAX - 2
     off = IntrinsicState.from_dict(d, IntrinsicConfig())  # the second look switched off
     assert off.probation_size == 0 and "probation" not in off.to_dict()
+
+
+def test_no_update_where_every_pair_is_as_unrelated_as_the_level() -> None:
+    """States as one-hot vectors (every pair at cosine 0, no shared words): the level's
+    spread is 0, and no turn is the update of another (at >= it, every one was)."""
+    st = IntrinsicState(16)
+    texts = [f"state{i}" for i in range(12)]
+    vecs = np.eye(16, dtype=np.float32)[:12]
+    out = []
+    for i in range(12):
+        out += st.score_batch(["a"], [texts[i]], vecs[i : i + 1], vecs[i : i + 1], [False],
+                              [f"a-{i}"])  # fmt: skip
+    assert all(x.updates is None for x in out)
