@@ -65,6 +65,12 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
+def _share(v: object) -> bool:
+    """A usage weight: a finite number >= 0 (not a bool, not a string)."""
+    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)  # fmt: skip
+
+
 def build(model: type[M], data: Mapping[str, Any]) -> M:
     """``model`` validated from ``data``; bad input is an `InvalidRecord` (a `DmemError`,
     not retriable) naming the field and the reason, as every SDK error is a `DmemError`."""
@@ -519,11 +525,12 @@ class Client:
         """
         assert self._started, "call start() first"
         ids = list(weights)
-        bad = {m: v for m, v in weights.items() if not (math.isfinite(float(v)) and v >= 0)}
+        bad = {m: v for m, v in weights.items() if not _share(v)}
         if bad:
             raise InvalidRecord(f"usage weights must be finite numbers >= 0, got {bad}")
-        total = sum(float(weights[m]) for m in ids)
-        w = [float(weights[m]) / total if total > 0 else 0.0 for m in ids]
+        top = max((float(weights[m]) for m in ids), default=0.0)  # scaled first: no overflow
+        total = sum(float(weights[m]) / top for m in ids) if top > 0 else 0.0
+        w = [float(weights[m]) / top / total if total > 0 else 0.0 for m in ids]
         usage = build(
             MemoryUsage,
             {

@@ -348,7 +348,7 @@ def first_screen(info: Mapping[str, object]) -> str:
     if info["milvus_mode"] == "lite":
         where = ("  (Milvus Lite is this process's file: dmem inspect and forget need it stopped;\n"
                  "   use the HTTP API meanwhile)\n")  # fmt: skip
-        milvus = ""
+        milvus = f" DMEM_DATA_DIR={info['data_dir']}"
     else:
         where, milvus = "", f" DMEM_MILVUS__URI={info['milvus']}"
     operate = (f"Operate from another shell (dmem inspect, search, forget, import, wait)\n"

@@ -43,7 +43,9 @@
       return;
     }
     mark("explorer", "loading");
+    var mine = st;  // an answer for a listing that was reset since is dropped
     ui.api("GET", "/v1/memories?" + qs).then(function (r) {
+      if (mine !== st) { return; }
       if (r.status === 401) { ui.needToken(r.body); return; }
       if (r.status !== 200) {
         $("mem-note").textContent = "GET /v1/memories answered " + r.status + ": " +
@@ -55,7 +57,10 @@
       st.next = r.body.next_cursor;
       render();
       mark("explorer", "ready");
-    }, function (e) { $("mem-note").textContent = "list failed: " + e; mark("explorer", "error"); });
+    }, function (e) {
+      if (mine !== st) { return; }
+      $("mem-note").textContent = "list failed: " + e; mark("explorer", "error");
+    });
   }
 
   function render() {
@@ -192,7 +197,9 @@
     $("d-note").textContent = "";
     $("d-forget-yes").hidden = true;
     mark("detail", "loading");
+    var mine = st;
     fetchDetail(id).then(function (rs) {
+      if (mine !== st || st.open !== id) { return; }  // reset, or another one opened
       if (rs[0].status !== 200) {
         $("d-note").textContent = "GET memory answered " + rs[0].status;
         mark("detail", "missing");
@@ -201,12 +208,13 @@
       show(rs[0].body, rs[1].status === 200 ? rs[1].body.events : []);
       mark("detail", "ready");
       $("mem-detail").focus();
-    }, failed("detail", "opening the memory"));
+    }, failed("detail", "opening the memory", mine));
   }
 
   // a request that never got an answer (worker down, network): said, not swallowed
-  function failed(what, doing) {
+  function failed(what, doing, mine) {
     return function (e) {
+      if (mine !== st) { return; }  // the page was reset since: not this tenant's news
       $("mem-detail").hidden = false;
       $("d-note").textContent = doing + " failed: " + e;
       mark(what, "error");
@@ -221,15 +229,23 @@
   // (the credit job applied it; the utility may not move: one already at 1 stays there)
   function rate(kind) {
     var id = st.open, before = parseFloat($("mem-detail").getAttribute("data-utility"));
-    var seen = feedbackEvents(st.events);
+    var mine = st, seen = 0;
     var body = { tenant: st.tenant, memory_id: id, kind: kind, value: kind === "thumbs_up" ? 1 : -1 };
     mark("rating", "sent");
-    ui.api("POST", "/v1/feedback", body).then(function (r) {
+    // the feedback already in the history, read now: the one sent is the next
+    fetchDetail(id).then(function (rs) {
+      seen = feedbackEvents(rs[1].status === 200 ? rs[1].body.events : st.events);
+      if (rs[0].status === 200) { before = rs[0].body.utility; }
+      return ui.api("POST", "/v1/feedback", body);
+    }).then(function (r) {
+      if (mine !== st) { return; }
       if (r.status !== 202) { $("d-note").textContent = "feedback answered " + r.status; mark("rating", "error"); return; }
       $("d-note").textContent = "thanks: waiting for the credit job\u2026";
       var until = Date.now() + WAIT_MS;
       (function again() {
+        if (mine !== st || st.open !== id) { return; }  // reset, or another memory open
         fetchDetail(id).then(function (rs) {
+          if (mine !== st || st.open !== id) { return; }
           var events = rs[1].status === 200 ? rs[1].body.events : [];
           if (rs[0].status === 200 && (feedbackEvents(events) > seen || rs[0].body.utility !== before)) {
             show(rs[0].body, events);
@@ -244,20 +260,21 @@
             $("d-note").textContent = "sent; the credit job has not applied it yet (it will shortly)";
             mark("rating", "pending");
           }
-        }, failed("rating", "reading the memory again"));
+        }, failed("rating", "reading the memory again", mine));
       })();
-    }, failed("rating", "sending the feedback"));
+    }, failed("rating", "sending the feedback", mine));
   }
 
   function forget() {
-    var id = st.open;
+    var id = st.open, mine = st;
     ui.api("DELETE", "/v1/memories/" + enc(id) + "?tenant=" + enc(st.tenant)).then(function (r) {
+      if (mine !== st) { return; }
       if (r.status !== 200) { $("d-note").textContent = "forget answered " + r.status; return; }
       $("mem-detail").hidden = true;
       st.open = null;
       mark("forgot", id);
       load();
-    }, failed("forgot", "forgetting the memory"));
+    }, failed("forgot", "forgetting the memory", mine));
   }
 
   function reset() {

@@ -12,7 +12,8 @@
   var ROUTES = ["drop", "buffer", "core"];
 
   var params = new URLSearchParams(window.location.search);
-  var state = { tenant: params.get("tenant") || null, autoQuery: params.get("q"), timer: null, refused: null };
+  var state = { tenant: params.get("tenant") || null, autoQuery: params.get("q"), timer: null, refused: null,
+                gen: 0 };
 
   // ------------------------------------------------------------------ token
   // /ui/#tenant=T opens on that tenant; #token=... is kept in this tab's storage and
@@ -406,7 +407,9 @@
   function search(query, k) {
     if (!state.tenant) { $("search-note").textContent = "select a tenant first"; return; }
     document.body.setAttribute("data-search", "running");
+    var gen = state.gen;
     api("POST", "/v1/search", { tenant: state.tenant, query: query, k: k }).then(function (r) {
+      if (gen !== state.gen) { return; }
       if (r.status !== 200) {
         $("search-note").textContent = "search failed (" + r.status + "): " + ((r.body && r.body.error) || "");
         document.body.setAttribute("data-search", "error");
@@ -426,6 +429,7 @@
   // what the page shows of a tenant goes when the token or the tenant changes, or the
   // server refuses the token: never one tenant's memories under another's credentials
   function wipe() {
+    state.gen += 1;  // answers to requests made before are dropped
     ["#tenants tbody", "#decisions tbody", "#dead tbody"].forEach(function (q) {
       clear(document.querySelector(q));
     });
@@ -461,7 +465,9 @@
   function poll() {
     if (state.timer) { clearTimeout(state.timer); state.timer = null; }
     var path = "/v1/live" + (state.tenant ? "?tenant=" + encodeURIComponent(state.tenant) : "");
+    var gen = state.gen;
     api("GET", path).then(function (r) {
+      if (gen !== state.gen) { return; }  // asked under a token or tenant since left
       if (r.status === 401) { needToken(r.body); return; }
       if (r.status === 403 && state.tenant) {
         // a tenant this token may not read: nothing of it is shown; the page goes back
@@ -498,6 +504,7 @@
       }
       state.timer = setTimeout(poll, POLL_MS);
     }, function (e) {
+      if (gen !== state.gen) { return; }
       document.body.setAttribute("data-state", "error");
       setStatus("worker unreachable: " + e, true);
       state.timer = setTimeout(poll, POLL_MS);

@@ -22,6 +22,8 @@ BAD: dict[str, tuple[Call, str]] = {
     "negative weight": (lambda c: c.report_usage("e", "r", {"m": -1.0, "n": 2.0}), "'m': -1.0"),
     "nan weight": (lambda c: c.report_usage("e", "r", {"m": float("nan")}), "'m': nan"),
     "infinite weight": (lambda c: c.report_usage("e", "r", {"m": float("inf")}), "'m': inf"),
+    "text weight": (lambda c: c.report_usage("e", "r", {"m": "x"}), "'m': 'x'"),
+    "no weight": (lambda c: c.report_usage("e", "r", {"m": None}), "'m': None"),
     "unknown thumbs": (lambda c: c.feedback(memory_id="m", kind="like"), "kind"),
     "k of 0": (lambda c: c.search("where?", k=0), "k"),
     "unknown filter": (lambda c: c.search("where?", colour="red"), "colour"),
@@ -50,3 +52,7 @@ def test_good_weights_are_normalised_and_sent() -> None:
     asyncio.run(client.report_usage("e", "r", {"m": 3.0, "n": 1.0, "o": 0.0}))
     ((topic, value, _),) = producer.sent
     assert topic.endswith("usage") and b'"weights":[0.75,0.25,0.0]' in value
+    producer.sent.clear()
+    asyncio.run(client.report_usage("e", "r", {"m": 1e308, "n": 1e308}))  # no overflow
+    ((topic, value, _),) = producer.sent
+    assert b'"weights":[0.5,0.5]' in value

@@ -31,7 +31,7 @@ def test_first_screen_with_auth_on_passes_the_token_in_every_example() -> None:
     assert text.count("-H 'Authorization: Bearer <token>'") == 2  # publish and search
     assert 'http_url="http://127.0.0.1:7777", token="<token>")' in text
     assert "kcat's are" in text and "unauthenticated" in text
-    assert "export DMEM_KAFKA__BROKER=127.0.0.1:9999 DMEM_WEB_PORT=7777" in text
+    assert "export DMEM_KAFKA__BROKER=127.0.0.1:9999 DMEM_DATA_DIR=/d DMEM_WEB_PORT=7777" in text
     assert "Milvus Lite is this process's file" in text  # no URI another process can open
 
 
