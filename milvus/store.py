@@ -67,6 +67,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -241,6 +242,7 @@ class MemoryStore:
         batch_size: int = 1000,
         consistency_level: str = "Strong",
         tombstone_ttl_s: float = DEFAULT_TTL_S,
+        tombstone_file: Path | None = None,
     ) -> None:
         if not uri:
             raise ConfigError("Milvus URI is empty")
@@ -256,7 +258,7 @@ class MemoryStore:
         self._client: MilvusClient | None = None
         self._executor: ThreadPoolExecutor | None = None
         #: keys forgotten lately: every write refuses them (see `milvus.tombstones`)
-        self.tombstones = tombstones_for(uri, collection, tombstone_ttl_s)
+        self.tombstones = tombstones_for(uri, collection, tombstone_ttl_s, tombstone_file)
         #: what happened to each memory, and which survivor a folded id went into
         self.history = HistoryStore(self)
 

@@ -26,6 +26,11 @@ who forgets a memory and reads it back at once must not get it again. Within the
 TTL no write of the key is accepted, so a row with that key is such a stale read
 (or a write of another process that the notice is about to delete).
 
+Where the ``control`` topic does not outlive the process (the embedded broker of `dmem
+up` is memory-only), the set can be kept in a file as well (``path``): each forget
+appends its keys and their expiry, and a restarted process reads back those still
+live, so a forgotten transition published again after a restart is still refused.
+
 Decision: tombstones refuse a key for ``ttl_s`` (default one hour) after the
 forget, then the key may be written again. A forget deletes what exists; a
 transition published again much later is a new event, and the bound keeps the
@@ -37,11 +42,14 @@ each other's writes.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 DEFAULT_TTL_S = 3600.0
 DEFAULT_MAX_KEYS = 1_000_000
@@ -88,7 +96,8 @@ class Tombstones:
     """Storage keys forgotten in the last ``ttl_s`` seconds (bounded, thread-safe)."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_keys: int = DEFAULT_MAX_KEYS,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time,
+                 path: Path | None = None) -> None:  # fmt: skip
         if ttl_s <= 0 or max_keys < 1:
             raise ValueError("tombstones need ttl_s > 0 and max_keys >= 1")
         self.ttl_s = ttl_s
@@ -97,6 +106,43 @@ class Tombstones:
         self.lock = SharedExclusive()
         self._until: OrderedDict[str, float] = OrderedDict()
         self._mutex = threading.Lock()
+        self.path = path
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        """The live tombstones of ``path`` (soonest expiry first), then the file rewritten
+        with those only (it only grows between restarts)."""
+        now, live = self.clock(), []
+        try:
+            with path.open("rb") as f:
+                for line in f:
+                    try:
+                        d = json.loads(line)
+                        key, until = str(d["k"]), float(d["u"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line cut short by a crash
+                    if until > now:
+                        live.append((until, key))
+        except FileNotFoundError:
+            pass
+        for until, key in sorted(live)[-self.max_keys :]:
+            self._until.pop(key, None)
+            self._until[key] = until
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.writelines(json.dumps({"k": k, "u": u}) + "\n" for k, u in self._until.items())
+        os.replace(tmp, path)
+
+    def _append(self, rows: list[tuple[str, float]]) -> None:
+        """Keep ``rows`` in the file before the forget deletes anything (durable)."""
+        if self.path is None or not rows:
+            return
+        with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "w") as f:
+            f.writelines(json.dumps({"k": k, "u": u}) + "\n" for k, u in rows)
+            f.flush()
+            os.fsync(f.fileno())
 
     def add(self, keys: Iterable[str], at: float | None = None) -> None:
         """Refuse ``keys`` until ``at + ttl_s`` (``at``: when they were forgotten).
@@ -106,11 +152,14 @@ class Tombstones:
         now = self.clock()
         until = (now if at is None else min(at, now)) + self.ttl_s
         with self._mutex:
+            added = []
             for k in keys:
                 self._until.pop(k, None)
                 self._until[k] = until
+                added.append((k, until))
             while len(self._until) > self.max_keys:
                 self._until.popitem(last=False)
+            self._append(added)
 
     def dead(self, keys: Iterable[str]) -> set[str]:
         """The subset of ``keys`` that is still tombstoned now."""
@@ -137,6 +186,8 @@ class Tombstones:
         """Forget every tombstone (the collection was dropped or emptied)."""
         with self._mutex:
             self._until.clear()
+            if self.path is not None:
+                self.path.unlink(missing_ok=True)
 
     def __len__(self) -> int:
         with self._mutex:
@@ -148,12 +199,14 @@ _REGISTRY: dict[tuple[str, str], Tombstones] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def tombstones_for(uri: str, collection: str, ttl_s: float = DEFAULT_TTL_S) -> Tombstones:
-    """The process's one tombstone set of a collection (shared by all its stores)."""
+def tombstones_for(uri: str, collection: str, ttl_s: float = DEFAULT_TTL_S,
+                   path: Path | None = None) -> Tombstones:  # fmt: skip
+    """The process's one tombstone set of a collection (shared by all its stores); kept
+    in ``path`` too when the first store that asks for it names one."""
     with _REGISTRY_LOCK:
         t = _REGISTRY.get((uri, collection))
         if t is None:
-            t = _REGISTRY[(uri, collection)] = Tombstones(ttl_s)
+            t = _REGISTRY[(uri, collection)] = Tombstones(ttl_s, path=path)
         return t
 
 

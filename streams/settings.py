@@ -98,6 +98,15 @@ class MilvusSettings(BaseModel):
             "how long a forgotten memory id is refused by every write (`milvus.tombstones`)"
         ),
     )
+    tombstone_file: Path | None = Field(
+        default=None,
+        description=(
+            "keep the forget refusals in this file as well, so a restarted worker still "
+            "refuses what was forgotten in the last tombstone_ttl_s; needed where the "
+            "control topic does not survive a restart (`dmem up` sets it: its broker is "
+            "memory-only); empty: the control topic alone"
+        ),
+    )
 
 
 class RespondSettings(BaseModel):

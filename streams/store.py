@@ -54,6 +54,7 @@ class StoreService(Service):
             token=m.token,
             timeout_s=m.timeout_s,
             tombstone_ttl_s=m.tombstone_ttl_s,
+            tombstone_file=m.tombstone_file,
         )
         self.store.history.per_memory = m.history_per_memory
         self.store.history.per_tenant = m.history_per_tenant

@@ -157,6 +157,9 @@ class LocalStack:
             "DMEM_KAFKA__BROKER": f"kafka://{self.bootstrap}",
             "DMEM_DATA_DIR": str(self.data_dir),
             "DMEM_WEB_PORT": str(web_port),
+            # the broker keeps no control topic across a restart: the refusals of what
+            # was forgotten live beside the data instead
+            "DMEM_MILVUS__TOMBSTONE_FILE": str(self.data_dir / "tombstones.jsonl"),
         }
         if not self.auth_configured:
             # the embedded stack listens on 127.0.0.1 only: no HTTP tokens unless the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,39 @@ def test_a_tombstone_dated_in_the_future_lasts_one_ttl_from_now() -> None:
     assert t.dead(["far|1", "later|1"]) == {"far|1", "later|1"}
     clock.t += 2  # both expire: the future one neither outlives the TTL nor stalls expiry
     assert t.dead(["far|1", "later|1"]) == set() and len(t) == 0
+
+
+def test_a_file_keeps_the_live_tombstones_across_a_restart(tmp_path: Path) -> None:
+    """With a file, a new process's set refuses what the last one forgot within the
+    TTL, drops what expired, survives a line cut short by a crash, and rewrites the file
+    with the live keys only."""
+    now = [1000.0]
+    path = tmp_path / "tomb" / "tombstones.jsonl"
+    first = Tombstones(ttl_s=60.0, clock=lambda: now[0], path=path)
+    first.add(["t|old"], at=950.0)  # until 1010
+    first.add(["t|a", "t|b"])  # until 1060
+    with path.open("a") as f:
+        f.write('{"k": "t|cut", "u": 10')  # a crash mid-line
+    now[0] = 1020.0
+    second = Tombstones(ttl_s=60.0, clock=lambda: now[0], path=path)
+    assert second.dead(["t|a", "t|b", "t|old", "t|cut", "t|x"]) == {"t|a", "t|b"}
+    assert len(path.read_text().splitlines()) == 2
+    second.clear()
+    assert not path.exists()
+    assert Tombstones(ttl_s=60.0, clock=lambda: now[0], path=path).dead(["t|a"]) == set()
+
+
+def test_dmem_up_keeps_its_tombstones_beside_its_data(tmp_path: Path) -> None:
+    """The embedded stack's broker is memory-only: its workers keep the refusals in the
+    data dir (`DMEM_MILVUS__TOMBSTONE_FILE`), and the store's set is the file's."""
+    from milvus import MemoryStore
+    from streams.local.stack import LocalStack
+    from streams.settings import Settings
+
+    env = LocalStack(tmp_path / "d").env(1)
+    assert env["DMEM_MILVUS__TOMBSTONE_FILE"] == str(tmp_path / "d" / "tombstones.jsonl")
+    s = Settings.model_validate({"milvus": {"tombstone_file": env["DMEM_MILVUS__TOMBSTONE_FILE"]}})
+    assert s.milvus.tombstone_file == tmp_path / "d" / "tombstones.jsonl"
+    store = MemoryStore(str(tmp_path / "m.db"), collection="tomb_file_wiring",
+                        tombstone_file=tmp_path / "t.jsonl")  # fmt: skip
+    assert store.tombstones.path == tmp_path / "t.jsonl"
