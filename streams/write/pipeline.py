@@ -384,7 +384,6 @@ class TenantState:
             if gf
             else GateState(DecayedQuantileSketch(half_life=settings.gate.half_life))
         )
-        self.mixed = bool(header.get("mixed", False))
         self.smoothers = {k: AgentSmoother.from_dict(v) for k, v in header["smoothers"].items()}
         self.repeats = OrderedDict((k, v) for k, v in header["repeats"])
         self.recent = OrderedDict()
@@ -408,6 +407,10 @@ class TenantState:
             IntrinsicState.from_dict(intr, icfg)
             if intr is not None
             else IntrinsicState(learner.dim, icfg)
+        )
+        # absent in older checkpoints: their per-agent reward rates say it
+        self.mixed = bool(header.get("mixed", False)) or any(
+            m.rate > 0.0 for m in self.intrinsic.mix.mixes.values()
         )
         return self
 
@@ -514,8 +517,8 @@ def reward_free_gate(
     chat's turns land above the rewarded agents' bulk as outliers (6 of 7 chat turns to
     core, small talk included). So a transition of an agent without a reward so far
     routes by the reward-free agents' own sketch once some agent of the tenant has
-    published one (``rewarded``: the agents with a reward before this batch; ``mixed``:
-    some agent had one before; a reward counts from its own transition on, so a batch
+    published one (``rewarded``: the batch's agents with a reward before it; ``mixed``:
+    some agent of the tenant had one before; a reward counts from its own transition on, so a batch
     routes as its records one by one would). The tenant's sketch still learns every
     score, so rewarded agents route as before, and a tenant of only chats or of agents
     that all earn rewards on their first steps routes exactly as with one sketch. An
@@ -764,8 +767,10 @@ class WritePipeline:
             for i, t in enumerate(ts)
         ]
         # reward-free surprise: one gate score, max(extrinsic, w * intrinsic)
-        # the agents with a reward before this batch (the batch's own are folded in next)
-        rewarded = {a for a, m in st.intrinsic.mix.mixes.items() if m.rate > 0.0}
+        # the batch's agents with a reward before it (its own are folded in next); the
+        # tenant's other agents count through ``st.mixed`` alone, not a scan of them all
+        mixes = st.intrinsic.mix.mixes
+        rewarded = {a for a in {t.agent_id for t in ts} if (m := mixes.get(a)) and m.rate > 0.0}
         w_int, intr = intrinsic_scores(st, self.settings, ts, s, s2, r)
         stored_rpe = [float(x) for x in z]
         if intr is not None:
@@ -781,7 +786,7 @@ class WritePipeline:
         # one score at a time: each is routed by the thresholds of the scores before it
         # and then learned, so a batch routes exactly as its records one by one would
         free, own = reward_free_gate(ts, r, rewarded, self.settings.intrinsic.enabled, st.mixed)
-        st.mixed = st.mixed or any(own) or bool(rewarded) or bool(np.any(r != 0.0))
+        st.mixed = st.mixed or bool(rewarded) or bool(np.any(r != 0.0))
         planned = []
         for i, sc in enumerate(scores):
             if own[i]:  # a chat beside rewarded agents: its own thresholds; the tenant's
