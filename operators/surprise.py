@@ -1002,13 +1002,17 @@ class IntrinsicState:
         lb = self.lex_bank.get(agent)
         if lex is None or not lb or len(lb) != cos.size:
             return cos
-        w = self.config.lexical
         has = np.fromiter((v is not None for v in lb), dtype=bool, count=cos.size)
         if not has.any():
             return cos
         lx = np.zeros(cos.size, dtype=np.float64)
         lx[has] = np.stack([v for v in lb if v is not None]) @ lex  # one product, not one a memory
-        return np.where(has, (1.0 - w) * cos + w * lx, cos)
+        return self._mix(cos, lx, has)
+
+    def _mix(self, cos: np.ndarray, lex: np.ndarray, has: np.ndarray) -> np.ndarray:
+        """`_sim` elementwise: the cosines mixed with the word cosines where ``has``."""
+        w = self.config.lexical
+        return np.where(has, (1.0 - w) * cos + w * lex, cos)
 
     def stored(
         self,
@@ -1053,12 +1057,11 @@ class IntrinsicState:
         g = c = b @ b.T
         has = np.fromiter((v is not None for v in lb), dtype=bool, count=len(lb))
         if has.any():
-            w = self.config.lexical
             lx = np.zeros_like(c)
             idx = np.flatnonzero(has)
             lv = np.stack([v for v in lb if v is not None]).astype(np.float64)
             lx[np.ix_(idx, idx)] = lv @ lv.T
-            g = np.where(has[:, None] & has[None, :], (1.0 - w) * c + w * lx, c)
+            g = self._mix(c, lx, has[:, None] & has[None, :])
         iu = np.triu_indices(len(bank), k=1)
         far = g[iu][c[iu] < self.config.repeat_cos]
         if far.size < COLD_PAIRS:
