@@ -133,15 +133,16 @@ async def wait_committed(settings: Settings, group: str, ends: dict[TopicPartiti
         await c.stop()
 
 
-async def _end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, int]:
-    """The next offset of each partition of ``topic`` now."""
-    probe = AIOKafkaConsumer(**kafka_client_kwargs(settings.kafka))
-    await probe.start()
-    try:
-        parts = probe.partitions_for_topic(topic) or set()
-        return dict(await probe.end_offsets([TopicPartition(topic, p) for p in parts]))
-    finally:
-        await probe.stop()
+def _span(acks: list[Any], starts: dict[TopicPartition, int],
+          ends: dict[TopicPartition, int]) -> None:  # fmt: skip
+    """Widen ``starts``/``ends`` (per partition: the first offset and the next after the
+    last) by the broker's acknowledgements of records sent (`RecordMetadata` futures)."""
+    for fut in acks:
+        md = fut.result()
+        tp = TopicPartition(md.topic, md.partition)
+        starts[tp] = min(starts.get(tp, md.offset), md.offset)
+        ends[tp] = max(ends.get(tp, 0), md.offset + 1)
+    acks.clear()
 
 
 async def _publish(settings: Settings, path: Path, tenant: str | None,
@@ -154,7 +155,12 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
     try:
         topic = settings.topic("transitions")
-        starts = await _end_offsets(settings, topic)  # where this import's records begin
+        # where this import's transitions lie, from the broker's acknowledgements: the
+        # offsets of exactly these records (a topic's end offset can run behind a
+        # batch's last record on some brokers, and counts other producers' records)
+        starts: dict[TopicPartition, int] = {}
+        ends: dict[TopicPartition, int] = {}
+        acks: list[Any] = []
         pending = 0
         for n, raw in _lines(path):
             rep.lines += 1
@@ -175,16 +181,19 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
                 where = settings.topic("usage" if isinstance(rec, MemoryUsage) else "feedback")
                 key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
             kb, value = key.encode(), encode(rec)
-            await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
+            ack = await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
+            if where == topic:
+                acks.append(ack)
             pending += 1
             if pending >= CHUNK:
                 await producer.flush()
+                _span(acks, starts, ends)
                 rep.published += pending
                 pending = 0
         await producer.flush()
+        _span(acks, starts, ends)
         rep.published += pending
         if rep.counts["transition"]:
-            ends = await _end_offsets(settings, topic)
             rep.write_committed = await wait_committed(
                 settings, settings.group("write"), ends, wait_s,
                 "write path stored (this import's records)", starts,

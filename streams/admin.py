@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CommitFailedError,
@@ -44,6 +44,16 @@ async def commit_or_replay(
         )
         return False
     return True
+
+
+def end_of(consumer: Any, tp: TopicPartition, listed: int) -> int:
+    """The end of ``tp`` for a reader: ``listed`` (the consumer's ``end_offsets``
+    answer) raised to the high watermark of its latest fetch. The embedded broker's
+    ListOffsets answers a record batch's base offset + 1 rather than its last offset
+    + 1, while its fetches carry the true high watermark; a loop that reads "until
+    the end" compares its position with this, not with the listed end alone."""
+    hw = consumer.highwater(tp)
+    return listed if hw is None else max(int(listed), int(hw))
 
 
 def kafka_client_kwargs(k: KafkaSettings) -> dict[str, Any]:

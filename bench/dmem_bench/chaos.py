@@ -737,7 +737,7 @@ async def read_topic(settings: Settings, logical: str) -> list[Any]:
 
 async def read_topic_named(settings: Settings, name: str) -> list[Any]:
     """Every record of topic `name`, from the beginning to its current end."""
-    from streams.admin import kafka_client_kwargs
+    from streams.admin import end_of, kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
     c = AIOKafkaConsumer(enable_auto_commit=False, max_partition_fetch_bytes=8 << 20, **kw)
@@ -755,7 +755,7 @@ async def read_topic_named(settings: Settings, name: str) -> list[Any]:
 
         async def behind() -> bool:
             for tp in tps:
-                if await c.position(tp) < ends[tp]:
+                if await c.position(tp) < end_of(c, tp, ends[tp]):
                     return True
             return False
 

@@ -536,6 +536,8 @@ def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> 
     to its end (as it is when called)."""
     from aiokafka import AIOKafkaConsumer
 
+    from streams.admin import end_of
+
     async def run() -> set[str]:
         c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False)  # fmt: skip
@@ -555,7 +557,7 @@ def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> 
                     continue
                 if end is None:
                     end = await c.end_offsets(parts)
-                if all([await c.position(tp) >= end[tp] for tp in parts]):
+                if all([await c.position(tp) >= end_of(c, tp, end[tp]) for tp in parts]):
                     break
         finally:
             await c.stop()

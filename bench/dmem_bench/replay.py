@@ -68,7 +68,7 @@ from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
 from schemas import DECISION_KINDS, EpisodeOutcome, MemoryUsage, Transition, encode
 from schemas.errors import ServiceUnavailable
-from streams.admin import kafka_client_kwargs
+from streams.admin import end_of, kafka_client_kwargs
 from streams.local.stack import LocalStack
 from streams.settings import Settings
 
@@ -271,7 +271,7 @@ async def _events(settings: Settings) -> list[dict[str, Any]]:
             if ends is None:
                 ends = await c.end_offsets(list(c.assignment()))
             positions = {tp: await c.position(tp) for tp in ends}
-            if all(positions[tp] >= end for tp, end in ends.items()):
+            if all(positions[tp] >= end_of(c, tp, end) for tp, end in ends.items()):
                 return out
     finally:
         await c.stop()

@@ -23,7 +23,7 @@ from operators.decay import (
     plan_decay,
     tenant_priorities,
 )
-from streams.admin import kafka_client_kwargs
+from streams.admin import end_of, kafka_client_kwargs
 from streams.jobs.rows import SCAN_FIELDS, unique_rows
 from streams.settings import Settings
 
@@ -65,7 +65,7 @@ async def recent_events(
                         continue
                     if ev.get("tenant") == tenant and ev.get("kind") in kinds:
                         out.append(ev)
-                    if m.offset >= ends[tp] - 1:
+                    if m.offset >= end_of(c, tp, ends[tp]) - 1:
                         todo.discard(tp)
     finally:
         await c.stop()

@@ -32,7 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
-from streams.admin import kafka_client_kwargs
+from streams.admin import end_of, kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.settings import Settings
 
@@ -119,7 +119,14 @@ class CheckpointIndex(Service):
         end = await self._reader.end_offsets(self.tps)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(self._read_up_to.get(tp, 0) < off for tp, off in end.items()):
+        reader = self._reader
+
+        def behind() -> bool:
+            return any(
+                self._read_up_to.get(tp, 0) < end_of(reader, tp, off) for tp, off in end.items()
+            )
+
+        while behind():
             left = deadline - loop.time()
             if left <= 0:
                 log.warning(

@@ -92,6 +92,9 @@ def test_import_a_logged_run(tmp_path: Path, broker: str, topic_prefix: str,
         assert [e["line"] for e in rep["errors"]] == [4, 9]
         assert f"{path}:4: invalid record" in err and f"{path}:9: malformed JSON" in err
         assert rep["write_committed"] is True
+        # progress on stderr: every non-blank line read, then this import's transitions
+        assert "dmem import: lines read: 26/26" in err
+        assert "write path stored (this import's records): 20/20" in err
         wait_settled([url], timeout_s=90)
         store = MemoryStore(milvus_server_uri, collection=env["DMEM_MILVUS__COLLECTION"],
                             dim=256).connect()  # fmt: skip
@@ -100,8 +103,10 @@ def test_import_a_logged_run(tmp_path: Path, broker: str, topic_prefix: str,
                 "id", "created_ts", "merged_count"])}  # fmt: skip
             # a year-old run is kept: nothing was aged out by the wall clock
             assert rows and all(r["created_ts"] < YEAR_AGO + 30_000 for r in rows.values())
-            rc, again, _ = _cli(["import", str(path), "--tenant", "imp", "--json"], full)
+            rc, again, err = _cli(["import", str(path), "--tenant", "imp", "--json"], full)
             assert rc == 1 and again["transition"] == 20
+            # the progress counts this run's records, not the topic's (40 by now)
+            assert "write path stored (this import's records): 20/20" in err, err
             wait_settled([url], timeout_s=90)
             rows2 = list(store.scan(tenant="imp", output_fields=["id", "merged_count",
                                                                    "metadata"]))  # fmt: skip
