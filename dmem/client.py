@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import os
 import threading
 import time
 import uuid
@@ -106,6 +107,11 @@ class NotFound(SearchError):
     """The HTTP API has no such memory for this tenant."""
 
 
+class Unauthorized(SearchError):
+    """The deployment refuses this client's token for its tenant (HTTP 401 or 403):
+    none, a wrong one, or one for other tenants. Not retriable: fix the token."""
+
+
 class Client:
     def __init__(
         self,
@@ -121,6 +127,10 @@ class Client:
         client_kwargs: dict[str, Any] | None = None,
         token: str | None = None,
     ) -> None:
+        """``token``: the tenant's API token; None reads ``$DMEM_API_TOKEN`` (unset or
+        empty: no token, for a deployment with auth off)."""
+        if token is None:
+            token = os.environ.get("DMEM_API_TOKEN") or None
         if transport not in ("kafka", "http"):
             raise ValueError("transport must be 'kafka' or 'http'")
         if transport == "http" and not http_url:
@@ -141,6 +151,7 @@ class Client:
             reply_topic_for(self.topic("responses"), tenant) if token else self.topic("responses")
         )
         self._producer: AIOKafkaProducer | None = None
+        self._token_checked = False
         self._started = False
         self._producing = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
@@ -220,8 +231,10 @@ class Client:
 
     async def _producer_ready(self) -> AIOKafkaProducer:
         """The Kafka producer, started on first use; `BrokerUnavailable` when the
-        broker cannot be reached."""
+        broker cannot be reached; `Unauthorized` when the deployment refuses the token
+        (`_check_token`)."""
         assert self._started, "call start() first"
+        await self._check_token()
         async with self._producing:
             if self._producer is None:
                 p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0, **self.kw)
@@ -232,6 +245,30 @@ class Client:
                     raise BrokerUnavailable(f"Kafka at {self.bootstrap}: {exc}") from exc
                 self._producer = p
             return self._producer
+
+    async def _check_token(self) -> None:
+        """Before the first record goes to Kafka, ask the HTTP API (when the client has
+        its address) whether it accepts this client's token for its tenant: a record
+        with a refused credential is dead-lettered where the agent never looks, so a
+        wrong or missing token fails here, once, instead of losing every write.
+        Unreachable or anything but 401/403: the writes go on (checked once)."""
+        if self._token_checked or self._http is None:
+            return
+        self._token_checked = True
+        try:
+            status, raw = await self._http_call(
+                "GET", f"/v1/stats?{urlencode({'tenant': self.tenant})}", None
+            )
+        except (ServiceUnavailable, TimeoutError):
+            return
+        if status in (401, 403):
+            why = raw[:300].decode("utf-8", "replace")
+            hint = "no token is set (DMEM_API_TOKEN)" if not self.token else "check the token"
+            raise Unauthorized(
+                f"the deployment refuses this client's credentials for tenant "
+                f"{self.tenant!r} (HTTP {status}: {why}); {hint}: records sent to Kafka "
+                "with them would be dead-lettered as unauthenticated"
+            )
 
     async def _send(self, logical: str, tenant: str, value: bytes, key: bytes,
                     wait: bool = True) -> None:  # fmt: skip
@@ -475,7 +512,7 @@ class Client:
         if status == 404:
             raise NotFound(f"HTTP 404: {data}")
         if status in (401, 403):
-            raise SearchError(f"not authorised (HTTP {status}): {data}")
+            raise Unauthorized(f"not authorised (HTTP {status}): {data}")
         if 400 <= status < 500:
             raise SearchError(f"HTTP {status}: {data}")
         raise ServiceUnavailable(f"HTTP {status}: {data}")
@@ -610,8 +647,9 @@ class Client:
             raise ServiceUnavailable(
                 f"no answer to request {req.request_id} after {self.retries + 1} tries "
                 f"of {self.timeout_s}s (is a respond worker running? With Kafka credentials "
-                f"on, a request without a token for tenant {req.tenant!r} gets no answer: "
-                f"{'this client has one' if self._signer else 'this client has none'})"
+                f"on, a request gets no answer unless its token is valid for tenant "
+                f"{req.tenant!r}: "
+                f"{'check the token' if self._signer else 'this client has no token'})"
             )
         finally:
             self._waiting.pop(req.request_id, None)
@@ -631,7 +669,7 @@ class Client:
         if status == 422:
             raise SearchError(f"invalid request: {data}")
         if status in (401, 403):
-            raise SearchError(f"not authorised (HTTP {status}): {data}")
+            raise Unauthorized(f"not authorised (HTTP {status}): {data}")
         raise ServiceUnavailable(f"search failed: HTTP {status} {data}")
 
 

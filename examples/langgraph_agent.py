@@ -3,6 +3,8 @@
     .venv/bin/python examples/langgraph_agent.py                       # starts its own stack
     .venv/bin/python examples/langgraph_agent.py --kafka HOST:PORT --http URL   # a `dmem up`
 
+With auth on (`dmem up` prints its tokens), pass ``--token`` or export ``DMEM_API_TOKEN``.
+
 The graph has two nodes: ``remember`` writes the user's turn to the store (a turn
 the user flags as important carries a strong signal), ``respond`` searches the
 store and answers with a scripted chat model from langchain-core. Swap the fake
@@ -66,13 +68,14 @@ def main() -> None:
     ap.add_argument("--kafka")
     ap.add_argument("--http")
     ap.add_argument("--tenant", default="langgraph-example")
+    ap.add_argument("--token", help="the tenant's API token [env DMEM_API_TOKEN]")
     ap.add_argument("--encoder", default="hash", choices=["hash", "minilm"])
     a = ap.parse_args()
     from dmem import SyncClient
     from dmem.integrations.langgraph import DmemStore
 
     with deployment(a.kafka, a.http, a.encoder) as (kafka, http):
-        client = SyncClient(kafka, a.tenant, http_url=http, timeout_s=10)
+        client = SyncClient(kafka, a.tenant, http_url=http, timeout_s=10, token=a.token)
         try:
             graph = build(DmemStore(client))
             chat = [(f"just chatting about the weather, day {i}", False) for i in range(12)]

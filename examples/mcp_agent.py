@@ -3,6 +3,8 @@
     .venv/bin/python examples/mcp_agent.py                       # starts its own stack
     .venv/bin/python examples/mcp_agent.py --kafka HOST:PORT --http URL   # a `dmem up`
 
+With auth on (`dmem up` prints its tokens), pass ``--token`` or export ``DMEM_API_TOKEN``.
+
 It launches ``dmem mcp`` over stdio with the official MCP SDK's client (what an MCP
 host such as an IDE or an agent framework does), walks a scripted agent down a
 corridor with one trap, and prints every call and answer: a transcript.
@@ -22,19 +24,21 @@ from _stack import REPO_ROOT, deployment
 
 
 def answer(result: Any) -> Any:
-    if result.is_error:
-        return {"error": result.content[0].text}
+    if result.is_error:  # the transcript stops at the first refused call, saying why
+        raise SystemExit(f"dmem mcp answered an error: {result.content[0].text}")
     sc = result.structured_content
     if sc is not None:
         return sc.get("result", sc) if isinstance(sc, dict) else sc
     return json.loads(result.content[0].text)
 
 
-async def session(kafka: str, http: str, tenant: str) -> None:
+async def session(kafka: str, http: str, tenant: str, token: str | None = None) -> None:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
     env = {**os.environ, "DMEM_KAFKA__BROKER": f"kafka://{kafka}", "PYTHONPATH": str(REPO_ROOT)}
+    if token:
+        env["DMEM_API_TOKEN"] = token  # `dmem mcp --token` reads it
     params = StdioServerParameters(
         command=sys.executable,
         env=env,
@@ -87,6 +91,7 @@ def main() -> None:
     ap.add_argument("--kafka", help="Kafka bootstrap of a running `dmem up`")
     ap.add_argument("--http", help="HTTP base URL of a running `dmem up`")
     ap.add_argument("--tenant", default="mcp-example")
+    ap.add_argument("--token", help="the tenant's API token [env DMEM_API_TOKEN]")
     ap.add_argument(
         "--encoder",
         default="hash",
@@ -95,7 +100,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     with deployment(a.kafka, a.http, a.encoder) as (kafka, http):
-        asyncio.run(session(kafka, http, a.tenant))
+        asyncio.run(session(kafka, http, a.tenant, a.token))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,12 @@ Mapping (decisions):
   *prefix* shorter than a written namespace is not an agent scope: `ValueError`);
   ``filter`` maps to metadata equality on the value's scalar non-text fields
   (stored with the prefix ``lgv_``); ``score`` is dmem's ranking score.
-  ``delete`` (or ``put`` with value None) forgets the memory (audited).
+  ``delete`` (or ``put`` with value None) forgets the memory (audited). A forget
+  is final for a while: the deployment refuses every write of that memory id for
+  its tombstone TTL (``DMEM_MILVUS__TOMBSTONE_TTL_S``, one hour by default), so a
+  replayed old write cannot bring it back. To change a value, ``put`` it again (the
+  same id is replaced); a ``put`` of a key this store object deleted within the
+  default TTL raises `ValueError` instead of being dropped without a word.
 - ``list_namespaces`` answers the namespaces this store object has written or
   read: dmem keeps no namespace catalogue to list across processes.
 - No TTL support (``supports_ttl = False``): forgetting is dmem's decay and
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -81,6 +87,10 @@ def _ts(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
 
 
+#: how long a forgotten id is refused by default (`milvus.tombstones`' TTL)
+FORGET_REFUSES_S = 3600.0
+
+
 class DmemStore(BaseStore):
     """A LangGraph `BaseStore` backed by a dmem deployment (see the module doc)."""
 
@@ -91,6 +101,7 @@ class DmemStore(BaseStore):
             raise ValueError("DmemStore reads over HTTP: create the client with http_url=...")
         self.sync = client
         self.seen: set[tuple[str, ...]] = set()
+        self.deleted: dict[str, float] = {}  # memory id -> monotonic time of its delete
 
     # -- BaseStore -----------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -122,7 +133,16 @@ class DmemStore(BaseStore):
         self.seen.add(op.namespace)
         if op.value is None:
             await c.forget(memory_id=mid)
+            self.deleted[mid] = time.monotonic()
             return
+        at = self.deleted.get(mid)
+        if at is not None and time.monotonic() - at < FORGET_REFUSES_S:
+            raise ValueError(
+                f"key {op.key!r} of {op.namespace} was deleted {time.monotonic() - at:.0f} s "
+                "ago: dmem refuses a forgotten memory's id for its tombstone TTL (one hour "
+                "by default), so this put would not be stored; put without deleting to "
+                "replace a value"
+            )
         value = dict(op.value)
         text, field, rest = split_value(value)
         meta: dict[str, Any] = {"lg_key": op.key, "lg_text_field": field}

@@ -1,6 +1,9 @@
-"""A client on the HTTP transport needs no broker until it writes: searching, reading
-and forgetting over HTTP work with Kafka unreachable (`dmem search --http ...`), and the
-first write says the broker is unavailable, as a `DmemError`."""
+"""A client with the HTTP API's address: searching, reading and forgetting over HTTP
+work with Kafka unreachable (`dmem search --http ...`), and the first write says the
+broker is unavailable, as a `DmemError`. Before its first record goes to Kafka, the
+client asks the HTTP API whether its token is accepted for its tenant: a refused
+token fails that write (`Unauthorized`) instead of every record being dead-lettered
+where the agent never looks."""
 
 from __future__ import annotations
 
@@ -11,14 +14,24 @@ import pytest
 from aiohttp import web
 
 from dmem import BrokerUnavailable
-from dmem.client import Client
+from dmem.client import Client, Unauthorized
 from schemas import Transition
+from tests.functional.dmem.stub_http import stub_server
+
+T = Transition(tenant="acme", agent_id="a", episode_id="e", step=0, observation="x",
+               action="go")  # fmt: skip
 
 
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])  # nothing listens there once closed
+
+
+def _client(url: str, token: str | None = None) -> Client:
+    return Client(f"127.0.0.1:{_closed_port()}", "acme", transport="http", http_url=url,
+                  timeout_s=2, client_kwargs={"request_timeout_ms": 2000},
+                  token=token)  # fmt: skip
 
 
 def test_http_client_searches_without_a_broker_and_a_write_says_it_is_missing() -> None:
@@ -31,25 +44,44 @@ def test_http_client_searches_without_a_broker_and_a_write_says_it_is_missing() 
                                   "hits": [], "took_ms": 1.0})  # fmt: skip
 
     async def go() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/search", search)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-        try:
-            client = Client(f"127.0.0.1:{_closed_port()}", "acme", transport="http",
-                            http_url=f"http://127.0.0.1:{port}", timeout_s=2,
-                            client_kwargs={"request_timeout_ms": 2000})  # fmt: skip
-            async with client:
-                assert await client.search("where is the key?", 3) == []
-                t = Transition(tenant="acme", agent_id="a", episode_id="e", step=0,
-                               observation="x", action="go")  # fmt: skip
-                with pytest.raises(BrokerUnavailable):
-                    await asyncio.wait_for(client.publish(t), 60)
-        finally:
-            await runner.cleanup()
+        async with stub_server({("POST", "/v1/search"): search}) as url, _client(url) as client:
+            assert await client.search("where is the key?", 3) == []
+            with pytest.raises(BrokerUnavailable):
+                await asyncio.wait_for(client.publish(T), 60)
 
     asyncio.run(go())
     assert asked and asked[0]["query"] == "where is the key?" and asked[0]["tenant"] == "acme"
+
+
+@pytest.mark.parametrize(("status", "token"), [(401, None), (403, "tok-of-another-tenant")])
+def test_a_refused_token_fails_the_first_write(
+    status: int, token: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DMEM_API_TOKEN", raising=False)
+    asked: list[tuple[str, str | None]] = []
+
+    async def stats(request: web.Request) -> web.Response:
+        asked.append((request.query["tenant"], request.headers.get("Authorization")))
+        return web.json_response({"error": "not for this tenant"}, status=status)
+
+    async def go() -> None:
+        async with stub_server({("GET", "/v1/stats"): stats}) as url, _client(url, token) as c:
+            with pytest.raises(Unauthorized) as err:
+                await asyncio.wait_for(c.publish(T), 60)
+            assert f"HTTP {status}" in str(err.value) and "'acme'" in str(err.value)
+            assert ("DMEM_API_TOKEN" in str(err.value)) is (token is None)
+            # checked once: the next write goes on to Kafka (here: unreachable)
+            with pytest.raises(BrokerUnavailable):
+                await asyncio.wait_for(c.publish(T), 60)
+
+    asyncio.run(go())
+    bearer = None if token is None else f"Bearer {token}"
+    assert asked == [("acme", bearer)]
+
+
+def test_the_token_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DMEM_API_TOKEN", "tok-from-env")
+    assert _client("http://127.0.0.1:1").token == "tok-from-env"
+    assert _client("http://127.0.0.1:1", token="given").token == "given"
+    monkeypatch.setenv("DMEM_API_TOKEN", "")
+    assert _client("http://127.0.0.1:1").token is None

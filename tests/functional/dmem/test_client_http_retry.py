@@ -18,9 +18,10 @@ from aiohttp import web
 
 from dmem.client import Client
 from schemas.errors import ServiceUnavailable
+from tests.functional.dmem.stub_http import stub_server
 
 
-async def _serve(drop_first: int) -> tuple[web.AppRunner, str, list[str]]:
+def _stats(drop_first: int, retries: int) -> tuple[Any, list[str]]:
     seen: list[str] = []
 
     async def stats(request: web.Request) -> web.StreamResponse:
@@ -31,20 +32,8 @@ async def _serve(drop_first: int) -> tuple[web.AppRunner, str, list[str]]:
             return web.Response()
         return web.json_response({"tenant": "t", "core": 2, "buffer": 1, "total": 3})
 
-    app = web.Application()
-    app.router.add_get("/v1/stats", stats)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}", seen
-
-
-def _stats(drop_first: int, retries: int) -> tuple[Any, list[str]]:
     async def go() -> tuple[Any, list[str]]:
-        runner, url, seen = await _serve(drop_first)
-        try:
+        async with stub_server({("GET", "/v1/stats"): stats}) as url:
             c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
                            retries=retries, timeout_s=5)  # fmt: skip
             c._http = aiohttp.ClientSession()  # HTTP only: no broker in this test  # noqa: SLF001
@@ -54,8 +43,6 @@ def _stats(drop_first: int, retries: int) -> tuple[Any, list[str]]:
                 return exc, seen
             finally:
                 await c._http.close()  # noqa: SLF001
-        finally:
-            await runner.cleanup()
 
     return asyncio.run(go())
 

@@ -385,6 +385,10 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         assert ns in store.list_namespaces(prefix=("memories",))
         store.delete(ns, "allergy0")
         assert store.get(ns, "allergy0") is None
+        # the deployment refuses a forgotten id for its tombstone TTL: a put of the
+        # key says so rather than vanishing
+        with pytest.raises(ValueError, match="was deleted"):
+            store.put(ns, "allergy0", {"text": "I am allergic to peanuts", "reward": -20.0})
         assert store.get(ns, "never-written") is None
 
         docs = DmemRetriever(client=sync, k=3).invoke("the user is allergic to nuts")
