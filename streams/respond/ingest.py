@@ -6,6 +6,8 @@ Routes (registered by `streams.respond.http.wire_respond` through `wire_ingest`)
 - ``POST /v1/outcomes`` (`EpisodeOutcome`) and ``POST /v1/feedback`` (`Feedback`)
   -> topic ``feedback`` (key ``episode_id``, else ``memory_id``, else ``tenant``:
   the keys `dmem.client.Client` uses),
+- ``POST /v1/usage`` (`MemoryUsage`: which served memories a decision rested on,
+  what `Client.report_usage` sends) -> topic ``usage`` (key ``episode_id``),
 - ``GET /openapi.json``: the OpenAPI 3.1 document (`streams.respond.openapi`).
 
 Decisions:
@@ -59,7 +61,7 @@ from faust.web import Request, Response, View
 from mode import Service
 from pydantic import BaseModel, ValidationError
 
-from schemas import EpisodeOutcome, Feedback, IngestAccepted, Transition, encode
+from schemas import EpisodeOutcome, Feedback, IngestAccepted, MemoryUsage, Transition, encode
 from streams.auth import KafkaGuard
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
@@ -102,6 +104,7 @@ KINDS = (
     IngestKind("/v1/transitions", Transition, "transitions", "transition_id"),
     IngestKind("/v1/outcomes", EpisodeOutcome, "feedback", "outcome_id"),
     IngestKind("/v1/feedback", Feedback, "feedback", "feedback_id"),
+    IngestKind("/v1/usage", MemoryUsage, "usage", "request_id"),
 )
 
 

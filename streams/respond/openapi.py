@@ -28,6 +28,7 @@ from schemas import (
     Feedback,
     ForgetRequest,
     IngestAccepted,
+    MemoryUsage,
     RetrievalRequest,
     RetrievalResponse,
     Transition,
@@ -39,6 +40,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (Transition, "validation"),
     (EpisodeOutcome, "validation"),
     (Feedback, "validation"),
+    (MemoryUsage, "validation"),
     (RetrievalRequest, "validation"),
     (ForgetRequest, "validation"),
     (BatchGetRequest, "validation"),
@@ -227,6 +229,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "/v1/transitions": _ingest(Transition, "transitions", settings.ingest.max_batch),
         "/v1/outcomes": _ingest(EpisodeOutcome, "episode outcomes", settings.ingest.max_batch),
         "/v1/feedback": _ingest(Feedback, "feedback", settings.ingest.max_batch),
+        "/v1/usage": _ingest(MemoryUsage, "usage reports", settings.ingest.max_batch),
         "/v1/search": {"post": {
             "summary": "Search a tenant's memories (request_id optional)",
             "operationId": "search", "security": sec,

@@ -172,6 +172,22 @@ def test_ingest_forms_ack_ids_and_store(stack: LocalStack) -> None:
     assert {r.get("outcome_id") for r in fb} >= {"o0", "o1", "o2"}
     assert [r["memory_id"] for r in fb if r.get("feedback_id") == fb_id] == [want[4]]
 
+    # what the agent acted on, for credit: one usage record on the usage topic
+    usage = {"tenant": "alpha", "episode_id": "ep-http", "request_id": "req-u1", "step": 4,
+             "memory_ids": [want[4]], "weights": [1.0], "source": "agent", "ts": 5}  # fmt: skip
+    code, body, _ = call(stack, "POST", "/v1/usage", json.dumps(usage).encode(),
+                         token="tok-alpha")  # fmt: skip
+    assert (code, body["ids"]) == (202, ["req-u1"])
+    used = topic_records(stack, "usage", lambda rs: any(r.get("request_id") == "req-u1"
+                                                       for r in rs))  # fmt: skip
+    assert [(r["memory_ids"], r["source"]) for r in used if r["request_id"] == "req-u1"] == [
+        ([want[4]], "agent")
+    ]
+    bad = {**usage, "weights": [-1.0]}
+    assert call(stack, "POST", "/v1/usage", json.dumps(bad).encode(), token="tok-alpha")[0] == 422
+    other = {**usage, "tenant": "beta"}
+    assert call(stack, "POST", "/v1/usage", json.dumps(other).encode(), token="tok-alpha")[0] == 403
+
 
 def test_ingest_rejects_with_every_reason(stack: LocalStack) -> None:
     good = episode("alpha", "ep-bad", n=1)[0]

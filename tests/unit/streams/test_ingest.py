@@ -18,7 +18,7 @@ from streams.settings import IngestSettings, Settings
 
 T = {"tenant": "t", "agent_id": "a", "episode_id": "e", "step": 0, "observation": "o",
      "action": "x"}  # fmt: skip
-TRANSITIONS, OUTCOMES, FEEDBACK = KINDS
+TRANSITIONS, OUTCOMES, FEEDBACK, USAGE = KINDS
 
 
 def test_body_forms_object_array_ndjson() -> None:
@@ -74,6 +74,9 @@ def test_ids_keys_and_topics() -> None:
     assert OUTCOMES.ident(o2) == "mine" and OUTCOMES.key(o2) == "e"
     [f] = validate([{"tenant": "t", "memory_id": "m1", "kind": "thumbs_down"}], FEEDBACK)
     assert isinstance(f, Feedback) and FEEDBACK.key(f) == "m1" and FEEDBACK.topic == "feedback"
+    [u] = validate([{"tenant": "t", "episode_id": "e", "request_id": "r1", "memory_ids": ["m1"],
+                     "weights": [1.0], "source": "agent", "ts": 5}], USAGE)  # fmt: skip
+    assert (USAGE.key(u), USAGE.ident(u), USAGE.topic) == ("e", "r1", "usage")
 
 
 def test_budget_is_bounded_and_never_waits() -> None:
