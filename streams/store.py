@@ -118,6 +118,18 @@ class StoreService(Service):
             self.healthy = False
         return self.healthy
 
+    async def stored_rows(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored rows (no vectors, each with ``partition``) of the storage keys
+        that exist, by key; retried until Milvus answers (`streams.write.replays`)."""
+        assert self.store is not None
+        if not keys:
+            return {}
+        fields = ["id", "tenant", "text", "action", "reward", "utility", "uses",
+                  "merged_count", "last_access_ts", "metadata"]  # fmt: skip
+        get = functools.partial(self.store.get_keys, list(keys), output_fields=fields)
+        rows = await self._retry("read stored rows", get)
+        return {storage_key(r["tenant"], r["id"]): r for r in rows}
+
     async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
         """Upsert every partition's rows, retried until acknowledged.
 

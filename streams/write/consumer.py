@@ -63,6 +63,7 @@ from streams.write.pipeline import (
     parse_state_key,
     state_key,
 )
+from streams.write.replays import reconcile
 
 log = logging.getLogger("dmem.write")
 
@@ -527,7 +528,15 @@ class WriteConsumer(Service):
             self._taken.set()
             try:
                 t1 = time.perf_counter()
-                rejected = await self.store_service.write(b.result.upserts)  # acked or refused
+                # a write of an id already stored: a replay is not written again,
+                # an edit keeps what the memory earned (`streams.write.replays`); the
+                # events go out either way (a crash between the upsert and the events
+                # replays a batch whose rows are stored and whose events are not)
+                keys = [storage_key(r["tenant"], r["id"])
+                        for rows in b.result.upserts.values() for r in rows]  # fmt: skip
+                stored = await self.store_service.stored_rows(keys)
+                upserts, _ = reconcile(b.result.upserts, stored)
+                rejected = await self.store_service.write(upserts)  # acked or refused
                 if b.result.retract:  # after the upserts: a row written by this batch too
                     await self.store_service.evict(b.result.retract)
                 if rejected:
