@@ -18,6 +18,11 @@ class Limits:
     max_metadata_value_chars: int = 512
     max_k: int = 100
     max_message_bytes: int = 1_048_576
+    #: a transition's ``metadata`` and ``next_observation`` as UTF-8 JSON: they travel
+    #: in the memory row's JSON field, which Milvus caps at 64 KiB; the rest of that
+    #: budget is dmem's own (gate, surprise, credit, merges). The character limits
+    #: above allow four times as many bytes in scripts of 4-byte characters (emoji).
+    max_row_json_bytes: int = 40_960
 
 
 LIMITS = Limits()

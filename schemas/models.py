@@ -21,6 +21,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
@@ -145,6 +146,14 @@ class Transition(Model):
         if self.state is not None and self.next_state is not None:
             if len(self.state) != len(self.next_state):
                 raise ValueError("state and next_state differ in dimension")
+        if self.metadata or self.next_observation:
+            size = len(json.dumps({"user": self.metadata, "next": self.next_observation},
+                                  ensure_ascii=False, separators=(",", ":")).encode())  # fmt: skip
+            if size > LIMITS.max_row_json_bytes:
+                raise ValueError(
+                    f"metadata and next_observation take {size} bytes as UTF-8 JSON (max "
+                    f"{LIMITS.max_row_json_bytes}): a memory row holds at most 64 KiB of JSON"
+                )
         if self.transition_id is None:
             self.transition_id = stable_transition_id(
                 self.tenant, self.agent_id, self.episode_id, self.step

@@ -59,12 +59,28 @@ def test_round_trip_through_codec() -> None:
         ({"action": True}, "action"),
         ({"state": [1.0, 2.0], "next_state": [1.0], "observation": None}, "dimension"),
         ({"metadata": {f"k{i}": i for i in range(LIMITS.max_metadata_keys + 1)}}, "keys"),
+        # within every character limit, over the row's JSON budget in bytes (emoji: 4 each)
+        (
+            {
+                "metadata": {
+                    f"k{i}": "\U0001f600" * LIMITS.max_metadata_value_chars
+                    for i in range(LIMITS.max_metadata_keys)
+                }
+            },
+            "bytes as UTF-8 JSON",
+        ),
     ],
 )
 def test_transition_limits(patch: dict, fragment: str) -> None:
     with pytest.raises(ValidationError) as err:
         Transition(**{**BASE, **patch})
     assert fragment in str(err.value)
+
+
+def test_the_largest_plain_text_payload_fits_a_row() -> None:
+    meta = {f"k{i}": "x" * LIMITS.max_metadata_value_chars for i in range(LIMITS.max_metadata_keys)}
+    t = Transition(**BASE, metadata=meta, next_observation="y" * LIMITS.max_text_chars)
+    assert len(t.metadata) == LIMITS.max_metadata_keys
 
 
 def test_integer_actions_become_text() -> None:
