@@ -30,9 +30,12 @@ def announce(runtime_dir: Path, data_dir: Path, info: Mapping[str, Any]) -> list
     body = orjson.dumps({**info, "pid": os.getpid()}, option=orjson.OPT_INDENT_2)
     paths = [data_dir / STATE_NAME, runtime_dir.expanduser() / f"{os.getpid()}.json"]
     for p in paths:
-        p.parent.mkdir(parents=True, exist_ok=True)
+        p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
-        tmp.write_bytes(body)
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # owner only
+        with open(fd, "wb") as f:
+            f.write(body)
         tmp.replace(p)
     return paths
 

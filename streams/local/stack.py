@@ -213,6 +213,19 @@ class LocalStack:
         self.web_ports.append(port)
         return w
 
+    def restart_worker(self, worker: WorkerProcess) -> WorkerProcess:
+        """Start ``worker``'s role again on the same web port (the addresses `dmem up`
+        printed and announced stay true), logging to a new file beside the dead
+        one's (which keeps its last lines)."""
+        i = self.workers.index(worker)
+        port = self.web_ports[i]
+        n = sum(1 for _ in self.data_dir.glob(f"worker-{worker.role}-{port}*.log"))
+        log = self.data_dir / f"worker-{worker.role}-{port}.restart{n}.log"
+        w = WorkerProcess(worker.role, self.env(port), log, worker.code_root)
+        w.start()
+        self.workers[i] = w
+        return w
+
     def wait_ready(
         self, worker: WorkerProcess, timeout_s: float = 90.0, store_grace_s: float = 30.0
     ) -> None:
@@ -424,6 +437,21 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
         else:
             print(first_screen(info), flush=True)
         while not stopping:
+            srv = stack.milvus_server
+            if srv is not None and not srv.running:
+                # the workers keep its address: they see an outage, then the same store
+                print(
+                    f"embedded Milvus died; restarting it (logs: {srv.log_dir})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                try:
+                    srv.restart()
+                    print("embedded Milvus is back", file=sys.stderr, flush=True)
+                except Exception as exc:  # noqa: BLE001 - keep supervising; tried again
+                    print(f"embedded Milvus did not come back ({exc}); trying again in 10 s",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    time.sleep(10.0)
             for w in stack.workers:
                 if not w.alive:
                     print(
@@ -431,8 +459,7 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-                    stack.workers.remove(w)
-                    stack.start_worker(w.role)
+                    stack.restart_worker(w)
                     break
             time.sleep(0.5)
     finally:

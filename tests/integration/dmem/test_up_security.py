@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,59 @@ def test_embedded_milvus_listens_on_loopback_only(up: tuple[dict[str, Any], int]
     addrs = listeners(tree)
     assert len(addrs) >= 3 and set(addrs) == {"127.0.0.1"}, addrs
     assert info["milvus"] == f"http://127.0.0.1:{info['milvus'].rsplit(':', 1)[1]}"
+
+
+def wait_healthy(base: str, timeout_s: float, ok: Any = lambda: True) -> int:
+    """The last /health status seen until it is 200 and ``ok()`` (or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    code = 0
+    while time.monotonic() < deadline:
+        try:
+            code = call(base, "GET", "/health")[0]
+        except OSError:  # refused while a worker starts
+            code = 0
+        if code == 200 and ok():
+            return code
+        time.sleep(1.0)
+    return code
+
+
+def test_embedded_milvus_that_dies_is_restarted(up: tuple[dict[str, Any], int]) -> None:
+    info, up_pid = up
+    if info["milvus_mode"] != "server":
+        pytest.skip("the Milvus server wheel is not installed: `dmem up` runs Milvus Lite")
+    before = {p for p in descendants(up_pid) if command_name(p) == "milvus"}
+    assert before
+    for p in before:
+        os.kill(p, signal.SIGKILL)
+
+    def back() -> bool:
+        return bool({p for p in descendants(up_pid) if command_name(p) == "milvus"} - before)
+
+    assert wait_healthy(info["http"], 240, back) == 200 and back()
+    # the same store on the same address: what an earlier test stored is still there
+    stored = record("json-e").memory_id
+    code, _ = call(info["http"], "GET", f"/v1/memories/{stored}?tenant=t1", token="tok-one")
+    assert code == 200
+
+
+def test_a_worker_that_dies_comes_back_on_the_printed_address(
+    up: tuple[dict[str, Any], int],
+) -> None:
+    # last in this module: it kills the stack's worker
+    info, up_pid = up
+
+    def workers() -> set[int]:
+        out = set()
+        for p in descendants(up_pid):
+            try:
+                if b"streams.worker" in Path(f"/proc/{p}/cmdline").read_bytes():
+                    out.add(p)
+            except OSError:  # gone meanwhile
+                pass
+        return out
+
+    [dead] = workers()
+    os.kill(dead, signal.SIGKILL)
+    code = wait_healthy(info["http"], 150, lambda: bool(workers() - {dead}))
+    assert code == 200 and workers() - {dead}, "no worker answers on the printed address"

@@ -48,6 +48,7 @@ def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path
     with pytest.raises(ConfigError, match="no running `dmem up` found.*--data-dir"):
         locate()
     paths = announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", listening))
+    assert {p.stat().st_mode & 0o777 for p in paths} == {0o600}  # addresses: owner only
     settings, up = locate()
     assert up is not None and up["pid"] == os.getpid()
     assert settings.kafka.bootstrap == listening
