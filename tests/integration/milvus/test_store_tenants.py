@@ -224,3 +224,27 @@ def test_the_write_paths_evictions_delete_each_tenants_own_rows(store_factory: F
     asyncio.run(evict())
     assert set(_state(store, "alpha")) == {IDS[1], IDS[2]}
     assert set(_state(store, "beta")) == {IDS[0], IDS[2]}
+
+
+def test_the_write_paths_store_refusal_leaves_out_only_the_bad_row(store_factory: Factory) -> None:
+    """`StoreService.write`: a row Milvus cannot hold (metadata JSON over its 64 KiB) is
+    returned as refused with the reason; the rest of the partition's rows are stored."""
+    import asyncio
+
+    from schemas import storage_key
+    from streams.settings import Settings
+    from streams.store import StoreService
+
+    store = store_factory(dim=DIM)
+    good = [make_record(m, tenant="alpha") for m in IDS]
+    bad = make_record("too-big", tenant="alpha", metadata={"note": "\u20ac" * 30_000})
+
+    async def write() -> dict[str, str]:
+        svc = StoreService(Settings(), DIM)
+        svc.store = store
+        return await svc.write({"core": [good[0], bad, *good[1:]]})
+
+    refused = asyncio.run(write())
+    assert list(refused) == [storage_key("alpha", "too-big")]
+    assert "JSON" in refused[storage_key("alpha", "too-big")]
+    assert set(_state(store, "alpha")) == set(IDS)

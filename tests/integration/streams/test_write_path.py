@@ -16,6 +16,7 @@ import pytest
 
 from milvus import MemoryStore
 from schemas import Transition, encode
+from schemas.models import stable_transition_id
 from streams.local.stack import LocalStack
 from tests.integration.broker_fixtures import collect, decode_all, isolated_env, produce
 
@@ -241,16 +242,24 @@ def test_write_path_routes_dead_letters_replays_and_restores(
     assert set(ids) >= replayed_written
 
 
-def test_a_row_the_store_refuses_is_dead_lettered_and_the_rest_stored(
+def test_a_row_too_large_for_the_store_is_dead_lettered_and_the_rest_stored(
     tmp_path: Path, broker: str, topic_prefix: str
 ) -> None:
-    """A valid Transition whose row Milvus cannot hold (metadata JSON over 64 KiB)
-    must not stall its partition: it becomes a dead letter, its batch is stored."""
+    """A record within every character limit whose row Milvus could not hold (its
+    metadata JSON over 64 KiB in bytes) must not stall its partition: validation
+    dead-letters it with the reason, its batch is stored. (The store's own refusal of
+    such a row, the last line of defence: tests/integration/milvus/test_store_tenants.py.)"""
     env = isolated_env(topic_prefix, DMEM_GATE__WARMUP="1000")  # warm-up: keep ~everything
     stack = LocalStack(tmp_path / "data", roles=("write",), extra_env=env, broker_bootstrap=broker)
     stack.start_broker()
     good = corridor(3)
-    huge = Transition(
+    huge = Transition.model_construct(  # what a client that skips validation sends
+        transition_id=stable_transition_id(TENANT, "agent-0", "huge", 0),
+        schema_version=1,
+        state=None,
+        next_state=None,
+        done=False,
+        ts=None,
         tenant=TENANT,
         agent_id="agent-0",
         episode_id="huge",
@@ -273,8 +282,8 @@ def test_a_row_the_store_refuses_is_dead_lettered_and_the_rest_stored(
         stack.stop_workers()
     dead = [m for m in out if m["_topic"].endswith("deadletter")]
     events = {m["memory_id"]: m for m in out if m["_topic"].endswith("memories")}
-    assert len(dead) == 1 and dead[0]["stage"] == "store"
-    assert "store refused" in dead[0]["reason"] and "JSON" in dead[0]["reason"]
+    assert len(dead) == 1 and dead[0]["stage"] == "decode"
+    assert "bytes as UTF-8 JSON" in dead[0]["reason"] and dead[0]["error_type"] == "ValidationError"
     assert base64.b64decode(dead[0]["original_b64"]) == encode(huge)
     assert huge.memory_id not in events, "no `written` event for a row that was not stored"
     assert set(events) == {t.memory_id for t in good}
