@@ -183,7 +183,9 @@ class LocalStack:
         n = len(load_tokens(a.tokens, a.tokens_file))
         if not n:
             return "on, no tokens configured: every /v1 request gets 401"
-        return f"on ({n} token{'s' if n != 1 else ''}; send Authorization: Bearer <token>)"
+        return (f"on ({n} token{'s' if n != 1 else ''}; send Authorization: Bearer <token>;"
+                " the embedded broker has no ACLs: a local process can read its topics,"
+                " see docs/security-kafka.md)")  # fmt: skip
 
     @property
     def settings(self) -> Settings:

@@ -75,6 +75,7 @@ def test_up_uses_the_users_auth_settings(tmp_path: Path, monkeypatch: pytest.Mon
         "tok-b",
     }
     assert stack.auth_summary().startswith("on (2 tokens")
+    assert "no ACLs" in stack.auth_summary()  # what the tokens do not protect
     monkeypatch.setenv("DMEM_AUTH__DISABLED", "true")
     assert stack.auth_summary().startswith("off (DMEM_AUTH__DISABLED")
 
