@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from mode import Service
 
 from milvus import MemoryStore
-from schemas import storage_key
+from schemas import Partition, storage_key
 from schemas.errors import ConfigError, InvalidRecord
 from streams.backoff import Backoff
 from streams.settings import Settings
@@ -27,6 +28,22 @@ from streams.settings import Settings
 log = logging.getLogger("dmem")
 
 __all__ = ["StoreService"]
+
+
+#: Milvus has no partial updates: every read-modify-write of a stored row in this
+#: process (the jobs' merges, moves, credit and access flushes; the write path's
+#: edits of stored ids) holds this lock from its read to its write
+WRITE_LOCK = threading.Lock()
+
+#: `streams.write.replays.reconcile`'s shape: (upserts by partition, stored rows by
+#: storage key) -> (upserts to write, storage keys not written)
+Plan = Callable[
+    [Mapping[str, list[dict[str, Any]]], Mapping[str, Mapping[str, Any]]],
+    tuple[dict[str, list[dict[str, Any]]], set[str]],
+]
+#: what a plan compares and carries over: no search fields beyond the row's own
+STORED_FIELDS = ["id", "tenant", "text", "action", "reward", "utility", "uses", "merged_count",
+                 "last_access_ts", "created_ts", "metadata", "vector"]  # fmt: skip
 
 
 class StoreService(Service):
@@ -118,17 +135,44 @@ class StoreService(Service):
             self.healthy = False
         return self.healthy
 
-    async def stored_rows(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The stored rows (no vectors, each with ``partition``) of the storage keys
-        that exist, by key; retried until Milvus answers (`streams.write.replays`)."""
+    async def write_planned(
+        self, upserts: Mapping[str, list[dict[str, Any]]], plan: Plan
+    ) -> tuple[dict[str, str], set[str]]:
+        """`write` after ``plan`` has seen the rows stored under the same keys: read,
+        plan and upsert in one go under `WRITE_LOCK`, so no job of this process writes
+        one of those rows in between. Retried whole until acknowledged (a plan is a
+        pure function of what is stored). Returns (refused rows as in `write`,
+        the storage keys ``plan`` left out)."""
         assert self.store is not None
+        store = self.store
+        keys = [storage_key(r["tenant"], r["id"]) for rows in upserts.values() for r in rows]
+
+        def once() -> tuple[dict[str, str], set[str]]:
+            with WRITE_LOCK:
+                have = store.get_keys(keys, output_fields=STORED_FIELDS, with_vector=True)
+                todo, skipped = plan(upserts, {storage_key(r["tenant"], r["id"]): r
+                                               for r in have})  # fmt: skip
+                rejected: dict[str, str] = {}
+                for partition, rows in todo.items():
+                    if not rows:
+                        continue
+                    try:
+                        store.upsert(rows, cast(Partition, partition))
+                    except InvalidRecord:
+                        bad = {storage_key(r["tenant"], r["id"]): why for r in rows
+                               if (why := store.check_row(r)) is not None}  # fmt: skip
+                        if not bad:
+                            raise
+                        good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
+                        if good:
+                            store.upsert(good, cast(Partition, partition))
+                        rejected.update(bad)
+                return rejected, skipped
+
         if not keys:
-            return {}
-        fields = ["id", "tenant", "text", "action", "reward", "utility", "uses",
-                  "merged_count", "last_access_ts", "metadata"]  # fmt: skip
-        get = functools.partial(self.store.get_keys, list(keys), output_fields=fields)
-        rows = await self._retry("read stored rows", get)
-        return {storage_key(r["tenant"], r["id"]): r for r in rows}
+            return {}, set()
+        out: tuple[dict[str, str], set[str]] = await self._retry("write", once)
+        return out
 
     async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
         """Upsert every partition's rows, retried until acknowledged.

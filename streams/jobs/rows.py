@@ -12,7 +12,6 @@ no job ever reaches another tenant's row with the same id.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from operators.decay import MaintenancePolicy
 from operators.dedup import DEDUP_TAU_BY_ENCODER
 from schemas import MemoryEvent
 from streams.settings import Settings
+from streams.store import WRITE_LOCK as STORE_WRITE_LOCK
 
 __all__ = [
     "MOVED",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: one writer at a time for the read-modify-writes of `streams.jobs`, per process
-WRITE_LOCK = threading.Lock()
+WRITE_LOCK = STORE_WRITE_LOCK  # the write path's edits of stored rows take it too
 SCAN_FIELDS = [
     "id",
     "tenant",

@@ -32,7 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
-from streams.admin import end_of, kafka_client_kwargs
+from streams.admin import ReadEnds, kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.settings import Settings
 
@@ -119,12 +119,10 @@ class CheckpointIndex(Service):
         end = await self._reader.end_offsets(self.tps)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        reader = self._reader
+        reader, ends = self._reader, ReadEnds(end)
 
         def behind() -> bool:
-            return any(
-                self._read_up_to.get(tp, 0) < end_of(reader, tp, off) for tp, off in end.items()
-            )
+            return any(self._read_up_to.get(tp, 0) < ends.of(reader, tp) for tp in end)
 
         while behind():
             left = deadline - loop.time()

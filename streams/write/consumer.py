@@ -532,11 +532,11 @@ class WriteConsumer(Service):
                 # an edit keeps what the memory earned (`streams.write.replays`); the
                 # events go out either way (a crash between the upsert and the events
                 # replays a batch whose rows are stored and whose events are not)
-                keys = [storage_key(r["tenant"], r["id"])
-                        for rows in b.result.upserts.values() for r in rows]  # fmt: skip
-                stored = await self.store_service.stored_rows(keys)
-                upserts, _ = reconcile(b.result.upserts, stored)
-                rejected = await self.store_service.write(upserts)  # acked or refused
+                rejected, replays = await self.store_service.write_planned(
+                    b.result.upserts, reconcile
+                )  # acked or refused
+                if replays:  # stored before: no second look of the guard may take it back
+                    self.pipeline.replayed(replays)
                 if b.result.retract:  # after the upserts: a row written by this batch too
                     await self.store_service.evict(b.result.retract)
                 if rejected:

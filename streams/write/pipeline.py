@@ -80,6 +80,7 @@ from operators.surprise import (
     guard_calibration,
 )
 from schemas import LIMITS, DeadLetter, MemoryEvent, Partition, Transition
+from schemas.models import KEY_SEP
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.settings import Settings
 
@@ -1029,6 +1030,19 @@ class WritePipeline:
                 )
                 row["metadata"]["surprise"] = {"w": round(w, 4), "intrinsic": round(raw, 4)}
                 out.upserts[cast(Partition, route)].append(row)
+
+    def replayed(self, keys: Iterable[str]) -> None:
+        """The store stage did not write these memories (storage keys): they were
+        stored already and the batch sent them again (`streams.write.replays`). A
+        turn the cold guard let through waits on probation for its second look,
+        which could retract it: a memory stored before this batch is not this
+        batch's to take back."""
+        with self.lock:
+            for key in keys:
+                tenant, _, memory_id = key.partition(KEY_SEP)
+                for (t, _part), st in self.states.items():
+                    if t == tenant:
+                        st.intrinsic.release(memory_id, newest=True)
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
         with self.lock:

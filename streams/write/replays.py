@@ -10,8 +10,9 @@ row again over one that has since earned credit, feedback ids, uses and merges.
 `reconcile` runs on the rows of one batch against the rows stored under the same
 keys (one read per batch, `StoreService.stored_rows`):
 
-- A **replay** (same text, action, reward, next observation, `done` and the agent's
-  metadata as the stored row) changes nothing stored: the row is not written
+- A **replay** (same text, action, reward, next observation, `done`, the agent's
+  metadata and vector as the stored row; for a dedup survivor, whose reward is its
+  members' mean, the same text and action) changes nothing stored: the row is not written
   (docs/guarantees/idempotence.md: a redelivered record, a re-imported log or a
   client retry changes nothing it already did). Its events still go out: a crash
   between a batch's upserts and its events replays rows that are stored and events
@@ -29,6 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from schemas import storage_key
 
@@ -51,11 +54,26 @@ def _same_reward(a: Any, b: Any) -> bool:
     return math.isclose(fa, fb, rel_tol=1e-6, abs_tol=1e-6)
 
 
+def _same_vector(a: Any, b: Any) -> bool:
+    if a is None or b is None:  # not read: the text stands for it
+        return True
+    va, vb = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    return va.shape == vb.shape and bool(np.allclose(va, vb, rtol=1e-5, atol=1e-6))
+
+
 def is_replay(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
-    """The new row says exactly what the stored one says."""
+    """The new row says exactly what the stored one says (a state's vector, or the
+    encoder's vector of the text, included: an edit of a state or a new encoder
+    rewrites the row)."""
     if any(new.get(f) != old.get(f) for f in _CONTENT):
         return False
+    if int(old.get("merged_count") or 1) > 1:
+        # a dedup survivor: its reward, vector and metadata are its members' merge;
+        # one member sent again is a replay of what the merge already holds
+        return True
     if not _same_reward(new.get("reward"), old.get("reward")):
+        return False
+    if not _same_vector(new.get("vector"), old.get("vector")):
         return False
     nm, om = new.get("metadata") or {}, old.get("metadata") or {}
     return all((nm.get(k) or None) == (om.get(k) or None) for k in _CONTENT_META)

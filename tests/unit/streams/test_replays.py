@@ -19,7 +19,7 @@ def row(mid: str, text: str = "the key is under the mat", reward: float = 1.0,
 
 def stored(r: dict[str, Any], partition: str, **earned: Any) -> dict[str, Any]:
     meta = {**r["metadata"], "credit": {"n": 3}, "credit_ids": ["fb-1"], "merge": {"ids": ["x"]}}
-    return {**r, "partition": partition, "utility": 0.8, "uses": 5, "merged_count": 2,
+    return {**r, "partition": partition, "utility": 0.8, "uses": 5, "merged_count": 1,
             "last_access_ts": 900, "reward": 1.0000000116, "metadata": meta, **earned}  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_a_replay_is_not_written_and_a_new_id_is() -> None:
 
 
 def test_an_edit_keeps_what_the_memory_earned_and_its_core_place() -> None:
-    old = stored(row("a"), "core")
+    old = stored(row("a"), "core", merged_count=2)
     new = row("a", text="the key is in the drawer")
     out, skipped = reconcile({"core": [], "buffer": [new]}, {storage_key("t", "a"): old})
     assert not skipped and out["buffer"] == []
@@ -51,6 +51,23 @@ def test_other_reward_metadata_or_next_is_an_edit() -> None:
                 {**base, "metadata": {**base["metadata"], "next": "a lamp"}}):  # fmt: skip
         out, skipped = reconcile({"buffer": [new]}, {storage_key("t", "a"): stored(base, "buffer")})
         assert not skipped and len(out["buffer"]) == 1 and out["buffer"][0]["utility"] == 0.8
+
+
+def test_a_new_vector_is_an_edit_and_a_merge_survivor_a_replay() -> None:
+    base = {**row("a"), "vector": [1.0, 0.0]}
+    old = stored(base, "buffer")
+    # a state whose rendering did not change, or a new encoder: the vector differs
+    out, skipped = reconcile({"buffer": [{**base, "vector": [0.0, 1.0]}]},
+                             {storage_key("t", "a"): old})  # fmt: skip
+    assert not skipped and out["buffer"][0]["vector"] == [0.0, 1.0]
+    # float32 round trip of the same vector: a replay
+    _, skipped = reconcile({"buffer": [{**base, "vector": [1.0 + 1e-8, 0.0]}]},
+                           {storage_key("t", "a"): old})  # fmt: skip
+    assert skipped == {storage_key("t", "a")}
+    # a dedup survivor holds its members' mean reward: its own transition again is a replay
+    survivor = {**stored(base, "core"), "reward": 0.55, "merged_count": 3}
+    _, skipped = reconcile({"buffer": [base]}, {storage_key("t", "a"): survivor})
+    assert skipped == {storage_key("t", "a")}
 
 
 def test_hindsight_rewrites_a_stored_row_on_purpose() -> None:
