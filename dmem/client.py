@@ -60,6 +60,7 @@ from schemas import (
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
 from schemas.errors import BrokerUnavailable, DmemError, InvalidRecord, ServiceUnavailable
+from schemas.models import usage_shares
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -151,7 +152,7 @@ class Client:
             reply_topic_for(self.topic("responses"), tenant) if token else self.topic("responses")
         )
         self._producer: AIOKafkaProducer | None = None
-        self._token_checked = False
+        self._token_check: asyncio.Task[None] | None = None
         self._started = False
         self._producing = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
@@ -250,11 +251,16 @@ class Client:
         """Before the first record goes to Kafka, ask the HTTP API (when the client has
         its address) whether it accepts this client's token for its tenant: a record
         with a refused credential is dead-lettered where the agent never looks, so a
-        wrong or missing token fails here, once, instead of losing every write.
-        Unreachable or anything but 401/403: the writes go on (checked once)."""
-        if self._token_checked or self._http is None:
+        wrong or missing token fails every write (`Unauthorized`) instead of losing
+        them. Asked once per client (concurrent first writes wait for the one
+        answer); unreachable, or anything but 401/403: the writes go on."""
+        if self._http is None:
             return
-        self._token_checked = True
+        if self._token_check is None:
+            self._token_check = asyncio.ensure_future(self._ask_token())
+        await asyncio.shield(self._token_check)
+
+    async def _ask_token(self) -> None:
         try:
             status, raw = await self._http_call(
                 "GET", f"/v1/stats?{urlencode({'tenant': self.tenant})}", None
@@ -281,6 +287,8 @@ class Client:
             await producer.send(topic, value, key=key, **kw)
 
     async def stop(self) -> None:
+        if self._token_check is not None and not self._token_check.done():
+            self._token_check.cancel()
         if self._reader:
             self._reader.cancel()
             try:
@@ -565,9 +573,7 @@ class Client:
         bad = {m: v for m, v in weights.items() if not _share(v)}
         if bad:
             raise InvalidRecord(f"usage weights must be finite numbers >= 0, got {bad}")
-        top = max((float(weights[m]) for m in ids), default=0.0)  # scaled first: no overflow
-        total = sum(float(weights[m]) / top for m in ids) if top > 0 else 0.0
-        w = [float(weights[m]) / top / total if total > 0 else 0.0 for m in ids]
+        w = usage_shares([float(weights[m]) for m in ids])
         usage = build(
             MemoryUsage,
             {

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -353,6 +353,16 @@ class RetrievalResponse(Model):
     hits: list[Hit] = Field(default_factory=list)
     error: str | None = None
     took_ms: float = 0.0
+
+
+def usage_shares(weights: Sequence[float]) -> list[float]:
+    """An agent's usage weights as shares of its decision (sum 1; all 0 stays all 0:
+    it acted on none). Scaled by the largest first, so huge finite weights do not
+    overflow. The SDK and the HTTP route send what this returns: credit sums
+    advantage x share, so an unnormalised report would count several times."""
+    top = max((float(w) for w in weights), default=0.0)
+    total = sum(float(w) / top for w in weights) if top > 0 else 0.0
+    return [float(w) / top / total if total > 0 else 0.0 for w in weights]
 
 
 class MemoryUsage(Model):

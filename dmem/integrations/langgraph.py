@@ -133,7 +133,9 @@ class DmemStore(BaseStore):
         self.seen.add(op.namespace)
         if op.value is None:
             await c.forget(memory_id=mid)
-            self.deleted[mid] = time.monotonic()
+            now = time.monotonic()
+            self.deleted = {k: t for k, t in self.deleted.items() if now - t < FORGET_REFUSES_S}
+            self.deleted[mid] = now
             return
         at = self.deleted.get(mid)
         if at is not None and time.monotonic() - at < FORGET_REFUSES_S:

@@ -7,7 +7,9 @@ Routes (registered by `streams.respond.http.wire_respond` through `wire_ingest`)
   -> topic ``feedback`` (key ``episode_id``, else ``memory_id``, else ``tenant``:
   the keys `dmem.client.Client` uses),
 - ``POST /v1/usage`` (`MemoryUsage`: which served memories a decision rested on,
-  what `Client.report_usage` sends) -> topic ``usage`` (key ``episode_id``),
+  what `Client.report_usage` sends) -> topic ``usage`` (key ``episode_id``); the
+  record is the agent's (``source`` is set to ``agent``) and its weights are made
+  shares of the decision (`schemas.models.usage_shares`), as the SDK does,
 - ``GET /openapi.json``: the OpenAPI 3.1 document (`streams.respond.openapi`).
 
 Decisions:
@@ -35,10 +37,12 @@ Decisions:
   not acknowledge within ``ingest.ack_timeout_s`` (or cannot be reached) gives
   503. Both carry ``Retry-After: ingest.retry_after_s``.
 - Retries are safe for transitions: the id is stable (tenant, agent, episode,
-  step), and the write path upserts by it. Outcomes and feedback get a random id
-  when they carry none, so a client that retries should send its own
-  ``outcome_id`` / ``feedback_id``. A 503 after a timeout may follow a partial
-  produce; the same retry rule makes that harmless.
+  step), and the write path upserts by it. An outcome without an id is its
+  episode's final one (``<episode_id>:final``, as the SDK and the credit job name
+  it), so a retried outcome is credited once. Feedback gets a random id when it
+  carries none, so a client that retries should send its own ``feedback_id``. A
+  503 after a timeout may follow a partial produce; the same retry rule makes that
+  harmless.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from mode import Service
 from pydantic import BaseModel, ValidationError
 
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, MemoryUsage, Transition, encode
+from schemas.models import usage_shares
 from streams.auth import KafkaGuard
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
@@ -194,8 +199,13 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
                     }
                 )
             continue
+        if isinstance(rec, EpisodeOutcome) and rec.outcome_id is None:
+            rec.outcome_id = f"{rec.episode_id}:final"
         if getattr(rec, kind.id_field) is None:
             setattr(rec, kind.id_field, uuid.uuid4().hex)
+        if isinstance(rec, MemoryUsage):  # an agent's report, as the SDK sends it
+            rec.source = "agent"
+            rec.weights = usage_shares(rec.weights)
         out.append(rec)
     if errors:
         raise IngestRejected(422, "invalid records", errors)

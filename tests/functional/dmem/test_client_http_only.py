@@ -66,13 +66,16 @@ def test_a_refused_token_fails_the_first_write(
 
     async def go() -> None:
         async with stub_server({("GET", "/v1/stats"): stats}) as url, _client(url, token) as c:
-            with pytest.raises(Unauthorized) as err:
-                await asyncio.wait_for(c.publish(T), 60)
-            assert f"HTTP {status}" in str(err.value) and "'acme'" in str(err.value)
-            assert ("DMEM_API_TOKEN" in str(err.value)) is (token is None)
-            # checked once: the next write goes on to Kafka (here: unreachable)
-            with pytest.raises(BrokerUnavailable):
-                await asyncio.wait_for(c.publish(T), 60)
+            # concurrent first writes: one question, every write refused
+            outs = await asyncio.wait_for(
+                asyncio.gather(c.publish(T), c.publish(T), return_exceptions=True), 60
+            )
+            assert all(isinstance(o, Unauthorized) for o in outs), outs
+            err = outs[0]
+            assert f"HTTP {status}" in str(err) and "'acme'" in str(err)
+            assert ("DMEM_API_TOKEN" in str(err)) is (token is None)
+            with pytest.raises(Unauthorized):  # and so is every later one
+                await asyncio.wait_for(c.report_outcome("e", reward=1.0), 60)
 
     asyncio.run(go())
     bearer = None if token is None else f"Bearer {token}"

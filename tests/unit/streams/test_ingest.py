@@ -11,7 +11,7 @@ import pytest
 from openapi_spec_validator import validate as validate_openapi
 
 import streams
-from schemas import EpisodeOutcome, Feedback, Transition
+from schemas import EpisodeOutcome, Feedback, MemoryUsage, Transition
 from streams.respond.ingest import KINDS, InflightBudget, IngestRejected, parse_body, validate
 from streams.respond.openapi import openapi_document
 from streams.settings import IngestSettings, Settings
@@ -70,13 +70,17 @@ def test_ids_keys_and_topics() -> None:
         ],
         OUTCOMES,
     )
-    assert isinstance(o1, EpisodeOutcome) and o1.outcome_id and o1.outcome_id != "mine"
+    # without an id: the episode's final outcome, as the SDK names it (a retry counts once)
+    assert isinstance(o1, EpisodeOutcome) and o1.outcome_id == "e:final"
     assert OUTCOMES.ident(o2) == "mine" and OUTCOMES.key(o2) == "e"
     [f] = validate([{"tenant": "t", "memory_id": "m1", "kind": "thumbs_down"}], FEEDBACK)
     assert isinstance(f, Feedback) and FEEDBACK.key(f) == "m1" and FEEDBACK.topic == "feedback"
-    [u] = validate([{"tenant": "t", "episode_id": "e", "request_id": "r1", "memory_ids": ["m1"],
-                     "weights": [1.0], "source": "agent", "ts": 5}], USAGE)  # fmt: skip
+    rep = {"tenant": "t", "episode_id": "e", "request_id": "r1", "memory_ids": ["m1", "m2"],
+           "weights": [3.0, 1.0], "ts": 5}  # fmt: skip
+    [u] = validate([rep], USAGE)
     assert (USAGE.key(u), USAGE.ident(u), USAGE.topic) == ("e", "r1", "usage")
+    # an agent's report, its weights shares of the decision, as the SDK sends them
+    assert isinstance(u, MemoryUsage) and u.source == "agent" and u.weights == [0.75, 0.25]
 
 
 def test_budget_is_bounded_and_never_waits() -> None:
