@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -46,14 +47,25 @@ async def commit_or_replay(
     return True
 
 
-def end_of(consumer: Any, tp: TopicPartition, listed: int) -> int:
-    """The end of ``tp`` for a reader: ``listed`` (the consumer's ``end_offsets``
-    answer) raised to the high watermark of its latest fetch. The embedded broker's
-    ListOffsets answers a record batch's base offset + 1 rather than its last offset
-    + 1, while its fetches carry the true high watermark; a loop that reads "until
-    the end" compares its position with this, not with the listed end alone."""
-    hw = consumer.highwater(tp)
-    return listed if hw is None else max(int(listed), int(hw))
+class ReadEnds:
+    """Where one read "to the end" of some partitions stops: each partition's listed
+    end (``end_offsets``), raised once to the high watermark of the first fetch that
+    reports one, then fixed. The embedded broker's ListOffsets answers a record
+    batch's base offset + 1 rather than its last offset + 1, while its fetches carry
+    the true high watermark; on Apache Kafka the two agree, and fixing the end keeps
+    a reader from chasing records appended after it started."""
+
+    def __init__(self, listed: Mapping[TopicPartition, int]) -> None:
+        self.ends = {tp: int(off) for tp, off in listed.items()}
+        self._fixed: set[TopicPartition] = set()
+
+    def of(self, consumer: Any, tp: TopicPartition) -> int:
+        if tp not in self._fixed:
+            hw = consumer.highwater(tp)
+            if hw is not None:
+                self.ends[tp] = max(self.ends.get(tp, 0), int(hw))
+                self._fixed.add(tp)
+        return self.ends.get(tp, 0)
 
 
 def kafka_client_kwargs(k: KafkaSettings) -> dict[str, Any]:

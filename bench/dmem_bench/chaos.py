@@ -737,7 +737,7 @@ async def read_topic(settings: Settings, logical: str) -> list[Any]:
 
 async def read_topic_named(settings: Settings, name: str) -> list[Any]:
     """Every record of topic `name`, from the beginning to its current end."""
-    from streams.admin import end_of, kafka_client_kwargs
+    from streams.admin import ReadEnds, kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
     c = AIOKafkaConsumer(enable_auto_commit=False, max_partition_fetch_bytes=8 << 20, **kw)
@@ -750,12 +750,12 @@ async def read_topic_named(settings: Settings, name: str) -> list[Any]:
         tps = [TopicPartition(name, p) for p in sorted(parts)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
+        ends = ReadEnds(await c.end_offsets(tps))
         msgs: list[Any] = []
 
         async def behind() -> bool:
             for tp in tps:
-                if await c.position(tp) < end_of(c, tp, ends[tp]):
+                if await c.position(tp) < ends.of(c, tp):
                     return True
             return False
 

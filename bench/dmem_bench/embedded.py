@@ -536,14 +536,14 @@ def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> 
     to its end (as it is when called)."""
     from aiokafka import AIOKafkaConsumer
 
-    from streams.admin import end_of
+    from streams.admin import ReadEnds
 
     async def run() -> set[str]:
         c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False)  # fmt: skip
         await c.start()
         out: set[str] = set()
-        end: dict[Any, int] | None = None
+        end: ReadEnds | None = None
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
@@ -556,8 +556,8 @@ def merged_ids(bootstrap: str, topic: str, want: set[str], timeout_s: float) -> 
                 if not parts:
                     continue
                 if end is None:
-                    end = await c.end_offsets(parts)
-                if all([await c.position(tp) >= end_of(c, tp, end[tp]) for tp in parts]):
+                    end = ReadEnds(await c.end_offsets(parts))
+                if all([await c.position(tp) >= end.of(c, tp) for tp in parts]):
                     break
         finally:
             await c.stop()

@@ -68,7 +68,7 @@ from operators.dedup import is_critical, rewards_agree
 from operators.encoders import encoder_dim
 from schemas import DECISION_KINDS, EpisodeOutcome, MemoryUsage, Transition, encode
 from schemas.errors import ServiceUnavailable
-from streams.admin import end_of, kafka_client_kwargs
+from streams.admin import ReadEnds, kafka_client_kwargs
 from streams.local.stack import LocalStack
 from streams.settings import Settings
 
@@ -269,9 +269,9 @@ async def _events(settings: Settings) -> list[dict[str, Any]]:
             for msgs in batch.values():
                 out += [orjson.loads(m.value) for m in msgs]
             if ends is None:
-                ends = await c.end_offsets(list(c.assignment()))
-            positions = {tp: await c.position(tp) for tp in ends}
-            if all(positions[tp] >= end_of(c, tp, end) for tp, end in ends.items()):
+                ends = ReadEnds(await c.end_offsets(list(c.assignment())))
+            positions = {tp: await c.position(tp) for tp in ends.ends}
+            if all(positions[tp] >= ends.of(c, tp) for tp in ends.ends):
                 return out
     finally:
         await c.stop()

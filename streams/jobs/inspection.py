@@ -23,7 +23,7 @@ from operators.decay import (
     plan_decay,
     tenant_priorities,
 )
-from streams.admin import end_of, kafka_client_kwargs
+from streams.admin import ReadEnds, kafka_client_kwargs
 from streams.jobs.rows import SCAN_FIELDS, unique_rows
 from streams.settings import Settings
 
@@ -49,6 +49,7 @@ async def recent_events(
             return []
         c.assign(tps)
         ends = await c.end_offsets(tps)
+        read_ends = ReadEnds(ends)
         begins = await c.beginning_offsets(tps)
         for tp in tps:
             c.seek(tp, max(begins[tp], ends[tp] - per_partition))
@@ -65,7 +66,7 @@ async def recent_events(
                         continue
                     if ev.get("tenant") == tenant and ev.get("kind") in kinds:
                         out.append(ev)
-                    if m.offset >= end_of(c, tp, ends[tp]) - 1:
+                    if m.offset >= read_ends.of(c, tp) - 1:
                         todo.discard(tp)
     finally:
         await c.stop()
