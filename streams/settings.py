@@ -154,7 +154,7 @@ class RespondSettings(BaseModel):
         le=1.0,
         description=(
             "salience and recency only break near-ties of meaning: at most (1 - lambda) / lambda of"
-            " cosine; credited evidence moves lambda further"
+            " cosine (lambda depends on how many memories the tenant holds, not on credit)"
         ),
     )
     lambda_lo: float = Field(
@@ -589,7 +589,7 @@ class IntrinsicSettings(BaseModel):
             "a first-person word that is not a question: 'my sister moved to Chicago') "
             "carries 1 + this times its information, before the speaker's yardstick "
             "(0: off; the words cover English, German, French, Spanish, Italian, "
-            "Portuguese and Dutch)"
+            "Portuguese, Dutch, Russian, Chinese and Japanese)"
         ),
     )
     machine_speakers: list[str] = Field(
@@ -685,7 +685,10 @@ class GateSettings(BaseModel):
     outlier_k: float = Field(
         default=3.0,
         gt=0.0,
-        description="robust outlier rule: s >= median + k * 1.4826 * MAD goes to core",
+        description=(
+            "robust outlier rule: s >= floor and s >= median + max(k * 1.4826 * MAD, floor) "
+            "goes to core"
+        ),
     )
     alpha: float = Field(
         default=2.0, description="slope of the stored gate value g = sigmoid(alpha * s - beta)"

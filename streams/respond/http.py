@@ -7,8 +7,9 @@ route; `wire_respond` registers them with the faust app.
   keyed by request_id on ``dmem.retrieval.responses`` (or the request's
   ``reply_topic``, which must itself be a responses topic of this deployment:
   a client cannot make the responder write into arbitrary topics).
-  Bad requests are dead-lettered *and* answered with an error when they carry
-  a usable request_id, so a client never waits for a timeout on a typo.
+  A request that fails validation or carries no valid credential is dead-lettered
+  with the reason and not answered (where to answer is part of what failed); an
+  error while answering a valid request is replied with ``error``.
 - HTTP: ``POST /v1/search`` (JSON `RetrievalRequest`; request_id optional),
   ``GET /v1/memories/{id}?tenant=T``, ``GET /v1/memories?tenant=T`` (pages, newest
   first, with the search's filters), ``GET /v1/memories?ids=a,b`` and
