@@ -146,10 +146,15 @@ class StoreService(Service):
         assert self.store is not None
         store = self.store
         keys = [storage_key(r["tenant"], r["id"]) for rows in upserts.values() for r in rows]
+        # bounded staleness, as searches read: a Strong read waits for the server's next
+        # time tick (200 ms) on every batch; what it may miss is a row written in the
+        # last seconds, which has earned next to nothing yet
+        level = self.settings.milvus.search_consistency
 
         def once() -> tuple[dict[str, str], set[str]]:
             with WRITE_LOCK:
-                have = store.get_keys(keys, output_fields=STORED_FIELDS, with_vector=True)
+                have = store.get_keys(keys, output_fields=STORED_FIELDS, with_vector=True,
+                                      consistency_level=level)  # fmt: skip
                 todo, skipped = plan(upserts, {storage_key(r["tenant"], r["id"]): r
                                                for r in have})  # fmt: skip
                 rejected: dict[str, str] = {}
