@@ -19,7 +19,15 @@ is a `DmemError` with a ``retriable`` flag.
 
 from dmem._version import __version__
 from dmem.adapter import Memory, MemoryClient
-from dmem.client import ChatTurn, Client, SearchError, SyncClient, chat_transitions
+from dmem.client import (
+    ChatTurn,
+    Client,
+    NotFound,
+    SearchError,
+    SyncClient,
+    Unauthorized,
+    chat_transitions,
+)
 from schemas import (
     BrokerUnavailable,
     ConfigError,
@@ -50,6 +58,7 @@ __all__ = [
     "InvalidRecord",
     "Memory",
     "MemoryClient",
+    "NotFound",
     "RetrievalRequest",
     "RetrievalResponse",
     "ScoreBreakdown",
@@ -58,6 +67,7 @@ __all__ = [
     "ServiceUnavailable",
     "StoreError",
     "StoreUnavailable",
+    "Unauthorized",
     "SyncClient",
     "Transition",
     "__version__",

@@ -13,8 +13,8 @@ import socket
 import pytest
 from aiohttp import web
 
-from dmem import BrokerUnavailable
-from dmem.client import Client, Unauthorized
+from dmem import BrokerUnavailable, Unauthorized
+from dmem.client import Client
 from schemas import Transition
 from tests.functional.dmem.stub_http import stub_server
 
