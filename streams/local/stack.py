@@ -223,7 +223,8 @@ class LocalStack:
         port = self.web_ports[i]
         n = sum(1 for _ in self.data_dir.glob(f"worker-{worker.role}-{port}*.log"))
         log = self.data_dir / f"worker-{worker.role}-{port}.restart{n}.log"
-        w = WorkerProcess(worker.role, self.env(port), log, worker.code_root)
+        # the same checkout, run from the same directory (relative paths hold)
+        w = WorkerProcess(worker.role, self.env(port), log, worker.cwd)
         w.start()
         self.workers[i] = w
         return w
