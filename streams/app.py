@@ -50,6 +50,7 @@ from streams.store import StoreService
 from streams.webguard import guard_middleware
 from streams.write.consumer import WriteConsumer
 from streams.write.pipeline import WritePipeline
+from streams.write.replays import reconcile
 
 log = logging.getLogger("dmem")
 
@@ -246,7 +247,8 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
         log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
                  out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
                  len(result.events))  # fmt: skip
-        rejected = await store.write(result.upserts)
+        # a hindsight row rewrites a stored one on purpose, keeping what it earned
+        rejected, _ = await store.write(result.upserts, reconcile)
         if rejected:
             log.warning("hindsight rows refused by the store: %s", rejected)
         if result.promote:

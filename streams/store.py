@@ -135,14 +135,18 @@ class StoreService(Service):
             self.healthy = False
         return self.healthy
 
-    async def write_planned(
-        self, upserts: Mapping[str, list[dict[str, Any]]], plan: Plan
+    async def write(
+        self, upserts: Mapping[Any, list[dict[str, Any]]], plan: Plan
     ) -> tuple[dict[str, str], set[str]]:
-        """`write` after ``plan`` has seen the rows stored under the same keys: read,
-        plan and upsert in one go under `WRITE_LOCK`, so no job of this process writes
-        one of those rows in between. Retried whole until acknowledged (a plan is a
-        pure function of what is stored). Returns (refused rows as in `write`,
-        the storage keys ``plan`` left out)."""
+        """Upsert every partition's rows as ``plan`` decides once it has seen the rows
+        stored under the same keys: read, plan and upsert in one go under `WRITE_LOCK`,
+        so no job of this process writes one of those rows in between. Retried whole
+        until acknowledged (a plan is a pure function of what is stored), never
+        skipped. Returns (``{storage key: reason}`` (``schemas.storage_key``: ids are
+        unique only per tenant) for rows the store refuses by itself (`InvalidRecord`,
+        e.g. a metadata object over Milvus' JSON limit), which are left out while the
+        rest is written, so one bad row cannot stall its partition forever and the
+        caller dead-letters them; the storage keys ``plan`` left out)."""
         assert self.store is not None
         store = self.store
         keys = [storage_key(r["tenant"], r["id"]) for rows in upserts.values() for r in rows]
@@ -178,35 +182,6 @@ class StoreService(Service):
             return {}, set()
         out: tuple[dict[str, str], set[str]] = await self._retry("write", once)
         return out
-
-    async def write(self, upserts: Mapping[Any, list[dict[str, Any]]]) -> dict[str, str]:
-        """Upsert every partition's rows, retried until acknowledged.
-
-        Returns ``{storage key: reason}`` (``schemas.storage_key(tenant, id)``:
-        ids are unique only per tenant) for rows the store refuses by itself
-        (`InvalidRecord`, e.g. a metadata object over Milvus' JSON limit): those
-        are left out and the rest is written, so one bad row cannot stall its
-        partition forever; the caller dead-letters them. Everything else
-        (outages, server errors) is retried with backoff, never skipped.
-        """
-        assert self.store is not None
-        rejected: dict[str, str] = {}
-        for partition, rows in upserts.items():
-            if not rows:
-                continue
-            try:
-                await self._retry(
-                    f"upsert {partition}", self.store.upsert, rows, partition, raise_invalid=True
-                )
-            except InvalidRecord:
-                store = self.store
-                bad = {storage_key(r["tenant"], r["id"]): why for r in rows
-                       if (why := store.check_row(r)) is not None}  # fmt: skip
-                good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
-                if good:
-                    await self._retry(f"upsert {partition}", store.upsert, good, partition)
-                rejected.update(bad)
-        return rejected
 
     async def evict(self, keys: Sequence[tuple[str, str]]) -> None:
         """Delete the (tenant, memory id) rows, each tenant's own only; retried until

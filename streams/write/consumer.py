@@ -532,7 +532,7 @@ class WriteConsumer(Service):
                 # an edit keeps what the memory earned (`streams.write.replays`); the
                 # events go out either way (a crash between the upsert and the events
                 # replays a batch whose rows are stored and whose events are not)
-                rejected, replays = await self.store_service.write_planned(
+                rejected, replays = await self.store_service.write(
                     b.result.upserts, reconcile
                 )  # acked or refused
                 if replays:  # stored before: no second look of the guard may take it back

@@ -8,7 +8,7 @@ import of an old log) judges a republished transition afresh and would write its
 row again over one that has since earned credit, feedback ids, uses and merges.
 
 `reconcile` runs on the rows of one batch against the rows stored under the same
-keys (one read per batch, `StoreService.write_planned`):
+keys (one read per batch, `StoreService.write`):
 
 - A **replay** (same text, action, reward, next observation, `done`, the agent's
   metadata and vector as the stored row; for a dedup survivor, whose reward is its

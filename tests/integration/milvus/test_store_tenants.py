@@ -234,6 +234,7 @@ def test_the_write_paths_store_refusal_leaves_out_only_the_bad_row(store_factory
     from schemas import storage_key
     from streams.settings import Settings
     from streams.store import StoreService
+    from streams.write.replays import reconcile
 
     store = store_factory(dim=DIM)
     good = [make_record(m, tenant="alpha") for m in IDS]
@@ -242,7 +243,9 @@ def test_the_write_paths_store_refusal_leaves_out_only_the_bad_row(store_factory
     async def write() -> dict[str, str]:
         svc = StoreService(Settings(), DIM)
         svc.store = store
-        return await svc.write({"core": [good[0], bad, *good[1:]]})
+        refused, replays = await svc.write({"core": [good[0], bad, *good[1:]]}, reconcile)
+        assert not replays  # nothing was stored before
+        return refused
 
     refused = asyncio.run(write())
     assert list(refused) == [storage_key("alpha", "too-big")]
