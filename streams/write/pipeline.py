@@ -1040,9 +1040,8 @@ class WritePipeline:
         with self.lock:
             for key in keys:
                 tenant, _, memory_id = key.partition(KEY_SEP)
-                for (t, _part), st in self.states.items():
-                    if t == tenant:
-                        st.intrinsic.release(memory_id, newest=True)
+                for st in self.of_tenant(tenant):
+                    st.intrinsic.release(memory_id, newest=True)
 
     def forget(self, tenant: str, memory_id: str, episode_id: str | None) -> None:
         with self.lock:
