@@ -262,19 +262,16 @@ class Client:
 
     async def _ask_token(self) -> None:
         try:
-            status, raw = await self._http_call(
-                "GET", f"/v1/stats?{urlencode({'tenant': self.tenant})}", None
-            )
-        except (ServiceUnavailable, TimeoutError):
-            return
-        if status in (401, 403):
-            why = raw[:300].decode("utf-8", "replace")
+            await self.stats()
+        except Unauthorized as exc:
             hint = "no token is set (DMEM_API_TOKEN)" if not self.token else "check the token"
             raise Unauthorized(
                 f"the deployment refuses this client's credentials for tenant "
-                f"{self.tenant!r} (HTTP {status}: {why}); {hint}: records sent to Kafka "
-                "with them would be dead-lettered as unauthenticated"
-            )
+                f"{self.tenant!r} ({exc}); {hint}: records sent to Kafka with them would be "
+                "dead-lettered as unauthenticated"
+            ) from exc
+        except (DmemError, TimeoutError):  # unreachable, or any other answer: writes go on
+            return
 
     async def _send(self, logical: str, tenant: str, value: bytes, key: bytes,
                     wait: bool = True) -> None:  # fmt: skip
