@@ -60,7 +60,7 @@ from schemas import (
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
 from schemas.errors import BrokerUnavailable, DmemError, InvalidRecord, ServiceUnavailable
-from schemas.models import usage_shares
+from schemas.models import final_outcome_id, usage_shares
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -378,7 +378,7 @@ class Client:
                 "reward": reward,
                 "success": success,
                 "ts": int(time.time() * 1000),
-                "outcome_id": f"{episode_id}:final",
+                "outcome_id": final_outcome_id(episode_id),
             },
         )
         await self._send("feedback", self.tenant, encode(out), episode_id.encode())

@@ -355,6 +355,12 @@ class RetrievalResponse(Model):
     took_ms: float = 0.0
 
 
+def final_outcome_id(episode_id: str) -> str:
+    """The id of an episode's outcome that carries none: its final one. The SDK, HTTP
+    ingest, the credit job and hindsight all name it so, so a copy counts once."""
+    return f"{episode_id}:final"
+
+
 def usage_shares(weights: Sequence[float]) -> list[float]:
     """An agent's usage weights as shares of its decision (sum 1; all 0 stays all 0:
     it acted on none). Scaled by the largest first, so huge finite weights do not

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from operators import Encoder, build_encoder
 from schemas import EpisodeOutcome, encode, storage_key
 from schemas.errors import ConfigError
+from schemas.models import final_outcome_id
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
 from streams.codec import GUARD_ATTR, raw_topic
@@ -272,7 +273,7 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
         async for events in batches(OUTCOME_BATCH, within=OUTCOME_BATCH_S):
             outs = [o for o in map(outcome_of, events) if o is not None]
             outs.sort(key=lambda o: (o.tenant, o.ts if o.ts is not None else -1,
-                                     o.outcome_id or f"{o.episode_id}:final"))  # fmt: skip
+                                     o.outcome_id or final_outcome_id(o.episode_id)))  # fmt: skip
             for out in outs:
                 await rescore(out)
 

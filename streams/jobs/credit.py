@@ -74,6 +74,7 @@ from schemas import (
     encode,
     storage_key,
 )
+from schemas.models import final_outcome_id
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
@@ -292,7 +293,7 @@ class CreditJob(Service):
 
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
         if isinstance(fb, EpisodeOutcome):
-            oid = fb.outcome_id or f"{fb.episode_id}:final"
+            oid = fb.outcome_id or final_outcome_id(fb.episode_id)
             rec = OutcomeRecord(oid, fb.reward, fb.step, fb.task, fb.agent_id)
             return self.assigner.on_outcome(fb.tenant, fb.episode_id, rec, now)
         if fb.memory_id is not None and fb.kind != "reward":
@@ -302,7 +303,7 @@ class CreditJob(Service):
                 CreditUpdate(f"fb:{fid}", fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0)
             ]
         if fb.episode_id is not None:
-            oid = fb.feedback_id or f"{fb.episode_id}:final"
+            oid = fb.feedback_id or final_outcome_id(fb.episode_id)
             return self.assigner.on_outcome(
                 fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.value, agent=fb.agent_id), now
             )

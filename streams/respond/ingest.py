@@ -66,7 +66,7 @@ from mode import Service
 from pydantic import BaseModel, ValidationError
 
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, MemoryUsage, Transition, encode
-from schemas.models import usage_shares
+from schemas.models import final_outcome_id, usage_shares
 from streams.auth import KafkaGuard
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
@@ -200,7 +200,7 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
                 )
             continue
         if isinstance(rec, EpisodeOutcome) and rec.outcome_id is None:
-            rec.outcome_id = f"{rec.episode_id}:final"
+            rec.outcome_id = final_outcome_id(rec.episode_id)
         if getattr(rec, kind.id_field) is None:
             setattr(rec, kind.id_field, uuid.uuid4().hex)
         if isinstance(rec, MemoryUsage):  # an agent's report, as the SDK sends it

@@ -80,7 +80,7 @@ from operators.surprise import (
     guard_calibration,
 )
 from schemas import LIMITS, DeadLetter, MemoryEvent, Partition, Transition
-from schemas.models import KEY_SEP
+from schemas.models import KEY_SEP, final_outcome_id
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.settings import Settings
 
@@ -1150,7 +1150,7 @@ class WritePipeline:
             sigma, plan = st.normalizer.sigma, self.gate.plan(st.gate_state)
             scale = st.learner.reward_scale
         theta_high = plan[1]
-        oid = outcome_id or f"{episode_id}:final"
+        oid = outcome_id or final_outcome_id(episode_id)
         s_out = st.outcomes.surprise(outcome, event_ts, oid)
         st.outcomes.observe(outcome, event_ts, oid)
         if (agent := st.episode_agent.get(episode_id)) is not None:
