@@ -33,6 +33,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import groupby
 from typing import Any
 
 import orjson
@@ -138,15 +139,7 @@ def in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (three thumbs applied in one millisecond read in the order they were applied)."""
     rows = sorted(rows, key=lambda r: (int(r["ts"]), int((r.get("body") or {}).get(
         "processed_ts") or 0), str(r["key"])))  # fmt: skip
-    out: list[dict[str, Any]] = []
-    i = 0
-    while i < len(rows):
-        j = i
-        while j < len(rows) and int(rows[j]["ts"]) == int(rows[i]["ts"]):
-            j += 1
-        out += _chained(rows[i:j])
-        i = j
-    return out
+    return [r for _, g in groupby(rows, key=lambda r: int(r["ts"])) for r in _chained(list(g))]
 
 
 def _chained(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
