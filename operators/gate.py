@@ -222,10 +222,11 @@ class Gate:
     def plan(self, state: GateState) -> tuple[float, float, float]:
         """(theta_low, theta_high, outlier threshold) from the current sketch.
 
-        The median/MAD (the costly part) is only computed when the quantiles
-        alone cannot settle theta_low (Q(q_low) below the floor) or when asked
-        for the outlier threshold; the outlier threshold is +inf for fixed
-        gates and during warm-up.
+        Every decision of a percentile gate past warm-up computes the sketch's
+        median/MAD (the outlier threshold, and theta_low where Q(q_low) is below the
+        floor), the costliest step of a decision, so `DecayedQuantileSketch.median_mad`
+        evaluates the CDF in C (``np.interp``). The outlier threshold is +inf for
+        fixed gates and during warm-up.
         """
         if self.kind == "fixed":
             return (self.theta_low, self.theta_high, math.inf)

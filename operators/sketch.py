@@ -76,6 +76,7 @@ class DecayedQuantileSketch:
         self.min = math.inf
         self.max = -math.inf
         self._cdf: tuple[np.ndarray, np.ndarray] | None = None
+        self._has_weight = False  # any positive weight (set with the curve)
 
     # ---------------------------------------------------------------- inserts
 
@@ -176,10 +177,14 @@ class DecayedQuantileSketch:
             total = cum[-1]
             ys = cum / total if total > 0 else cum
             self._cdf = (xs, ys)
+            self._has_weight = bool(total > 0)
         return self._cdf
 
     def _empty(self) -> bool:
-        return self.count == 0 or not self.weights.any()
+        if self.count == 0:
+            return True
+        self._curve()
+        return not self._has_weight
 
     def quantiles(self, qs: Iterable[float] | np.ndarray) -> np.ndarray:
         """Vectorised ``quantile``."""
@@ -239,18 +244,19 @@ class DecayedQuantileSketch:
 
         MAD is the d with F(m + d) - F(m - d) = 1/2. On a piecewise-linear CDF
         that function is piecewise linear in d with knots at |edge - m|, so it
-        is solved exactly by evaluating it at the knots and interpolating.
+        is solved exactly by evaluating it at the knots and interpolating. F is
+        evaluated with ``np.interp`` on the CDF's knots (the same curve as
+        `ranks`: 0 up to the minimum, 1 from the maximum on), in two C calls:
+        the gate asks for this on every decision.
         """
         if self._empty():
             return (math.nan, math.nan)
         m = self.quantile(0.5)
-        kx, _ = self._curve()
+        kx, ky = self._curve()
         reach = max(self.max - m, m - self.min, 0.0)
         d = np.abs(kx - m)
         d = np.sort(np.concatenate([[0.0, reach], d[d < reach]]))
-        g = self.ranks(np.concatenate([m + d, m - d]))
-        g = g[: d.shape[0]] - g[d.shape[0] :]
-        # ranks(m - d) is a "strictly below" fraction; at m - d <= min it is 0.
+        g = np.interp(m + d, kx, ky) - np.interp(m - d, kx, ky)
         k = int(np.searchsorted(g, 0.5, side="left"))
         if k == 0:
             return (m, 0.0)

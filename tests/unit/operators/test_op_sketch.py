@@ -140,3 +140,45 @@ def test_constructor_validation() -> None:
     for kwargs in ({"bins": 1}, {"lo": 5.0, "hi": 1.0}, {"half_life": 0.0}, {"lo": -1.0}):
         with pytest.raises(ValueError):
             DecayedQuantileSketch(**kwargs)  # type: ignore[arg-type]
+
+
+def _sketches() -> list[DecayedQuantileSketch]:
+    """Sketches of several shapes: spread, atoms, one value, tiny values, outliers."""
+    rng = np.random.default_rng(7)
+    shapes = [
+        np.abs(rng.standard_normal(300)),
+        rng.choice([0.0, 1.0, 2.5], 200),
+        np.full(50, 1.7),
+        rng.exponential(0.01, 200),
+        np.concatenate([np.zeros(100), [40.0, 70.0, 90.0]]),
+        rng.uniform(0.0, 70.0, 200),
+    ]
+    out = []
+    for xs, hl in zip(shapes, [50.0, 5000.0, math.inf, 50.0, 5000.0, math.inf], strict=True):
+        sk = DecayedQuantileSketch(half_life=hl)
+        for x in xs:
+            sk.add(float(x))
+        out.append(sk)
+    return out
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_mad_solves_its_equation_on_the_sketch_cdf(i: int) -> None:
+    """MAD is the d with rank(m + d) - rank(m - d) = 1/2 on the sketch's own CDF
+    (`rank` evaluates it independently of median_mad), or 0 / the full reach where
+    the CDF's atoms make 1/2 unreachable."""
+    sk = _sketches()[i]
+    med, mad = sk.median_mad()
+    assert med == sk.quantile(0.5)
+    reach = max(sk.max - med, med - sk.min, 0.0)
+    assert 0.0 <= mad <= reach
+
+    def g(d: float) -> float:
+        return sk.rank(med + d) - sk.rank(med - d)
+
+    if 0.0 < mad < reach:
+        assert g(mad) == pytest.approx(0.5, abs=1e-9)
+    elif mad == 0.0:
+        assert g(0.0) >= 0.5 - 1e-9 or g(1e-12) >= 0.5 - 1e-9
+    else:
+        assert g(reach * (1 - 1e-9)) <= 0.5 + 1e-9
