@@ -59,7 +59,6 @@ other Milvus refusals ``StoreError``; invalid rows or filters ``InvalidRecord``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -97,6 +96,7 @@ from schemas.errors import (
     StoreError,
     StoreUnavailable,
 )
+from schemas.limits import LIMITS, json_bytes
 from schemas.models import Partition, storage_key
 
 __all__ = ["MemoryStore"]
@@ -214,9 +214,12 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 
 
 #: Milvus' limit on one JSON field value (``proxy.maxJSONSize``-like; 64 KiB here):
-#: checked before sending, so a too-large metadata object is refused row by row
-#: (`InvalidRecord`) instead of failing a whole batch on the server
-MAX_JSON_BYTES = 65_536
+#: checked before sending, with the partition stamp every write adds, so a too-large
+#: metadata object is refused row by row (`InvalidRecord`) instead of failing a whole
+#: batch on the server (the budget of its parts: `schemas.limits`)
+MAX_JSON_BYTES = LIMITS.max_json_field_bytes
+#: the longest partition stamp a write adds to a row's metadata
+_LONGEST_STAMP = max(PARTITIONS, key=len)
 
 
 def legacy_layout_message(collection: str, uri: str) -> str:
@@ -643,7 +646,7 @@ class MemoryStore:
                 if not isinstance(value, Mapping):
                     raise TypeError("expected dict")
                 value = dict(value)
-                size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode())
+                size = json_bytes({**value, PART_KEY: _LONGEST_STAMP})
                 if size > MAX_JSON_BYTES:
                     raise ValueError(f"{size} bytes of JSON (max {MAX_JSON_BYTES})")
                 return value

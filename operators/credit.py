@@ -77,6 +77,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
+from schemas.limits import LIMITS, newest_within
+
 __all__ = [
     "CreditAssigner",
     "CreditStats",
@@ -537,7 +539,7 @@ def apply_utility(
     credit: float,
     uses: int,
     discount: float = 0.95,
-    remember: int = 64,
+    remember: int = LIMITS.max_credit_ids,
     evidence: bool = True,
     similarity: float | None = None,
 ) -> bool:
@@ -549,8 +551,10 @@ def apply_utility(
     had weight 0: the memory was served or considered and not acted on) adds its
     uses and leaves the statistics alone: the outcome says nothing about a memory
     nobody followed. ``similarity`` (where known) is folded into the statistics'
-    ``sim`` with the advantage. The last `remember` update ids live in the row's
-    metadata (``credit_ids``), which is what makes a replayed update a no-op.
+    ``sim`` with the advantage. The last `remember` update ids that fit
+    ``LIMITS.max_credit_ids_bytes`` live in the row's metadata (``credit_ids``),
+    which is what makes a replayed update a no-op (the byte bound keeps the row
+    within Milvus' JSON limit: `schemas.limits`).
     """
     meta = row.setdefault("metadata", {}) or {}
     row["metadata"] = meta
@@ -565,5 +569,5 @@ def apply_utility(
         row["utility"] = float(row.get("utility", 0.0))
     row["uses"] = int(row.get("uses", 0)) + int(uses)
     applied.append(update_id)
-    meta["credit_ids"] = applied[-remember:]
+    meta["credit_ids"] = newest_within(applied, remember, LIMITS.max_credit_ids_bytes)
     return True

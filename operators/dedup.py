@@ -34,10 +34,14 @@ merged_count adds up; reward is the count-weighted mean (its span kept in
 mean (uses add up); retrieval counts add up; applied credit ids are kept;
 created_ts is the earliest, ``metadata.merge.last_seen_ts`` and last_access_ts
 the latest; the survivor's vector, text and user metadata stay. The folded
-transition ids are kept in ``metadata.merge.ids`` (the last `MERGE_IDS_KEPT`;
-merged_count counts all): a hit reports them (`Hit.merged_ids`), a lookup of a
-folded id finds its survivor, and folding an id twice (a replay after a crash
-between "write survivor" and "delete members") changes nothing.
+transition ids are kept in ``metadata.merge.ids``: a hit reports them
+(`Hit.merged_ids`), a lookup of a folded id finds its survivor, and folding an id
+twice (a replay after a crash between "write survivor" and "delete members")
+changes nothing. Both id lists keep their newest entries within the row's byte
+budget (`schemas.limits`): at most `MERGE_IDS_KEPT` folded ids in what the
+survivor's user metadata leaves of Milvus' 64 KiB JSON field (at least
+``LIMITS.min_merge_ids_bytes``), at most `CREDIT_IDS_KEPT` credit ids in
+``LIMITS.max_credit_ids_bytes``; merged_count counts every fold.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from schemas.limits import LIMITS, bounded_lists
 
 __all__ = [
     "CREDIT_IDS_KEPT",
@@ -65,9 +71,11 @@ __all__ = [
     "user_context",
 ]
 
-# ~36 bytes each in the row's JSON: 1000 ids stay far below Milvus' 64 KiB JSON limit
-MERGE_IDS_KEPT = 1000
-CREDIT_IDS_KEPT = 64  # as `operators.credit.apply_utility` remembers them
+#: at most this many folded ids in ``metadata.merge.ids`` (and at most what the row's
+#: byte budget leaves them: `schemas.limits.merge_ids_budget`)
+MERGE_IDS_KEPT = LIMITS.max_merge_ids
+#: at most this many applied credit ids, as `operators.credit.apply_utility` keeps them
+CREDIT_IDS_KEPT = LIMITS.max_credit_ids
 #: default dedup tau per encoder: the lowest with almost no false merges on real text
 #: (docs/design/2026-12-01-dedup-tau.md)
 DEDUP_TAU_BY_ENCODER = {"minilm": 0.98, "minilm-static": 0.98, "hash": 0.95, "passthrough": 0.95}
@@ -358,7 +366,7 @@ def merge_rows(
     out["last_access_ts"] = last_access
     out["partition"] = partition
     merge.update(
-        ids=(seen_ids + folded)[-MERGE_IDS_KEPT:],
+        ids=seen_ids + folded,
         first_seen_ts=min(created, first),
         last_seen_ts=max(last, created),
         reward_min=r_lo,
@@ -366,8 +374,8 @@ def merge_rows(
     )
     meta["merge"] = merge
     if credit_ids:
-        meta["credit_ids"] = credit_ids[-CREDIT_IDS_KEPT:]
-    out["metadata"] = meta
+        meta["credit_ids"] = credit_ids
+    out["metadata"] = bounded_lists(meta)  # the newest ids within the row's budget
     for k in ("reward", "rpe", "rpe_smoothed", "gate", "utility"):
         if not math.isfinite(float(out[k])):  # pragma: no cover - inputs are finite
             out[k] = 0.0

@@ -21,7 +21,6 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
@@ -34,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.limits import LIMITS
+from schemas.limits import LIMITS, user_part_bytes
 
 SCHEMA_VERSION = 1
 SUPPORTED = frozenset({1})
@@ -147,8 +146,7 @@ class Transition(Model):
             if len(self.state) != len(self.next_state):
                 raise ValueError("state and next_state differ in dimension")
         if self.metadata or self.next_observation:
-            size = len(json.dumps({"user": self.metadata, "next": self.next_observation},
-                                  ensure_ascii=False, separators=(",", ":")).encode())  # fmt: skip
+            size = user_part_bytes(self.metadata, self.next_observation)
             if size > LIMITS.max_row_json_bytes:
                 raise ValueError(
                     f"metadata and next_observation take {size} bytes as UTF-8 JSON (max "

@@ -27,7 +27,7 @@ from streams.settings import Settings
 
 log = logging.getLogger("dmem")
 
-__all__ = ["StoreService"]
+__all__ = ["StoreService", "upsert_fitting"]
 
 
 #: Milvus has no partial updates: every read-modify-write of a stored row in this
@@ -44,6 +44,29 @@ Plan = Callable[
 #: what a plan compares and carries over: no search fields beyond the row's own
 STORED_FIELDS = ["id", "tenant", "text", "action", "reward", "utility", "uses", "merged_count",
                  "last_access_ts", "created_ts", "metadata", "vector"]  # fmt: skip
+
+
+def upsert_fitting(store: MemoryStore, rows: Sequence[Mapping[str, Any]],
+                   partition: Partition) -> dict[str, str]:  # fmt: skip
+    """Upsert `rows` into `partition`, leaving out the rows the store refuses by
+    themselves (`InvalidRecord`, e.g. a metadata object over Milvus' JSON limit), so
+    one bad row neither stalls the others nor turns a retry loop into an endless one.
+    Returns ``{storage key: reason}`` of the rows left out (for the caller to
+    dead-letter or report); other failures raise as from `MemoryStore.upsert`."""
+    if not rows:
+        return {}
+    try:
+        store.upsert(rows, partition)
+    except InvalidRecord:
+        bad = {storage_key(r["tenant"], r["id"]): why for r in rows
+               if (why := store.check_row(r)) is not None}  # fmt: skip
+        if not bad:
+            raise
+        good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
+        if good:
+            store.upsert(good, partition)
+        return bad
+    return {}
 
 
 class StoreService(Service):
@@ -163,19 +186,7 @@ class StoreService(Service):
                                                for r in have})  # fmt: skip
                 rejected: dict[str, str] = {}
                 for partition, rows in todo.items():
-                    if not rows:
-                        continue
-                    try:
-                        store.upsert(rows, cast(Partition, partition))
-                    except InvalidRecord:
-                        bad = {storage_key(r["tenant"], r["id"]): why for r in rows
-                               if (why := store.check_row(r)) is not None}  # fmt: skip
-                        if not bad:
-                            raise
-                        good = [r for r in rows if storage_key(r["tenant"], r["id"]) not in bad]
-                        if good:
-                            store.upsert(good, cast(Partition, partition))
-                        rejected.update(bad)
+                    rejected.update(upsert_fitting(store, rows, cast(Partition, partition)))
                 return rejected, skipped
 
         if not keys:

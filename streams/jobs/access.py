@@ -14,17 +14,17 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import faust
 from mode import Service
 
 from milvus import MemoryStore
-from schemas import storage_key
+from schemas import Partition, storage_key
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
 from streams.jobs.rows import WRITE_LOCK
 from streams.settings import Settings
-from streams.store import StoreService
+from streams.store import StoreService, upsert_fitting
 
 log = logging.getLogger("dmem.maintenance")
 
@@ -64,7 +64,9 @@ class AccessTracker:
 
 
 def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]]) -> int:
-    """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows."""
+    """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows
+    written. A row the store refuses by itself (`streams.store.upsert_fitting`) keeps
+    its stored counts and is logged as an error; the others are written."""
     if not hits:
         return 0
     with WRITE_LOCK:
@@ -83,9 +85,13 @@ def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]
             row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), ts)
             part = row.pop("partition")
             by_part.setdefault(part, []).append(row)
+        refused: dict[str, str] = {}
         for part, prow in by_part.items():
-            store.upsert(prow, part)  # type: ignore[arg-type]
-    return sum(len(v) for v in by_part.values())
+            refused.update(upsert_fitting(store, prow, cast(Partition, part)))
+    for key, why in sorted(refused.items()):
+        log.error("access count of memory %s not written: the store refuses its row (%s)",
+                  key, why)  # fmt: skip
+    return sum(len(v) for v in by_part.values()) - len(refused)
 
 
 class AccessFlusher(Service):

@@ -13,7 +13,11 @@ reads the rows by storage key (tenant, memory id), folds the updates with
 `apply_utility` (the memory's credit statistics: count, discounted mean and
 variance of normalised advantage) and upserts them back; a buffer memory whose
 help is established (`CreditStats.established` > 0) moves to core. Offsets are
-committed only after Milvus acknowledged. An update for a memory dedup folded
+committed only after Milvus acknowledged. A row the store refuses by itself (a
+metadata object over Milvus' JSON limit, which the row budget of `schemas.limits`
+rules out for rows dmem built) is left as it is and the rest of the batch
+written; its updates are logged as errors and counted (``credit_refused``), not
+retried forever. An update for a memory dedup folded
 into another goes to that survivor; one for a memory of another tenant, or one
 that no longer exists, finds no row and is skipped.
 
@@ -48,7 +52,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
@@ -70,6 +74,7 @@ from schemas import (
     EpisodeOutcome,
     Feedback,
     MemoryUsage,
+    Partition,
     UtilityUpdate,
     encode,
     storage_key,
@@ -83,7 +88,7 @@ from streams.jobs.rows import WRITE_LOCK
 from streams.metrics import CREDIT_UPDATES, count_dead_letter
 from streams.settings import Settings
 from streams.settle import backlog
-from streams.store import StoreService
+from streams.store import StoreService, upsert_fitting
 from streams.write.pipeline import RawRecord, TenantState, dead_letter, validation_reason
 
 log = logging.getLogger("dmem.jobs")
@@ -352,6 +357,8 @@ class UtilityApplier(Service):
         self.forged = 0  # updates without the service's signature (not applied)
         self.applying = 0  # updates fetched and not yet applied
         self.promoted = 0  # buffer memories moved to core by established credit
+        #: updates not applied because the store refuses their row (logged as errors)
+        self.refused = 0
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
         #: updates waiting for their memory's row, in arrival order, with when they first
         #: waited (module doc, Time)
@@ -477,6 +484,7 @@ class UtilityApplier(Service):
                 rows[(r["tenant"], r["id"])] = r
         touched: dict[tuple[str, str], dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
+        done: list[tuple[tuple[str, str], UtilityUpdate]] = []  # applied to the rows read
         waiting: set[tuple[str, str]] = set()
         for since, u in queued:
             key = (u.tenant, u.memory_id)
@@ -503,20 +511,35 @@ class UtilityApplier(Service):
             ):
                 touched[target] = row
                 history.append(credit_event(u, target[1], before, row))
-                self.applied += 1
-                CREDIT_UPDATES.labels(tenant=u.tenant).inc()
+                done.append((target, u))
             else:
                 self.skipped += 1
+        parts = {k: str(row.pop("partition")) for k, row in touched.items()}
         by_part: dict[str, list[dict[str, Any]]] = {}
+        for k, row in touched.items():
+            by_part.setdefault(parts[k], []).append(row)
+        refused: dict[str, str] = {}
+        for part, part_rows in by_part.items():
+            refused.update(upsert_fitting(store, part_rows, cast(Partition, part)))
+        for skey, why in sorted(refused.items()):
+            ids = [u.update_id for t, u in done if storage_key(*t) == skey]
+            log.error("credit updates %s not applied: the store refuses memory %s (%s)",
+                      ids, skey, why)  # fmt: skip
+        for target, u in done:
+            if storage_key(*target) in refused:
+                self.refused += 1
+            else:
+                self.applied += 1
+                CREDIT_UPDATES.labels(tenant=u.tenant).inc()
+        if refused:
+            touched = {k: r for k, r in touched.items() if storage_key(*k) not in refused}
+            history = [h for h in history
+                       if storage_key(h["tenant"], h["memory_id"]) not in refused]  # fmt: skip
         promote: dict[str, list[str]] = {}
         min_uses = self.settings.respond.promote_min_uses
         for (tenant, mid), row in touched.items():
-            part = row.pop("partition")
-            by_part.setdefault(part, []).append(row)
-            if part == "buffer" and CreditStats.of(row).established(min_uses) > 0:
+            if parts[(tenant, mid)] == "buffer" and CreditStats.of(row).established(min_uses) > 0:
                 promote.setdefault(tenant, []).append(mid)
-        for part, part_rows in by_part.items():
-            store.upsert(part_rows, part)  # type: ignore[arg-type]
         for tenant, ids in sorted(promote.items()):  # established help: buffer -> core
             self.promoted += store.move(ids, "core", tenant=tenant)
         if history:  # after the rows: history never shows credit the row lacks
@@ -564,6 +587,7 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
         "credit_applied": applier.applied,
         "credit_promoted": applier.promoted,
         "credit_skipped": applier.skipped,
+        "credit_refused": applier.refused,
         "open_episodes": len(job.assigner.episodes),
     }
 

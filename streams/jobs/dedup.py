@@ -14,15 +14,19 @@ rows within cosine ``tau`` whose rewards agree are merged oldest-first
 (`plan_merges`, `merge_rows`): the survivor is rewritten, the others deleted,
 one ``merged`` event each. The job commits a window's offsets only after its
 merges were acknowledged; a replay folds nothing twice (merged ids are
-remembered in the survivor).
+remembered in the survivor). A merged row stays within Milvus' JSON limit
+(`merge_rows` keeps the row's byte budget, `schemas.limits`); one the store
+refuses all the same is not merged: an error in the log, ``merge_refused`` in
+the job's counters, and every row as it was.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,11 +34,14 @@ from milvus import expr as E
 from milvus.schema import VECTOR_FIELD, search_params
 from operators.decay import entry_from_row
 from operators.dedup import MergeGroup, merge_rows, merge_scope, plan_merges, reward_span
-from schemas import MemoryEvent
+from schemas import MemoryEvent, Partition
 from streams.jobs.index import IndexedEngine
 from streams.jobs.rows import WRITE_LOCK, memory_event, unique_rows
+from streams.store import upsert_fitting
 
 __all__ = ["DedupEngine", "Scope", "context_filter"]
+
+log = logging.getLogger("dmem.maintenance")
 
 Scope = tuple[str, str, int, str, bool, int, str]  # `operators.dedup.merge_scope`
 PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -129,7 +136,10 @@ class DedupEngine(IndexedEngine):
             )
             merged: set[str] = set()
             for g in groups:
-                events += self._apply_merge(g, group_rows, now)
+                applied = self._apply_merge(g, group_rows, now)
+                if applied is None:
+                    continue  # refused: every row stays as it is
+                events += applied
                 merged.update(g.members)
             for mid, r in group_rows.items():
                 if mid not in merged and mid in rows:
@@ -140,7 +150,13 @@ class DedupEngine(IndexedEngine):
         return events
 
     def _apply_merge(self, g: MergeGroup, rows: dict[str, dict[str, Any]],
-                     now: int) -> list[MemoryEvent]:  # fmt: skip
+                     now: int) -> list[MemoryEvent] | None:  # fmt: skip
+        """Fold `g`'s members into its survivor: the survivor is rewritten, then the
+        members deleted; returns the events. None: the store refuses the merged row
+        by itself (`InvalidRecord`, e.g. its metadata over Milvus' JSON limit, which
+        `merge_rows`' byte budget rules out for rows dmem built): logged as an error
+        and counted (``merge_refused``), nothing written or deleted, so the job goes
+        on and no memory is lost."""
         with WRITE_LOCK:
             # the rows as they are now, under the lock: credit or access counts written
             # since the window was read are folded, not overwritten
@@ -153,7 +169,12 @@ class DedupEngine(IndexedEngine):
             target = str(new.pop("partition"))
             if folded or target != s["partition"]:
                 clean = {k: v for k, v in new.items() if k not in ("distance", "similarity")}
-                self.store.upsert([clean], target)  # type: ignore[arg-type]
+                refused = upsert_fitting(self.store, [clean], cast(Partition, target))
+                if refused:
+                    log.error("merge of %s into %s refused: %s", list(g.members), g.survivor,
+                              "; ".join(refused.values()))  # fmt: skip
+                    self._count("merge_refused")
+                    return None
             # the fold index first: a folded id is always either stored or folded
             self.store.history.fold(
                 str(s["tenant"]), dict.fromkeys(g.members, g.survivor), now,

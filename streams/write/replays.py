@@ -22,7 +22,9 @@ keys (one read per batch, `StoreService.write`):
 - An **edit** (the same id with other content: LangGraph's ``put`` of a key again)
   writes the new content and carries over what the memory earned (`EARNED`
   fields and metadata), and stays in ``core`` if it was there: credit follows the
-  memory's identity, not its wording.
+  memory's identity, not its wording. The carried id lists keep their newest
+  entries within what the new content leaves them (`schemas.limits.bounded_lists`),
+  so an edit near the user's byte limit still fits Milvus' JSON field.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from schemas import storage_key
+from schemas.limits import bounded_lists
 
 __all__ = ["EARNED", "EARNED_META", "REWRITES", "is_replay", "reconcile"]
 
@@ -91,7 +94,8 @@ def _carry(new: dict[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
     for k in EARNED_META:
         if k in om:
             meta[k] = om[k]
-    out["metadata"] = meta
+    # the new user metadata may leave the carried id lists less room (`schemas.limits`)
+    out["metadata"] = bounded_lists(meta)
     return out
 
 
