@@ -79,7 +79,7 @@ from schemas import (
     encode,
     storage_key,
 )
-from schemas.models import final_outcome_id
+from schemas.models import feedback_update_id, final_outcome_id
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
@@ -305,7 +305,9 @@ class CreditJob(Service):
             credit = 1.0 if fb.kind == "thumbs_up" else -1.0
             fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{fb.ts}"
             return [
-                CreditUpdate(f"fb:{fid}", fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0)
+                CreditUpdate(
+                    feedback_update_id(fid), fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0
+                )
             ]
         if fb.episode_id is not None:
             oid = fb.feedback_id or final_outcome_id(fb.episode_id)

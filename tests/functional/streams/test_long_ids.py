@@ -1,0 +1,48 @@
+"""Ids that dmem derives from a client's ids (an outcome's default id, a thumbs
+feedback's credit update id) validate however long the client's ids are: an episode
+or memory id at the 128-character limit must not make a report or a thumbs fail."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from schemas import EpisodeOutcome, Feedback, UtilityUpdate
+from schemas.limits import LIMITS
+from schemas.models import feedback_update_id, final_outcome_id
+from streams.jobs.credit import CreditJob
+from streams.settings import Settings
+from tests.functional.streams.test_fuzz_decoding import FakeProducer, Msg
+
+LONG = "m" * LIMITS.max_id_chars
+
+
+def test_an_episode_id_at_the_limit_has_a_valid_final_outcome_id() -> None:
+    oid = final_outcome_id(LONG)
+    out = EpisodeOutcome(tenant="t", agent_id="a", episode_id=LONG, reward=1.0, outcome_id=oid)
+    assert out.outcome_id == oid == final_outcome_id(LONG)  # the same id on every path
+    assert oid.endswith(":final") and oid != final_outcome_id(LONG[:-1])
+    assert final_outcome_id("ep-7") == "ep-7:final"  # a short id keeps its readable form
+
+
+def test_a_thumbs_on_a_memory_id_at_the_limit_emits_one_valid_credit_update() -> None:
+    s = Settings()
+    job = CreditJob(s)
+    prod = FakeProducer()
+    job.producer = prod  # type: ignore[assignment]
+    fb = Feedback(tenant="t", memory_id=LONG, kind="thumbs_down", ts=1_700_000_000_000)
+    raw = orjson.dumps(fb.model_dump(mode="json", exclude_none=True))
+
+    async def go() -> None:
+        for off in (0, 1):  # the same feedback twice (a replay)
+            await job._handle(Msg(s.topic("feedback"), raw, off))
+
+    asyncio.run(go())
+    sent = [UtilityUpdate.model_validate_json(v) for t, v, _ in prod.sent
+            if t == s.topic("credit")]  # fmt: skip
+    assert len(sent) == 2 and job.dead == 0
+    assert sent[0].update_id == sent[1].update_id  # a replay is applied once
+    assert sent[0].update_id.startswith("fb:") and sent[0].memory_id == LONG
+    assert sent[0].credit == -1.0
+    assert feedback_update_id("short") == "fb:short"
