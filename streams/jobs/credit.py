@@ -283,6 +283,7 @@ class CreditJob(Service):
                     TenantState.link(self.outcome_at, key, at,
                                      self.settings.jobs.credit_max_episodes)  # fmt: skip
                 ups = self._feedback(fb, now)
+            msgs = self._updates(ups, now, at)
         except PermissionError:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
             dl = dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now)
@@ -294,7 +295,7 @@ class CreditJob(Service):
                 raw.key, dead_letter(raw, validation_reason(exc), type(exc).__name__, "credit", now)
             )
             return
-        await self._emit(ups, now, at)
+        await self._emit(msgs)
 
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
         if isinstance(fb, EpisodeOutcome):
@@ -316,12 +317,14 @@ class CreditJob(Service):
             )
         return []
 
-    async def _emit(self, ups: list[CreditUpdate], now: int,
-                    at: tuple[int, int] | None = None) -> None:  # fmt: skip
-        """Send `ups`; `at`: the feedback record (partition, offset) that earned them."""
-        assert self.producer is not None
-        for u in ups:
-            msg = UtilityUpdate(
+    @staticmethod
+    def _updates(ups: list[CreditUpdate], now: int,
+                 at: tuple[int, int] | None = None) -> list[UtilityUpdate]:  # fmt: skip
+        """`ups` as the credit topic's records; `at`: the feedback record (partition,
+        offset) that earned them. Validated here, inside the record's handling, so an
+        update that does not validate dead-letters its record instead of raising."""
+        return [
+            UtilityUpdate(
                 update_id=u.update_id,
                 memory_id=u.memory_id,
                 tenant=u.tenant,
@@ -334,7 +337,13 @@ class CreditJob(Service):
                 feedback_partition=at[0] if at else None,
                 feedback_offset=at[1] if at else None,
             )
-            key, value = u.memory_id.encode(), encode(msg)
+            for u in ups
+        ]
+
+    async def _emit(self, msgs: list[UtilityUpdate]) -> None:
+        assert self.producer is not None
+        for msg in msgs:
+            key, value = msg.memory_id.encode(), encode(msg)
             await self.producer.send(
                 self.settings.topic("credit"), value, key=key, headers=self.guard.sign(key, value)
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from schemas import EpisodeOutcome, Feedback, UtilityUpdate
 from schemas.limits import LIMITS
@@ -46,3 +47,23 @@ def test_a_thumbs_on_a_memory_id_at_the_limit_emits_one_valid_credit_update() ->
     assert sent[0].update_id.startswith("fb:") and sent[0].memory_id == LONG
     assert sent[0].credit == -1.0
     assert feedback_update_id("short") == "fb:short"
+
+
+def test_a_credit_update_that_does_not_validate_dead_letters_its_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever makes a derived update invalid, the record is dead-lettered with the
+    reason and the job goes on (an exception here would stop credit for everyone)."""
+    import streams.jobs.credit as credit_job
+
+    monkeypatch.setattr(credit_job, "feedback_update_id", lambda fid: "x" * 200)
+    s = Settings()
+    job = CreditJob(s)
+    prod = FakeProducer()
+    job.producer = prod  # type: ignore[assignment]
+    fb = Feedback(tenant="t", memory_id="m1", kind="thumbs_up", ts=1)
+    raw = orjson.dumps(fb.model_dump(mode="json", exclude_none=True))
+    asyncio.run(job._handle(Msg(s.topic("feedback"), raw, 0)))
+    topics = [t for t, _, _ in prod.sent]
+    assert topics == [s.topic("deadletter")] and job.dead == 1
+    assert "update_id" in orjson.loads(prod.sent[0][1])["reason"]
