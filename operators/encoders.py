@@ -459,6 +459,11 @@ class PassthroughEncoder:
         zero = norms < _NORM_EPS
         if zero.any():
             raise ValueError(f"zero-norm vector rows: {np.flatnonzero(zero).tolist()[:20]}")
+        huge = ~np.isfinite(norms)
+        if huge.any():
+            raise ValueError(
+                f"vector rows whose norm overflows: {np.flatnonzero(huge).tolist()[:20]}"
+            )
         return (arr / norms[:, None]).astype(np.float32)
 
 

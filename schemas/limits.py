@@ -44,6 +44,14 @@ class Limits:
     max_metadata_value_chars: int = 512
     max_k: int = 100
     max_message_bytes: int = 1_048_576
+    #: rewards, outcome and feedback values, usage weights: any real scale, and room for
+    #: the operators' float32 arithmetic (3.4e38) and the squares credit takes (1e60)
+    max_abs_value: float = 1e30
+    #: event times (ms since the epoch): up to 9999-12-31, within Milvus' INT64 with
+    #: room for the TTLs and horizons added to them
+    max_event_ms: int = 253_402_300_799_999
+    #: steps: integers JSON carries exactly (2^53 - 1), within Milvus' INT64
+    max_step: int = 9_007_199_254_740_991
     #: a transition's ``metadata`` and ``next_observation`` as UTF-8 JSON
     #: (`user_part_bytes`): they travel in the memory row's JSON field; the rest of
     #: that field is dmem's own (module doc). The character limits above allow four

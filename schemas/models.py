@@ -49,6 +49,14 @@ Ident = Annotated[
 ]
 Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+#: a reward, an outcome's or feedback's value, a usage weight's bound (`LIMITS.max_abs_value`)
+Reward = Annotated[
+    float, Field(allow_inf_nan=False, ge=-LIMITS.max_abs_value, le=LIMITS.max_abs_value)
+]
+#: an event or processing time, ms since the epoch (`LIMITS.max_event_ms`)
+EventMs = Annotated[int, Field(ge=0, le=LIMITS.max_event_ms)]
+#: a step of an episode (`LIMITS.max_step`)
+Step = Annotated[int, Field(ge=0, le=LIMITS.max_step)]
 Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=LIMITS.max_vector_dim)]
 MetaValue = str | int | float | bool | None
 #: what the agent did: free text ("use key on door") or a discrete action's name
@@ -70,6 +78,9 @@ class Model(BaseModel):
         return v
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
     if len(v) > LIMITS.max_metadata_keys:
         raise ValueError(f"metadata has {len(v)} keys (max {LIMITS.max_metadata_keys})")
@@ -80,6 +91,8 @@ def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"metadata value for {key!r} too long")
         if isinstance(val, float) and val != val:
             raise ValueError(f"metadata value for {key!r} is NaN")
+        if isinstance(val, int) and not isinstance(val, bool) and not INT64_MIN <= val <= INT64_MAX:
+            raise ValueError(f"metadata value for {key!r} is outside the 64-bit integers")
     return v
 
 
@@ -115,15 +128,15 @@ class Transition(Model):
     tenant: Ident
     agent_id: Ident
     episode_id: Ident
-    step: int = Field(ge=0)
+    step: Step
     observation: Text | None = None
     state: Vector | None = None
     action: Action
-    reward: FiniteFloat = 0.0
+    reward: Reward = 0.0
     next_observation: Text | None = None
     next_state: Vector | None = None
     done: bool = False
-    ts: int | None = Field(default=None, ge=0, description="event time, ms since epoch")
+    ts: EventMs | None = Field(default=None, description="event time, ms since epoch")
     metadata: dict[str, MetaValue] = Field(default_factory=dict)
 
     @field_validator("action", mode="before")
@@ -186,12 +199,12 @@ class EpisodeOutcome(Model):
     episode_id: Ident
     agent_id: Ident | None = None
     task: Ident | None = None
-    reward: FiniteFloat
+    reward: Reward
     success: bool | None = None
-    ts: int | None = Field(default=None, ge=0)
+    ts: EventMs | None = None
     #: the step at which the outcome was earned (its last reward), if the agent knows
     #: it: memories used after it cannot have contributed (operators/credit.py)
-    step: int | None = Field(default=None, ge=0)
+    step: Step | None = None
 
 
 class Feedback(Model):
@@ -203,8 +216,8 @@ class Feedback(Model):
     memory_id: Ident | None = None
     agent_id: Ident | None = None
     kind: Literal["reward", "thumbs_up", "thumbs_down"] = "reward"
-    value: FiniteFloat = 0.0
-    ts: int | None = Field(default=None, ge=0)
+    value: Reward = 0.0
+    ts: EventMs | None = None
 
     @model_validator(mode="after")
     def _target(self) -> Feedback:
@@ -236,8 +249,8 @@ class SearchFilters(Model):
 
     valence: Literal[-1, 0, 1] | None = None
     partition: Partition | None = None
-    since_ms: int | None = Field(default=None, ge=0)
-    until_ms: int | None = Field(default=None, ge=0)
+    since_ms: EventMs | None = None
+    until_ms: EventMs | None = None
     min_utility: FiniteFloat | None = None
     metadata_equals: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
@@ -279,12 +292,11 @@ class RetrievalRequest(Model):
     filters: SearchFilters = Field(default_factory=SearchFilters)
     mmr: bool = False
     episode_id: Ident | None = None
-    step: int | None = Field(default=None, ge=0)
+    step: Step | None = None
     reply_topic: Ident | None = None
-    ts: int | None = Field(default=None, ge=0)
-    as_of: int | None = Field(
+    ts: EventMs | None = None
+    as_of: EventMs | None = Field(
         default=None,
-        ge=0,
         description=(
             "when the question is asked, in event time (ms): memories written after it "
             "are left out, and recency is measured from it instead of the memories' "
@@ -406,13 +418,13 @@ class MemoryUsage(Model):
     episode_id: Ident
     request_id: Ident
     agent_id: Ident | None = None
-    step: int = Field(default=0, ge=0)
+    step: Step = 0
     memory_ids: list[Ident]
     #: each memory's share of the decision: finite and never negative (0: ignored)
-    weights: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]
-    ts: int = Field(ge=0)
+    weights: list[Annotated[float, Field(ge=0.0, le=LIMITS.max_abs_value, allow_inf_nan=False)]]
+    ts: EventMs
     source: Literal["served", "agent"] = "served"
-    reward: FiniteFloat | None = None
+    reward: Reward | None = None
     #: per served memory, the lane that served it (responder records; empty: unknown)
     lanes: list[Literal["main", "explore"]] = Field(default_factory=list)
     #: per served memory, the probability it was served by its lane's choice (1.0 for
@@ -487,7 +499,7 @@ class MemoryEvent(Model):
         description="event time of the source transition (its ts, or the write worker's clock "
         "when it had none): the stream time the jobs' watermarks advance by",
     )
-    ts: int = Field(ge=0, description="processing time, ms")
+    ts: EventMs = Field(description="processing time, ms")
 
 
 class UtilityUpdate(Model):
@@ -497,8 +509,8 @@ class UtilityUpdate(Model):
     memory_id: Ident
     tenant: Ident
     credit: FiniteFloat
-    uses: int = Field(default=1, ge=0)
-    ts: int = Field(ge=0)
+    uses: int = Field(default=1, ge=0, le=LIMITS.max_step)
+    ts: EventMs
     #: False: uses only (the memory was served, not acted on); the utility stays
     evidence: bool = True
     similarity: float | None = Field(
@@ -541,7 +553,7 @@ class DeadLetter(Model):
     offset: int | None = None
     key: str | None = None
     original_b64: str
-    ts: int = Field(ge=0)
+    ts: EventMs
 
 
 class MemoryRecord(BaseModel):

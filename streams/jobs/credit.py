@@ -79,7 +79,7 @@ from schemas import (
     encode,
     storage_key,
 )
-from schemas.models import feedback_update_id, final_outcome_id
+from schemas.models import feedback_update_id, final_outcome_id, usage_shares
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
@@ -262,7 +262,9 @@ class CreditJob(Service):
                         u.request_id,
                         u.step,
                         tuple(u.memory_ids),
-                        tuple(u.weights),
+                        # shares of the decision, whoever produced the record: the SDK and
+                        # HTTP send shares, a raw producer may not (credit sums adv x share)
+                        tuple(usage_shares(u.weights)),
                         u.source,
                         u.reward,
                         tuple(u.similarities or ()),
@@ -289,7 +291,7 @@ class CreditJob(Service):
             dl = dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now)
             await self._dead(raw.key, dl)
             return
-        except (ValidationError, orjson.JSONDecodeError, ValueError) as exc:
+        except (ValidationError, orjson.JSONDecodeError, ValueError, ArithmeticError) as exc:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
             await self._dead(
                 raw.key, dead_letter(raw, validation_reason(exc), type(exc).__name__, "credit", now)

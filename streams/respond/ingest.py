@@ -186,6 +186,8 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
                 }
             )
             continue
+        if kind.model is MemoryUsage:  # an agent's report, as the SDK sends it: validated
+            item = {**item, "source": "agent"}  # as one (no responder-only fields)
         try:
             rec = kind.model.model_validate(item)
         except ValidationError as exc:
@@ -203,8 +205,7 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
             rec.outcome_id = final_outcome_id(rec.episode_id)
         if getattr(rec, kind.id_field) is None:
             setattr(rec, kind.id_field, uuid.uuid4().hex)
-        if isinstance(rec, MemoryUsage):  # an agent's report, as the SDK sends it
-            rec.source = "agent"
+        if isinstance(rec, MemoryUsage):
             rec.weights = usage_shares(rec.weights)
         out.append(rec)
     if errors:

@@ -696,6 +696,12 @@ class WritePipeline:
                         "validate",
                         now_ms,
                     )
+            try:  # the checks the batch's encoding makes (a zero norm), per record
+                self.encoder.encode_vectors([v for v in (t.state, t.next_state) if v is not None])
+            except ValueError as exc:
+                return dead_letter(
+                    raw, f"invalid state vector: {exc}", "InvalidRecord", "validate", now_ms
+                )
         return t
 
     def _encode(self, ts: Sequence[Transition]) -> tuple[np.ndarray, np.ndarray]:

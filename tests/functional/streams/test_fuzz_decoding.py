@@ -28,6 +28,7 @@ from dmem_bench.chaos import BAD_KINDS, bad_record
 from operators import HashingEncoder
 from schemas import RetrievalRequest, Transition
 from schemas.errors import InvalidRecord
+from schemas.limits import LIMITS
 from streams.jobs.credit import CreditJob, parse_feedback
 from streams.respond.responder import store_filter
 from streams.settings import Settings
@@ -96,7 +97,7 @@ def valid_transition(draw: Any, step: int | None = None) -> dict[str, Any]:
     if draw(st.booleans()):
         d["next_observation"] = draw(st.text(max_size=200))
     if draw(st.booleans()):
-        d["ts"] = draw(st.integers(0, 2**50))
+        d["ts"] = draw(st.integers(0, LIMITS.max_event_ms))
     return d
 
 

@@ -159,6 +159,27 @@ def test_wrong_vector_dim_with_passthrough_encoder() -> None:
     assert "wrong vector dim" in res.dead[0][1].reason
 
 
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [([0.0, 0.0, 0.0, 0.0], "zero-norm"), ([1e-200, 0.0, 0.0, 0.0], "zero-norm"),
+     ([1e300, 1e300, 0.0, 0.0], "overflows")],
+)  # fmt: skip
+def test_a_state_vector_the_encoder_cannot_normalise_is_dead_lettered_alone(
+    state: list[float], reason: str
+) -> None:
+    """A vector with a zero (or overflowing) norm made the whole batch's encoding raise,
+    a crash the worker met again after every restart; it is refused per record."""
+    from operators import PassthroughEncoder
+
+    p = WritePipeline(Settings(), PassthroughEncoder(dim=4))
+    ok = Transition(tenant="t", agent_id="a", episode_id="e", step=0, state=[1, 0, 0, 0],
+                    action="x")  # fmt: skip
+    bad = ok.model_copy(update={"step": 1, "state": state, "transition_id": None})
+    res = p.process(raws_of([ok, bad]), now_ms=1)
+    assert [e.memory_id for e in res.events] == [ok.memory_id] and len(res.dead) == 1
+    assert "invalid state vector" in res.dead[0][1].reason and reason in res.dead[0][1].reason
+
+
 def test_replay_in_one_batch_is_one_memory() -> None:
     t = Transition(
         tenant="t", agent_id="a", episode_id="e", step=0, observation="o", action="a", reward=-50.0

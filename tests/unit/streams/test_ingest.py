@@ -149,3 +149,14 @@ def test_blank_ndjson_lines_are_bounded_before_parsing(monkeypatch: pytest.Monke
         with pytest.raises(IngestRejected) as e:
             parse_body(body, "application/x-ndjson", 1000)
         assert e.value.status == 413 and "lines" in e.value.error
+
+
+def test_an_agents_usage_with_responder_fields_is_refused_not_accepted_then_dead_lettered() -> None:
+    """The route's record is the agent's; validated as one, the responder-only
+    ``similarities`` are a 422 at the door, not a 202 the credit job dead-letters."""
+    rep = {"tenant": "t", "episode_id": "e", "request_id": "r1", "memory_ids": ["m1"],
+           "weights": [1.0], "ts": 5, "similarities": [0.9]}  # fmt: skip
+    with pytest.raises(IngestRejected) as e:
+        validate([rep], USAGE)
+    assert e.value.status == 422
+    assert any("similarities" in d["msg"] for d in e.value.detail or [])

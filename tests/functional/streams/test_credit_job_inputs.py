@@ -1,6 +1,8 @@
-"""Ids that dmem derives from a client's ids (an outcome's default id, a thumbs
-feedback's credit update id) validate however long the client's ids are: an episode
-or memory id at the 128-character limit must not make a report or a thumbs fail."""
+"""What the credit job makes of records at the edges of what validates: ids dmem
+derives from a client's ids (an outcome's default id, a thumbs feedback's credit
+update id) validate however long the client's ids are, a usage record's weights count
+as shares of the decision whoever sent them, and an update that does not validate
+dead-letters its record instead of stopping the job."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import asyncio
 import orjson
 import pytest
 
-from schemas import EpisodeOutcome, Feedback, UtilityUpdate
+from schemas import EpisodeOutcome, Feedback, MemoryUsage, UtilityUpdate
 from schemas.limits import LIMITS
 from schemas.models import feedback_update_id, final_outcome_id
 from streams.jobs.credit import CreditJob
@@ -67,3 +69,33 @@ def test_a_credit_update_that_does_not_validate_dead_letters_its_record(
     topics = [t for t, _, _ in prod.sent]
     assert topics == [s.topic("deadletter")] and job.dead == 1
     assert "update_id" in orjson.loads(prod.sent[0][1])["reason"]
+
+
+def _credits(weights: list[float]) -> dict[str, float]:
+    s = Settings()
+    job = CreditJob(s)
+    prod = FakeProducer()
+    job.producer = prod  # type: ignore[assignment]
+    use = MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["m1", "m2"],
+                      weights=weights, ts=1, source="agent")  # fmt: skip
+    out = EpisodeOutcome(tenant="t", episode_id="e", reward=1.0, ts=2)
+
+    async def go() -> None:
+        await job._handle(Msg(s.topic("usage"), use.model_dump_json().encode(), 0))
+        await job._handle(Msg(s.topic("feedback"), out.model_dump_json().encode(), 1))
+
+    asyncio.run(go())
+    ups = [UtilityUpdate.model_validate_json(v) for t, v, _ in prod.sent
+           if t == s.topic("credit")]  # fmt: skip
+    assert job.dead == 0
+    return {u.memory_id: u.credit for u in ups}
+
+
+def test_usage_weights_count_as_shares_whoever_sent_them() -> None:
+    """A raw producer's weights of 3 and 1 (or of 1e30 each) credit as the SDK's shares
+    0.75 and 0.25 (0.5 each) would: an unnormalised report must not count several times."""
+    shares = _credits([0.75, 0.25])
+    assert shares["m1"] == pytest.approx(3 * shares["m2"]) and shares["m1"] != 0.0
+    assert _credits([3.0, 1.0]) == pytest.approx(shares)
+    huge = _credits([LIMITS.max_abs_value, LIMITS.max_abs_value])
+    assert huge["m1"] == pytest.approx(huge["m2"]) == pytest.approx(sum(shares.values()) / 2)

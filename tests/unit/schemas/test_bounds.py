@@ -1,0 +1,50 @@
+"""Numbers a payload may carry stay within what the operators and Milvus can hold:
+a record beyond them is refused at validation (and dead-lettered by a stream), never
+accepted and then crashed on downstream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas import EpisodeOutcome, Feedback, MemoryUsage, Transition
+from schemas.limits import LIMITS
+
+T: dict[str, Any] = {"tenant": "t", "agent_id": "a", "episode_id": "e", "step": 0,
+                     "observation": "x", "action": "go"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "ok", "refused"),
+    [
+        ("reward", LIMITS.max_abs_value, 1e39),  # beyond float32: the value model's range
+        ("reward", -LIMITS.max_abs_value, -1e39),
+        ("ts", LIMITS.max_event_ms, 2**63),  # beyond Milvus' INT64
+        ("step", LIMITS.max_step, 2**63),
+    ],
+)
+def test_transition_numbers_are_bounded(field: str, ok: float, refused: float) -> None:
+    assert getattr(Transition(**{**T, field: ok}), field) == ok
+    with pytest.raises(ValidationError) as e:
+        Transition(**{**T, field: refused})
+    assert e.value.errors()[0]["loc"] == (field,)
+
+
+def test_metadata_integers_are_64_bit() -> None:
+    assert Transition(**{**T, "metadata": {"n": 2**63 - 1}}).metadata["n"] == 2**63 - 1
+    with pytest.raises(ValidationError, match="64-bit"):
+        Transition(**{**T, "metadata": {"n": 2**70}})
+
+
+def test_outcome_feedback_and_usage_values_are_bounded() -> None:
+    with pytest.raises(ValidationError):
+        EpisodeOutcome(tenant="t", episode_id="e", reward=1e200)
+    with pytest.raises(ValidationError):
+        Feedback(tenant="t", episode_id="e", kind="reward", value=-1e200)
+    with pytest.raises(ValidationError):
+        MemoryUsage(tenant="t", episode_id="e", request_id="r", memory_ids=["m"],
+                    weights=[1e308], ts=1)  # fmt: skip
+    with pytest.raises(ValidationError):
+        Feedback(tenant="t", memory_id="m", kind="thumbs_up", ts=2**64 - 1)
