@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from dmem.ids import fit_id
 from schemas import LIMITS, Hit, Transition
 
 __all__ = ["Memory", "MemoryClient"]
@@ -70,7 +71,8 @@ class Memory:
             read back).
         agent_id: written on every transition.
         episode_id: id of the first episode; later ones come from
-            ``new_episode_id`` (default: ``"{agent_id}-{random hex}"``).
+            ``new_episode_id`` (default: ``"{agent_id}-{random hex}"``, with a
+            hash for an agent id too long for that to be an id).
         k: default number of memories ``get_relevant_memories`` returns.
         scope_to_agent: search only this agent's memories (default: the whole
             tenant, so agents of a tenant learn from each other).
@@ -287,7 +289,7 @@ class Memory:
         self.last_memories = []
 
     def _random_episode_id(self) -> str:
-        return f"{self.agent_id}-{uuid.uuid4().hex[:12]}"
+        return fit_id("", self.agent_id, f"-{uuid.uuid4().hex[:12]}")
 
 
 def _obs_fields(obs: Observation, text_key: str, vec_key: str) -> dict[str, Any]:

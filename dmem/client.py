@@ -46,6 +46,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
+from dmem.ids import fit_id
 from schemas import (
     LIMITS,
     EpisodeOutcome,
@@ -801,7 +802,9 @@ def chat_transitions(
     """Map one session of a conversation to Transitions (docs/reference/sdk.md).
 
     - ``agent_id`` = the conversation (the memory's owner and the search scope),
-      ``episode_id`` = ``<conversation>:<session>`` (a session is an episode),
+      ``episode_id`` = ``<conversation>:<session>`` (a session is an episode;
+      where that would pass 128 characters, a hash stands for the conversation,
+      `dmem.ids.fit_id`),
       ``step`` = the turn's index in the session (from ``start_step``);
     - ``observation`` = `render_turn`, ``action`` = ``"say"``, ``reward`` = 0: a
       chat has no reward; thumbs and corrections go to `report_feedback` and
@@ -825,7 +828,7 @@ def chat_transitions(
             Transition(
                 tenant=tenant,
                 agent_id=conversation,
-                episode_id=f"{conversation}:{session}",
+                episode_id=fit_id("", conversation, f":{session}"),
                 step=start_step + j,
                 observation=render_turn(turn),
                 action="say",

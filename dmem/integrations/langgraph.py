@@ -5,9 +5,13 @@ nodes then use ``get_store()`` (or the ``store`` argument) as with any LangGraph
 
 Mapping (decisions):
 - The client's tenant is the tenant; a namespace tuple is one agent scope,
-  ``agent_id = "/".join(namespace)`` (its parts must be dmem identifiers:
-  letters, digits and ``_.:@-``). The memory id is a stable hash of
-  (namespace, key), so a second ``put`` of the same key replaces the first.
+  ``agent_id = "/".join(namespace)`` (`agent_for`) when its parts hold only
+  letters, digits and ``_:@-`` (LangGraph forbids ``.`` in a label). Any other
+  character of a part is written ``.XX`` per UTF-8 byte (``/`` as ``.2F``, ``.``
+  as ``.2E``), so ``("a/b",)`` and ``("a", "b")`` are different scopes; a namespace
+  whose joined form would pass 128 characters gets ``lg..`` and a hash of it.
+  Distinct namespaces always get distinct agent ids. The memory id is a stable hash
+  of (namespace, key), so a second ``put`` of the same key replaces the first.
 - ``put(ns, key, value)`` publishes one `Transition` (``action="put"``, reward
   ``value.get("reward", 0)``). The value's text (its ``text``, ``content``,
   ``memory`` or ``data`` field when that is a string, else the whole value as JSON)
@@ -40,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import string
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -58,6 +63,7 @@ from langgraph.store.base import (
 )
 
 from dmem.client import Client, SyncClient
+from dmem.ids import fit_id
 from schemas import LIMITS, Transition
 
 TEXT_FIELDS = ("text", "content", "memory", "data")
@@ -69,10 +75,30 @@ def memory_id(namespace: tuple[str, ...], key: str) -> str:
     return "lg-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
+#: characters a namespace part keeps as they are in its agent id (`agent_for`)
+_PLAIN = frozenset(string.ascii_letters + string.digits + "_:@-")
+#: starts the agent id of a namespace too long to spell out: ".." is in no spelled one
+LONG_PREFIX = "lg.."
+
+
+def _escape(part: str) -> str:
+    """``part`` with every character outside `_PLAIN` as ``.XX`` per UTF-8 byte
+    (``/`` is ``.2F``, ``.`` itself ``.2E``): LangGraph forbids ``.`` in a label, so
+    the labels it accepts that hold no ``/`` and no other character an id can not
+    hold are unchanged."""
+    return "".join(c if c in _PLAIN else "".join(f".{b:02X}" for b in c.encode()) for c in part)
+
+
 def agent_for(namespace: tuple[str, ...]) -> str:
+    """The agent id of a namespace: its escaped parts joined with ``/``, or, when that
+    would pass the id limit, `LONG_PREFIX` and a hash of it. Distinct namespaces get
+    distinct ids (no escaped part holds ``/``, and no joined one ``..``)."""
     if not namespace:
         raise ValueError("a dmem namespace needs at least one part")
-    return "/".join(namespace)
+    joined = "/".join(_escape(p) for p in namespace)
+    if not joined:
+        raise ValueError("a dmem namespace needs a part that is not empty")
+    return joined if len(joined) <= LIMITS.max_id_chars else fit_id(LONG_PREFIX, joined)
 
 
 def split_value(value: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -248,4 +274,4 @@ def _match(part: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     return all(p == "*" or p == q for q, p in zip(part, pattern, strict=True))
 
 
-__all__ = ["DmemStore", "memory_id"]
+__all__ = ["DmemStore", "agent_for", "memory_id"]

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from dmem.adapter import Memory, MemoryClient
-from schemas import Hit, ScoreBreakdown, Transition
+from schemas import LIMITS, Hit, Transition
+from tests.functional.dmem.fake_hits import hit_for
 
 
 class FakeClient:
@@ -31,26 +32,7 @@ class FakeClient:
                 continue
             if "valence" in kw and (-1 if t.reward < 0 else 1) != kw["valence"]:
                 continue
-            hits.append(
-                Hit(
-                    memory_id=t.memory_id,
-                    text=t.text(),
-                    action=t.action,
-                    reward=t.reward,
-                    rpe=-2.0,
-                    valence=-1 if t.reward < 0 else 1,
-                    utility=0.0,
-                    partition="core",
-                    episode_id=t.episode_id,
-                    agent_id=t.agent_id,
-                    step=t.step,
-                    created_ts=t.ts or 0,
-                    score=0.9,
-                    breakdown=ScoreBreakdown(
-                        semantic=1.0, salience=0.5, recency=1.0, lambda_=0.8, score=0.9
-                    ),
-                )
-            )
+            hits.append(hit_for(t))
         return hits[:k]
 
     def report_outcome(self, episode_id: str, reward: float, **kw: Any) -> None:
@@ -289,3 +271,16 @@ def test_langchain_style_aliases() -> None:
         m.load_memory_variables({"a": "1", "b": "2"})
     with pytest.raises(KeyError):
         keyed.load_memory_variables({"input": "x"})
+
+
+def test_a_long_agent_id_still_gives_valid_default_episode_ids() -> None:
+    c = FakeClient()
+    agent = "a" * LIMITS.max_id_chars  # a valid agent id; over 115 characters overflowed
+    m = Memory(c, "acme", agent, clock_ms=lambda: 1_700_000_000_000)
+    m.add_memory("s0", "go", 1.0, "s1", done=True)
+    m.add_memory("s1", "go", 1.0, "s2")
+    first, second = (t.episode_id for t in c.published)
+    assert first != second and all(len(e) <= LIMITS.max_id_chars for e in (first, second))
+    assert all(t.agent_id == agent for t in c.published)
+    # a short agent id keeps the readable "<agent>-<random hex>" form
+    assert Memory(FakeClient(), "acme", "bot").episode_id.startswith("bot-")

@@ -10,6 +10,7 @@ import numpy as np
 
 from dmem.client import ChatTurn, chat_transitions
 from dmem_bench.locomo import LocomoConfig, build_streams, evidence_ids, load, parse_date
+from schemas import LIMITS
 
 
 def test_session_maps_to_an_episode_with_next_turns() -> None:
@@ -73,3 +74,23 @@ def test_locomo_helpers(tmp_path: Path) -> None:
     assert np.all(np.diff([it.transition.ts for it in s]) > 0)
     clean = build_streams(convs, LocomoConfig(data=tmp_path))
     assert not any(it.noise for it in clean.items["1"])
+
+
+def test_a_long_conversation_id_still_gives_valid_distinct_episode_ids() -> None:
+    turns = [ChatTurn("Ann", "Hi!", "m1", 1000), ChatTurn("Bob", "Hello.", "m2", 2000)]
+    for conv in ("c" * 121, "c" * 128, "x" * 100):  # any valid agent id; 121+ overflowed
+        sessions = [
+            chat_transitions(turns, tenant="t", conversation=conv, session=s)
+            for s in (1, 2, "s" * 120)
+        ]
+        eps = [ts[0].episode_id for ts in sessions]
+        assert all(len(e) <= LIMITS.max_id_chars for e in eps)
+        assert len(set(eps)) == 3  # a session is still its own episode
+        assert all(t.agent_id == conv for ts in sessions for t in ts)
+        again = chat_transitions(turns, tenant="t", conversation=conv, session=2)
+        assert again[0].episode_id == eps[1]  # stable: a replay upserts
+    # today's readable form is kept whenever it fits
+    assert (
+        chat_transitions(turns, tenant="t", conversation="c" * 126, session=9)[0].episode_id
+        == "c" * 126 + ":9"
+    )

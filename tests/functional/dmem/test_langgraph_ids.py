@@ -1,0 +1,93 @@
+"""`DmemStore`'s namespace -> agent id mapping against an in-memory fake client:
+distinct namespaces are distinct agent scopes, and any namespace maps to a valid id."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from dmem.integrations.langgraph import DmemStore, agent_for  # noqa: E402
+from schemas import LIMITS, Hit, Transition  # noqa: E402
+from schemas.models import IDENT_PATTERN  # noqa: E402
+from tests.functional.dmem.fake_hits import hit_for  # noqa: E402
+
+
+class FakeClient:
+    """What `DmemStore` calls on the async client; search filters by agent scope."""
+
+    http_url = "http://fake"
+    tenant = "acme"
+
+    def __init__(self) -> None:
+        self.published: list[Transition] = []
+
+    async def publish(self, t: Transition) -> None:
+        self.published.append(t)
+
+    async def search(self, query: str, k: int, *, agent_id: str, **kw: Any) -> list[Hit]:
+        return [hit_for(t, metadata=t.metadata) for t in self.published if t.agent_id == agent_id][
+            :k
+        ]
+
+
+class FakeSync:
+    def __init__(self) -> None:
+        self.client = FakeClient()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_result(asyncio.run(coro))
+        return fut
+
+
+def store() -> tuple[DmemStore, FakeClient]:
+    sync = FakeSync()
+    return DmemStore(sync), sync.client  # type: ignore[arg-type]
+
+
+def test_a_slash_inside_a_part_is_not_a_namespace_separator() -> None:
+    assert agent_for(("a/b",)) != agent_for(("a", "b"))
+    s, _ = store()
+    s.put(("a/b",), "k1", {"text": "one"})
+    s.put(("a", "b"), "k2", {"text": "two"})
+    assert [i.key for i in s.search(("a/b",), query="x")] == ["k1"]
+    assert [i.key for i in s.search(("a", "b"), query="x")] == ["k2"]
+
+
+def test_the_mapping_is_injective_and_keeps_plain_ids() -> None:
+    # namespaces LangGraph accepts whose parts hold no "/" keep today's ids
+    assert agent_for(("memories", "user-7")) == "memories/user-7"
+    assert agent_for(("u@x-com:1_2",)) == "u@x-com:1_2"
+    spaces = [
+        ("a/b",),
+        ("a", "b"),
+        ("a.2Fb",),
+        ("a.b",),
+        ("a", "", "b"),
+        ("a/", "b"),
+        ("a", "/b"),
+        ("a b",),
+        ("é",),
+        ("x" * 200,),
+        ("x" * 199, "x"),
+    ]
+    ids = [agent_for(ns) for ns in spaces]
+    assert len(set(ids)) == len(spaces)
+    assert all(re.match(IDENT_PATTERN, i) and len(i) <= LIMITS.max_id_chars for i in ids)
+
+
+def test_a_long_namespace_works() -> None:
+    ns = ("n" * 200,)
+    s, fake = store()
+    s.put(ns, "k", {"text": "long"})
+    t = fake.published[0]
+    assert len(t.agent_id) <= LIMITS.max_id_chars and t.agent_id == agent_for(ns)
+    assert [i.key for i in s.search(ns, query="x")] == ["k"]
+    assert s.list_namespaces() == [ns]
