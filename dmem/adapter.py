@@ -31,8 +31,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from dmem.ids import fit_id
 from schemas import LIMITS, Hit, Transition
+from schemas.models import fit_id
 
 __all__ = ["Memory", "MemoryClient"]
 

@@ -46,7 +46,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
-from dmem.ids import fit_id
 from schemas import (
     LIMITS,
     EpisodeOutcome,
@@ -61,7 +60,7 @@ from schemas import (
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
 from schemas.errors import BrokerUnavailable, DmemError, InvalidRecord, ServiceUnavailable
-from schemas.models import final_outcome_id, usage_shares
+from schemas.models import final_outcome_id, fit_id, usage_shares
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -804,7 +803,7 @@ def chat_transitions(
     - ``agent_id`` = the conversation (the memory's owner and the search scope),
       ``episode_id`` = ``<conversation>:<session>`` (a session is an episode;
       where that would pass 128 characters, a hash stands for the conversation,
-      `dmem.ids.fit_id`),
+      `schemas.models.fit_id`),
       ``step`` = the turn's index in the session (from ``start_step``);
     - ``observation`` = `render_turn`, ``action`` = ``"say"``, ``reward`` = 0: a
       chat has no reward; thumbs and corrections go to `report_feedback` and

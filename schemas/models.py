@@ -365,26 +365,33 @@ class RetrievalResponse(Model):
     took_ms: float = 0.0
 
 
-def _fitted_id(prefix: str, name: str, suffix: str) -> str:
+def fit_id(prefix: str, name: str, suffix: str = "") -> str:
     """``prefix + name + suffix`` where that fits an id (`LIMITS.max_id_chars`), else
-    with ``name`` replaced by its hash: derived ids must validate whatever the length
-    of the id they come from, and stay the same for the same input."""
+    with ``name`` replaced by its hash, else (a long prefix or suffix) the hash of the
+    whole: ids derived from a client's ids (an outcome's, a thumbs update's, a chat
+    session's episode) must validate whatever their length, stay the same for the same
+    input, and keep their readable form wherever it fits."""
     out = f"{prefix}{name}{suffix}"
     if len(out) <= LIMITS.max_id_chars:
         return out
-    return f"{prefix}{hashlib.blake2b(name.encode(), digest_size=16).hexdigest()}{suffix}"
+    out = f"{prefix}{_digest(name)}{suffix}"
+    return out if len(out) <= LIMITS.max_id_chars else _digest(f"{prefix}{name}{suffix}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def final_outcome_id(episode_id: str) -> str:
     """The id of an episode's outcome that carries none: its final one. The SDK, HTTP
     ingest, the credit job and hindsight all name it so, so a copy counts once."""
-    return _fitted_id("", episode_id, ":final")
+    return fit_id("", episode_id, ":final")
 
 
 def feedback_update_id(feedback_id: str) -> str:
     """The credit update id of a thumbs feedback (``fb:`` marks it as feedback in a
     memory's history); a replay of the feedback gives the same id."""
-    return _fitted_id("fb:", feedback_id, "")
+    return fit_id("fb:", feedback_id)
 
 
 def usage_shares(weights: Sequence[float]) -> list[float]:

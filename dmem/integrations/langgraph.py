@@ -63,8 +63,8 @@ from langgraph.store.base import (
 )
 
 from dmem.client import Client, SyncClient
-from dmem.ids import fit_id
 from schemas import LIMITS, Transition
+from schemas.models import fit_id
 
 TEXT_FIELDS = ("text", "content", "memory", "data")
 META_PREFIX = "lgv_"
