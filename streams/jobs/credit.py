@@ -284,7 +284,7 @@ class CreditJob(Service):
                     at = self.outcome_at.get(key, at)
                     TenantState.link(self.outcome_at, key, at,
                                      self.settings.jobs.credit_max_episodes)  # fmt: skip
-                ups = self._feedback(fb, now)
+                ups = self._feedback(fb, now, (m.partition, m.offset))
             msgs = self._updates(ups, now, at)
         except PermissionError:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
@@ -299,14 +299,18 @@ class CreditJob(Service):
             return
         await self._emit(msgs)
 
-    def _feedback(self, fb: EpisodeOutcome | Feedback, now: int) -> list[CreditUpdate]:
+    def _feedback(self, fb: EpisodeOutcome | Feedback, now: int,
+                  at: tuple[int, int] = (0, 0)) -> list[CreditUpdate]:  # fmt: skip
+        """``at``: the record's (partition, offset), which names a thumbs that carries
+        neither an id nor a time (two such thumbs are two records, a replay one)."""
         if isinstance(fb, EpisodeOutcome):
             oid = fb.outcome_id or final_outcome_id(fb.episode_id)
             rec = OutcomeRecord(oid, fb.reward, fb.step, fb.task, fb.agent_id)
             return self.assigner.on_outcome(fb.tenant, fb.episode_id, rec, now)
         if fb.memory_id is not None and fb.kind != "reward":
             credit = 1.0 if fb.kind == "thumbs_up" else -1.0
-            fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{fb.ts}"
+            when = fb.ts if fb.ts is not None else f"@{at[0]}.{at[1]}"
+            fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{when}"
             return [
                 CreditUpdate(
                     feedback_update_id(fid), fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0

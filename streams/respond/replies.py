@@ -21,6 +21,7 @@ The map of reply topics held open is bounded (least recently used dropped).
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -40,6 +41,9 @@ log = logging.getLogger("dmem.respond")
 
 #: reply topics held open at once
 MAX_REPLY_TOPICS = 4096
+
+#: what Kafka allows in a topic name
+KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 async def ensure_topic(settings: Settings, name: str, partitions: int = 1) -> None:
@@ -87,10 +91,12 @@ class KafkaReplies:
             name = req.reply_topic or own
             if name != own and not name.startswith(own + "."):
                 raise InvalidRecord(f"reply_topic must be {own!r} or start with {own + '.'!r}")
-            return name
-        name = req.reply_topic or self.responses
-        if not name.startswith(self.responses):
-            raise InvalidRecord(f"reply_topic must start with {self.responses!r}")
+        else:
+            name = req.reply_topic or self.responses
+            if not name.startswith(self.responses):
+                raise InvalidRecord(f"reply_topic must start with {self.responses!r}")
+        if not KAFKA_TOPIC.fullmatch(name):  # an id may hold ":@/", a topic name may not
+            raise InvalidRecord("reply_topic may hold only letters, digits and '._-'")
         return name
 
     async def topic(self, req: RetrievalRequest) -> faust.TopicT:

@@ -99,3 +99,22 @@ def test_usage_weights_count_as_shares_whoever_sent_them() -> None:
     assert _credits([3.0, 1.0]) == pytest.approx(shares)
     huge = _credits([LIMITS.max_abs_value, LIMITS.max_abs_value])
     assert huge["m1"] == pytest.approx(huge["m2"]) == pytest.approx(sum(shares.values()) / 2)
+
+
+def test_thumbs_without_id_or_time_are_told_apart_by_their_record() -> None:
+    """A raw producer's thumbs with neither ``feedback_id`` nor ``ts``: two records are
+    two thumbs (not one and a replay), and a replay of one record stays one."""
+    s = Settings()
+    job = CreditJob(s)
+    prod = FakeProducer()
+    job.producer = prod  # type: ignore[assignment]
+    raw = orjson.dumps({"tenant": "t", "memory_id": "m1", "kind": "thumbs_up"})
+
+    async def go() -> None:
+        for off in (0, 1, 1):  # two records, the second delivered twice
+            await job._handle(Msg(s.topic("feedback"), raw, off))
+
+    asyncio.run(go())
+    ids = [UtilityUpdate.model_validate_json(v).update_id for t, v, _ in prod.sent
+           if t == s.topic("credit")]  # fmt: skip
+    assert len(ids) == 3 and ids[0] != ids[1] and ids[1] == ids[2]

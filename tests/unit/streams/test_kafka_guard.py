@@ -75,3 +75,6 @@ def test_reply_topics_with_credentials_on_stay_within_the_tenant() -> None:
     assert off.name(req("a", f"{shared}.a")) == f"{shared}.a"
     with pytest.raises(InvalidRecord):
         off.name(req("a", "dmem.memories"))
+    for replies in (on, off):  # an id may hold ":@/", a Kafka topic name may not
+        with pytest.raises(InvalidRecord, match="only letters"):
+            replies.name(req("a", f"{shared}.a.x:y/z"))
