@@ -630,6 +630,8 @@ class MemoryStore:
             if spec.dtype == DataType.INT64:
                 if isinstance(value, bool) or not isinstance(value, int | np.integer):
                     raise TypeError("expected int")
+                if not -(2**63) <= int(value) < 2**63:  # else the client raises at send,
+                    raise ValueError("outside the 64-bit integers")  # a retried StoreError
                 return int(value)
             if spec.dtype in (DataType.DOUBLE, DataType.FLOAT):
                 if isinstance(value, bool) or not isinstance(value, int | float | np.number):

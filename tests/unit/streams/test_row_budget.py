@@ -251,6 +251,18 @@ def test_the_store_check_counts_the_partition_stamp() -> None:
     assert "JSON" in (store.real.check_row(row) or "")
 
 
+@pytest.mark.parametrize("field", ["step", "created_ts", "uses"])
+def test_the_store_check_refuses_an_int64_overflow(field: str) -> None:
+    """The client raises at send for an integer beyond INT64, an error the store
+    service retries: the check says so first, so a writer can set the row aside."""
+    store = FakeStore()
+    row = stored_row("s")
+    row[field] = 2**63 - 1
+    assert store.real.check_row(row) is None
+    row[field] = 2**63
+    assert "64-bit" in (store.real.check_row(row) or "")
+
+
 def oversized(tid: str) -> dict[str, Any]:
     """A row the store holds whose user metadata fills Milvus' limit (more than
     validation lets through): nothing can be added to it."""
