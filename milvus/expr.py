@@ -47,6 +47,8 @@ def literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
+        if not -(2**63) < value < 2**63:  # Milvus parses -2^63 as -(2^63): out of range
+            raise InvalidRecord(f"integer outside what a filter can hold: {value}")
         return str(value)
     if isinstance(value, float):
         if not math.isfinite(value):

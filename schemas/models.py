@@ -78,7 +78,8 @@ class Model(BaseModel):
         return v
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: metadata integers: what Milvus holds and its filters can name (-2^63 they cannot)
+METADATA_INT_MAX = 2**63 - 1
 
 
 def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
@@ -91,8 +92,8 @@ def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"metadata value for {key!r} too long")
         if isinstance(val, float) and val != val:
             raise ValueError(f"metadata value for {key!r} is NaN")
-        if isinstance(val, int) and not isinstance(val, bool) and not INT64_MIN <= val <= INT64_MAX:
-            raise ValueError(f"metadata value for {key!r} is outside the 64-bit integers")
+        if isinstance(val, int) and not isinstance(val, bool) and abs(val) > METADATA_INT_MAX:
+            raise ValueError(f"metadata value for {key!r} is outside +-(2^63 - 1)")
     return v
 
 
@@ -144,6 +145,8 @@ class Transition(Model):
     def _action_text(cls, v: Any) -> Any:
         if isinstance(v, bool):
             raise ValueError("action must be text or an integer")
+        if isinstance(v, str) and "\x00" in v:  # the dedup job's filters name the action
+            raise ValueError("action must not contain a NUL character")
         return str(v) if isinstance(v, int) else v
 
     @field_validator("metadata")

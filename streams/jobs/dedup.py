@@ -35,6 +35,7 @@ from milvus.schema import VECTOR_FIELD, search_params
 from operators.decay import entry_from_row
 from operators.dedup import MergeGroup, merge_rows, merge_scope, plan_merges, reward_span
 from schemas import MemoryEvent, Partition
+from schemas.errors import InvalidRecord
 from streams.jobs.index import IndexedEngine
 from streams.jobs.rows import WRITE_LOCK, memory_event, unique_rows
 from streams.store import upsert_fitting
@@ -69,9 +70,14 @@ class DedupEngine(IndexedEngine):
         agent, action, valence, part, _done, sign, context = scope
         reward = {"==": 0.0} if sign == 0 else ({">": 0.0} if sign > 0 else {"<": 0.0})
         bounded = {"created_ts": {"<=": int(as_of)}} if as_of is not None else {}
-        flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
-            "action": action, "valence": valence, "reward": reward,
-            **context_filter(context), **bounded})  # fmt: skip
+        try:
+            flt = E.build_filter(tenant=tenant, agent_id=agent, extra_filter={
+                "action": action, "valence": valence, "reward": reward,
+                **context_filter(context), **bounded})  # fmt: skip
+        except InvalidRecord as exc:  # a scope no filter can express: not deduplicated,
+            log.warning("dedup of %s/%s skipped: %s", tenant, agent, exc)  # not retried
+            self._count("dedup_scope_unfilterable")
+            return set()
         if exclude:
             flt = E.and_all([flt, f"not ({self.store.key_filter(tenant, exclude)})"])
         client = self.store.client

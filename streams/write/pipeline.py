@@ -92,6 +92,10 @@ MAX_REPEAT_KEYS = 50_000
 # restart forgets older open episodes, which only affects their hindsight writes.
 CHECKPOINT_REPEAT_KEYS = 10_000
 CHECKPOINT_EPISODES = 32
+#: the dropped transitions of those episodes a checkpoint holds, newest first, as JSON:
+#: 64 steps of 32 episodes at the text limits would be ~100 MB, over any message limit
+#: (the write producer's is 8 MiB); the rest lose their hindsight writes on a restart
+CHECKPOINT_RECENT_BYTES = 4 * 1024 * 1024
 #: (agent, task) contexts whose recent outcomes a checkpoint holds (failure judgement)
 CHECKPOINT_CONTEXTS = 64
 #: agents (and episode -> agent links) a tenant state remembers for the novel-statement
@@ -325,13 +329,18 @@ class TenantState:
         windows = self.eligibility.to_dict(last=CHECKPOINT_EPISODES)
         keys = [ep["key"] for ep in windows["episodes"]]
         ids = {e["transition_id"] for ep in windows["episodes"] for e in ep["entries"]}
+        recent: list[dict[str, Any]] = []
+        room = CHECKPOINT_RECENT_BYTES
+        for mid in reversed(self.recent):  # newest first, within the byte budget
+            if mid in ids:
+                item = self.recent[mid].model_dump(mode="json", exclude_none=True)
+                room -= len(orjson.dumps(item))
+                if room < 0:
+                    break
+                recent.append(item)
         return {
             "windows": windows,
-            "recent": [
-                t.model_dump(mode="json", exclude_none=True)
-                for mid, t in self.recent.items()
-                if mid in ids
-            ],  # fmt: skip
+            "recent": recent[::-1],
             "scale": [[k, list(self.episode_scale[k])] for k in keys if k in self.episode_scale],
         }
 

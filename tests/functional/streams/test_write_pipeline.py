@@ -180,6 +180,27 @@ def test_a_state_vector_the_encoder_cannot_normalise_is_dead_lettered_alone(
     assert "invalid state vector" in res.dead[0][1].reason and reason in res.dead[0][1].reason
 
 
+def test_a_checkpoint_of_open_episodes_at_the_text_limits_fits_a_message() -> None:
+    """16 open episodes of 48 dropped steps at the text limit (768 x 16 KB, 12 MB):
+    the checkpoint keeps the newest of them within its byte budget, under the write
+    producer's 8 MiB message limit, and a restored state still holds the newest step
+    for hindsight."""
+    from streams.write.pipeline import CHECKPOINT_RECENT_BYTES
+
+    p = pipeline()
+    text = "x" * 8_000
+    ts = [Transition(tenant="t", agent_id="a", episode_id=f"e{e}", step=k, action="go",
+                     observation=f"{k} {text}", next_observation=text, reward=0.0)
+          for k in range(48) for e in range(16)]  # fmt: skip
+    run(p, raws_of(ts), batch=256)
+    blob = p.snapshot("t")
+    assert CHECKPOINT_RECENT_BYTES < len(blob) < 8 * 1024 * 1024
+    q = pipeline()
+    q.restore("t", blob)
+    recent = q.tenant("t").recent
+    assert 0 < len(recent) < len(ts) and ts[-1].memory_id in recent
+
+
 def test_replay_in_one_batch_is_one_memory() -> None:
     t = Transition(
         tenant="t", agent_id="a", episode_id="e", step=0, observation="o", action="a", reward=-50.0

@@ -31,6 +31,11 @@ def test_literal_rejects_non_scalars_and_nonfinite() -> None:
         with pytest.raises(InvalidRecord):
             literal(bad)
     assert literal(True) == "true" and literal(3) == "3" and literal(0.5) == "0.5"
+    # Milvus reads -9223372036854775808 as -(9223372036854775808), beyond INT64
+    for bad in (-(2**63), 2**63):
+        with pytest.raises(InvalidRecord, match="integer"):
+            literal(bad)
+    assert literal(-(2**63) + 1) == str(-(2**63) + 1)
 
 
 def test_build_filter() -> None:

@@ -32,10 +32,18 @@ def test_transition_numbers_are_bounded(field: str, ok: float, refused: float) -
     assert e.value.errors()[0]["loc"] == (field,)
 
 
-def test_metadata_integers_are_64_bit() -> None:
-    assert Transition(**{**T, "metadata": {"n": 2**63 - 1}}).metadata["n"] == 2**63 - 1
-    with pytest.raises(ValidationError, match="64-bit"):
-        Transition(**{**T, "metadata": {"n": 2**70}})
+def test_metadata_integers_are_what_milvus_and_its_filters_hold() -> None:
+    for n in (2**63 - 1, -(2**63) + 1):
+        assert Transition(**{**T, "metadata": {"n": n}}).metadata["n"] == n
+    for n in (2**70, -(2**63)):  # -2^63 is an INT64, but no filter can name it
+        with pytest.raises(ValidationError, match="2\\^63"):
+            Transition(**{**T, "metadata": {"n": n}})
+
+
+def test_an_action_with_nul_is_refused() -> None:
+    """The dedup job's filters name the action; a NUL cannot be in a filter."""
+    with pytest.raises(ValidationError, match="NUL"):
+        Transition(**{**T, "action": "press\x00enter"})
 
 
 def test_outcome_feedback_and_usage_values_are_bounded() -> None:
