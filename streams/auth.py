@@ -14,7 +14,8 @@ Decisions:
   stack (`streams.local.stack.LocalStack`: ``dmem up``, ``dmem demo``, tests) binds to
   127.0.0.1 and sets ``DMEM_AUTH__DISABLED=true`` unless the caller configures
   ``DMEM_AUTH__*`` itself, so the two quickstart commands keep working.
-- Missing, malformed or unknown token: 401 with ``WWW-Authenticate: Bearer``;
+- Missing, malformed or unknown token (one that is not UTF-8 text included):
+  401 with ``WWW-Authenticate: Bearer``;
   a known token asking for a tenant it does not list: 403. Both JSON bodies.
 - ``/health`` and ``/metrics`` stay open (probes and scrapers carry no tenant
   data).
@@ -100,8 +101,11 @@ class Authorizer:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None
+        try:  # a header byte that is not UTF-8 reaches us as a lone surrogate
+            given = token.encode()
+        except UnicodeEncodeError:
+            return None  # no configured token is such text: unknown, 401
         found: frozenset[str] | None = None
-        given = token.encode()
         for known, tenants in self.tokens.items():
             if hmac.compare_digest(known.encode(), given):
                 found = tenants

@@ -68,6 +68,8 @@ WINDOW_PAGES = 10
 #: at most this many next-page bounds ride in a cursor (and it stays under `CURSOR_CHARS`)
 MAX_BOUNDS = 8
 CURSOR_CHARS = 1000
+#: the largest created_ts a cursor may carry (Milvus INT64)
+MAX_TS = 2**63 - 1
 #: a hinted window holding this many pages or more is not trusted (read hintless)
 HINT_CAP = 4
 #: the fields of a memory as the HTTP API shows it (everything but the vector)
@@ -155,19 +157,25 @@ def encode_cursor(created_ts: int, memory_id: str, bounds: Sequence[tuple[int, s
         bounds = bounds[:-1]
 
 
+def _key(ts: Any, mid: Any) -> bool:
+    """Is (``ts``, ``mid``) a (created_ts, id) a page could have issued: an int (not a
+    bool) a Milvus INT64 created_ts holds, at or after the epoch, and a non-empty id?"""
+    return type(ts) is int and 0 <= ts <= MAX_TS and isinstance(mid, str) and bool(mid)
+
+
 def read_cursor(cursor: str) -> Cursor:
-    """The `Cursor` of a ``next_cursor``; `InvalidRecord` when it is not one."""
+    """The `Cursor` of a ``next_cursor``; `InvalidRecord` when it is not one (a forged
+    one included: every created_ts must be one `_key` accepts)."""
     bad = InvalidRecord("cursor is not a next_cursor of this API")
     try:
         d = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         ts, mid = d["t"], d["i"]
         raw = d.get("b", [])
-        bounds = tuple((int(t), str(i)) for t, i in raw
-                       if isinstance(t, int) and isinstance(i, str) and i)  # fmt: skip
+        bounds = tuple((t, i) for t, i in raw if _key(t, i))
     except (ValueError, TypeError, KeyError, AttributeError, orjson.JSONDecodeError) as exc:
         raise bad from exc
     scope = d.get("s")
-    if not (isinstance(ts, int) and isinstance(mid, str) and mid) or len(bounds) != len(raw):
+    if not _key(ts, mid) or len(bounds) != len(raw):
         raise bad
     if scope is not None and not isinstance(scope, str):
         raise bad

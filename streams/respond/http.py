@@ -20,7 +20,10 @@ route; `wire_respond` registers them with the faust app.
   ``GET /v1/stats?tenant=T`` (row counts by partition); HTTP ingest
   (``POST /v1/transitions|outcomes|feedback``) and ``GET /openapi.json`` come
   from `streams.respond.ingest`. Validation errors are 422
-  with a JSON body; an id of another tenant is 404, exactly like a missing one. The
+  with a JSON body (malformed query parameters too: `TenantParam`, `int_param`; a
+  body over the size limit is a JSON 413, `read_json`); a store failure is 503 naming
+  its kind, never its text, with ``Retry-After`` when retriable (`store_failed`); an
+  id of another tenant is 404, exactly like a missing one. The
   id of a transition dedup folded into another memory answers with that survivor
   (its row, plus ``folded_id``: the id asked for).
 - Both paths emit `MemoryUsage` for requests with an episode_id.
@@ -42,16 +45,17 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
 import orjson
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 from faust.web import Request, Response, View
 from mode import Service
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from operators import Encoder
 from operators.retrieval import RankPolicy
@@ -63,7 +67,8 @@ from schemas import (
     RetrievalResponse,
     encode,
 )
-from schemas.errors import DmemError, InvalidRecord
+from schemas.errors import DmemError, InvalidRecord, StoreUnavailable
+from schemas.models import Ident
 from streams.admin import group_consumer
 from streams.auth import UNAUTHENTICATED, Authorizer, KafkaGuard
 from streams.clock import now_ms
@@ -225,6 +230,36 @@ def _invalid(view: View, exc: ValidationError) -> Response:
     return json_response(view, {"error": "invalid request", "detail": detail}, 422)
 
 
+class TenantParam(BaseModel):
+    """The ``?tenant=`` of a read: an `Ident`, as in the routes' JSON bodies."""
+
+    tenant: Ident
+
+
+def int_param(query: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """The integer query parameter ``name`` (``default`` when absent): ASCII digits only
+    (no sign, no other script's digits), within ``lo..hi``; else `InvalidRecord`."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    digits = raw.lstrip("0") or "0"  # bounded before int(): a 5000-digit value is refused
+    if not (raw.isascii() and raw.isdigit() and len(digits) <= len(str(hi))
+            and lo <= int(digits) <= hi):  # fmt: skip
+        raise InvalidRecord(f"{name} must be an integer in {lo}..{hi}")
+    return int(digits)
+
+
+async def read_json(view: View, request: Request) -> tuple[Any, Response | None]:
+    """A route's JSON body: (it, None), or (None, the answer): 413 over the server's
+    ``client_max_size``, 422 when it is not JSON. Both JSON, like every error."""
+    try:
+        return orjson.loads(await request.read()), None
+    except web.HTTPRequestEntityTooLarge as exc:
+        return None, json_response(view, {"error": exc.text or "body too large"}, 413)
+    except orjson.JSONDecodeError as exc:
+        return None, json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+
+
 class RespondApi:
     """The respond role's handlers: the Kafka request handler and one method per route."""
 
@@ -257,7 +292,7 @@ class RespondApi:
     def responder(self) -> Responder:
         if self._responder is None:
             if not self.store_ready():
-                raise DmemError("store not ready")
+                raise StoreUnavailable("store not ready")
             s = self.settings
             self._responder = Responder(
                 self.store.store,
@@ -299,6 +334,23 @@ class RespondApi:
             resp.headers["WWW-Authenticate"] = "Bearer"
         return resp
 
+    def unavailable(self, view: View, error: str) -> Response:
+        """503 with ``Retry-After`` (``ingest.retry_after_s``): retrying can help."""
+        resp = json_response(view, {"error": error}, 503)
+        resp.headers["Retry-After"] = str(self.settings.ingest.retry_after_s)
+        return resp
+
+    def store_failed(self, view: View, exc: DmemError, what: str) -> Response:
+        """The answer to a failed store call: 422 with the reason for an `InvalidRecord`;
+        else 503 naming the kind of failure, never its text (`public_error`), with
+        ``Retry-After`` when the error is retriable. The log has the detail."""
+        if isinstance(exc, InvalidRecord):
+            return json_response(view, {"error": str(exc)}, 422)
+        log.warning("%s failed: %s", what, exc)
+        if exc.retriable:
+            return self.unavailable(view, public_error(exc))
+        return json_response(view, {"error": public_error(exc)}, 503)
+
     def tenant_query(self, view: View, request: Request) -> tuple[str, Response | None]:
         """The ``?tenant=`` of a read, authorised, with the store ready; else the answer."""
         if (no := self.denied(view, request)) is not None:
@@ -306,10 +358,14 @@ class RespondApi:
         tenant = request.query.get("tenant")
         if not tenant:
             return "", json_response(view, {"error": "query parameter tenant is required"}, 422)
+        try:
+            TenantParam(tenant=tenant)
+        except ValidationError as exc:
+            return "", _invalid(view, exc)
         if (no := self.denied(view, request, tenant)) is not None:
             return "", no
         if not self.store_ready():
-            return "", json_response(view, {"error": "store not ready"}, 503)
+            return "", self.unavailable(view, "store not ready")
         return tenant, None
 
     # -- Kafka: dmem.retrieval.requests ------------------------------------------------
@@ -346,10 +402,9 @@ class RespondApi:
         """``POST /v1/search``."""
         if (no := self.denied(view, request)) is not None:
             return no
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+        body, no = await read_json(view, request)
+        if no is not None:
+            return no
         if isinstance(body, dict) and "request_id" not in body:
             body["request_id"] = uuid.uuid4().hex
         try:
@@ -365,8 +420,7 @@ class RespondApi:
             busy.headers["Retry-After"] = "1"
             return busy
         except DmemError as exc:
-            log.warning("search failed for %s: %s", req.request_id, exc)
-            return json_response(view, {"error": public_error(exc)}, 503)
+            return self.store_failed(view, exc, f"search {req.request_id}")
         status = 422 if resp.error and not resp.error.startswith("unavailable") else 200
         return json_response(view, resp.model_dump(mode="json", by_alias=True), status)
 
@@ -381,13 +435,11 @@ class RespondApi:
     async def _read(self, view: View, fn: Callable[..., Any],
                     *args: Any) -> tuple[Any, float, Response | None]:  # fmt: skip
         """A store read in a worker thread: (its result, its ms, None), or the 422 / 503
-        answer when it fails."""
+        answer when it fails (`store_failed`)."""
         try:
             out, ms = await self.in_thread(_timed_call, fn, *args)
-        except InvalidRecord as exc:
-            return None, 0.0, json_response(view, {"error": str(exc)}, 422)
         except DmemError as exc:
-            return None, 0.0, json_response(view, {"error": str(exc)}, 503)
+            return None, 0.0, self.store_failed(view, exc, f"read {fn.__name__}")
         return out, ms, None
 
     async def get_memory(self, view: View, request: Request, memory_id: str) -> Response:
@@ -408,16 +460,17 @@ class RespondApi:
         started = time.perf_counter()
         if (no := self.denied(view, request)) is not None:
             return no
+        body, no = await read_json(view, request)
+        if no is not None:
+            return no
         try:
-            req = BatchGetRequest.model_validate(orjson.loads(await request.read()))
-        except orjson.JSONDecodeError as exc:
-            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+            req = BatchGetRequest.model_validate(body)
         except ValidationError as exc:
             return _invalid(view, exc)
         if (no := self.denied(view, request, req.tenant)) is not None:
             return no
         if not self.store_ready():
-            return json_response(view, {"error": "store not ready"}, 503)
+            return self.unavailable(view, "store not ready")
         return await self._many(view, req.tenant, req.ids, started)
 
     async def _many(self, view: View, tenant: str, ids: list[str], started: float) -> Response:
@@ -463,11 +516,11 @@ class RespondApi:
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
-        raw = request.query.get("limit", "200")
-        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-            return json_response(view, {"error": "limit must be an integer in 1..10000"}, 422)
-        events, ms, no = await self._read(view, self.reader().history, tenant, memory_id,
-                                          int(raw))  # fmt: skip
+        try:
+            limit = int_param(request.query, "limit", 200, 1, 10_000)
+        except InvalidRecord as exc:
+            return json_response(view, {"error": str(exc)}, 422)
+        events, ms, no = await self._read(view, self.reader().history, tenant, memory_id, limit)
         if no is not None:
             return no
         if not events:
@@ -488,10 +541,9 @@ class RespondApi:
         """``POST /v1/forget``: authenticated before the body is read."""
         if (no := self.denied(view, request)) is not None:
             return no
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return json_response(view, {"error": f"malformed JSON: {exc}"}, 422)
+        body, no = await read_json(view, request)
+        if no is not None:
+            return no
         return await self._forget(view, request, body)
 
     async def _forget(self, view: View, request: Request, body: Any,
@@ -506,12 +558,15 @@ class RespondApi:
         if (no := self.denied(view, request, req.tenant)) is not None:
             return no
         if not self.store_ready():
-            return json_response(view, {"error": "store not ready"}, 503)
+            return self.unavailable(view, "store not ready")
         store = self.store.store
         assert store is not None  # store_ready
-        events = await asyncio.to_thread(
-            forget_scope, store, req.tenant, agent_id=req.agent_id, memory_id=req.memory_id
-        )
+        try:
+            events = await asyncio.to_thread(
+                forget_scope, store, req.tenant, agent_id=req.agent_id, memory_id=req.memory_id
+            )
+        except DmemError as exc:
+            return self.store_failed(view, exc, f"forget for {req.tenant}")
         for ev in events:  # the same audit trail as `dmem forget`
             await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
             await self.control.send(key=ev.tenant.encode(), value=encode(ev))
@@ -520,16 +575,20 @@ class RespondApi:
 
     async def stats(self, view: View, request: Request) -> Response:
         """``GET /v1/stats?tenant=T``: row counts by partition."""
+        started = time.perf_counter()
         tenant, no = self.tenant_query(view, request)
         if no is not None:
             return no
+        counts, ms, no = await self._read(view, self._counts, tenant)
+        if no is not None:
+            return no
+        return timed_json(view, {"tenant": tenant, **counts, "total": sum(counts.values()),
+                                 "metrics_label": tenant_label(tenant)}, started, ms)  # fmt: skip
+
+    def _counts(self, tenant: str) -> dict[str, int]:
         st = self.store.store
-        assert st is not None
-        counts = await asyncio.to_thread(
-            lambda: {p: st.count(p, tenant) for p in ("core", "buffer")}
-        )
-        return json_response(view, {"tenant": tenant, **counts, "total": sum(counts.values()),
-                                    "metrics_label": tenant_label(tenant)})  # fmt: skip
+        assert st is not None  # store_ready
+        return {p: st.count(p, tenant) for p in ("core", "buffer")}
 
     @property
     def answered(self) -> int:

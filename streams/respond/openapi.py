@@ -33,6 +33,8 @@ from schemas import (
     RetrievalResponse,
     Transition,
 )
+from schemas.limits import LIMITS
+from schemas.models import IDENT_PATTERN
 from streams.settings import Settings
 
 REF = "#/components/schemas/{model}"
@@ -67,7 +69,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         422: "invalid request: every reason in detail",
         429: "in-flight budget (or the tenant's share of it, or the tenant's search turns) "
              "full: retry after Retry-After seconds",
-        503: "broker or store unavailable: retry after Retry-After seconds",
+        503: "broker or store unavailable (the error names its kind, never its text): "
+             "retry after Retry-After seconds (absent when retrying cannot help)",
     }  # fmt: skip
     out: dict[str, Any] = {}
     for c in codes:
@@ -108,7 +111,9 @@ timing = {"Server-Timing": {"schema": {"type": "string"}, "description": (
 
 
 def _tenant_param() -> dict[str, Any]:
-    return {"name": "tenant", "in": "query", "required": True, "schema": {"type": "string"}}
+    return {"name": "tenant", "in": "query", "required": True, "schema": {
+        "type": "string", "minLength": 1, "maxLength": LIMITS.max_id_chars,
+        "pattern": IDENT_PATTERN}}  # fmt: skip
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
@@ -236,7 +241,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "requestBody": {"required": True, "content": _json(_ref(RetrievalRequest))},
             "responses": {"200": {"description": "hits, best first",
                                   "content": _json(_ref(RetrievalResponse))},
-                          **_errors(401, 403, 415, 422, 429, 503)}}},
+                          **_errors(401, 403, 413, 415, 422, 429, 503)}}},
         "/v1/memories": {"get": {
             "summary": "A tenant's memories, newest first, one page at a time (the "
                        "search's filters); or several by id (ids=a,b)",
@@ -251,7 +256,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "requestBody": {"required": True, "content": _json(_ref(BatchGetRequest))},
             "responses": {"200": {"description": "the rows found, and the ids missing",
                                   "content": _json(memories), "headers": timing},
-                          **_errors(401, 403, 415, 422, 503)}}},
+                          **_errors(401, 403, 413, 415, 422, 503)}}},
         "/v1/memories/{memory_id}/history": {"get": {
             "summary": "What happened to one memory, oldest first",
             "operationId": "memoryHistory", "security": sec,
@@ -278,7 +283,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "security": sec,
             "requestBody": {"required": True, "content": _json(_ref(ForgetRequest))},
             "responses": {"200": {"description": "forgotten", "content": _json(forgotten)},
-                          **_errors(401, 403, 415, 422, 503)}}},
+                          **_errors(401, 403, 413, 415, 422, 503)}}},
         "/v1/stats": {"get": {
             "summary": "A tenant's memory counts by partition", "operationId": "stats",
             "security": sec, "parameters": [_tenant_param()],

@@ -27,6 +27,17 @@ def test_tokens_from_env_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert a.check("Bearer t1") is None  # authenticate only
 
 
+def test_a_token_that_is_not_utf8_is_unknown() -> None:
+    """aiohttp hands a non-UTF-8 header byte over as a lone surrogate: 401, not a
+    UnicodeEncodeError (500)."""
+    a = Authorizer(False, load_tokens({"t\u00f6k": ["acme"]}, None))
+    for bad in ("Bearer t\udcf6k", "Bearer \udcff"):
+        d = a.check(bad, "acme")
+        assert d is not None and d.status == 401
+        assert a.scope(bad) == frozenset()
+    assert a.check("Bearer t\u00f6k", "acme") is None
+
+
 def test_default_is_fail_closed_and_disable_is_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DMEM_AUTH__TOKENS", raising=False)
     monkeypatch.delenv("DMEM_AUTH__DISABLED", raising=False)

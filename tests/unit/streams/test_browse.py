@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+
+import orjson
 import pytest
 
 from milvus.history import FOLD_SLOT, event_key
@@ -45,6 +48,28 @@ def test_cursor_round_trip_and_garbage() -> None:
     for bad in ("", "abc", encode_cursor(1, "x")[:-3], "eyJ0IjoiYSIsImkiOiJ4In0"):
         with pytest.raises(InvalidRecord):
             decode_cursor(bad)
+
+
+def _forged(d: object) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(d)).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("d", [
+    {"t": True, "i": "x"},
+    {"t": False, "i": "x"},
+    {"t": 2**63, "i": "x"},
+    {"t": -(2**63), "i": "x"},
+    {"t": -1, "i": "x"},
+    {"t": 5, "i": "x", "b": [[True, "y"]]},
+    {"t": 5, "i": "x", "b": [[2**63, "y"]]},
+    {"t": 5, "i": "x", "b": [[-1, "y"]]},
+])  # fmt: skip
+def test_forged_cursor_timestamps_are_refused(d: dict[str, object]) -> None:
+    """Booleans and values no Milvus INT64 created_ts of a page holds: not a next_cursor
+    (they used to reach the store's query and fail there, 503)."""
+    with pytest.raises(InvalidRecord, match="not a next_cursor"):
+        read_cursor(_forged(d))
+    assert read_cursor(_forged({"t": 2**63 - 1, "i": "x", "b": [[0, "y"]]})).ts == 2**63 - 1
 
 
 def test_cursor_carries_bounds_and_stays_short() -> None:
