@@ -47,11 +47,10 @@ class Limits:
     #: rewards, outcome and feedback values, usage weights: any real scale, and room for
     #: the operators' float32 arithmetic (3.4e38) and the squares credit takes (1e60)
     max_abs_value: float = 1e30
-    #: event times (ms since the epoch): up to 9999-12-31, within Milvus' INT64 with
-    #: room for the TTLs and horizons added to them
-    max_event_ms: int = 253_402_300_799_999
-    #: steps: integers JSON carries exactly (2^53 - 1), within Milvus' INT64
-    max_step: int = 9_007_199_254_740_991
+    #: event times (ms since the epoch) and steps: within Milvus' INT64 with room for the
+    #: TTLs and horizons added to them (a clock in micro- or nanoseconds still fits)
+    max_event_ms: int = 2**62 - 1
+    max_step: int = 2**62 - 1
     #: a transition's ``metadata`` and ``next_observation`` as UTF-8 JSON
     #: (`user_part_bytes`): they travel in the memory row's JSON field; the rest of
     #: that field is dmem's own (module doc). The character limits above allow four

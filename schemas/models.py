@@ -504,7 +504,7 @@ class MemoryEvent(Model):
     theta_low: FiniteFloat | None = None
     theta_high: FiniteFloat | None = None
     reason: str = ""
-    event_ts: int | None = Field(
+    event_ts: EventMs | None = Field(
         default=None,
         description="event time of the source transition (its ts, or the write worker's clock "
         "when it had none): the stream time the jobs' watermarks advance by",

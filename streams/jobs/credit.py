@@ -300,7 +300,7 @@ class CreditJob(Service):
         await self._emit(msgs)
 
     def _feedback(self, fb: EpisodeOutcome | Feedback, now: int,
-                  at: tuple[int, int] = (0, 0)) -> list[CreditUpdate]:  # fmt: skip
+                  at: tuple[int, int]) -> list[CreditUpdate]:  # fmt: skip
         """``at``: the record's (partition, offset), which names a thumbs that carries
         neither an id nor a time (two such thumbs are two records, a replay one)."""
         if isinstance(fb, EpisodeOutcome):

@@ -215,8 +215,16 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         q("agent_id", {"type": "string"}, "one agent's memories"),
         q("partition", {"type": "string", "enum": ["core", "buffer"]}, "one partition"),
         q("valence", {"type": "integer", "enum": [-1, 0, 1]}, "sign of the reward"),
-        q("since_ms", {"type": "integer", "minimum": 0}, "created at or after (event time)"),
-        q("until_ms", {"type": "integer", "minimum": 0}, "created at or before (event time)"),
+        q(
+            "since_ms",
+            {"type": "integer", "minimum": 0, "maximum": LIMITS.max_event_ms},
+            "created at or after (event time)",
+        ),
+        q(
+            "until_ms",
+            {"type": "integer", "minimum": 0, "maximum": LIMITS.max_event_ms},
+            "created at or before (event time)",
+        ),
         q("min_utility", {"type": "number"}, "utility at least"),
         {
             "name": "meta",

@@ -350,7 +350,10 @@ class TenantState:
             {**w, "horizon": self.eligibility.horizon, "ttl_ms": self.eligibility.ttl_ms}
         )
         for item in d["recent"]:
-            t = Transition.model_validate(item)
+            try:
+                t = Transition.model_validate(item)
+            except ValidationError:  # outside today's bounds: it loses its hindsight
+                continue  # write, not the tenant its whole checkpoint
             self.recent[t.memory_id] = t
         for k, v in d["scale"]:  # JSON has no infinity: the warm-up's outlier bound is null
             a, b, c, o, e = (math.inf if x is None else float(x) for x in v)

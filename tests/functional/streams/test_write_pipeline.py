@@ -167,8 +167,8 @@ def test_wrong_vector_dim_with_passthrough_encoder() -> None:
 def test_a_state_vector_the_encoder_cannot_normalise_is_dead_lettered_alone(
     state: list[float], reason: str
 ) -> None:
-    """A vector with a zero (or overflowing) norm made the whole batch's encoding raise,
-    a crash the worker met again after every restart; it is refused per record."""
+    """A vector with a zero (or overflowing) norm is refused per record: in the batch's
+    encoding it would raise for the whole batch, again after every restart."""
     from operators import PassthroughEncoder
 
     p = WritePipeline(Settings(), PassthroughEncoder(dim=4))

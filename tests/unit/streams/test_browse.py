@@ -66,7 +66,7 @@ def _forged(d: object) -> str:
 ])  # fmt: skip
 def test_forged_cursor_timestamps_are_refused(d: dict[str, object]) -> None:
     """Booleans and values no Milvus INT64 created_ts of a page holds: not a next_cursor
-    (they used to reach the store's query and fail there, 503)."""
+    (a 422 here, not a failed store query)."""
     with pytest.raises(InvalidRecord, match="not a next_cursor"):
         read_cursor(_forged(d))
     assert read_cursor(_forged({"t": 2**63 - 1, "i": "x", "b": [[0, "y"]]})).ts == 2**63 - 1

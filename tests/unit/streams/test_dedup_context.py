@@ -39,7 +39,7 @@ def test_context_filter_narrows_by_filterable_user_keys_only() -> None:
 def test_a_scope_no_filter_can_express_is_not_deduplicated_and_not_retried() -> None:
     """A row stored before validation refused it (an action with NUL, a metadata integer
     of -2^63) has a merge scope no Milvus filter can name: the dedup job leaves it
-    alone (counted) instead of raising, which the maintenance loop retried forever."""
+    alone (counted) instead of raising, which the maintenance loop would retry."""
     import numpy as np
 
     from operators.decay import MaintenancePolicy
