@@ -201,6 +201,22 @@ def test_a_checkpoint_of_open_episodes_at_the_text_limits_fits_a_message() -> No
     assert 0 < len(recent) < len(ts) and ts[-1].memory_id in recent
 
 
+def test_a_checkpointed_transition_outside_the_bounds_costs_only_itself(cliff: list) -> None:
+    """A checkpoint from before the number bounds may hold a dropped transition they
+    refuse: restoring skips it (its hindsight write) and keeps the tenant's state."""
+    p = pipeline()
+    run(p, raws_of([t for t, _, _ in cliff][:300]))
+    d = orjson.loads(p.snapshot("demo"))
+    recent = d["hindsight"]["recent"]
+    assert len(recent) >= 2
+    recent[0]["ts"] = 2**63  # beyond today's bounds
+    q = pipeline()
+    q.restore("demo", orjson.dumps(d))
+    st = q.tenant("demo")
+    assert recent[0]["transition_id"] not in st.recent and recent[1]["transition_id"] in st.recent
+    assert st.gate_state.sketch.count == p.tenant("demo").gate_state.sketch.count > 0
+
+
 def test_replay_in_one_batch_is_one_memory() -> None:
     t = Transition(
         tenant="t", agent_id="a", episode_id="e", step=0, observation="o", action="a", reward=-50.0
