@@ -27,6 +27,9 @@ class TopicSpec:
     key: str
     payload: type[BaseModel] | None
     compacted: bool = False
+    #: the topic's ``max.message.bytes`` where the broker's default (1 MB on Apache
+    #: Kafka) is too small for its records
+    max_message_bytes: int | None = None
 
 
 TOPICS: dict[str, TopicSpec] = {
@@ -38,7 +41,11 @@ TOPICS: dict[str, TopicSpec] = {
     "memories": TopicSpec("memories", "memory_id", MemoryEvent),
     "credit": TopicSpec("credit", "memory_id", UtilityUpdate),
     # value-model checkpoints and operator state, keyed by ``tenant|partition``; compacted
-    "models": TopicSpec("models", "tenant|partition", None, compacted=True),
+    # and up to the write producer's 8 MiB request each: a chat tenant of 500 turns
+    # checkpoints ~2 MB, over Apache Kafka's default 1 MB
+    "models": TopicSpec(
+        "models", "tenant|partition", None, compacted=True, max_message_bytes=10 * 1024 * 1024
+    ),
     "deadletter": TopicSpec("deadletter", "original key", DeadLetter),
     # `forgotten` MemoryEvents again (the audit copy stays on ``memories``), keyed
     # by tenant: every write worker reads this small topic whole instead of the

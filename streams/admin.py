@@ -21,7 +21,7 @@ from aiokafka.errors import (
 )
 
 from schemas.errors import BrokerUnavailable
-from schemas.topics import TOPICS
+from schemas.topics import TOPICS, TopicSpec
 from streams.settings import KafkaSettings, Settings
 
 
@@ -136,6 +136,14 @@ async def check_broker(k: KafkaSettings, timeout_s: float = 10.0) -> None:
             pass
 
 
+def topic_configs(spec: TopicSpec) -> dict[str, str]:
+    """The configs a dmem topic is created with (`schemas.topics.TopicSpec`)."""
+    configs = {"cleanup.policy": "compact"} if spec.compacted else {}
+    if spec.max_message_bytes is not None:
+        configs["max.message.bytes"] = str(spec.max_message_bytes)
+    return configs
+
+
 async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str]:
     """Create every dmem topic (idempotent); returns the names created now."""
     k = settings.kafka
@@ -152,7 +160,7 @@ async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str
             name = settings.topic(logical)
             if name in existing:
                 continue
-            configs = {"cleanup.policy": "compact"} if spec.compacted else {}
+            configs = topic_configs(spec)
             new.append(
                 NewTopic(
                     name=name,
