@@ -32,6 +32,7 @@ from pymilvus import DataType
 
 from milvus.schema import field_specs
 from schemas.errors import InvalidRecord
+from schemas.limits import INT64_MAX
 
 __all__ = ["and_all", "build_filter", "eq", "ids_in", "json_contains_any", "literal"]
 
@@ -47,7 +48,7 @@ def literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        if not -(2**63) < value < 2**63:  # Milvus parses -2^63 as -(2^63): out of range
+        if abs(value) > INT64_MAX:  # Milvus parses -2^63 as -(2^63): out of range
             raise InvalidRecord(f"integer outside what a filter can hold: {value}")
         return str(value)
     if isinstance(value, float):

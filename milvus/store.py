@@ -96,7 +96,7 @@ from schemas.errors import (
     StoreError,
     StoreUnavailable,
 )
-from schemas.limits import LIMITS, json_bytes
+from schemas.limits import INT64_MAX, LIMITS, json_bytes
 from schemas.models import Partition, storage_key
 
 __all__ = ["MemoryStore"]
@@ -630,7 +630,7 @@ class MemoryStore:
             if spec.dtype == DataType.INT64:
                 if isinstance(value, bool) or not isinstance(value, int | np.integer):
                     raise TypeError("expected int")
-                if not -(2**63) <= int(value) < 2**63:  # else the client raises at send,
+                if not -INT64_MAX - 1 <= int(value) <= INT64_MAX:  # else the client raises,
                     raise ValueError("outside the 64-bit integers")  # a retried StoreError
                 return int(value)
             if spec.dtype in (DataType.DOUBLE, DataType.FLOAT):

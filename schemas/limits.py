@@ -75,6 +75,9 @@ class Limits:
 
 LIMITS = Limits()
 
+#: the largest Milvus INT64 (its fields, and the integers a filter or a JSON value holds)
+INT64_MAX = 2**63 - 1
+
 
 def json_bytes(value: Any) -> int:
     """Size of `value` as compact UTF-8 JSON (raises ValueError for NaN or infinity).

@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.limits import LIMITS, user_part_bytes
+from schemas.limits import INT64_MAX, LIMITS, user_part_bytes
 
 SCHEMA_VERSION = 1
 SUPPORTED = frozenset({1})
@@ -78,10 +78,6 @@ class Model(BaseModel):
         return v
 
 
-#: metadata integers: what Milvus holds and its filters can name (-2^63 they cannot)
-METADATA_INT_MAX = 2**63 - 1
-
-
 def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
     if len(v) > LIMITS.max_metadata_keys:
         raise ValueError(f"metadata has {len(v)} keys (max {LIMITS.max_metadata_keys})")
@@ -92,7 +88,8 @@ def _check_metadata(v: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"metadata value for {key!r} too long")
         if isinstance(val, float) and val != val:
             raise ValueError(f"metadata value for {key!r} is NaN")
-        if isinstance(val, int) and not isinstance(val, bool) and abs(val) > METADATA_INT_MAX:
+        # within +-INT64_MAX: Milvus' filters cannot name -2^63
+        if isinstance(val, int) and not isinstance(val, bool) and abs(val) > INT64_MAX:
             raise ValueError(f"metadata value for {key!r} is outside +-(2^63 - 1)")
     return v
 

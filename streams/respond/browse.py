@@ -54,6 +54,7 @@ from milvus.history import FOLD_CACHE, FoldEdges
 from milvus.schema import PARTITIONS, PRIMARY_FIELD, VECTOR_FIELD, scalar_fields
 from schemas import MemoryListQuery
 from schemas.errors import InvalidRecord
+from schemas.limits import INT64_MAX
 from streams.respond.responder import Responder, filter_terms
 
 __all__ = ["FOLD_CACHE", "MAX_HOPS", "Cursor", "MemoryReader", "MissRate", "decode_cursor",
@@ -68,8 +69,6 @@ WINDOW_PAGES = 10
 #: at most this many next-page bounds ride in a cursor (and it stays under `CURSOR_CHARS`)
 MAX_BOUNDS = 8
 CURSOR_CHARS = 1000
-#: the largest created_ts a cursor may carry (Milvus INT64)
-MAX_TS = 2**63 - 1
 #: a hinted window holding this many pages or more is not trusted (read hintless)
 HINT_CAP = 4
 #: the fields of a memory as the HTTP API shows it (everything but the vector)
@@ -160,7 +159,7 @@ def encode_cursor(created_ts: int, memory_id: str, bounds: Sequence[tuple[int, s
 def _key(ts: Any, mid: Any) -> bool:
     """Is (``ts``, ``mid``) a (created_ts, id) a page could have issued: an int (not a
     bool) a Milvus INT64 created_ts holds, at or after the epoch, and a non-empty id?"""
-    return type(ts) is int and 0 <= ts <= MAX_TS and isinstance(mid, str) and bool(mid)
+    return type(ts) is int and 0 <= ts <= INT64_MAX and isinstance(mid, str) and bool(mid)
 
 
 def read_cursor(cursor: str) -> Cursor:
