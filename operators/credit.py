@@ -559,7 +559,8 @@ def apply_utility(
     meta = row.setdefault("metadata", {}) or {}
     row["metadata"] = meta
     applied: list[str] = list(meta.get("credit_ids", []))
-    if update_id in applied:
+    key = applied_key(update_id)
+    if key in applied or update_id in applied:
         return False
     if evidence:
         stats = CreditStats.of(row).fold(float(credit), discount, similarity)
@@ -568,6 +569,23 @@ def apply_utility(
     else:
         row["utility"] = float(row.get("utility", 0.0))
     row["uses"] = int(row.get("uses", 0)) + int(uses)
-    applied.append(update_id)
+    applied.append(key)
     meta["credit_ids"] = newest_within(applied, remember, LIMITS.max_credit_ids_bytes)
     return True
+
+
+#: the longest update id ``credit_ids`` keeps as it is (the credit job's own ids are 24
+#: hex characters); a longer one (a thumbs update of a long client id) is kept as its
+#: digest, so ``remember`` ids always fit ``LIMITS.max_credit_ids_bytes``
+APPLIED_KEY_CHARS = 32
+
+
+def applied_key(update_id: str) -> str:
+    """What ``metadata.credit_ids`` holds for ``update_id``: the id itself up to
+    `APPLIED_KEY_CHARS`, else ``h:`` and a 96-bit digest of it (26 characters). The
+    list's byte budget then holds `LIMITS.max_credit_ids` ids of any length, so a
+    replay of any of the last ones is a no-op; a row written before keeps its full ids,
+    which `apply_utility` still recognises."""
+    if len(update_id) <= APPLIED_KEY_CHARS:
+        return update_id
+    return "h:" + hashlib.blake2b(update_id.encode(), digest_size=12).hexdigest()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from operators.credit import CreditAssigner, CreditStats, OutcomeRecord, UsageRecord, apply_utility
+from schemas.limits import LIMITS, json_bytes
+from schemas.models import feedback_update_id
 
 
 def usage(rid: str, step: int, ids: list[str], weights: list[float]) -> UsageRecord:
@@ -414,3 +417,22 @@ def test_a_task_solved_from_its_first_episode_is_judged_against_the_agents_guess
         win = OutcomeRecord("o", 1.0, task="solved")
         credits += [u.credit for u in ca.on_outcome("t", f"s{e}", win, 20 + e)]
     assert min(credits) > 0.5
+
+
+def test_long_update_ids_are_all_remembered_within_the_byte_budget() -> None:
+    """Thumbs updates of 128-character client ids: the last `max_credit_ids` of them are
+    all recognised on replay (as full ids only ~31 fit the list's byte budget)."""
+    row: dict[str, Any] = {"utility": 0.0, "uses": 0, "metadata": {}}
+    ids = [feedback_update_id(f"{i:03d}" + "f" * 122) for i in range(LIMITS.max_credit_ids)]
+    for uid in ids:
+        assert apply_utility(row, uid, 1.0, 1)
+    assert json_bytes(row["metadata"]["credit_ids"]) <= LIMITS.max_credit_ids_bytes
+    assert not any(apply_utility(row, uid, 1.0, 1) for uid in ids)
+    assert row["uses"] == LIMITS.max_credit_ids
+
+
+def test_a_row_written_with_full_update_ids_still_refuses_their_replay() -> None:
+    long_id = "fb:" + "x" * 120
+    row: dict[str, Any] = {"utility": 0.0, "uses": 3, "metadata": {"credit_ids": [long_id]}}
+    assert not apply_utility(row, long_id, 1.0, 1)
+    assert row["uses"] == 3
