@@ -27,7 +27,7 @@ from streams.settings import Settings
 
 log = logging.getLogger("dmem")
 
-__all__ = ["StoreService", "upsert_fitting"]
+__all__ = ["StoreService", "forgotten_reason", "upsert_fitting"]
 
 
 #: Milvus has no partial updates: every read-modify-write of a stored row in this
@@ -67,6 +67,12 @@ def upsert_fitting(store: MemoryStore, rows: Sequence[Mapping[str, Any]],
             store.upsert(good, partition)
         return bad
     return {}
+
+
+def forgotten_reason(store: MemoryStore) -> str:
+    """Why a write of a memory forgotten lately is refused (`milvus.tombstones`)."""
+    return (f"its id was forgotten less than {store.tombstones.ttl_s:g} s ago "
+            "(DMEM_MILVUS__TOMBSTONE_TTL_S): a forgotten memory is not written back")  # fmt: skip
 
 
 class StoreService(Service):
@@ -169,7 +175,10 @@ class StoreService(Service):
         unique only per tenant) for rows the store refuses by itself (`InvalidRecord`,
         e.g. a metadata object over Milvus' JSON limit), which are left out while the
         rest is written, so one bad row cannot stall its partition forever and the
-        caller dead-letters them; the storage keys ``plan`` left out)."""
+        caller dead-letters them; the storage keys ``plan`` left out). A row whose key
+        was forgotten within the tombstone TTL is refused the same way (with the reason
+        `forgotten_reason`) rather than dropped without a word by the store's own check:
+        a client that sends a forgotten memory again learns why it is not stored."""
         assert self.store is not None
         store = self.store
         keys = [storage_key(r["tenant"], r["id"]) for rows in upserts.values() for r in rows]
@@ -180,11 +189,13 @@ class StoreService(Service):
 
         def once() -> tuple[dict[str, str], set[str]]:
             with WRITE_LOCK:
+                rejected = dict.fromkeys(store.tombstones.dead(keys), forgotten_reason(store))
+                live = {p: [r for r in rows if storage_key(r["tenant"], r["id"]) not in rejected]
+                        for p, rows in upserts.items()}  # fmt: skip
                 have = store.get_keys(keys, output_fields=STORED_FIELDS, with_vector=True,
                                       consistency_level=level)  # fmt: skip
-                todo, skipped = plan(upserts, {storage_key(r["tenant"], r["id"]): r
-                                               for r in have})  # fmt: skip
-                rejected: dict[str, str] = {}
+                todo, skipped = plan(live, {storage_key(r["tenant"], r["id"]): r
+                                            for r in have})  # fmt: skip
                 for partition, rows in todo.items():
                     rejected.update(upsert_fitting(store, rows, cast(Partition, partition)))
                 return rejected, skipped

@@ -251,3 +251,32 @@ def test_the_write_paths_store_refusal_leaves_out_only_the_bad_row(store_factory
     assert list(refused) == [storage_key("alpha", "too-big")]
     assert "JSON" in refused[storage_key("alpha", "too-big")]
     assert set(_state(store, "alpha")) == set(IDS)
+
+
+def test_the_write_path_refuses_a_forgotten_id_with_its_reason(store_factory: Factory) -> None:
+    """`StoreService.write`: a memory sent again after its forget is returned as refused
+    with the reason (the write role dead-letters it), where the store's own check
+    dropped it without a word; the other tenant's same id and the other rows are stored."""
+    import asyncio
+
+    from schemas import storage_key
+    from streams.settings import Settings
+    from streams.store import StoreService, forgotten_reason
+    from streams.write.replays import reconcile
+
+    store = store_factory(dim=DIM)
+    store.upsert([make_record(IDS[0], tenant="alpha")], "core")
+    assert store.forget([IDS[0]], tenant="alpha") == 1
+    again = [make_record(m, tenant="alpha") for m in IDS] + [make_record(IDS[0], tenant="beta")]
+
+    async def write() -> dict[str, str]:
+        svc = StoreService(Settings(), DIM)
+        svc.store = store
+        refused, _ = await svc.write({"core": again}, reconcile)
+        return refused
+
+    refused = asyncio.run(write())
+    assert refused == {storage_key("alpha", IDS[0]): forgotten_reason(store)}
+    assert "forgotten" in forgotten_reason(store)
+    assert set(_state(store, "alpha")) == set(IDS[1:])
+    assert set(_state(store, "beta")) == {IDS[0]}
