@@ -564,9 +564,18 @@ def content_key(t: Transition) -> str:
     The metadata is part of it: the same words in another context (the
     same "The door is now open." in another task) are not a repeat, or a search
     filtered by that context (``metadata_equals``) would find nothing.
+
+    The parts are joined by the unit separator (``\\x1f``), which no id or JSON holds;
+    a text or action that holds one is keyed by the JSON of its parts instead (which
+    has none), so moving text across the separator is no repeat. The keys of every
+    other transition, kept in checkpoints, stay as they are.
     """
     meta = orjson.dumps(t.metadata, option=orjson.OPT_SORT_KEYS).decode() if t.metadata else ""
-    raw = f"{t.agent_id}\x1f{t.text()}\x1f{t.action}\x1f{round(t.reward, 6)}\x1f{meta}".encode()
+    text, reward = t.text(), round(t.reward, 6)
+    if "\x1f" in text or "\x1f" in t.action:
+        raw = orjson.dumps([t.agent_id, text, t.action, reward, meta])
+    else:
+        raw = f"{t.agent_id}\x1f{text}\x1f{t.action}\x1f{reward}\x1f{meta}".encode()
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 

@@ -565,3 +565,20 @@ def test_routes_do_not_depend_on_how_the_stream_was_batched(cliff: list) -> None
     assert all(r == runs[0] for r in runs)
     routes = Counter(route for _, route, _ in runs[0])
     assert routes["drop"] > routes["core"] > 0
+
+
+def test_content_key_tells_text_moved_across_the_separator_apart() -> None:
+    """Two transitions whose text and action differ only in where a unit separator
+    splits them are different content; a transition without one keeps its key."""
+    import hashlib
+
+    from streams.write.pipeline import content_key
+
+    def t(obs: str, action: str) -> Transition:
+        return Transition(tenant="t", agent_id="a", episode_id="e", step=0,
+                          observation=obs, action=action, reward=0.0)  # fmt: skip
+
+    assert content_key(t("door\x1fopen", "go")) != content_key(t("door", "open\x1fgo"))
+    plain = t("door", "go")
+    joined = f"a\x1f{plain.text()}\x1fgo\x1f0.0\x1f".encode()
+    assert content_key(plain) == hashlib.blake2b(joined, digest_size=12).hexdigest()
