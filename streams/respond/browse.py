@@ -210,6 +210,19 @@ def _scalar(value: str) -> Any:
     return v if isinstance(v, str | int | float | bool) else value
 
 
+#: integer parameters: ASCII digits only (pydantic's lax parsing of text would also
+#: take "+5", "5_0" and other scripts' digits); their bounds are `MemoryListQuery`'s
+_INT_PARAMS = ("limit", "since_ms", "until_ms")
+
+
+def _digits(name: str, value: str) -> int:
+    if not (value.isascii() and value.isdigit() and len(value.lstrip("0")) <= 19):
+        raise InvalidRecord(
+            f"{name} must be a non-negative integer (ASCII digits), got {value!r:.40}"
+        )
+    return int(value)
+
+
 def list_query(params: Mapping[str, str]) -> dict[str, Any]:
     """Query parameters of ``GET /v1/memories`` -> the `MemoryListQuery` payload.
 
@@ -222,7 +235,9 @@ def list_query(params: Mapping[str, str]) -> dict[str, Any]:
     unknown = []
     for key, value in params.items():
         if key in _QUERY_PARAMS:
-            out[key] = value
+            out[key] = _digits(key, value) if key in _INT_PARAMS else value
+        elif key in _INT_PARAMS:
+            filters[key] = _digits(key, value)
         elif key in _FILTER_PARAMS:  # numbers as numbers (a Literal does not coerce text)
             v = _scalar(value)
             filters[key] = v if isinstance(v, int | float) and not isinstance(v, bool) else value

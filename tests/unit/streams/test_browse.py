@@ -41,6 +41,11 @@ def test_bad_query_parameters_are_refused_with_reasons() -> None:
         MemoryListQuery.model_validate(list_query({"tenant": "t", "limit": "0"}))
     with pytest.raises(ValueError, match="valence"):
         MemoryListQuery.model_validate(list_query({"tenant": "t", "valence": "2"}))
+    # integers are ASCII digits: no sign, no digit separator, no other script's digits
+    for key in ("limit", "since_ms", "until_ms"):
+        for bad in ("+5", "5_0", " 5", "\u0665", "-1", "1" * 40):
+            with pytest.raises(InvalidRecord, match=key):
+                list_query({"tenant": "t", key: bad})
 
 
 def test_cursor_round_trip_and_garbage() -> None:
