@@ -39,10 +39,12 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from dmem.progress import Progress
 from schemas import EpisodeOutcome, Feedback, MemoryUsage, Transition, encode
+from schemas.errors import BrokerUnavailable
 from streams.admin import check_broker, kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.settings import Settings
@@ -154,59 +156,74 @@ async def _publish(settings: Settings, path: Path, tenant: str | None,
     await producer.start()
     progress = Progress("dmem import: lines read", sum(1 for _ in _lines(path)))
     try:
-        topic = settings.topic("transitions")
-        # where this import's transitions lie, from the broker's acknowledgements: the
-        # offsets of exactly these records (a topic's end offset can run behind a
-        # batch's last record on some brokers, and counts other producers' records)
-        starts: dict[TopicPartition, int] = {}
-        ends: dict[TopicPartition, int] = {}
-        acks: list[Any] = []
-        pending = 0
-        for n, raw in _lines(path):
-            rep.lines += 1
-            progress.update(rep.lines, f"sent={rep.published + pending}")
-            try:
-                kind, rec = parse_line(raw, tenant)
-            except (ValidationError, ValueError) as exc:
-                rep.invalid += 1
-                reason = validation_reason(exc)
-                if len(rep.errors) < 100:
-                    rep.errors.append({"line": n, "error": reason})
-                sys.stderr.write(f"{path}:{n}: {reason}\n")
-                continue
-            rep.counts[kind] += 1
-            if isinstance(rec, Transition):
-                where, key = topic, rec.agent_id
-            else:
-                where = settings.topic("usage" if isinstance(rec, MemoryUsage) else "feedback")
-                key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
-            kb, value = key.encode(), encode(rec)
-            ack = await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
-            if where == topic:
-                acks.append(ack)
-            pending += 1
-            if pending >= CHUNK:
-                await producer.flush()
-                _span(acks, starts, ends)
-                rep.published += pending
-                pending = 0
-        await producer.flush()
-        _span(acks, starts, ends)
-        rep.published += pending
-        if rep.counts["transition"]:
-            rep.write_committed = await wait_committed(
-                settings, settings.group("write"), ends, wait_s,
-                "write path stored (this import's records)", starts,
-            )  # fmt: skip
-            if not rep.write_committed:
-                sys.stderr.write(
-                    "\ndmem import: warning: the write path has not stored every "
-                    "transition yet (it goes on in the background)\n"
-                )
+        await _send_all(settings, path, tenant, wait_s, producer, guard, progress, rep)
+    except (KafkaError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"the broker failed at line {rep.lines} of {path} ({type(exc).__name__}: "
+            f"{exc}); {rep.published} records were acknowledged before it. Import the "
+            "file again once the broker is back: records are idempotent by id, so none "
+            "is stored or credited twice"
+        ) from exc
     finally:
         await producer.stop()
     rep.elapsed_s = time.monotonic() - t0
     return rep
+
+
+async def _send_all(settings: Settings, path: Path, tenant: str | None, wait_s: float,
+                    producer: AIOKafkaProducer, guard: KafkaGuard, progress: Progress,
+                    rep: ImportReport) -> None:  # fmt: skip
+    """Publish every valid line of ``path`` (the module doc), then wait for the write
+    path; ``rep`` counts as it goes (what was acknowledged when a send fails)."""
+    topic = settings.topic("transitions")
+    # where this import's transitions lie, from the broker's acknowledgements: the
+    # offsets of exactly these records (a topic's end offset can run behind a
+    # batch's last record on some brokers, and counts other producers' records)
+    starts: dict[TopicPartition, int] = {}
+    ends: dict[TopicPartition, int] = {}
+    acks: list[Any] = []
+    pending = 0
+    for n, raw in _lines(path):
+        rep.lines += 1
+        progress.update(rep.lines, f"sent={rep.published + pending}")
+        try:
+            kind, rec = parse_line(raw, tenant)
+        except (ValidationError, ValueError) as exc:
+            rep.invalid += 1
+            reason = validation_reason(exc)
+            if len(rep.errors) < 100:
+                rep.errors.append({"line": n, "error": reason})
+            sys.stderr.write(f"{path}:{n}: {reason}\n")
+            continue
+        rep.counts[kind] += 1
+        if isinstance(rec, Transition):
+            where, key = topic, rec.agent_id
+        else:
+            where = settings.topic("usage" if isinstance(rec, MemoryUsage) else "feedback")
+            key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
+        kb, value = key.encode(), encode(rec)
+        ack = await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
+        if where == topic:
+            acks.append(ack)
+        pending += 1
+        if pending >= CHUNK:
+            await producer.flush()
+            _span(acks, starts, ends)
+            rep.published += pending
+            pending = 0
+    await producer.flush()
+    _span(acks, starts, ends)
+    rep.published += pending
+    if rep.counts["transition"]:
+        rep.write_committed = await wait_committed(
+            settings, settings.group("write"), ends, wait_s,
+            "write path stored (this import's records)", starts,
+        )  # fmt: skip
+        if not rep.write_committed:
+            sys.stderr.write(
+                "\ndmem import: warning: the write path has not stored every "
+                "transition yet (it goes on in the background)\n"
+            )
 
 
 def run_import(settings: Settings, path: Path, tenant: str | None = None,
