@@ -11,7 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from dmem.cli.common import UsageError, fail, load_settings, tenant_name
+from dmem.cli.common import UsageError, fail, ident, load_settings, tenant_name
 from dmem.client import Client
 from schemas.errors import DmemError
 
@@ -87,7 +87,9 @@ def schemas_export(directory: Path) -> None:
     "--tenant", required=True, callback=tenant_name, help="tenant whose memories to search"
 )
 @click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True)
-@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
+@click.option(
+    "--agent", "agent_id", default=None, callback=ident, help="only this agent's memories"
+)
 @click.option(
     "--lambda",
     "lam",
@@ -215,6 +217,7 @@ def wait_cmd(
     "agent_id",
     default="mcp",
     show_default=True,
+    callback=ident,
     help="agent_id of the transitions `remember` publishes",
 )
 @click.option(

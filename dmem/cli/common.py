@@ -17,7 +17,7 @@ from pydantic_settings import SettingsError
 if TYPE_CHECKING:
     from streams.settings import Settings
 
-__all__ = ["UsageError", "fail", "load_settings", "server_imports"]
+__all__ = ["UsageError", "fail", "ident", "load_settings", "server_imports", "tenant_name"]
 
 
 class UsageError(click.ClickException):
@@ -57,9 +57,11 @@ def one_line(exc: BaseException) -> str:
 
 
 def tenant_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A ``--tenant`` option's check: a name every payload accepts (`schemas.models.Ident`),
-    refused before anything runs (a forget or an inspect of a name no write can have
-    used would answer 0 and exit 0)."""
+    """A ``--tenant`` (or ``--agent``, ``--memory``) option's check: a name every payload
+    accepts (`schemas.models.Ident`), refused before anything runs (a forget or an
+    inspect of a name no write can have used would answer 0 and exit 0; an empty
+    ``--agent ""`` would narrow nothing, so ``dmem forget`` would delete the whole
+    tenant)."""
     from schemas.limits import LIMITS
     from schemas.models import IDENT_PATTERN
 
@@ -69,6 +71,10 @@ def tenant_name(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(f"must match {IDENT_PATTERN} (at most {LIMITS.max_id_chars} "
                                  "characters)")  # fmt: skip
     return value
+
+
+#: the same check for an agent or memory id option
+ident = tenant_name
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dmem.cli.common import fail, load_settings, server_imports, tenant_name
+from dmem.cli.common import fail, ident, load_settings, server_imports, tenant_name
 from schemas.errors import DmemError
 
 
@@ -221,8 +221,10 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
 @click.option(
     "--tenant", required=True, callback=tenant_name, help="tenant whose memories to forget"
 )
-@click.option("--agent", "agent_id", default=None, help="only this agent's memories")
-@click.option("--memory", "memory_id", default=None, help="only this memory")
+@click.option(
+    "--agent", "agent_id", default=None, callback=ident, help="only this agent's memories"
+)
+@click.option("--memory", "memory_id", default=None, callback=ident, help="only this memory")
 @click.option(
     "--audit/--no-audit",
     default=True,

@@ -40,3 +40,39 @@ def test_a_validation_error_is_one_line_naming_each_field() -> None:
     line = one_line(wrapped)
     assert "\n" not in line and line.startswith("invalid RetrievalRequest: ")
     assert "tenant: " in line and "k: " in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["forget", "--tenant", "t", "--agent", "", "--no-audit"],
+        ["forget", "--tenant", "t", "--agent", "a b", "--no-audit"],
+        ["forget", "--tenant", "t", "--memory", "", "--no-audit"],
+        ["forget", "--tenant", "t", "--memory", "m|1", "--no-audit"],
+    ],
+)
+def test_forget_refuses_a_bad_scope_before_opening_the_store(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--agent ""` (an unset shell variable) narrowed nothing: the whole tenant was deleted
+    import dmem.cli.server as server
+
+    def no_store(_settings: object) -> None:
+        raise AssertionError("the store must not be opened")
+
+    monkeypatch.setattr(server, "_store", no_store)
+    out = CliRunner().invoke(cli.main, args)
+    assert out.exit_code == 2, out.output
+    assert "must match" in out.output and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["search", "q", "--tenant", "t", "--agent", ""],
+        ["mcp", "--tenant", "t", "--agent", "a b"],
+    ],
+)
+def test_an_agent_option_is_an_id(args: list[str]) -> None:
+    out = CliRunner().invoke(cli.main, args)
+    assert out.exit_code == 2 and "--agent" in out.output, out.output
