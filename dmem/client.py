@@ -82,6 +82,13 @@ def build(model: type[M], data: Mapping[str, Any]) -> M:
         raise InvalidRecord(f"invalid {model.__name__}: {exc}") from exc
 
 
+def _segment(memory_id: str) -> str:
+    """``memory_id`` as one URL path segment: an id may hold ``/`` (`schemas.models.Ident`),
+    which `quote` keeps by default, so ``a/b`` would name another route (a 404, or
+    ``x/history`` the history of ``x``); ``%2F`` is matched as part of the id."""
+    return quote(memory_id, safe="")
+
+
 def list_params(tenant: str, limit: int, cursor: str | None, agent_id: str | None,
                 filters: SearchFilters | Mapping[str, Any] | None) -> dict[str, str]:  # fmt: skip
     """The query parameters of ``GET /v1/memories`` (``meta.<key>`` for metadata)."""
@@ -425,7 +432,7 @@ class Client:
         """One stored memory of this tenant (row without its vector), None if not stored."""
         try:
             row: dict[str, Any] = await self._http_json(
-                "GET", f"/v1/memories/{quote(memory_id)}?tenant={quote(self.tenant)}"
+                "GET", f"/v1/memories/{_segment(memory_id)}?tenant={quote(self.tenant)}"
             )
         except NotFound:
             return None
@@ -464,7 +471,8 @@ class Client:
     async def history(self, memory_id: str, limit: int = 200) -> list[dict[str, Any]]:
         """What happened to one memory, oldest first (``GET /v1/memories/{id}/history``);
         [] when it has no history here."""
-        path = f"/v1/memories/{quote(memory_id)}/history?tenant={quote(self.tenant)}&limit={limit}"
+        path = (f"/v1/memories/{_segment(memory_id)}/history?tenant={quote(self.tenant)}"
+                f"&limit={limit}")  # fmt: skip
         try:
             data = await self._http_json("GET", path)
         except NotFound:
