@@ -491,7 +491,9 @@ class Client:
         it (aiohttp's ``ServerDisconnectedError``; seen on a 10-conversation LoCoMo
         run), and a worker restart drops connections: every call here is safe to
         repeat, so it is tried ``retries + 1`` times (0.1 s, 0.2 s, ... apart), then
-        becomes `ServiceUnavailable` (retriable), never a raw aiohttp error.
+        becomes `ServiceUnavailable` (retriable), never a raw aiohttp error. A try that
+        gets no answer within ``timeout_s`` counts the same (a search is retried with its
+        request_id, as over Kafka).
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
@@ -510,6 +512,8 @@ class Client:
                     return r.status, await r.read()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = exc
+            except TimeoutError:  # no answer within timeout_s (aiohttp raises it bare)
+                last = TimeoutError(f"no answer within {self.timeout_s:g} s")
         raise ServiceUnavailable(
             f"{method} {path.split('?')[0]} failed after {self.retries + 1} tries: {last!r}"
         )

@@ -62,3 +62,31 @@ def test_a_server_that_keeps_dropping_is_service_unavailable(retries: int) -> No
     assert "GET /v1/stats failed after" in str(out)
     # each of the client's tries is one or two requests (aiohttp's own repeat)
     assert len(seen) >= retries + 1 and len(seen) % (retries + 1) == 0
+
+
+def test_a_server_that_does_not_answer_in_time_is_service_unavailable() -> None:
+    # aiohttp raises a bare TimeoutError at timeout_s: the SDK let it out (a traceback
+    # from `dmem search --http`, an unexplained error from the MCP tools)
+    seen: list[str] = []
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        seen.append(request.path)
+        await asyncio.sleep(1)
+        return web.json_response({})
+
+    async def go() -> Any:
+        async with stub_server({("POST", "/v1/search"): slow}) as url:
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
+                       retries=1, timeout_s=0.2)  # fmt: skip
+            c._http = aiohttp.ClientSession()  # noqa: SLF001
+            try:
+                return await c.search("q")
+            except ServiceUnavailable as exc:
+                return exc
+            finally:
+                await c._http.close()  # noqa: SLF001
+
+    out = asyncio.run(go())
+    assert isinstance(out, ServiceUnavailable) and out.retriable, out
+    assert "POST /v1/search failed after 2 tries" in str(out) and "0.2 s" in str(out)
+    assert len(seen) == 2
