@@ -37,7 +37,7 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
 import orjson
@@ -59,7 +59,13 @@ from schemas import (
     encode,
 )
 from schemas.credentials import Headers, TenantSigner, reply_topic_for
-from schemas.errors import BrokerUnavailable, DmemError, InvalidRecord, ServiceUnavailable
+from schemas.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    DmemError,
+    InvalidRecord,
+    ServiceUnavailable,
+)
 from schemas.models import final_outcome_id, fit_id, usage_shares
 from schemas.topics import topic_name
 
@@ -80,6 +86,18 @@ def build(model: type[M], data: Mapping[str, Any]) -> M:
         return model.model_validate(dict(data))
     except ValidationError as exc:
         raise InvalidRecord(f"invalid {model.__name__}: {exc}") from exc
+
+
+def check_http_url(url: str) -> None:
+    """A base URL aiohttp can call (``http(s)://host[:port][/prefix]``); else `ConfigError`
+    at once, not aiohttp's `InvalidUrlClientError` out of the first call."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError as exc:
+        raise ConfigError(f"http_url {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"http_url must be http://host:port or https://..., got {url!r}")
 
 
 def _segment(memory_id: str) -> str:
@@ -143,6 +161,8 @@ class Client:
             raise ValueError("transport must be 'kafka' or 'http'")
         if transport == "http" and not http_url:
             raise ValueError("the http transport needs http_url")
+        if http_url:
+            check_http_url(http_url)
         self.bootstrap = bootstrap.removeprefix("kafka://")
         self.tenant = tenant
         self.prefix = topic_prefix

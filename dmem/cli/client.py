@@ -36,6 +36,19 @@ def deployment_client(
     )
 
 
+def http_base(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An ``--http`` option's check: a base URL the client can call, refused before
+    anything runs (`dmem mcp` would otherwise fail every tool call on it)."""
+    from dmem.client import check_http_url
+
+    if value is not None:
+        try:
+            check_http_url(value)
+        except DmemError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 #: seconds a request waits for its answer (search, the MCP tools)
 TIMEOUT_OPTION = click.option(
     "--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=5.0,
@@ -98,7 +111,11 @@ def schemas_export(directory: Path) -> None:
     help="override the semantic weight",
 )
 @click.option(
-    "--http", "http_url", default=None, help="search over HTTP at this base URL instead of Kafka"
+    "--http",
+    "http_url",
+    default=None,
+    callback=http_base,
+    help="search over HTTP at this base URL instead of Kafka",
 )
 @TIMEOUT_OPTION
 @click.option(
@@ -224,6 +241,7 @@ def wait_cmd(
     "--http",
     "http_url",
     default=None,
+    callback=http_base,
     help="the deployment's HTTP API (recall over HTTP; needed by forget and stats)",
 )
 @click.option(

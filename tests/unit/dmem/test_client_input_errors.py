@@ -56,3 +56,24 @@ def test_good_weights_are_normalised_and_sent() -> None:
     asyncio.run(client.report_usage("e", "r", {"m": 1e308, "n": 1e308}))  # no overflow
     ((topic, value, _),) = producer.sent
     assert b'"weights":[0.5,0.5]' in value
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:6066", "ftp://h:1", "http://", "http://h:x"])
+def test_an_http_url_that_is_not_one_is_a_config_error_at_once(url: str) -> None:
+    # it was aiohttp's InvalidUrlClientError out of the first call (a traceback from
+    # `dmem search --http`, every MCP tool failing)
+    from click.testing import CliRunner
+
+    import dmem.cli as cli
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="http_url"):
+        Client("127.0.0.1:9092", "acme", http_url=url)
+    for args in (["search", "q", "--tenant", "t"], ["mcp", "--tenant", "t"]):
+        out = CliRunner().invoke(cli.main, [*args, "--http", url])
+        assert out.exit_code == 2 and "--http" in out.output, out.output
+
+
+def test_an_http_url_with_a_prefix_is_kept() -> None:
+    c = Client("127.0.0.1:9092", "acme", http_url="https://dmem.example:8443/api/")
+    assert c.http_url == "https://dmem.example:8443/api"
