@@ -23,8 +23,11 @@ Mapping (decisions):
   searchable, after the write role has processed them (typically well under a
   second; eventually consistent like any stream). ``get`` of a dropped key is None.
 - ``get`` reads the row by id over the HTTP API; ``search(ns, query=...)`` is
-  dmem's value-aware search scoped to exactly that namespace (a namespace
-  *prefix* shorter than a written namespace is not an agent scope: `ValueError`);
+  dmem's value-aware search scoped to exactly that namespace: a namespace *prefix*
+  is not an agent scope (dmem keeps no namespace catalogue to expand it), so a
+  search of one that is only a prefix of namespaces this store object has written or
+  read raises `ValueError`, and one this object has not seen finds what was put
+  under exactly that tuple;
   ``filter`` maps to metadata equality on the value's scalar non-text fields
   (stored with the prefix ``lgv_``); ``score`` is dmem's ranking score.
   ``delete`` (or ``put`` with value None) forgets the memory (audited). A forget
@@ -235,6 +238,13 @@ class DmemStore(BaseStore):
         ns = op.namespace_prefix
         if not ns:
             raise ValueError("search needs the full namespace of an agent scope")
+        longer = [n for n in self.seen if len(n) > len(ns) and n[: len(ns)] == ns]
+        if longer and ns not in self.seen:  # a prefix would search an empty scope: []
+            raise ValueError(
+                f"search of {ns} would not cover {sorted(longer)[0]}: dmem searches "
+                "exactly one namespace (an agent scope), not a namespace prefix; search "
+                "each namespace"
+            )
         filters = {f"{META_PREFIX}{k}": v for k, v in (op.filter or {}).items()}
         hits = await c.search(
             op.query or "", op.limit + op.offset, agent_id=agent_for(ns), metadata_equals=filters

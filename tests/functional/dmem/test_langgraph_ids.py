@@ -91,3 +91,15 @@ def test_a_long_namespace_works() -> None:
     assert len(t.agent_id) <= LIMITS.max_id_chars and t.agent_id == agent_for(ns)
     assert [i.key for i in s.search(ns, query="x")] == ["k"]
     assert s.list_namespaces() == [ns]
+
+
+def test_a_namespace_prefix_is_refused_not_an_empty_answer() -> None:
+    # documented as `ValueError`: it searched the prefix as an agent scope of its own and
+    # answered [] for memories stored under the longer namespaces
+    s, _ = store()
+    s.put(("users", "alice"), "k1", {"text": "alice likes tea"})
+    with pytest.raises(ValueError, match="not a namespace prefix"):
+        s.search(("users",), query="tea")
+    assert [i.key for i in s.search(("users", "alice"), query="tea")] == ["k1"]
+    s.put(("users",), "k0", {"text": "shared"})  # written itself: a scope of its own
+    assert [i.key for i in s.search(("users",), query="x")] == ["k0"]
