@@ -14,7 +14,10 @@ stream's `Action`: free text such as "use key on door", not an identifier):
 - ``remember(observation, action, reward=0, next_observation?, done?, episode_id?,
   step?, metadata?)``: one `Transition` for this server's tenant and agent. Without
   an ``episode_id`` the server's session episode is used; without a ``step`` the
-  next step of that episode (counted by this server). Whether it is *stored* is
+  next step of that episode (counted by this server, from 0), and a memory id of this
+  server's own (a restarted server, or a second one, counting the same episode from 0
+  again adds memories instead of replacing the earlier ones; with a ``step`` the id is
+  the stable one of (tenant, agent, episode, step)). Whether it is *stored* is
   the gate's decision, made asynchronously by the write role: ``remember`` answers
   once the broker has the transition, not once it is searchable.
 - ``recall(query, k=5, filters?, lambda_?, as_of?)``: hits with their score breakdown,
@@ -37,6 +40,7 @@ experiments). stdio needs no token: the client owns the process.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import itertools
 import uuid
@@ -92,6 +96,11 @@ class _Session:
     def next_step(self, episode_id: str) -> int:
         return next(self.steps.setdefault(episode_id, itertools.count()))
 
+    def step_id(self, tenant: str, episode_id: str, step: int) -> str:
+        """The memory id of a step this server counted: of this server session too."""
+        raw = f"{self.episode_id}\x1f{tenant}\x1f{self.agent_id}\x1f{episode_id}\x1f{step}"
+        return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+
 
 def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") -> Any:
     """The MCP server; ``make_client`` builds the (unstarted) SDK client it talks through."""
@@ -132,12 +141,17 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         ep = episode_id or session.episode_id
 
         async def go(c: Client) -> dict[str, Any]:
+            n = session.next_step(ep) if step is None else step
             t = Transition.model_validate(
                 {
+                    # a counted step restarts at 0 with the server: the stable id of
+                    # (tenant, agent, episode, step) would replace what an earlier
+                    # server stored at that step of the same episode
+                    "transition_id": None if step is not None else session.step_id(c.tenant, ep, n),
                     "tenant": c.tenant,
                     "agent_id": session.agent_id,
                     "episode_id": ep,
-                    "step": session.next_step(ep) if step is None else step,
+                    "step": n,
                     "observation": observation,
                     "action": action,
                     "reward": reward,
