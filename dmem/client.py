@@ -768,6 +768,9 @@ class SyncClient:
                       **kw: Any) -> list[dict[str, Any]]:  # fmt: skip
         """This tenant's memories newest first (all, or the first ``limit``)."""
 
+        if limit == 0:  # `limit or page_size` would read a page and answer its first row
+            return []
+
         async def collect() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
             size = min(page_size, limit) if limit else page_size
