@@ -46,14 +46,22 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from dmem.client import Client
-from schemas import SearchFilters, Transition
+from schemas import LIMITS, SearchFilters, Transition
 from schemas.errors import DmemError
-from schemas.models import Action, FiniteFloat, Ident, MetaValue, Text
+from schemas.models import Action, EventMs, Ident, MetaValue, Reward, Step, Text
+
+# the stream's bounds, so that a tool's input schema shows them (`RetrievalRequest`,
+# `MemoryListQuery`, the history route's limit)
+K = Annotated[int, Field(ge=1, le=LIMITS.max_k)]
+Lambda = Annotated[float, Field(ge=0.0, le=1.0)]
+PageLimit = Annotated[int, Field(ge=1, le=500)]
+Cursor = Annotated[str, Field(max_length=1024)]
+HistoryLimit = Annotated[int, Field(ge=1, le=10_000)]
 
 INSTRUCTIONS = (
     "dmem is this agent's long-term memory. Call `remember` after each step with what "
@@ -131,11 +139,11 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
     async def remember(
         observation: Text,
         action: Action,
-        reward: FiniteFloat = 0.0,
+        reward: Reward = 0.0,
         next_observation: Text | None = None,
         done: bool = False,
         episode_id: Ident | None = None,
-        step: int | None = None,
+        step: Step | None = None,
         metadata: dict[str, MetaValue] | None = None,
     ) -> dict[str, Any]:
         ep = episode_id or session.episode_id
@@ -180,12 +188,12 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
     )
     async def recall(
         query: Text,
-        k: int = 5,
+        k: K = 5,
         filters: SearchFilters | None = None,
-        lambda_: float | None = None,
-        as_of: int | None = None,
+        lambda_: Lambda | None = None,
+        as_of: EventMs | None = None,
         episode_id: Ident | None = None,
-        step: int | None = None,
+        step: Step | None = None,
     ) -> list[dict[str, Any]]:
         f = (filters or SearchFilters()).model_dump(exclude={"schema_version"}, exclude_none=True)
 
@@ -202,7 +210,7 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         description="Report how an episode ended (its return): credit flows back "
         "to the memories recall served in it (recall with this episode_id)."
     )
-    async def report_outcome(episode_id: Ident, reward: FiniteFloat) -> dict[str, Any]:
+    async def report_outcome(episode_id: Ident, reward: Reward) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:
             await c.report_outcome(episode_id, reward, agent_id=session.agent_id)
             return {"episode_id": episode_id, "reward": reward, "accepted": True}
@@ -244,8 +252,8 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         "as for recall."
     )
     async def list_memories(
-        limit: int = 20,
-        cursor: str | None = None,
+        limit: PageLimit = 20,
+        cursor: Cursor | None = None,
         agent_id: Ident | None = None,
         filters: SearchFilters | None = None,
     ) -> dict[str, Any]:
@@ -261,7 +269,7 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         description="What happened to one memory, oldest first: written (route, reason, "
         "gate score, thresholds), merged, moved, credited, fed back, forgotten."
     )
-    async def memory_history(memory_id: Ident, limit: int = 200) -> dict[str, Any]:
+    async def memory_history(memory_id: Ident, limit: HistoryLimit = 200) -> dict[str, Any]:
         async def go(c: Client) -> dict[str, Any]:
             return {"memory_id": memory_id, "events": await c.history(memory_id, limit)}
 
