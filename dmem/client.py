@@ -47,7 +47,6 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from schemas import (
-    LIMITS,
     EpisodeOutcome,
     Feedback,
     Hit,
@@ -66,7 +65,7 @@ from schemas.errors import (
     InvalidRecord,
     ServiceUnavailable,
 )
-from schemas.models import final_outcome_id, fit_id, usage_shares
+from schemas.models import MAX_TOPIC_CHARS, final_outcome_id, fit_id, usage_shares
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -251,7 +250,7 @@ class Client:
         """The reply_topic a signed Kafka request names (answered there whether or not
         the deployment enforces credentials); None: the deployment's default."""
         own = self._signer is not None and self.transport == "kafka"
-        return self.reply_topic if own and len(self.reply_topic) <= LIMITS.max_id_chars else None
+        return self.reply_topic if own and len(self.reply_topic) <= MAX_TOPIC_CHARS else None
 
     def _headers(self, tenant: str, value: bytes) -> Headers | None:
         """The record's credential (none without a token)."""

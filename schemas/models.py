@@ -47,6 +47,13 @@ Ident = Annotated[
     str,
     StringConstraints(min_length=1, max_length=LIMITS.max_id_chars, pattern=IDENT_PATTERN),
 ]
+#: Kafka's longest topic name
+MAX_TOPIC_CHARS = 249
+#: a reply topic: an id's characters, as long as Kafka allows (a tenant's own reply topic,
+#: ``<responses>.<tenant part>``, passes 128 characters for a long tenant)
+TopicName = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_TOPIC_CHARS, pattern=IDENT_PATTERN)
+]
 Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text_chars)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 #: a reward, an outcome's or feedback's value, a usage weight's bound (`LIMITS.max_abs_value`)
@@ -293,7 +300,7 @@ class RetrievalRequest(Model):
     mmr: bool = False
     episode_id: Ident | None = None
     step: Step | None = None
-    reply_topic: Ident | None = None
+    reply_topic: TopicName | None = None
     ts: EventMs | None = None
     as_of: EventMs | None = Field(
         default=None,

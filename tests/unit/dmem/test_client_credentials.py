@@ -59,3 +59,35 @@ def test_a_client_without_a_token_sends_no_credential_and_reads_the_shared_topic
     assert sent and all("headers" not in kw for _, _, kw in sent)
     assert client.reply_topic == "dmem.retrieval.responses"
     assert client._own_reply() is None
+
+
+def test_a_long_tenant_still_names_its_own_reply_topic() -> None:
+    # its reply topic passes 128 characters; the request left it out (an id's limit), a
+    # deployment with credentials off then answered on the shared topic, which this
+    # client does not read: every Kafka search timed out
+    from schemas import RetrievalRequest
+
+    tenant = "org:acme.co.uk/team:research.and.development/user:jane.q.public@mail.example.co.uk"
+    client = Client("127.0.0.1:9092", tenant, token="tok")
+    assert len(client.reply_topic) > 128
+    assert client._own_reply() == client.reply_topic
+    sent = _run_search(client)
+    req = RetrievalRequest.model_validate_json(sent)
+    assert req.reply_topic == client.reply_topic
+
+
+def _run_search(client: Client) -> bytes:
+    producer = FakeProducer()
+    client._producer = producer  # type: ignore[assignment]
+    client._started = True  # noqa: SLF001
+    client.retries, client.timeout_s = 0, 0.01
+
+    async def go() -> None:
+        try:
+            await client.search("where?")
+        except Exception:  # noqa: BLE001 - no responder here: only the request matters
+            pass
+
+    asyncio.run(go())
+    ((_topic, value, _kw),) = producer.sent
+    return value
