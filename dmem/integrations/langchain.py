@@ -7,7 +7,8 @@ reward, RPE, valence, utility, partition, episode/step, the transition's own
 metadata and the score breakdown (``semantic``, ``salience``, ``recency``,
 ``lambda``, ``score``), so a chain can show why a memory was chosen. ``agent_id``
 scopes the search to one agent; ``filters`` are dmem's structured `SearchFilters`
-(never a raw expression); ``lambda_`` overrides the ranking mix.
+(never a raw expression; any other key is a validation error when the retriever is
+built); ``lambda_`` overrides the ranking mix.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from dmem.client import Client, SyncClient
-from schemas import Hit
+from schemas import Hit, SearchFilters
 
 
 def to_document(h: Hit) -> Document:
@@ -60,6 +61,15 @@ class DmemRetriever(BaseRetriever):
     agent_id: str | None = None
     lambda_: float | None = None
     filters: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("filters")
+    @classmethod
+    def _structured(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Only `SearchFilters` fields: any other key went to `Client.search` as its own
+        argument (``k`` a TypeError at every call, ``request_id`` one id for every search)."""
+        f = SearchFilters.model_validate(v)
+        out: dict[str, Any] = f.model_dump(exclude={"schema_version"}, exclude_none=True)
+        return out
 
     def _search_kw(self) -> dict[str, Any]:
         return {"agent_id": self.agent_id, "lambda_": self.lambda_, **self.filters}
