@@ -99,6 +99,11 @@ def check_http_url(url: str) -> None:
         raise ConfigError(f"http_url must be http://host:port or https://..., got {url!r}")
 
 
+def _read_outcome(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _segment(memory_id: str) -> str:
     """``memory_id`` as one URL path segment: an id may hold ``/`` (`schemas.models.Ident`),
     which `quote` keeps by default, so ``a/b`` would name another route (a 404, or
@@ -300,14 +305,22 @@ class Client:
             return
 
     async def _send(self, logical: str, tenant: str, value: bytes, key: bytes,
-                    wait: bool = True) -> None:  # fmt: skip
+                    wait: bool = True) -> asyncio.Future[Any] | None:  # fmt: skip
+        """Produce one record: acknowledged on return (``wait``), else its delivery future
+        (the caller must await it: aiokafka's ``flush`` does not raise a failed delivery).
+        A broker failure is `BrokerUnavailable`, not aiokafka's error."""
         producer = await self._producer_ready()
         topic, headers = self.topic(logical), self._headers(tenant, value)
         kw: dict[str, Any] = {"headers": headers} if headers else {}
-        if wait:
-            await producer.send_and_wait(topic, value, key=key, **kw)
-        else:
-            await producer.send(topic, value, key=key, **kw)
+        try:
+            if wait:
+                await producer.send_and_wait(topic, value, key=key, **kw)
+                return None
+            fut: asyncio.Future[Any] = await producer.send(topic, value, key=key, **kw)
+            return fut
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka at {self.bootstrap}: sending to {topic} failed: "
+                                    f"{exc!r}") from exc  # fmt: skip
 
     async def stop(self) -> None:
         if self._token_check is not None and not self._token_check.done():
@@ -353,12 +366,31 @@ class Client:
         await self.publish_many([transition])
 
     async def publish_many(self, transitions: Iterable[Transition]) -> int:
+        """Publish transitions; returns how many, once the broker acknowledged every one.
+        A broker failure is `BrokerUnavailable` saying how many were acknowledged; the
+        batch may be published again (a transition's id is stable: none is stored twice)."""
         producer = await self._producer_ready()
+        pending: list[asyncio.Future[Any]] = []
         n = 0
-        for t in transitions:
-            await self._send("transitions", t.tenant, encode(t), t.agent_id.encode(), wait=False)
-            n += 1
-        await producer.flush()
+        try:
+            for t in transitions:
+                fut = await self._send("transitions", t.tenant, encode(t), t.agent_id.encode(),
+                                       wait=False)  # fmt: skip
+                if fut is not None:  # aiokafka's send always answers one
+                    pending.append(fut)
+                n += 1
+            await producer.flush()
+        except BaseException:
+            for f in pending:  # read their outcome later (no "exception never retrieved")
+                f.add_done_callback(_read_outcome)
+            raise
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise BrokerUnavailable(
+                f"Kafka at {self.bootstrap}: {n - len(failed)} of {n} "
+                f"transitions acknowledged ({failed[0]!r}); publishing them again is safe"
+            ) from failed[0]
         return n
 
     async def publish_chat(
