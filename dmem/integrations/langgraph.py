@@ -16,7 +16,8 @@ Mapping (decisions):
   ``value.get("reward", 0)``). The value's text (its ``text``, ``content``,
   ``memory`` or ``data`` field when that is a string, else the whole value as JSON)
   is the observation that gets embedded; the rest of the value travels in the
-  transition's metadata (at most 512 characters as JSON, else `ValueError`).
+  transition's metadata (at most 512 characters as JSON, at most 29 scalar fields,
+  each filterable, with names of at most 124 characters; else `ValueError`).
   **Under the gate**: a put is a write *request*. The write role decides within
   milliseconds whether it is kept (core or buffer) or dropped as expected (a
   repeat of what the agent already stored, for instance); only kept items become
@@ -187,7 +188,23 @@ class DmemStore(BaseStore):
         for k, v in rest.items():  # scalar fields are filterable (`filter=`)
             if isinstance(v, str | int | float | bool) and len(str(v)) <= 256:
                 meta[f"{META_PREFIX}{k}"] = v
+        # said here, in the value's terms: the transition's check would name metadata
+        # keys the caller never wrote ("metadata has 33 keys (max 32)")
+        long_names = [k for k in meta if len(k) > LIMITS.max_id_chars]
+        if long_names:
+            raise ValueError(
+                f"the value's field {long_names[0][len(META_PREFIX) :][:40]!r}... has a name "
+                f"longer than {LIMITS.max_id_chars - len(META_PREFIX)} characters"
+            )
+        if len(meta) > LIMITS.max_metadata_keys:
+            raise ValueError(
+                f"the value has {len(meta) - 3} scalar fields besides its text; at most "
+                f"{LIMITS.max_metadata_keys - 3} (each is a filterable metadata key)"
+            )
         reward = value.get("reward", 0.0)
+        if isinstance(reward, int) and abs(reward) > LIMITS.max_abs_value:
+            # float() of a huge int is an OverflowError, not the transition's reason
+            raise ValueError(f"the value's reward is outside +-{LIMITS.max_abs_value:g}")
         now = int(datetime.now(tz=UTC).timestamp() * 1000)
         await c.publish(
             Transition.model_validate(

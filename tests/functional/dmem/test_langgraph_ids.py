@@ -103,3 +103,17 @@ def test_a_namespace_prefix_is_refused_not_an_empty_answer() -> None:
     assert [i.key for i in s.search(("users", "alice"), query="tea")] == ["k1"]
     s.put(("users",), "k0", {"text": "shared"})  # written itself: a scope of its own
     assert [i.key for i in s.search(("users",), query="x")] == ["k0"]
+
+
+def test_a_value_over_the_metadata_budget_is_refused_in_its_own_terms() -> None:
+    # each scalar field is a metadata key: 30 fields (310 characters of JSON, within the
+    # documented 512) failed with "metadata has 33 keys", naming keys the caller never wrote
+    s, c = store()
+    with pytest.raises(ValueError, match="30 scalar fields besides its text; at most 29"):
+        s.put(("a",), "k", {"text": "x", **{f"f{i}": i for i in range(30)}})
+    with pytest.raises(ValueError, match="longer than 124 characters"):
+        s.put(("a",), "k", {"text": "x", "n" * 125: 1})
+    s.put(("a",), "k", {"text": "x", "n" * 124: 1, **{f"f{i}": i for i in range(28)}})
+    assert len(c.published) == 1
+    with pytest.raises(ValueError, match="reward is outside"):
+        s.put(("a",), "k2", {"text": "x", "reward": 10**400})  # was an OverflowError
