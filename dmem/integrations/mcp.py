@@ -40,6 +40,7 @@ experiments). stdio needs no token: the client owns the process.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -88,13 +89,17 @@ class _Session:
         self.episode_id = f"mcp-{uuid.uuid4().hex[:12]}"
         self.steps: dict[str, itertools.count[int]] = {}
         self.client: Client | None = None
+        #: concurrent first calls start one client (each would start its own, and only the
+        #: last would be stopped: the others' Kafka connections and reader stayed open)
+        self.starting = asyncio.Lock()
 
     async def get(self) -> Client:
-        if self.client is None:
-            client = self.make_client()
-            await client.start()
-            self.client = client
-        return self.client
+        async with self.starting:
+            if self.client is None:
+                client = self.make_client()
+                await client.start()
+                self.client = client
+            return self.client
 
     async def close(self) -> None:
         if self.client is not None:

@@ -68,3 +68,31 @@ def test_a_given_step_keeps_the_stable_id() -> None:
     for _ in range(2):
         (ack,) = _session(sent, [{"observation": "x", "episode_id": "ep", "step": 7}])
         assert ack["memory_id"] == stable_transition_id("acme", "mcp", "ep", 7)
+
+
+def test_concurrent_first_calls_start_one_client() -> None:
+    # each started its own client; only the last was stopped with the server
+    from mcp import Client as McpClient
+
+    made: list[Client] = []
+    stopped: list[Client] = []
+
+    class Slow(FakeClient):
+        async def start(self) -> Client:
+            await asyncio.sleep(0.1)
+            return self
+
+        async def stop(self) -> None:
+            stopped.append(self)
+
+    def make() -> Client:
+        made.append(Slow([]))
+        return made[-1]
+
+    async def go() -> None:
+        async with McpClient(build_server(make)) as c:
+            calls = [{"observation": f"o{i}", "action": "a"} for i in range(3)]
+            await asyncio.gather(*[c.call_tool("remember", a) for a in calls])
+
+    asyncio.run(go())
+    assert len(made) == 1 and stopped == made
