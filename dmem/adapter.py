@@ -225,9 +225,8 @@ class Memory:
         What it does NOT do: it does not delete or hide any stored memory.
         Everything already published stays in dmem (transitions still in
         flight are still written) and remains retrievable by this and every
-        other agent of the tenant. Deleting memories is ``dmem forget``, which
-        comes with a later release; to get an empty memory today, use a new
-        tenant.
+        other agent of the tenant. Deleting memories is ``Client.forget(agent_id=...)``
+        (``POST /v1/forget``, over the HTTP API) or the operator's ``dmem forget``.
         """
         self._reset_episode()
 
