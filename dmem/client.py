@@ -396,16 +396,14 @@ class Client:
     async def publish_chat(
         self, conversation: str, session: str | int, turns: Sequence[ChatTurn], start_step: int = 0
     ) -> int:
-        """Publish one session of a conversation (mapping: `chat_transitions`)."""
-        return await self.publish_many(
-            chat_transitions(
-                turns,
-                tenant=self.tenant,
-                conversation=conversation,
-                session=session,
-                start_step=start_step,
-            )
-        )
+        """Publish one session of a conversation (mapping: `chat_transitions`). A turn that
+        makes no valid transition is `InvalidRecord` naming it, and nothing is sent."""
+        try:
+            transitions = chat_transitions(turns, tenant=self.tenant, conversation=conversation,
+                                           session=session, start_step=start_step)  # fmt: skip
+        except ValidationError as exc:  # as `build` says every SDK input error
+            raise InvalidRecord(f"invalid Transition: {exc}") from exc
+        return await self.publish_many(transitions)
 
     async def report_outcome(
         self,

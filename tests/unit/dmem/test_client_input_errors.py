@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dmem import DmemError
-from dmem.client import Client
+from dmem.client import ChatTurn, Client
 from schemas.errors import InvalidRecord
 from tests.unit.dmem.test_client_credentials import FakeProducer
 
@@ -27,7 +27,13 @@ BAD: dict[str, tuple[Call, str]] = {
     "unknown thumbs": (lambda c: c.feedback(memory_id="m", kind="like"), "kind"),
     "k of 0": (lambda c: c.search("where?", k=0), "k"),
     "unknown filter": (lambda c: c.search("where?", colour="red"), "colour"),
-}
+    # a chat session was a raw pydantic ValidationError
+    "chat conversation not an id": (
+        lambda c: c.publish_chat("conv 1", 1, [ChatTurn("ann", "hi")]), "agent_id"),
+    "chat turn too long": (
+        lambda c: c.publish_chat("c1", 1, [ChatTurn("ann", "hi"), ChatTurn("bo", "x" * 9000)]),
+        "observation"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
