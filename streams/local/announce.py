@@ -12,6 +12,7 @@ broker port does not answer, is stale and ignored.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Mapping
@@ -20,9 +21,12 @@ from typing import Any
 
 import orjson
 
+from schemas.errors import ConfigError
 from streams.local.embedded import wait_for_port
 
 STATE_NAME = "up.json"
+#: held (``flock``) by the `dmem up` that runs on a data dir, for its whole life
+LOCK_NAME = "up.lock"
 
 
 def announce(runtime_dir: Path, data_dir: Path, info: Mapping[str, Any]) -> list[Path]:
@@ -49,6 +53,26 @@ def announce_stack(settings: Any, info: Mapping[str, Any]) -> list[Path]:
         "started_ms": int(time.time() * 1000),
     }
     return announce(settings.runtime_dir, settings.data_dir, {**info, **extra})
+
+
+def hold_data_dir(data_dir: Path) -> int:
+    """Take ``<data dir>/up.lock`` for this process's life (the kernel releases it when the
+    process ends, even killed); returns its descriptor. `ConfigError` when another `dmem
+    up` holds it: a second stack on one data dir cannot open the first one's Milvus Lite
+    file (every search 503) and, stopping, would remove the first one's ``up.json``."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        other = read_state(data_dir / STATE_NAME)
+        who = f" (pid {other['pid']}, HTTP {other.get('http')})" if other else ""
+        raise ConfigError(
+            f"data dir {data_dir} is in use by another dmem up{who}: stop it first, or "
+            "give another --data-dir"
+        ) from None
+    return fd
 
 
 def withdraw(paths: list[Path]) -> None:

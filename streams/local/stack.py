@@ -40,7 +40,7 @@ from milvus.server import EmbeddedMilvusServer
 from schemas.errors import ConfigError, ServiceUnavailable
 from streams.admin import ensure_topics
 from streams.auth import load_tokens
-from streams.local.announce import announce_stack, withdraw
+from streams.local.announce import announce_stack, hold_data_dir, withdraw
 from streams.local.embedded import EmbeddedBroker, free_port, wait_for_port
 from streams.settings import Settings
 
@@ -403,6 +403,7 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
     """`dmem up`: print the addresses, then run until SIGINT/SIGTERM."""
     # one process with every role: Milvus Lite is a single-process file store
     stack = LocalStack(data_dir, roles=("all",), milvus=milvus)
+    hold_data_dir(stack.data_dir)  # one `dmem up` per data dir (released at exit)
     stopping = False
     announced: list[Path] = []
 

@@ -97,3 +97,32 @@ def test_first_screen_says_whether_auth_is_on() -> None:
     assert all("Authorization: Bearer <token>" in p for p in posts)
     off = first_screen({**info, "auth": "off (no DMEM_AUTH__TOKENS set: ...)"})
     assert "Authorization" not in off
+
+
+def test_a_second_dmem_up_on_a_data_dir_in_use_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it started anyway: its worker could not open the first one's Milvus Lite file
+    # (health not ok, every search 503), and stopping, it removed the first one's up.json
+    import fcntl
+    import os
+
+    from schemas.errors import ConfigError
+    from streams.local import stack as stack_mod
+
+    (tmp_path / "d").mkdir()
+    fd = os.open(tmp_path / "d" / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the running one holds it
+    try:
+
+        def no_start(self: LocalStack) -> None:
+            raise AssertionError("nothing may start")
+
+        monkeypatch.setattr(LocalStack, "start", no_start)
+        with pytest.raises(ConfigError, match="in use by another dmem up"):
+            stack_mod.run_up(tmp_path / "d", as_json=True, milvus="lite")
+    finally:
+        os.close(fd)  # released: a later one may take it
+    from streams.local.announce import hold_data_dir
+
+    os.close(hold_data_dir(tmp_path / "d"))
