@@ -305,8 +305,9 @@ class BearerAuth:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
-            got = headers.get(b"authorization", b"")
-            ok = got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)
+            scheme, _, got = headers.get(b"authorization", b"").partition(b" ")
+            # the scheme is case-insensitive (RFC 7235), as the HTTP API reads it
+            ok = scheme.lower() == b"bearer" and hmac.compare_digest(got.strip(), self.token)
             if not ok:
                 await send(
                     {
