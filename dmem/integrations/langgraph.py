@@ -262,6 +262,11 @@ class DmemStore(BaseStore):
                 "exactly one namespace (an agent scope), not a namespace prefix; search "
                 "each namespace"
             )
+        if op.limit + op.offset > LIMITS.max_k:  # the search's k, which the caller never named
+            raise ValueError(
+                f"limit + offset is {op.limit + op.offset}: dmem answers at most "
+                f"{LIMITS.max_k} hits to one search"
+            )
         filters = {f"{META_PREFIX}{k}": v for k, v in (op.filter or {}).items()}
         hits = await c.search(
             op.query or "", op.limit + op.offset, agent_id=agent_for(ns), metadata_equals=filters

@@ -117,3 +117,12 @@ def test_a_value_over_the_metadata_budget_is_refused_in_its_own_terms() -> None:
     assert len(c.published) == 1
     with pytest.raises(ValueError, match="reward is outside"):
         s.put(("a",), "k2", {"text": "x", "reward": 10**400})  # was an OverflowError
+
+
+def test_a_page_past_the_search_limit_is_refused_in_its_own_terms() -> None:
+    # it was the SDK's "invalid RetrievalRequest: k: ... at most 100", a k never named
+    s, _ = store()
+    s.put(("a",), "k", {"text": "x"})
+    with pytest.raises(ValueError, match="limit \\+ offset is 105"):
+        s.search(("a",), query="x", limit=10, offset=95)
+    assert [i.key for i in s.search(("a",), query="x", limit=10, offset=90)] == []
