@@ -355,11 +355,17 @@ class Client:
                     if m.key is None:
                         continue
                     fut = self._waiting.get(m.key.decode())
-                    if fut is not None and not fut.done():
-                        try:
-                            fut.set_result(RetrievalResponse.model_validate(orjson.loads(m.value)))
-                        except Exception as exc:  # noqa: BLE001 - surface to the caller
-                            fut.set_exception(exc)
+                    if fut is None or fut.done():
+                        continue
+                    try:
+                        resp = RetrievalResponse.model_validate(orjson.loads(m.value))
+                    except Exception as exc:  # noqa: BLE001 - surface to the caller
+                        fut.set_exception(exc)
+                        continue
+                    # the shared topic carries every tenant's answers, keyed by request_id
+                    # alone: another tenant's search under the same id is not ours
+                    if resp.tenant == self.tenant:
+                        fut.set_result(resp)
 
     # -- write side ----------------------------------------------------------
     async def publish(self, transition: Transition) -> None:
