@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaProducer
 
 from milvus import MemoryStore
 from schemas import MemoryEvent, encode
+from schemas.errors import InvalidRecord
 from streams.admin import kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
@@ -33,8 +34,12 @@ def forget_scope(
     """Delete every memory of the scope; returns one ``forgotten`` event per deleted row.
 
     Repeats (up to `rounds`) until the scope is empty, so rows written while it
-    ran are caught too.
+    ran are caught too. An empty ``agent_id`` or ``memory_id`` is refused
+    (`InvalidRecord`): read as "no agent" it would widen the scope to the whole tenant.
     """
+    if agent_id == "" or memory_id == "":
+        raise InvalidRecord("forget: an empty agent or memory id names no scope (omit it "
+                            "to forget more)")  # fmt: skip
     now = now or now_ms()
     events: list[MemoryEvent] = []
     scope = f"tenant={tenant}" + (f" agent={agent_id}" if agent_id else "") + (
