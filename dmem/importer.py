@@ -135,11 +135,19 @@ async def wait_committed(settings: Settings, group: str, ends: dict[TopicPartiti
         await c.stop()
 
 
-def _span(acks: list[Any], starts: dict[TopicPartition, int],
+def _span(acks: list[tuple[Any, bool]], starts: dict[TopicPartition, int],
           ends: dict[TopicPartition, int]) -> None:  # fmt: skip
     """Widen ``starts``/``ends`` (per partition: the first offset and the next after the
-    last) by the broker's acknowledgements of records sent (`RecordMetadata` futures)."""
-    for fut in acks:
+    last) by the broker's acknowledgements of transitions sent (`RecordMetadata`
+    futures, None for another topic's record). A failed delivery raises its error here:
+    ``flush`` waits for every delivery but raises none."""
+    failed = [f.exception() for f, _ in acks if f.exception() is not None]
+    if failed:
+        acks.clear()
+        raise failed[0]
+    for fut, spans in acks:
+        if not spans:
+            continue
         md = fut.result()
         tp = TopicPartition(md.topic, md.partition)
         starts[tp] = min(starts.get(tp, md.offset), md.offset)
@@ -181,7 +189,7 @@ async def _send_all(settings: Settings, path: Path, tenant: str | None, wait_s: 
     # batch's last record on some brokers, and counts other producers' records)
     starts: dict[TopicPartition, int] = {}
     ends: dict[TopicPartition, int] = {}
-    acks: list[Any] = []
+    acks: list[tuple[Any, bool]] = []
     pending = 0
     for n, raw in _lines(path):
         rep.lines += 1
@@ -203,8 +211,7 @@ async def _send_all(settings: Settings, path: Path, tenant: str | None, wait_s: 
             key = str(getattr(rec, "episode_id", None) or getattr(rec, "memory_id", ""))
         kb, value = key.encode(), encode(rec)
         ack = await producer.send(where, value, key=kb, headers=guard.sign(kb, value))
-        if where == topic:
-            acks.append(ack)
+        acks.append((ack, where == topic))  # every delivery is checked, not only spanned
         pending += 1
         if pending >= CHUNK:
             await producer.flush()

@@ -56,3 +56,30 @@ def test_a_broker_failure_mid_import_says_how_far_it_got(
     msg = str(err.value)
     assert "line 1501 of" in msg and "1000 records were acknowledged" in msg
     assert "idempotent by id" in msg
+
+
+class _LostDeliveries(_Producer):
+    """Takes every send, but the deliveries after the first ``ok`` fail (a broker that
+    went away with the batch in flight): ``flush`` waits for them and raises nothing."""
+
+    async def send(self, topic: str, value: bytes, **_: Any) -> asyncio.Future[Any]:
+        self.sent += 1
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.sent > self.ok:
+            fut.set_exception(KafkaConnectionError("no connection to the broker"))
+        else:
+            fut.set_result(None)
+        return fut
+
+
+def test_a_failed_delivery_of_an_outcome_is_no_silent_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.jsonl"
+    lines = [{"type": "outcome", "tenant": "t", "agent_id": "a", "episode_id": f"e{i}",
+              "reward": 1.0} for i in range(2000)]  # fmt: skip
+    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
+    monkeypatch.setattr(importer, "AIOKafkaProducer", _LostDeliveries)
+    with pytest.raises(BrokerUnavailable) as err:
+        asyncio.run(importer._publish(Settings(), path, None, 1.0))
+    assert "1000 records were acknowledged" in str(err.value)
