@@ -65,8 +65,9 @@ class DmemRetriever(BaseRetriever):
     @field_validator("filters")
     @classmethod
     def _structured(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """Only `SearchFilters` fields: any other key went to `Client.search` as its own
-        argument (``k`` a TypeError at every call, ``request_id`` one id for every search)."""
+        """Only `SearchFilters` fields: any other key would reach `Client.search` as an
+        argument of its own (``k`` a TypeError at every call, ``request_id`` one id for
+        every search)."""
         f = SearchFilters.model_validate(v)
         out: dict[str, Any] = f.model_dump(exclude={"schema_version"}, exclude_none=True)
         return out

@@ -90,7 +90,7 @@ class _Session:
         self.steps: dict[str, itertools.count[int]] = {}
         self.client: Client | None = None
         #: concurrent first calls start one client (each would start its own, and only the
-        #: last would be stopped: the others' Kafka connections and reader stayed open)
+        #: last would be stopped: the others' Kafka connections and reader would stay open)
         self.starting = asyncio.Lock()
 
     async def get(self) -> Client:
