@@ -386,9 +386,14 @@ class Client:
                     pending.append(fut)
                 n += 1
             await producer.flush()
-        except BaseException:
+        except BaseException as exc:
             for f in pending:  # read their outcome later (no "exception never retrieved")
                 f.add_done_callback(_read_outcome)
+            if isinstance(exc, BrokerUnavailable):  # a send refused: say where it stopped
+                raise BrokerUnavailable(
+                    f"{exc} (after {n} transitions sent, their delivery not confirmed); "
+                    "publishing them again is safe"
+                ) from exc.__cause__
             raise
         results = await asyncio.gather(*pending, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]

@@ -77,3 +77,18 @@ def test_a_record_sent_alone_fails_with_the_sdk_error(call: str) -> None:
 
     with pytest.raises(BrokerUnavailable, match="sending to dmem"):
         asyncio.run(go())
+
+
+def test_a_send_refused_part_way_says_where_it_stopped() -> None:
+    # a send that raises (no metadata from a dead broker) named no count and no retry
+    class Refusing(FailingProducer):
+        async def send(self, topic: str, value: bytes, key: bytes, **kw: Any) -> Any:
+            if self.sent >= self.ok:
+                raise KafkaTimeoutError("no metadata")
+            return await super().send(topic, value, key, **kw)
+
+    client = _client(ok=2)
+    client._producer = Refusing(2)  # type: ignore[assignment]
+    with pytest.raises(BrokerUnavailable, match="after 2 transitions sent") as err:
+        asyncio.run(client.publish_many([_t(0), _t(1), _t(2)]))
+    assert err.value.retriable and "publishing them again is safe" in str(err.value)
