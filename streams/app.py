@@ -47,7 +47,7 @@ from streams.context import RoleContext, StartTogether, StatusFn
 from streams.metrics import install_metrics
 from streams.settings import Settings
 from streams.settle import backlog
-from streams.store import StoreService
+from streams.store import StoreService, forgotten_reason
 from streams.webguard import guard_middleware
 from streams.write.consumer import WriteConsumer
 from streams.write.pipeline import WritePipeline
@@ -250,8 +250,15 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
                  len(result.events))  # fmt: skip
         # a hindsight row rewrites a stored one on purpose, keeping what it earned
         rejected, _ = await store.write(result.upserts, reconcile)
-        if rejected:
-            log.warning("hindsight rows refused by the store: %s", rejected)
+        if rejected:  # a row forgotten while its episode was open is routine: info only
+            assert store.store is not None
+            gone = forgotten_reason(store.store)
+            refused = {k: why for k, why in rejected.items() if why != gone}
+            if refused:
+                log.warning("hindsight rows refused by the store: %s", refused)
+            if len(refused) < len(rejected):
+                log.info("hindsight rows forgotten meanwhile, not written back: %s",
+                         sorted(k for k in rejected if k not in refused))  # fmt: skip
         if result.promote:
             assert store.store is not None
             move = functools.partial(store.store.move, tenant=out.tenant)  # own rows only
