@@ -485,7 +485,9 @@ class Client:
         if memory_id is None and agent_id is None:
             raise ValueError("forget needs a memory_id or an agent_id")
         body = {"tenant": self.tenant, "memory_id": memory_id, "agent_id": agent_id}
-        data = await self._http_json("POST", "/v1/forget", body)
+        # not sent again after a timeout: the first forget may still be deleting, and a
+        # second one would answer only what was left (a lost connection is retried)
+        data = await self._http_json("POST", "/v1/forget", body, retry_timeouts=False)
         return int(data["forgotten"])
 
     async def get_memory(self, memory_id: str) -> dict[str, Any] | None:
@@ -543,8 +545,8 @@ class Client:
         """This tenant's memory counts by partition (respond role, HTTP)."""
         return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
 
-    async def _http_call(self, method: str, path: str,
-                         data: bytes | str | None) -> tuple[int, bytes]:  # fmt: skip
+    async def _http_call(self, method: str, path: str, data: bytes | str | None,
+                         retry_timeouts: bool = True) -> tuple[int, bytes]:  # fmt: skip
         """One idempotent HTTP call (search, get, stats, forget), retried on a lost connection.
 
         A server may close an idle keep-alive connection just as the client reuses
@@ -553,7 +555,8 @@ class Client:
         repeat, so it is tried ``retries + 1`` times (0.1 s, 0.2 s, ... apart), then
         becomes `ServiceUnavailable` (retriable), never a raw aiohttp error. A try that
         gets no answer within ``timeout_s`` counts the same (a search is retried with its
-        request_id, as over Kafka).
+        request_id, as over Kafka), unless ``retry_timeouts`` is False: then it is
+        `ServiceUnavailable` at once, saying the call may still complete on the server.
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
@@ -574,12 +577,19 @@ class Client:
                 last = exc
             except TimeoutError:  # no answer within timeout_s (aiohttp raises it bare)
                 last = TimeoutError(f"no answer within {self.timeout_s:g} s")
+                if not retry_timeouts:
+                    raise ServiceUnavailable(
+                        f"{method} {path.split('?')[0]}: no answer within {self.timeout_s:g} s; "
+                        "it may still complete on the server (calling it again is safe)"
+                    ) from None
         raise ServiceUnavailable(
             f"{method} {path.split('?')[0]} failed after {self.retries + 1} tries: {last!r}"
         )
 
-    async def _http_json(self, method: str, path: str, body: Any = None) -> Any:
-        status, raw = await self._http_call(method, path, orjson.dumps(body) if body else None)
+    async def _http_json(self, method: str, path: str, body: Any = None,
+                         retry_timeouts: bool = True) -> Any:  # fmt: skip
+        status, raw = await self._http_call(method, path, orjson.dumps(body) if body else None,
+                                            retry_timeouts)  # fmt: skip
         try:
             data: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -90,3 +90,32 @@ def test_a_server_that_does_not_answer_in_time_is_service_unavailable() -> None:
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "POST /v1/search failed after 2 tries" in str(out) and "0.2 s" in str(out)
     assert len(seen) == 2
+
+
+def test_a_slow_forget_is_not_sent_again() -> None:
+    """A forget that outlasts timeout_s may still be deleting: it is sent once, and the
+    error says that calling it again is safe (a second forget would count only what the
+    first had left)."""
+    seen: list[str] = []
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        seen.append(request.path)
+        await asyncio.sleep(1)
+        return web.json_response({"forgotten": 5})
+
+    async def go() -> Any:
+        async with stub_server({("POST", "/v1/forget"): slow}) as url:
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
+                       retries=2, timeout_s=0.2)  # fmt: skip
+            c._http = aiohttp.ClientSession()  # noqa: SLF001
+            try:
+                return await c.forget(agent_id="a")
+            except ServiceUnavailable as exc:
+                return exc
+            finally:
+                await c._http.close()  # noqa: SLF001
+
+    out = asyncio.run(go())
+    assert isinstance(out, ServiceUnavailable) and out.retriable, out
+    assert "may still complete" in str(out)
+    assert seen == ["/v1/forget"]
