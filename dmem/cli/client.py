@@ -178,11 +178,18 @@ def search(
     multiple=True,
     help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT]",
 )
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="seconds to wait at most",
+)
 @click.option(
     "--quiet",
     "quiet_s",
-    type=float,
+    type=click.FloatRange(0),
     default=1.0,
     show_default=True,
     help="settled on every poll for this long",

@@ -83,7 +83,7 @@ def _store(settings: Any) -> Any:
 @click.option(
     "--wait",
     "wait_s",
-    type=float,
+    type=click.FloatRange(0),
     default=120.0,
     show_default=True,
     help="seconds to wait at the end for the write path to store the transitions "

@@ -21,6 +21,9 @@ from schemas.errors import InvalidRecord
         (["search", "q", "--tenant", "bad|tenant"], "--tenant"),
         (["import", "/dev/null", "--tenant", "a b"], "--tenant"),
         (["search", "q", "--tenant", "t", "--timeout", "-1"], "--timeout"),
+        (["wait", "--settled", "--timeout", "-1"], "--timeout"),
+        (["wait", "--settled", "--quiet", "-1"], "--quiet"),
+        (["import", "/dev/null", "--wait", "-1"], "--wait"),
         (["schemas", "export", "/proc/no/such/dir"], "No such file"),
     ],
 )
