@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import string
 import time
 from collections.abc import Iterable
@@ -68,6 +69,7 @@ from langgraph.store.base import (
 
 from dmem.client import Client, SyncClient
 from schemas import LIMITS, Transition
+from schemas.limits import INT64_MAX
 from schemas.models import fit_id
 
 TEXT_FIELDS = ("text", "content", "memory", "data")
@@ -119,6 +121,19 @@ def _ts(ms: int) -> datetime:
 
 #: how long a forgotten id is refused by default (`milvus.tombstones`' TTL)
 FORGET_REFUSES_S = 3600.0
+
+
+def _filterable(v: Any) -> bool:
+    """A value field that becomes a filterable metadata key: a scalar that metadata holds
+    (a string up to 256 characters, an integer within Milvus' INT64, a finite float); any
+    other stays in the value's JSON only (returned, not filterable)."""
+    if isinstance(v, bool):
+        return True
+    if isinstance(v, int):
+        return abs(v) <= INT64_MAX
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, str) and len(v) <= 256
 
 
 class DmemStore(BaseStore):
@@ -186,7 +201,7 @@ class DmemStore(BaseStore):
             )
         meta["lg_rest"] = rest_json
         for k, v in rest.items():  # scalar fields are filterable (`filter=`)
-            if isinstance(v, str | int | float | bool) and len(str(v)) <= 256:
+            if _filterable(v):
                 meta[f"{META_PREFIX}{k}"] = v
         # said here, in the value's terms: the transition's check would name metadata
         # keys the caller never wrote ("metadata has 33 keys (max 32)")

@@ -126,3 +126,13 @@ def test_a_page_past_the_search_limit_is_refused_in_its_own_terms() -> None:
     with pytest.raises(ValueError, match="limit \\+ offset is 105"):
         s.search(("a",), query="x", limit=10, offset=95)
     assert [i.key for i in s.search(("a",), query="x", limit=10, offset=90)] == []
+
+
+def test_a_field_metadata_cannot_hold_stays_in_the_value_only() -> None:
+    """An integer beyond INT64 (or a non-finite float) in a value is stored with the value
+    but is no filterable key: it failed the put with an error naming ``lgv_n``."""
+    s, c = store()
+    s.put(("a",), "k", {"text": "x", "n": 2**70, "m": 3})
+    (t,) = c.published
+    assert "lgv_n" not in t.metadata and t.metadata["lgv_m"] == 3
+    assert str(2**70) in t.metadata["lg_rest"]
