@@ -197,7 +197,20 @@ class Client:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> Client:
+        """Start what the transport needs. A failure part way stops what had started (a
+        producer without its reply consumer would leak); a broker failure is
+        `BrokerUnavailable`."""
         self._started = True
+        try:
+            await self._start()
+        except BaseException as exc:
+            await self.stop()
+            if isinstance(exc, KafkaError):
+                raise BrokerUnavailable(f"Kafka at {self.bootstrap}: {exc!r}") from exc
+            raise
+        return self
+
+    async def _start(self) -> None:
         if self.transport == "kafka":
             await self._producer_ready()
         # over HTTP the producer starts with the first write: a client that only searches,
@@ -209,7 +222,12 @@ class Client:
                 fetch_max_wait_ms=self.fetch_max_wait_ms,
                 **self.kw,
             )
-            await c.start()
+            try:
+                await c.start()
+            except BaseException:
+                await c.stop()
+                raise
+            self._consumer = c
             name = self.reply_topic
             parts = c.partitions_for_topic(name)
             if not parts and self._signer is not None:
@@ -228,7 +246,6 @@ class Client:
         if self.http_url:  # search (transport="http"), forget and stats go over HTTP
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             self._http = aiohttp.ClientSession(headers=headers)
-        return self
 
     async def _own_reply_topic(self, c: AIOKafkaConsumer) -> set[int]:
         """Create this tenant's reply topic if it is missing (a deployment whose ACLs

@@ -92,3 +92,43 @@ def test_a_send_refused_part_way_says_where_it_stopped() -> None:
     with pytest.raises(BrokerUnavailable, match="after 2 transitions sent") as err:
         asyncio.run(client.publish_many([_t(0), _t(1), _t(2)]))
     assert err.value.retriable and "publishing them again is safe" in str(err.value)
+
+
+def test_a_start_that_fails_part_way_stops_what_it_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The producer started, the reply consumer could not: the producer is stopped (it
+    leaked) and the error is `BrokerUnavailable` (it was aiokafka's own)."""
+    from aiokafka.errors import KafkaConnectionError
+
+    import dmem.client as client_mod
+
+    stopped: list[str] = []
+
+    class Producer:
+        def __init__(self, **_: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            stopped.append("producer")
+
+    class Consumer:
+        def __init__(self, **_: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            raise KafkaConnectionError("no connection to the broker")
+
+        async def stop(self) -> None:
+            stopped.append("consumer")
+
+    monkeypatch.setattr(client_mod, "AIOKafkaProducer", Producer)
+    monkeypatch.setattr(client_mod, "AIOKafkaConsumer", Consumer)
+    c = Client("127.0.0.1:1", "t")
+    with pytest.raises(BrokerUnavailable, match="no connection"):
+        asyncio.run(c.start())
+    assert sorted(stopped) == ["consumer", "producer"]
+    assert c._producer is None and c._consumer is None  # noqa: SLF001
