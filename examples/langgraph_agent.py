@@ -3,7 +3,8 @@
     .venv/bin/python examples/langgraph_agent.py                       # starts its own stack
     .venv/bin/python examples/langgraph_agent.py --kafka HOST:PORT --http URL   # a `dmem up`
 
-With auth on (`dmem up` prints its tokens), pass ``--token`` or export ``DMEM_API_TOKEN``.
+With auth on (the tokens you gave ``DMEM_AUTH__TOKENS``), pass ``--token`` or export
+``DMEM_API_TOKEN``.
 
 The graph has two nodes: ``remember`` writes the user's turn to the store (a turn
 the user flags as important carries a strong signal), ``respond`` searches the
@@ -73,6 +74,7 @@ def main() -> None:
     a = ap.parse_args()
     from dmem import SyncClient
     from dmem.integrations.langgraph import DmemStore
+    from dmem.wait import wait_settled
 
     with deployment(a.kafka, a.http, a.encoder) as (kafka, http):
         client = SyncClient(kafka, a.tenant, http_url=http, timeout_s=10, token=a.token)
@@ -81,7 +83,13 @@ def main() -> None:
             chat = [(f"just chatting about the weather, day {i}", False) for i in range(12)]
             chat.insert(6, ("please remember: I am allergic to nuts", True))
             chat.append(("can you suggest a snack, given what I am allergic to?", False))
-            for text, important in chat:
+            for n, (text, important) in enumerate(chat):
+                if n == len(chat) - 1:
+                    # storing is asynchronous: let the write path store the chat, then
+                    # let the store's bounded-staleness reads catch up (one time tick,
+                    # 0.2 s, on a Milvus server; longer under load: docs/concepts/retrieval.md)
+                    wait_settled([http], components=["write"], quiet_s=0.5)
+                    time.sleep(1.0)
                 out = graph.invoke({"user": text, "important": important, "answer": ""})
                 print(f"user: {text}\n  bot: {out['answer']}")
         finally:

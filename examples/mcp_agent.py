@@ -3,7 +3,8 @@
     .venv/bin/python examples/mcp_agent.py                       # starts its own stack
     .venv/bin/python examples/mcp_agent.py --kafka HOST:PORT --http URL   # a `dmem up`
 
-With auth on (`dmem up` prints its tokens), pass ``--token`` or export ``DMEM_API_TOKEN``.
+With auth on (the tokens you gave ``DMEM_AUTH__TOKENS``), pass ``--token`` or export
+``DMEM_API_TOKEN``.
 
 It launches ``dmem mcp`` over stdio with the official MCP SDK's client (what an MCP
 host such as an IDE or an agent framework does), walks a scripted agent down a

@@ -423,6 +423,12 @@ def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
                 file=sys.stderr,
                 flush=True,
             )
+        print(
+            f"starting the embedded broker, Milvus ({mode}) and a worker with every role "
+            f"(data in {stack.data_dir}; {'about 30 s' if mode == 'server' else 'seconds'}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         stack.start()
         info = {
             "kafka": stack.bootstrap,

@@ -72,7 +72,7 @@
     st.rows.forEach(function (m) {
       var tr = ui.el("tr", { "class": "memory", tabindex: "0", "data-memory-id": m.memory_id,
                              "data-utility": m.utility });
-      [ui.fmtTime(m.created_ts), m.agent_id, m.partition].forEach(function (v) {
+      [ui.fmtWhen(m.created_ts), m.agent_id, m.partition].forEach(function (v) {
         tr.appendChild(ui.el("td", null, v));
       });
       tr.appendChild(ui.el("td", { "class": "text", title: m.text }, m.text));

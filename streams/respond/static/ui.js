@@ -80,6 +80,16 @@
     return s;
   }
 
+  // A moment a person reads in a table: HH:MM:SS today, else its date and minute (a
+  // memory of a replayed chat from last year must not read as "later today").
+  function fmtWhen(ms) {
+    if (ms === null || ms === undefined) { return "\u2013"; }
+    var d = new Date(ms), now = new Date();
+    if (d.toDateString() === now.toDateString()) { return fmtTime(ms); }
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes());
+  }
+
   function fmtNum(v, digits) {
     if (v === null || v === undefined || !isFinite(v)) { return "\u2013"; }
     var d = digits === undefined ? 3 : digits;
@@ -295,7 +305,7 @@
       if (t.tenant === data.tenant) { attrs["class"] = "selected"; }
       attrs["tabindex"] = "0";
       var tr = row([t.tenant, num(t.core, 0), num(t.buffer, 0), num(t.total, 0),
-                    num(t.theta_low), num(t.theta_high), fmtTime(t.last_event_ts)], attrs);
+                    num(t.theta_low), num(t.theta_high), fmtWhen(t.last_event_ts)], attrs);
       tr.addEventListener("click", function () { select(t.tenant); });
       tr.addEventListener("keydown", function (ev) {
         if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); select(t.tenant); }
@@ -336,7 +346,7 @@
     $("decisions-note").textContent = latest.length ? "" :
       "no decisions to show because none of this tenant reached the memories topic since the feed started";
     latest.forEach(function (d) {
-      body.appendChild(row([fmtTime(d.ts), d.agent_id || "", d.memory_id, d.kind, d.route || "",
+      body.appendChild(row([fmtWhen(d.ts), d.agent_id || "", d.memory_id, d.kind, d.route || "",
                             d.reason, num(d.score), fmtNum(d.theta_low) + " / " + fmtNum(d.theta_high)],
                            { "data-route": d.route || "", "class": "decision" }));
     });
@@ -512,7 +522,7 @@
   }
 
   // the memory explorer (explorer.js) shares the token and the helpers
-  window.dmemUi = { api: api, el: el, svg: svg, clear: clear, fmtTime: fmtTime, fmtNum: fmtNum,
+  window.dmemUi = { api: api, el: el, svg: svg, clear: clear, fmtTime: fmtTime, fmtWhen: fmtWhen, fmtNum: fmtNum,
                     needToken: needToken };
 
   document.addEventListener("DOMContentLoaded", function () {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -207,6 +208,11 @@ def test_the_page_keeps_tenants_apart_and_says_what_it_could_not_do(
         assert "token" not in await page.js("location.href")
         assert await page.js("getComputedStyle(document.getElementById('auth')).display") == "none"
         assert set(await page.js(shown)) <= ids["alpha"]
+        # a memory of another day shows its date (a replayed chat of 2023 read as "later
+        # today" when only the time of day was shown); today's shows the time of day
+        assert re.fullmatch(r"2023-11-1[45] \d\d:\d\d",
+                            await page.js("window.dmemUi.fmtWhen(1700000000000)"))  # fmt: skip
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", await page.js("window.dmemUi.fmtWhen(Date.now())"))
 
         # a metadata filter without a key: said, and the list is not reloaded unfiltered
         await page.js("document.getElementById('f-meta').value = '=x'; "
