@@ -103,6 +103,19 @@ __all__ = ["MemoryStore"]
 
 log = logging.getLogger(__name__)
 
+
+class _NoMvccTsNotice(logging.Filter):
+    """The Milvus 2.3.5 server answers a query without an MVCC timestamp, so pymilvus'
+    query iterator (every scan: maintenance, forget, pages) falls back to a client-side
+    timestamp, which is the snapshot a scan wants, and warns about it on every scan. The
+    warning fills the workers' logs and reads as a fault; it is dropped here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("failed to get mvccTs")
+
+
+logging.getLogger("pymilvus.client.iterator.query_iterator").addFilter(_NoMvccTsNotice())
+
 _SPECS: dict[str, FieldSpec] = {s.name: s for s in field_specs()}
 _ANY_ROW = f'{PRIMARY_FIELD} != ""'
 #: every write stamps the row's partition into ``metadata[PART_KEY]`` (stripped again
