@@ -49,13 +49,28 @@ def worker(role: str) -> None:
     show_default=True,
     help="auto: the embedded Milvus server when installed (indexed), else Lite",
 )
-def up(data_dir: Path, as_json: bool, milvus: str) -> None:
+@click.option(
+    "--kafka-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="the embedded broker's port [default: a free one each start]",
+)
+@click.option(
+    "--http-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="the HTTP API's port (live page, /v1) [default: a free one each start]",
+)
+def up(
+    data_dir: Path, as_json: bool, milvus: str, kafka_port: int | None, http_port: int | None
+) -> None:
     """Run the local stack (embedded broker, Milvus, workers) until Ctrl-C."""
     with server_imports("up"):
         from streams.local.stack import run_up
 
     try:
-        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus)
+        run_up(data_dir=data_dir, as_json=as_json, milvus=milvus, kafka_port=kafka_port,
+               http_port=http_port)  # fmt: skip
     except DmemError as exc:
         fail(exc)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -139,9 +140,14 @@ class LocalStack:
         extra_env: dict[str, str] | None = None,
         broker_bootstrap: str | None = None,
         milvus: str = "lite",
+        kafka_port: int | None = None,
+        http_port: int | None = None,
     ) -> None:
         if milvus not in ("lite", "server", "auto"):
             raise ValueError("milvus must be 'lite', 'server' or 'auto'")
+        #: fixed ports of the embedded broker and the first worker's HTTP API (None: a
+        #: free one each start)
+        self.kafka_port, self.http_port = kafka_port, http_port
         self.data_dir = data_dir.resolve()
         self.milvus = milvus
         self.milvus_server: EmbeddedMilvusServer | None = None
@@ -201,13 +207,19 @@ class LocalStack:
     def start_broker(self) -> str:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.bootstrap is None:
-            self.broker = EmbeddedBroker(log_path=self.data_dir / "broker.log")
+            if self.kafka_port:
+                check_port_free(self.kafka_port, "--kafka-port")
+            self.broker = EmbeddedBroker(self.kafka_port, log_path=self.data_dir / "broker.log")
             self.bootstrap = self.broker.start()
         asyncio.run(ensure_topics(self.settings))
         return self.bootstrap
 
     def start_worker(self, role: str, code_root: Path | None = None) -> WorkerProcess:
-        port = free_port()
+        if self.http_port and not self.web_ports:  # the first worker serves the fixed port
+            check_port_free(self.http_port, "--http-port")
+            port = self.http_port
+        else:
+            port = free_port()
         log = self.data_dir / f"worker-{role}-{port}.log"
         w = WorkerProcess(role, self.env(port), log, code_root)
         w.start()
@@ -337,6 +349,20 @@ class LocalStack:
         self.stop()
 
 
+def check_port_free(port: int, what: str) -> None:
+    """`ConfigError` naming ``what`` when 127.0.0.1:``port`` cannot be bound (another
+    process listens there), before anything is started on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(
+                f"{what} {port}: 127.0.0.1:{port} is in use ({exc.strerror}); stop what "
+                "listens there, or choose another port"
+            ) from None
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -399,10 +425,13 @@ Publish a transition
 {operate}(Ctrl-C to stop; data kept in {info["data_dir"]})"""
 
 
-def run_up(data_dir: Path, as_json: bool, milvus: str = "auto") -> None:
-    """`dmem up`: print the addresses, then run until SIGINT/SIGTERM."""
+def run_up(data_dir: Path, as_json: bool, milvus: str = "auto", kafka_port: int | None = None,
+           http_port: int | None = None) -> None:  # fmt: skip
+    """`dmem up`: print the addresses, then run until SIGINT/SIGTERM. ``kafka_port`` /
+    ``http_port``: fixed ports (a restart keeps the addresses clients were given)."""
     # one process with every role: Milvus Lite is a single-process file store
-    stack = LocalStack(data_dir, roles=("all",), milvus=milvus)
+    stack = LocalStack(data_dir, roles=("all",), milvus=milvus, kafka_port=kafka_port,
+                       http_port=http_port)  # fmt: skip
     hold_data_dir(stack.data_dir)  # one `dmem up` per data dir (released at exit)
     stopping = False
     announced: list[Path] = []

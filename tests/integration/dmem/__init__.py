@@ -10,10 +10,11 @@ DMEM = [sys.executable, "-m", "dmem.cli"]
 REPO = Path(__file__).resolve().parents[3]
 
 
-def spawn_up(data: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`dmem up --json` on `data` with exactly `env`; its first stdout line is the JSON."""
+def spawn_up(data: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`dmem up --json` on `data` with exactly `env` (and `args`); its first stdout line
+    is the JSON."""
     return subprocess.Popen(
-        DMEM + ["up", "--json", "--data-dir", str(data)],
+        DMEM + ["up", "--json", "--data-dir", str(data), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

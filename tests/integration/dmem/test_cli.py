@@ -88,13 +88,20 @@ def test_schemas_export(tmp_path: Path) -> None:
 
 
 def test_up_prints_addresses_and_stops_cleanly(tmp_path: Path) -> None:
+    from streams.local.embedded import free_port
+
     data = tmp_path / "stack"
-    proc = spawn_up(data, {**os.environ, "DMEM_ENCODER__NAME": "hash"})
+    kafka_port, http_port = free_port(), free_port()
+    proc = spawn_up(data, {**os.environ, "DMEM_ENCODER__NAME": "hash"},
+                    "--kafka-port", str(kafka_port), "--http-port", str(http_port))  # fmt: skip
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         info = json.loads(line)
         assert set(info) >= {"kafka", "milvus", "http", "milvus_mode"}
+        # the ports asked for: a restart keeps the addresses clients were given
+        assert info["kafka"] == f"127.0.0.1:{kafka_port}"
+        assert info["http"] == f"http://127.0.0.1:{http_port}"
         host, port = info["kafka"].split(":")
         import socket
 

@@ -126,3 +126,36 @@ def test_a_second_dmem_up_on_a_data_dir_in_use_is_refused(
     from streams.local.announce import hold_data_dir
 
     os.close(hold_data_dir(tmp_path / "d"))
+
+
+def test_a_fixed_port_in_use_is_refused_naming_the_option() -> None:
+    import socket
+
+    from schemas.errors import ConfigError
+    from streams.local.stack import check_port_free
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--http-port {port}: 127.0.0.1:{port} is in use"):
+            check_port_free(port, "--http-port")
+    check_port_free(port, "--http-port")  # free again: no error
+
+
+def test_dmem_up_passes_its_fixed_ports_to_the_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streams.local import stack as stack_mod
+
+    seen: dict[str, object] = {}
+
+    def no_start(self: LocalStack) -> None:
+        seen.update(kafka=self.kafka_port, http=self.http_port)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(LocalStack, "start", no_start)
+    with pytest.raises(RuntimeError, match="stop here"):
+        stack_mod.run_up(tmp_path / "d", as_json=True, milvus="lite", kafka_port=41000,
+                         http_port=41001)  # fmt: skip
+    assert seen == {"kafka": 41000, "http": 41001}
