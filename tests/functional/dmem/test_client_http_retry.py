@@ -10,6 +10,7 @@ aiohttp server on a free port stands in for the respond worker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -64,29 +65,36 @@ def test_a_server_that_keeps_dropping_is_service_unavailable(retries: int) -> No
     assert len(seen) >= retries + 1 and len(seen) % (retries + 1) == 0
 
 
-def test_a_server_that_does_not_answer_in_time_is_service_unavailable() -> None:
-    # aiohttp raises a bare TimeoutError at timeout_s: the SDK let it out (a traceback
-    # from `dmem search --http`, an unexplained error from the MCP tools)
+def _slow(route: tuple[str, str], retries: int,
+          call: Callable[[Client], Awaitable[Any]]) -> tuple[Any, list[str]]:  # fmt: skip
+    """``call`` on a client whose server answers ``route`` after 1 s (timeout_s 0.2): its
+    answer or its `ServiceUnavailable`, and the paths the server saw."""
     seen: list[str] = []
 
     async def slow(request: web.Request) -> web.StreamResponse:
         seen.append(request.path)
         await asyncio.sleep(1)
-        return web.json_response({})
+        return web.json_response({"forgotten": 5})
 
     async def go() -> Any:
-        async with stub_server({("POST", "/v1/search"): slow}) as url:
+        async with stub_server({route: slow}) as url:
             c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
-                       retries=1, timeout_s=0.2)  # fmt: skip
+                       retries=retries, timeout_s=0.2)  # fmt: skip
             c._http = aiohttp.ClientSession()  # noqa: SLF001
             try:
-                return await c.search("q")
+                return await call(c)
             except ServiceUnavailable as exc:
                 return exc
             finally:
                 await c._http.close()  # noqa: SLF001
 
-    out = asyncio.run(go())
+    return asyncio.run(go()), seen
+
+
+def test_a_server_that_does_not_answer_in_time_is_service_unavailable() -> None:
+    # aiohttp raises a bare TimeoutError at timeout_s: the SDK let it out (a traceback
+    # from `dmem search --http`, an unexplained error from the MCP tools)
+    out, seen = _slow(("POST", "/v1/search"), 1, lambda c: c.search("q"))
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "POST /v1/search failed after 2 tries" in str(out) and "0.2 s" in str(out)
     assert len(seen) == 2
@@ -96,26 +104,7 @@ def test_a_slow_forget_is_not_sent_again() -> None:
     """A forget that outlasts timeout_s may still be deleting: it is sent once, and the
     error says that calling it again is safe (a second forget would count only what the
     first had left)."""
-    seen: list[str] = []
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        seen.append(request.path)
-        await asyncio.sleep(1)
-        return web.json_response({"forgotten": 5})
-
-    async def go() -> Any:
-        async with stub_server({("POST", "/v1/forget"): slow}) as url:
-            c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
-                       retries=2, timeout_s=0.2)  # fmt: skip
-            c._http = aiohttp.ClientSession()  # noqa: SLF001
-            try:
-                return await c.forget(agent_id="a")
-            except ServiceUnavailable as exc:
-                return exc
-            finally:
-                await c._http.close()  # noqa: SLF001
-
-    out = asyncio.run(go())
+    out, seen = _slow(("POST", "/v1/forget"), 2, lambda c: c.forget(agent_id="a"))
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "may still complete" in str(out)
     assert seen == ["/v1/forget"]

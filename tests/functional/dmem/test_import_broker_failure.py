@@ -42,18 +42,25 @@ class _Producer:
         pass
 
 
-def test_a_broker_failure_mid_import_says_how_far_it_got(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _import_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     producer: type[_Producer]) -> BrokerUnavailable:  # fmt: skip
+    """Import 2,000 outcomes through ``producer``; the error the import raises."""
     path = tmp_path / "run.jsonl"
     lines = [{"type": "outcome", "tenant": "t", "agent_id": "a", "episode_id": f"e{i}",
               "reward": 1.0} for i in range(2000)]  # fmt: skip
     path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
-    monkeypatch.setattr(importer, "AIOKafkaProducer", _Producer)
+    monkeypatch.setattr(importer, "AIOKafkaProducer", producer)
     with pytest.raises(BrokerUnavailable) as err:
         asyncio.run(importer._publish(Settings(), path, None, 1.0))
-    assert err.value.retriable
-    msg = str(err.value)
+    return err.value
+
+
+def test_a_broker_failure_mid_import_says_how_far_it_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = _import_outcomes(tmp_path, monkeypatch, _Producer)
+    assert err.retriable
+    msg = str(err)
     assert "line 1501 of" in msg and "1000 records were acknowledged" in msg
     assert "idempotent by id" in msg
 
@@ -75,11 +82,5 @@ class _LostDeliveries(_Producer):
 def test_a_failed_delivery_of_an_outcome_is_no_silent_success(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "run.jsonl"
-    lines = [{"type": "outcome", "tenant": "t", "agent_id": "a", "episode_id": f"e{i}",
-              "reward": 1.0} for i in range(2000)]  # fmt: skip
-    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
-    monkeypatch.setattr(importer, "AIOKafkaProducer", _LostDeliveries)
-    with pytest.raises(BrokerUnavailable) as err:
-        asyncio.run(importer._publish(Settings(), path, None, 1.0))
-    assert "1000 records were acknowledged" in str(err.value)
+    err = _import_outcomes(tmp_path, monkeypatch, _LostDeliveries)
+    assert "1000 records were acknowledged" in str(err)
