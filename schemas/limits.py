@@ -43,6 +43,9 @@ class Limits:
     max_metadata_keys: int = 32
     max_metadata_value_chars: int = 512
     max_k: int = 100
+    #: memories in one page of a listing, events in one answer of a memory's history
+    max_page: int = 500
+    max_history: int = 10_000
     max_message_bytes: int = 1_048_576
     #: rewards, outcome and feedback values, usage weights: any real scale, and room for
     #: the operators' float32 arithmetic (3.4e38) and the squares credit takes (1e60)

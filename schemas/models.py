@@ -64,6 +64,15 @@ Reward = Annotated[
 EventMs = Annotated[int, Field(ge=0, le=LIMITS.max_event_ms)]
 #: a step of an episode (`LIMITS.max_step`)
 Step = Annotated[int, Field(ge=0, le=LIMITS.max_step)]
+#: hits of one search (`LIMITS.max_k`)
+K = Annotated[int, Field(ge=1, le=LIMITS.max_k)]
+#: the ranking's mix of meaning (1) and value (0)
+Lambda = Annotated[float, Field(ge=0.0, le=1.0)]
+#: memories in one page of a listing, and the opaque cursor of the next page
+PageLimit = Annotated[int, Field(ge=1, le=LIMITS.max_page)]
+Cursor = Annotated[str, Field(max_length=1024)]
+#: events in one answer of a memory's history
+HistoryLimit = Annotated[int, Field(ge=1, le=LIMITS.max_history)]
 Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=LIMITS.max_vector_dim)]
 MetaValue = str | int | float | bool | None
 #: what the agent did: free text ("use key on door") or a discrete action's name
@@ -276,8 +285,8 @@ class MemoryListQuery(Model):
 
     tenant: Ident
     agent_id: Ident | None = None
-    limit: int = Field(default=50, ge=1, le=500, description="memories per page")
-    cursor: str | None = Field(default=None, max_length=1024)
+    limit: PageLimit = Field(default=50, description="memories per page")
+    cursor: Cursor | None = None
     filters: SearchFilters = Field(default_factory=SearchFilters)
 
 
@@ -294,8 +303,8 @@ class RetrievalRequest(Model):
     agent_id: Ident | None = None
     query: Text | None = None
     vector: Vector | None = None
-    k: int = Field(default=5, ge=1, le=LIMITS.max_k)
-    lambda_: float | None = Field(default=None, ge=0.0, le=1.0, alias="lambda")
+    k: K = 5
+    lambda_: Lambda | None = Field(default=None, alias="lambda")
     filters: SearchFilters = Field(default_factory=SearchFilters)
     mmr: bool = False
     episode_id: Ident | None = None

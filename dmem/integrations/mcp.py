@@ -47,22 +47,30 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from dmem.client import Client
-from schemas import LIMITS, SearchFilters, Transition
+from schemas import SearchFilters, Transition
 from schemas.errors import DmemError
-from schemas.models import Action, EventMs, Ident, MetaValue, Reward, Step, Text
 
-# the stream's bounds, so that a tool's input schema shows them (`RetrievalRequest`,
-# `MemoryListQuery`, the history route's limit)
-K = Annotated[int, Field(ge=1, le=LIMITS.max_k)]
-Lambda = Annotated[float, Field(ge=0.0, le=1.0)]
-PageLimit = Annotated[int, Field(ge=1, le=500)]
-Cursor = Annotated[str, Field(max_length=1024)]
-HistoryLimit = Annotated[int, Field(ge=1, le=10_000)]
+# the stream's bounds (`RetrievalRequest`, `MemoryListQuery`, the history route's
+# limit), so that a tool's input schema shows them
+from schemas.models import (
+    Action,
+    Cursor,
+    EventMs,
+    HistoryLimit,
+    Ident,
+    K,
+    Lambda,
+    MetaValue,
+    PageLimit,
+    Reward,
+    Step,
+    Text,
+)
 
 INSTRUCTIONS = (
     "dmem is this agent's long-term memory. Call `remember` after each step with what "

@@ -215,7 +215,10 @@ def _scalar(value: str) -> Any:
 _INT_PARAMS = ("limit", "since_ms", "until_ms")
 
 
-def _digits(name: str, value: str) -> int:
+def ascii_int(name: str, value: str) -> int:
+    """A query parameter's non-negative integer: ASCII digits only (no sign, no digit
+    separator, no other script's digits), at most 19 significant ones (bounded before
+    ``int()``: a 5000-digit value is refused, not parsed); else `InvalidRecord`."""
     if not (value.isascii() and value.isdigit() and len(value.lstrip("0")) <= 19):
         raise InvalidRecord(
             f"{name} must be a non-negative integer (ASCII digits), got {value!r:.40}"
@@ -235,9 +238,9 @@ def list_query(params: Mapping[str, str]) -> dict[str, Any]:
     unknown = []
     for key, value in params.items():
         if key in _QUERY_PARAMS:
-            out[key] = _digits(key, value) if key in _INT_PARAMS else value
+            out[key] = ascii_int(key, value) if key in _INT_PARAMS else value
         elif key in _INT_PARAMS:
-            filters[key] = _digits(key, value)
+            filters[key] = ascii_int(key, value)
         elif key in _FILTER_PARAMS:  # numbers as numbers (a Literal does not coerce text)
             v = _scalar(value)
             filters[key] = v if isinstance(v, int | float) and not isinstance(v, bool) else value

@@ -68,6 +68,7 @@ from schemas import (
     encode,
 )
 from schemas.errors import DmemError, InvalidRecord, StoreUnavailable
+from schemas.limits import LIMITS
 from schemas.models import Ident
 from streams.admin import group_consumer
 from streams.auth import UNAUTHENTICATED, Authorizer, KafkaGuard
@@ -76,7 +77,7 @@ from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import forget_scope
 from streams.metrics import count_dead_letter, tenant_label
-from streams.respond.browse import MemoryReader, list_query
+from streams.respond.browse import MemoryReader, ascii_int, list_query
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.replies import KafkaReplies
@@ -242,11 +243,13 @@ def int_param(query: Mapping[str, str], name: str, default: int, lo: int, hi: in
     raw = query.get(name)
     if raw is None:
         return default
-    digits = raw.lstrip("0") or "0"  # bounded before int(): a 5000-digit value is refused
-    if not (raw.isascii() and raw.isdigit() and len(digits) <= len(str(hi))
-            and lo <= int(digits) <= hi):  # fmt: skip
+    try:
+        value = ascii_int(name, raw)
+    except InvalidRecord:
+        value = None
+    if value is None or not lo <= value <= hi:
         raise InvalidRecord(f"{name} must be an integer in {lo}..{hi}")
-    return int(digits)
+    return value
 
 
 async def read_json(view: View, request: Request) -> tuple[Any, Response | None]:
@@ -517,7 +520,7 @@ class RespondApi:
         if no is not None:
             return no
         try:
-            limit = int_param(request.query, "limit", 200, 1, 10_000)
+            limit = int_param(request.query, "limit", 200, 1, LIMITS.max_history)
         except InvalidRecord as exc:
             return json_response(view, {"error": str(exc)}, 422)
         events, ms, no = await self._read(view, self.reader().history, tenant, memory_id, limit)
