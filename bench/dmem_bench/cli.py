@@ -26,6 +26,10 @@ ENCODERS = ("minilm-static", "minilm", "hash")
 #: the Gymnasium environments of the rewarded runs
 GYM_ENVS = ("cliffwalking", "taxi", "frozenlake")
 
+#: what a LoCoMo ``--data`` may name (`dmem_bench.locomo.load`)
+LOCOMO_DATA_HELP = (
+    "the LoCoMo conversations: a folder of one JSON file each, or the release's locomo10.json"
+)
 JSON_OPTION = click.option(
     "--json", "as_json", is_flag=True, help="print one JSON object on the last line"
 )
@@ -437,9 +441,9 @@ def bench_write(
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True)
 @click.option(
     "--data",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    type=click.Path(exists=True, path_type=Path),
     required=True,
-    help="folder of the LoCoMo conversations (*.json)",
+    help=LOCOMO_DATA_HELP,
 )
 @click.option(
     "--conversations",
@@ -493,7 +497,8 @@ def bench_encoders(
     "--data",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     required=True,
-    help="the LongMemEval questions: one JSON object a line (gzip when it ends in .gz)",
+    help="the LongMemEval questions: one JSON object a line, or the release's JSON array "
+    "(gzip when it ends in .gz)",
 )
 @click.option("--questions", type=click.IntRange(0), default=0, show_default=True, help="0: all")
 @click.option(
@@ -557,9 +562,9 @@ def bench_longmemeval(
 @bench.command("locomo")
 @click.option(
     "--data",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    type=click.Path(exists=True, path_type=Path),
     required=True,
-    help="folder of the LoCoMo conversations (*.json)",
+    help=LOCOMO_DATA_HELP,
 )
 @click.option(
     "--noise",

@@ -29,7 +29,6 @@ last stdout line; progress and a table on stderr.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -46,20 +45,14 @@ def load_locomo(
     data: Path, limit: int | None = None
 ) -> list[tuple[list[tuple[str, str]], list[tuple[str, set[str]]]]]:
     """Per conversation: its turns (dia_id, "speaker: text") and questions with evidence."""
+    from dmem_bench.locomo import load
+
     out = []
-    files = sorted(data.glob("*.json"))[:limit]
-    if not files:
-        raise FileNotFoundError(f"no LoCoMo conversations (*.json) in {data}")
-    for f in files:
-        d = json.loads(f.read_text())
-        turns: list[tuple[str, str]] = []
-        i = 1
-        while f"session_{i}" in d:
-            turns += [(t["dia_id"], f"{t['speaker']}: {t['text']}") for t in d[f"session_{i}"]]
-            i += 1
+    for conv in load(data, limit or 0):
+        turns = [(str(t["dia_id"]), f"{t['speaker']}: {t['text']}") for t in conv.turns()]
         qs = [
             (q["question"], set(q["evidence"]))
-            for q in d.get("qa", [])
+            for q in conv.qa
             if q.get("category") != 5 and q.get("evidence")
         ]
         out.append((turns, qs))

@@ -66,7 +66,7 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 @dataclass(frozen=True)
 class LocomoConfig:
-    data: Path  # folder of LoCoMo conversations (*.json)
+    data: Path  # LoCoMo conversations: a folder of files or one file (`load`)
     conversations: int = 0  # 0 = all
     turns: int = 0  # per conversation, 0 = all
     questions: int = 0  # per conversation, 0 = all
@@ -130,13 +130,37 @@ def render(turn: dict[str, Any]) -> str:
     return text
 
 
+def samples(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(conversation id, conversation object) of one LoCoMo file: one conversation
+    (``speaker_a``, ``session_N``..., ``qa``: the unpacked per-conversation files) or
+    the release's ``locomo10.json``, a list of samples that nest the sessions under
+    ``conversation`` beside ``sample_id`` and ``qa``."""
+    d = json.loads(path.read_text(encoding="utf-8"))
+    items = d if isinstance(d, list) else [d]
+    out = []
+    for i, x in enumerate(items):
+        if not isinstance(x, dict):
+            raise ValueError(f"{path}: item {i} is not a LoCoMo conversation object")
+        conv = x.get("conversation", x)
+        cid = x.get("sample_id") or (path.stem if len(items) == 1 else f"{path.stem}-{i}")
+        conv = {**conv, "qa": x.get("qa", conv.get("qa"))}
+        missing = [k for k in ("speaker_a", "speaker_b", "qa") if conv.get(k) is None]
+        if missing:
+            raise ValueError(f"{path}: conversation {cid} has no {', '.join(missing)}")
+        out.append((str(cid), conv))
+    return out
+
+
 def load(data: Path, limit: int = 0) -> list[Conversation]:
-    files = sorted(data.glob("*.json"))
+    """The conversations of ``data``: a folder of LoCoMo files (*.json) or one file
+    (`samples`); ``limit`` > 0 keeps the first ``limit``."""
+    files = [data] if data.is_file() else sorted(data.glob("*.json"))
     if not files:
         raise FileNotFoundError(f"no LoCoMo conversations (*.json) in {data}")
-    out = []
-    for f in files[: limit or None]:
-        d = json.loads(f.read_text())
+    out: list[Conversation] = []
+    for cid, d in (x for f in files for x in samples(f)):
+        if limit and len(out) >= limit:
+            break
         sessions = []
         n = 1
         while f"session_{n}_date_time" in d:
@@ -144,7 +168,7 @@ def load(data: Path, limit: int = 0) -> list[Conversation]:
             if turns:
                 sessions.append((n, parse_date(d[f"session_{n}_date_time"]), turns))
             n += 1
-        out.append(Conversation(f.stem, (d["speaker_a"], d["speaker_b"]), sessions, d["qa"]))
+        out.append(Conversation(cid, (d["speaker_a"], d["speaker_b"]), sessions, d["qa"]))
     return out
 
 

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,46 +109,83 @@ def parse_date(text: str) -> int:
     return int(dt.timestamp() * 1000)
 
 
+#: the fields of a question object the bench reads (``answer_session_ids`` is optional)
+NEEDED = (
+    "question_id",
+    "question_type",
+    "question",
+    "question_date",
+    "haystack_session_ids",
+    "haystack_dates",
+    "haystack_sessions",
+)
+
+
+def records(path: Path) -> Iterator[dict[str, Any]]:
+    """The question objects of ``path``, gzip by suffix: one JSON object a line (the
+    development subset) or one JSON array of them (the benchmark's own release,
+    ``longmemeval_s.json``)."""
+    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        head = f.read(4096)
+        if head.lstrip().startswith("["):
+            items = json.loads(head + f.read())
+            if not all(isinstance(d, dict) for d in items):
+                raise ValueError(f"{path}: a JSON array of question objects expected")
+            yield from items
+            return
+        rest = head + f.readline()  # the first chunk, up to the end of its line
+        for n, line in enumerate(itertools.chain(rest.splitlines(), f), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {n}: neither one JSON object a line nor a JSON array "
+                    f"of question objects ({e.msg})"
+                ) from None
+            yield d
+
+
 def load(path: Path, limit: int = 0, per_type: int = 0) -> list[Question]:
-    """The questions of ``path`` (one JSON object a line, gzip by suffix).
+    """The questions of ``path`` (`records`).
 
     ``per_type`` > 0 keeps the first ``per_type`` questions of each type (a stratified
     subset in file order); ``limit`` > 0 then keeps the first ``limit``.
     """
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
     out: list[Question] = []
     seen: dict[str, int] = defaultdict(int)
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            qtype = str(d["question_type"])
-            if per_type and seen[qtype] >= per_type:
-                continue
-            seen[qtype] += 1
-            sessions = [
-                (str(sid), parse_date(date), list(turns))
-                for sid, date, turns in zip(
-                    d["haystack_session_ids"],
-                    d["haystack_dates"],
-                    d["haystack_sessions"],
-                    strict=True,
-                )
-            ]
-            sessions.sort(key=lambda s: s[1])  # stable: same-date sessions keep file order
-            out.append(
-                Question(
-                    str(d["question_id"]),
-                    qtype,
-                    str(d["question"]),
-                    parse_date(str(d["question_date"])),
-                    sessions,
-                    frozenset(map(str, d.get("answer_session_ids") or ())),
-                )
+    for n, d in enumerate(records(path), 1):
+        missing = [k for k in NEEDED if k not in d]
+        if missing:
+            raise ValueError(f"{path}: question {n} has no {', '.join(missing)}")
+        qtype = str(d["question_type"])
+        if per_type and seen[qtype] >= per_type:
+            continue
+        seen[qtype] += 1
+        sessions = [
+            (str(sid), parse_date(date), list(turns))
+            for sid, date, turns in zip(
+                d["haystack_session_ids"],
+                d["haystack_dates"],
+                d["haystack_sessions"],
+                strict=True,
             )
-            if limit and len(out) >= limit:
-                break
+        ]
+        sessions.sort(key=lambda s: s[1])  # stable: same-date sessions keep file order
+        out.append(
+            Question(
+                str(d["question_id"]),
+                qtype,
+                str(d["question"]),
+                parse_date(str(d["question_date"])),
+                sessions,
+                frozenset(map(str, d.get("answer_session_ids") or ())),
+            )
+        )
+        if limit and len(out) >= limit:
+            break
     if not out:
         raise ValueError(f"no LongMemEval questions in {path}")
     return out

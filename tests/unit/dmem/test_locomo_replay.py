@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dmem_bench.locomo import LocomoConfig
 from dmem_bench.locomo_replay import replay
 
@@ -76,3 +78,31 @@ def test_forget_leaves_out_what_the_write_path_evicted() -> None:
     events = [ev("written", "m1", 1), ev("written", "m2", 2), ev("evicted", "m1", 3)]
     assert forget(events, Settings()) == {"m2"}
     assert forget(events[:2], Settings()) == {"m1", "m2"}
+
+
+def test_the_releases_single_file_loads_as_the_unpacked_folder(tmp_path: Path) -> None:
+    from dmem_bench.encoders import load_locomo
+    from dmem_bench.locomo import load
+
+    folder = tmp_path / "unpacked"
+    folder.mkdir()
+    for cid in ("1", "2"):
+        write_conversation(folder, cid, "Ann", "Bo")
+    release = []
+    for cid in ("1", "2"):
+        conv = json.loads((folder / f"{cid}.json").read_text())
+        release.append({"sample_id": cid, "qa": conv.pop("qa"), "conversation": conv})
+    single = tmp_path / "release" / "locomo10.json"
+    single.parent.mkdir()
+    single.write_text(json.dumps(release))
+    want = load(folder)
+    for data in (single, single.parent):
+        got = load(data)
+        assert [(c.cid, c.speakers, c.sessions, c.qa) for c in got] == [
+            (c.cid, c.speakers, c.sessions, c.qa) for c in want
+        ]
+        assert load_locomo(data, 1) == load_locomo(folder, 1)
+    assert [c.cid for c in load(single, 1)] == ["1"]
+    single.write_text(json.dumps([{"conversation": {"speaker_a": "Ann"}}]))
+    with pytest.raises(ValueError, match="has no speaker_b, qa"):
+        load(single)

@@ -207,3 +207,29 @@ def test_the_bench_command_needs_its_data() -> None:
 
     out = CliRunner().invoke(bench, ["longmemeval", "--json"])
     assert out.exit_code == 2 and "Missing option '--data'" in out.output
+
+
+@pytest.mark.parametrize("name", ["longmemeval_s.json", "longmemeval_s.json.gz"])
+def test_the_releases_json_array_loads_as_the_lines(data: Path, tmp_path: Path, name: str) -> None:
+    with gzip.open(data, "rt") as f:
+        items = [json.loads(line) for line in f]
+    p = tmp_path / name
+    text = json.dumps(items, indent=1)
+    if name.endswith(".gz"):
+        with gzip.open(p, "wt") as g:
+            g.write(text)
+    else:
+        p.write_text(text)
+    assert lme.load(p) == lme.load(data)
+
+
+def test_bad_files_are_refused_with_the_place(tmp_path: Path) -> None:
+    p = tmp_path / "lme.jsonl"
+    p.write_text(json.dumps(question("q1", "multi-session")) + "\n{not json\n")
+    with pytest.raises(ValueError, match="line 2: neither one JSON object a line"):
+        lme.load(p)
+    q = question("q1", "multi-session")
+    del q["haystack_dates"]
+    p.write_text(json.dumps(q) + "\n")
+    with pytest.raises(ValueError, match="question 1 has no haystack_dates"):
+        lme.load(p)
