@@ -26,8 +26,9 @@ Design decisions:
   stores as surprise. 256 transitions per update is the cadence the gate's
   defaults were tuned at (docs/design/2026-12-02-value-model-cadence.md).
   ``update`` (one TD step on what it is given) remains for direct use. Until a
-  tenant's first update its TD errors use reward std 1 (nothing folded yet); the
-  write path divides them by its own running sigma anyway.
+  tenant's first update its TD errors use reward std 1 (nothing folded yet), so
+  their unit changes at that update: the write path multiplies them by
+  ``reward_scale`` (reward units throughout) before its running sigma scales them.
 - ``update`` folds the batch's rewards into the std *before* the gradient step,
   so a tenant's very first update is already trained at the right scale.
   ``td_errors`` never mutates anything: call it before ``update``.

@@ -85,6 +85,10 @@ from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.settings import Settings
 
 STATE_FORMAT = 1
+#: the unit of the TD errors a checkpoint's RPE scale, sigmas and eligibility deltas are
+#: in: reward units. A checkpoint without it holds them in the value model's reward stds
+#: and is converted on load (`TenantState.from_bytes`)
+RPE_UNIT = "reward"
 MAX_REPEAT_KEYS = 50_000
 # Checkpoints stay well under a Kafka message limit: the most recent content keys
 # only, and the eligibility windows (with their dropped transitions and the scale
@@ -255,7 +259,8 @@ class TenantState:
     ) -> None:
         """Note what an episode's step was judged with: RPE sigma, gate plan, reward
         scale. Hindsight re-scores the episode with the values of its last step, a point
-        of the stream, not with those of whenever its outcome is processed."""
+        of the stream, not with those of whenever its outcome is processed (the reward
+        scale converts a checkpoint whose TD errors were in reward stds, `RPE_UNIT`)."""
         self.episode_scale[episode_id] = (sigma, *plan, scale)
         self.episode_scale.move_to_end(episode_id)
         while len(self.episode_scale) > self.eligibility.max_episodes:
@@ -301,6 +306,7 @@ class TenantState:
     def to_bytes(self) -> bytes:
         header = {
             "format": STATE_FORMAT,
+            "rpe_unit": RPE_UNIT,
             "normalizer": self.normalizer.to_dict(),
             "reward_surprise": self.reward_surprise.to_dict(),
             "outcomes": self.outcomes.to_dict(),
@@ -344,8 +350,17 @@ class TenantState:
             "scale": [[k, list(self.episode_scale[k])] for k in keys if k in self.episode_scale],
         }
 
-    def _load_hindsight(self, d: dict[str, Any]) -> None:
+    def _load_hindsight(self, d: dict[str, Any], in_reward_stds: bool = False) -> None:
+        """``in_reward_stds``: a checkpoint without `RPE_UNIT`; each episode's deltas
+        and sigma are converted by the reward scale its last step was judged with."""
         w = d["windows"]
+        if in_reward_stds:
+            scales = {str(k): 1.0 if v[4] is None else float(v[4]) for k, v in d["scale"]}
+            w = {**w, "episodes": [
+                {**ep, "entries": [{**e, "delta": float(e["delta"]) * scales.get(ep["key"], 1.0)}
+                                   for e in ep["entries"]]}
+                for ep in w["episodes"]]}  # fmt: skip
+            d = {**d, "scale": [[k, [v[0] * scales[str(k)], *v[1:]]] for k, v in d["scale"]]}
         self.eligibility = EligibilityWindow.from_dict(
             {**w, "horizon": self.eligibility.horizon, "ttl_ms": self.eligibility.ttl_ms}
         )
@@ -384,6 +399,9 @@ class TenantState:
         self.settings = settings
         self.learner = learner
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
+        in_reward_stds = header.get("rpe_unit") != RPE_UNIT
+        if in_reward_stds:  # TD errors are in reward units now (`RPE_UNIT`)
+            self.normalizer.mean_sq *= learner.reward_scale**2
         rs = header.get("reward_surprise")  # absent in older checkpoints
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
         ob = header.get("outcomes")
@@ -412,7 +430,7 @@ class TenantState:
         )
         self.outcome_agents = OrderedDict.fromkeys(str(a) for a in header.get("outcome_agents", []))
         if header.get("hindsight"):  # absent in older checkpoints: open episodes forgotten
-            self._load_hindsight(header["hindsight"])
+            self._load_hindsight(header["hindsight"], in_reward_stds)
         # checkpoints from before the intrinsic score start it fresh
         # the settings' knobs win over the checkpoint's (a changed setting applies)
         icfg = intrinsic_config(settings)
@@ -781,11 +799,15 @@ class WritePipeline:
         s, s2 = self._encode(ts)
         r = np.array([t.reward for t in ts], dtype=np.float64)
         done = np.array([t.done for t in ts], dtype=bool)
-        deltas = st.learner.td_errors(s, r, s2, done)
+        td = st.learner.td_errors(s, r, s2, done)
         values = st.learner.values(s)
-        st.last_loss = st.learner.loss_of(deltas)  # before any step, as `update` reports
+        st.last_loss = st.learner.loss_of(td)  # before any step, as `update` reports
         # as of the last update: this chunk never crosses one, so the same for any batching
         reward_scale = st.learner.reward_scale
+        # the model's TD errors are in reward stds as of its last update (1 before its
+        # first); in reward units their scale (sigma, the gate's, hindsight's) does not
+        # change unit at an update, whatever the size of the tenant's rewards
+        deltas = td * reward_scale
         st.learner.observe(s, r, s2, done)
         z, sigmas = st.normalizer.normalize_with_scale(deltas)
         drop_exact_repeats = self.settings.gate.drop_exact_repeats
@@ -1124,8 +1146,8 @@ class WritePipeline:
     ) -> BatchResult:
         """Re-score an episode's eligibility window with what its late outcome reveals.
 
-        Event time decides, not the moment this runs: the RPE sigma, the gate's plan
-        and the reward scale are those the episode's last processed step was judged
+        Event time decides, not the moment this runs: the RPE sigma and the gate's plan
+        are those the episode's last processed step was judged
         with (`TenantState.as_of`), and the outcome is judged against the outcomes
         before it in event time (`OutcomeHistory`; `event_ts`, `outcome_id`, default
         ``<episode>:final``). A copy of an outcome already held is re-scored the same
@@ -1138,8 +1160,8 @@ class WritePipeline:
         so an outcome within the usual spread (a success of a
         tenant that often succeeds) reveals nothing and a rare one only its
         excess. Until two outcomes are known there is no spread: s_out =
-        outcome / reward scale / sigma, the outcome against the tenant's RPE
-        scale. It reaches entry t (steps ascending, n entries)
+        outcome / sigma, the outcome against the tenant's RPE scale (both in
+        reward units). It reaches entry t (steps ascending, n entries)
         discounted like an eligibility trace: c_t = gamma^(n - t) * s_out. The
         entry's hindsight z = its live TD z (delta / sigma now) + c_t. Rewards
         inside the episode were already judged by the live gate and are not
@@ -1172,10 +1194,9 @@ class WritePipeline:
         gamma = st.learner.gamma
         known = st.episode_scale.get(episode_id)
         if known is not None:
-            sigma, plan, scale = known[0], (known[1], known[2], known[3]), known[4]
+            sigma, plan = known[0], (known[1], known[2], known[3])
         else:  # a window without its scale (not expected): the scale of now
             sigma, plan = st.normalizer.sigma, self.gate.plan(st.gate_state)
-            scale = st.learner.reward_scale
         theta_high = plan[1]
         oid = outcome_id or final_outcome_id(episode_id)
         s_out = st.outcomes.surprise(outcome, event_ts, oid)
@@ -1187,7 +1208,7 @@ class WritePipeline:
         )
         self.dirty.add(key)
         if s_out is None:
-            s_out = outcome / scale / sigma
+            s_out = outcome / sigma
         else:  # within the usual spread reveals nothing; beyond it, only the excess
             s_out = math.copysign(max(0.0, abs(s_out) - self.gate.outlier_k), s_out)
         n = len(entries)

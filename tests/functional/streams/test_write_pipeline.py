@@ -567,6 +567,48 @@ def test_routes_do_not_depend_on_how_the_stream_was_batched(cliff: list) -> None
     assert routes["drop"] > routes["core"] > 0
 
 
+@pytest.mark.parametrize("c", [1e-3, 1e3])
+def test_routes_do_not_depend_on_the_reward_scale(cliff: list, c: float) -> None:
+    """Every reward times a constant: the same routes and reasons, across the value
+    model's first update too (before it the TD error is in reward units; the gate's
+    scale must not see a change of unit there)."""
+    trs = [t for t, _, _ in cliff]
+    scaled = [t.model_copy(update={"reward": t.reward * c}) for t in trs]
+    base = [(e.route, e.reason) for r in run(pipeline(), raws_of(trs)) for e in r.events]
+    got = [(e.route, e.reason) for r in run(pipeline(), raws_of(scaled)) for e in r.events]
+    assert len(trs) > 2 * Settings().value.update_every
+    assert got == base
+
+
+def test_a_checkpoint_in_reward_stds_restores_in_reward_units(cliff: list) -> None:
+    """A checkpoint without ``rpe_unit`` holds its RPE scale and its episodes' TD errors
+    and sigmas in the value model's reward stds: restored, they are in reward units,
+    the state the same stream leaves today."""
+    p = pipeline()
+    run(p, raws_of([t for t, _, _ in cliff[:700]]))
+    st = p.tenant("demo")
+    assert st.learner.reward_scale > 2.0  # -1 per step, -100 a fall
+    old = orjson.loads(p.snapshot("demo"))
+    del old["rpe_unit"]
+    old["normalizer"]["mean_sq"] /= st.learner.reward_scale**2
+    h = old["hindsight"]
+    scales = {k: v[4] for k, v in h["scale"]}
+    for _, v in h["scale"]:
+        v[0] /= v[4]
+    for ep in h["windows"]["episodes"]:
+        for e in ep["entries"]:
+            e["delta"] /= scales[ep["key"]]
+    q = pipeline()
+    q.restore("demo", orjson.dumps(old))
+    got = q.tenant("demo")
+    assert got.normalizer.sigma == pytest.approx(st.normalizer.sigma, rel=1e-9)
+    assert len(got.episode_scale) > 1
+    for ep, v in got.episode_scale.items():
+        assert v == pytest.approx(st.episode_scale[ep], rel=1e-9)
+        want = [e.delta for e in st.eligibility.get(ep)]
+        assert [e.delta for e in got.eligibility.get(ep)] == pytest.approx(want, rel=1e-9)
+
+
 def test_content_key_tells_text_moved_across_the_separator_apart() -> None:
     """Two transitions whose text and action differ only in where a unit separator
     splits them are different content; a transition without one keeps its key."""
