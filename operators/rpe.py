@@ -11,6 +11,13 @@ The smoothing choice, and why:
    ``warmup`` samples) sigma is the RMS of everything seen *including* the
    current delta, so a tenant whose rewards are +-100 is not divided by an
    arbitrary 1.0 on its first steps (which would route everything to core).
+   Past warm-up, while every delta so far was exactly 0 (a reward-free stream
+   until its first reward: the value model predicts exactly 0), no scale is
+   known either, and sigma is the EWMA with the current delta folded in: the
+   first non-zero delta after k zeros scores sqrt(k + 1), at most 1 / sqrt(alpha)
+   (10), whatever the reward's size. Against the absolute ``floor`` it would
+   score delta / 1e-6 (10^12 for a reward of 10^6), stored as the memory's rpe
+   and inflating its agent's smoother for hundreds of steps.
    The first ``warmup`` samples initialise the EWMA with their plain mean, so
    it starts unbiased instead of decaying up from zero. Each delta is scaled
    and folded in turn, in stream order: a batch gives exactly what its deltas
@@ -119,6 +126,8 @@ class RpeNormalizer:
             sq = x * x
             if k < self.warmup:  # plain mean of everything seen, this delta included
                 sigma = max(math.sqrt((m * k + sq) / (k + 1)), self.floor)
+            elif m <= 0.0:  # only exact zeros so far: the scale with this delta folded in
+                sigma = max(math.sqrt(max(1.0 / (k + 1), a) * sq), self.floor)
             else:
                 sigma = max(math.sqrt(m), self.floor) if k else 1.0
             out[i], sigmas[i] = x / sigma, sigma

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from collections import Counter
 
+import numpy as np
 import orjson
 import pytest
 
@@ -507,8 +508,6 @@ def test_value_model_does_not_depend_on_how_the_stream_was_batched(cliff: list) 
     at the value model's update boundaries (`ValueSettings.update_every`), so the model
     trains on the same transitions at the same points and ends bit-identical (before,
     it took one TD step per micro-batch: 1500 updates against 1)."""
-    import numpy as np
-
     raws = raws_of([t for t, _, _ in cliff])
     tenant = cliff[0][0].tenant
     learners, deltas = [], []
@@ -567,17 +566,30 @@ def test_routes_do_not_depend_on_how_the_stream_was_batched(cliff: list) -> None
     assert routes["drop"] > routes["core"] > 0
 
 
+def rare_and_huge(n: int = 1200) -> list[Transition]:
+    """A corridor that pays 0, and 10^6 about once in 300 steps (the first at step 79,
+    after only exact zeros)."""
+    rng = np.random.default_rng(5)
+    return [Transition(tenant="t", agent_id="a", episode_id=f"e{i // 50}", step=i % 50,
+                       observation=f"corridor {rng.integers(40)}", action=str(rng.integers(2)),
+                       reward=1e6 if i == 79 or (i > 79 and rng.random() < 1 / 300) else 0.0,
+                       done=i % 50 == 49) for i in range(n)]  # fmt: skip
+
+
 @pytest.mark.parametrize("c", [1e-3, 1e3])
-def test_routes_do_not_depend_on_the_reward_scale(cliff: list, c: float) -> None:
+@pytest.mark.parametrize("stream", ["cliff", "rare_and_huge"])
+def test_routes_do_not_depend_on_the_reward_scale(cliff: list, stream: str, c: float) -> None:
     """Every reward times a constant: the same routes and reasons, across the value
-    model's first update too (before it the TD error is in reward units; the gate's
-    scale must not see a change of unit there)."""
-    trs = [t for t, _, _ in cliff]
+    model's first update (before it the TD error is in reward units; the gate's scale
+    must not see a change of unit there) and at a first reward after only zeros."""
+    trs = [t for t, _, _ in cliff] if stream == "cliff" else rare_and_huge()
     scaled = [t.model_copy(update={"reward": t.reward * c}) for t in trs]
-    base = [(e.route, e.reason) for r in run(pipeline(), raws_of(trs)) for e in r.events]
-    got = [(e.route, e.reason) for r in run(pipeline(), raws_of(scaled)) for e in r.events]
+    base = [e for r in run(pipeline(), raws_of(trs)) for e in r.events]
+    got = [e for r in run(pipeline(), raws_of(scaled)) for e in r.events]
     assert len(trs) > 2 * Settings().value.update_every
-    assert got == base
+    assert [(e.route, e.reason) for e in got] == [(e.route, e.reason) for e in base]
+    # the scores stored with the memories (decay and ranking read them) are scale free too
+    assert [e.rpe for e in got] == pytest.approx([e.rpe for e in base], rel=1e-4, abs=1e-6)
 
 
 def test_a_checkpoint_in_reward_stds_restores_in_reward_units(cliff: list) -> None:

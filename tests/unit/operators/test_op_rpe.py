@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from operators.rpe import AgentSmoother, RpeNormalizer, valence
@@ -198,3 +198,19 @@ def test_scale_is_batch_invariant(seed: int, sizes: list[int], warmup: int) -> N
     np.testing.assert_array_equal(np.concatenate(parts)[: len(deltas)], singles)
     assert cut.to_dict() == one.to_dict()
     assert np.abs(singles).max() > 5.0  # the burst is measured against the calm before it
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), zeros=st.integers(0, 300), c=st.sampled_from([1e-3, 1e3]))
+@example(seed=0, zeros=100, c=1e-3)
+def test_z_does_not_depend_on_the_unit_of_the_deltas(seed: int, zeros: int, c: float) -> None:
+    """z is a ratio: the same deltas in another unit (rewards 1,000 times smaller or
+    larger) give the same z, the first non-zero delta after a run of exact zeros (a
+    tenant quiet until its first reward: no scale known yet) included."""
+    rng = np.random.default_rng(seed)
+    live = rng.choice([-1.0, 1.0], 60) * rng.uniform(0.1, 10.0, 60) * (rng.random(60) < 0.3)
+    deltas = np.concatenate([np.zeros(zeros), live])
+    z = RpeNormalizer().normalize(deltas)
+    np.testing.assert_allclose(RpeNormalizer().normalize(deltas * c), z, rtol=1e-9)
+    first = np.flatnonzero(deltas)[:1]  # measured against the deltas, not the floor
+    assert np.abs(z[first]).max(initial=0.0) <= 10.0 + 1e-9
