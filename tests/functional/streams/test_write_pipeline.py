@@ -481,6 +481,26 @@ def test_same_id_of_two_tenants_in_one_batch_is_not_a_replay() -> None:
     assert by_tenant.get("tenant-b", "tenant-b again") == "tenant-b again"
 
 
+def test_another_tenant_interleaved_changes_none_of_a_tenants_routes(cliff: list) -> None:
+    """Tenant B interleaved record by record with tenant A in the same partition and
+    batches (B with A's very ids, rewards 7x, and a chat): every A event is as with A
+    alone. State is per (tenant, partition), nothing of B reaches A's."""
+    from dmem.client import ChatTurn, chat_transitions
+
+    a = [t for t, _, _ in cliff[:600]]
+    b = [t.model_copy(update={"tenant": "b", "reward": 7 * t.reward}) for t in a]
+    turns = [ChatTurn("Ann" if i % 2 else "Bob", f"turn {i} about {i % 7}") for i in range(60)]
+    b += chat_transitions(turns, tenant="b", conversation="c", session=1)
+    mixed = [t for pair in zip(a, b, strict=False) for t in pair] + b[len(a) :]
+
+    def of_a(ts: list[Transition]) -> list[dict]:
+        # ``ts`` is the processing time, which `run` derives from the batch's offset
+        return [e.model_dump(exclude={"ts"}) for r in run(pipeline(), raws_of(ts), batch=64)
+                for e in r.events if e.tenant == a[0].tenant]  # fmt: skip
+
+    assert of_a(mixed) == of_a(a)
+
+
 def test_same_words_in_another_context_are_not_a_repeat() -> None:
     """The exact-repeat key includes metadata: a search filtered by task must find each."""
     from streams.write.pipeline import content_key
