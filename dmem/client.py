@@ -45,6 +45,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
+from yarl import URL
 
 from schemas import (
     EpisodeOutcome,
@@ -107,7 +108,14 @@ def _read_outcome(fut: asyncio.Future[Any]) -> None:
 def _segment(memory_id: str) -> str:
     """``memory_id`` as one URL path segment: an id may hold ``/`` (`schemas.models.Ident`),
     which `quote` keeps by default, so ``a/b`` would name another route (a 404, or
-    ``x/history`` the history of ``x``); ``%2F`` is matched as part of the id."""
+    ``x/history`` the history of ``x``); ``%2F`` is matched as part of the id.
+
+    The ids ``.`` and ``..`` are dot-segments, which URL normalisation removes
+    (``/v1/memories/./history`` is ``/v1/memories/history``): they go as ``%2E`` and
+    ``%2E%2E``, which the server's router decodes back to the id. `_http_call` sends the
+    path as encoded here, so the client does not normalise it either."""
+    if memory_id in (".", ".."):
+        return memory_id.replace(".", "%2E")
     return quote(memory_id, safe="")
 
 
@@ -577,6 +585,9 @@ class Client:
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
+        # ``path`` is percent-encoded already (`_segment`, `quote`, `urlencode`): sent as
+        # is, so that a ``%2E`` segment (the id ``.``) is not decoded and then dropped
+        url = URL(str(URL(str(self.http_url))) + path, encoded=True)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -584,7 +595,7 @@ class Client:
             try:
                 async with self._http.request(
                     method,
-                    f"{self.http_url}{path}",
+                    url,
                     data=data,
                     headers={"Content-Type": "application/json"},
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),

@@ -1,8 +1,12 @@
-"""`Client.get_memory` and `Client.history` of an id holding ``/`` (ids may: `Ident`).
+"""`Client.get_memory` and `Client.history` of ids that are not plain path segments:
+ids holding ``/`` and the ids ``.`` and ``..`` (`Ident` allows both).
 
 The id is one path segment of ``/v1/memories/{id}``; sent with its ``/`` as is, ``a/b``
-matched no route (None: the memory looked missing) and ``x/history`` matched the history
-route of ``x``. A real aiohttp server routes as the respond worker's does.
+would match no route (None: the memory looks missing) and ``x/history`` the history
+route of ``x``. A URL's ``.`` and ``..`` segments are removed by normalisation (RFC 3986,
+5.2.4: ``/v1/memories/./history`` is ``/v1/memories/history``), so those ids go as
+``%2E``; the server decodes the segment back to the id. A real aiohttp server routes as
+the respond worker's does.
 """
 
 from __future__ import annotations
@@ -48,4 +52,15 @@ def test_an_id_with_a_slash_is_one_path_segment() -> None:
         {"memory_id": "a/b"}, [{"of": "a/b"}],
         {"memory_id": "x/history"}, [{"of": "x/history"}],
         {"memory_id": "p%2Fq"}, [{"of": "p%2Fq"}],
+    ]  # fmt: skip
+
+
+def test_the_ids_dot_and_dot_dot_reach_their_routes() -> None:
+    got = _calls([".", "..", "a.", ".b", "..."])
+    assert got == [
+        {"memory_id": "."}, [{"of": "."}],
+        {"memory_id": ".."}, [{"of": ".."}],
+        {"memory_id": "a."}, [{"of": "a."}],
+        {"memory_id": ".b"}, [{"of": ".b"}],
+        {"memory_id": "..."}, [{"of": "..."}],
     ]  # fmt: skip

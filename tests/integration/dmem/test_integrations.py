@@ -1,6 +1,6 @@
-"""MCP server (stdio and streamable HTTP with auth), LangGraph store and LangChain
-retriever against the real embedded stack (Tansu broker, worker with every role,
-Milvus Lite)."""
+"""MCP server (stdio and streamable HTTP with auth), LangGraph store, LangChain
+retriever and the SDK's reads by id against the real embedded stack (Tansu broker,
+worker with every role, Milvus Lite)."""
 
 from __future__ import annotations
 
@@ -405,3 +405,52 @@ def test_langgraph_store_and_langchain_retriever(stack: LocalStack) -> None:
         assert adocs and all(d.metadata["valence"] == -1 for d in adocs)
     finally:
         sync.close()
+
+
+#: one trap per episode with the id under test; the traps differ, so neither folds
+DOT_TRAPS = {".": "standing at the edge of crater 4", "..": "a lion sleeps in the cave mouth"}
+
+
+def test_sdk_reads_forgets_and_histories_the_ids_dot_and_dot_dot(stack: LocalStack) -> None:
+    # a URL's dot-segments are normalised away: the SDK sends these ids as %2E, and the
+    # worker's router hands the handler the decoded id
+    steps = [
+        Transition(
+            transition_id=mid if k == 4 else None,
+            tenant=TENANT,
+            agent_id="dots",
+            episode_id=f"dots-ep{e}",
+            step=k,
+            observation=trap if k == 4 else f"walking on the quiet road mile {k}",
+            action="jump" if k == 4 else "walk",
+            reward=-20.0 if k == 4 else -0.1,
+        )
+        for e, (mid, trap) in enumerate(DOT_TRAPS.items())
+        for k in range(10)
+    ]
+
+    async def go() -> None:
+        async with sdk(stack) as c:
+            await c.publish_many(steps)
+            rows: dict[str, dict[str, Any] | None] = dict.fromkeys(DOT_TRAPS)
+            deadline = time.monotonic() + 90
+            while not all(rows.values()) and time.monotonic() < deadline:
+                rows = {mid: await c.get_memory(mid) for mid in DOT_TRAPS}
+                if not all(rows.values()):
+                    await asyncio.sleep(0.5)
+            for mid, trap in DOT_TRAPS.items():
+                row = rows[mid]
+                assert row is not None, f"memory {mid!r} never readable"
+                assert row["memory_id"] == mid and row["text"] == trap, row
+                kinds = [e["kind"] for e in await c.history(mid)]
+                assert "written" in kinds, (mid, kinds)
+            assert await c.forget(memory_id=".") == 1
+            assert await c.get_memory(".") is None
+            assert (await c.get_memory("..") or {}).get("memory_id") == ".."
+            kinds, deadline = [], time.monotonic() + 60  # the history job records it
+            while "forgotten" not in kinds and time.monotonic() < deadline:
+                kinds = [e["kind"] for e in await c.history(".")]
+                await asyncio.sleep(0.5)
+            assert "forgotten" in kinds, kinds
+
+    asyncio.run(go())
