@@ -14,7 +14,8 @@ stream's `Action`: free text such as "use key on door", not an identifier):
 - ``remember(observation, action, reward=0, next_observation?, done?, episode_id?,
   step?, metadata?)``: one `Transition` for this server's tenant and agent. Without
   an ``episode_id`` the server's session episode is used; without a ``step`` the
-  next step of that episode (counted by this server, from 0), and a memory id of this
+  next step of that episode (counted by this server, from 0; a call that fails, refused
+  or not published, takes no step), and a memory id of this
   server's own (a restarted server, or a second one, counting the same episode from 0
   again adds memories instead of replacing the earlier ones; with a ``step`` the id is
   the stable one of (tenant, agent, episode, step)). Whether it is *stored* is
@@ -43,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -95,7 +95,11 @@ class _Session:
         self.make_client = make_client
         self.agent_id = agent_id
         self.episode_id = f"mcp-{uuid.uuid4().hex[:12]}"
-        self.steps: dict[str, itertools.count[int]] = {}
+        #: per episode, the step the next counted `remember` gets
+        self.steps: dict[str, int] = {}
+        #: (episode, step) -> publishes of it that failed: one may still have reached the
+        #: broker, so the step's next memory id differs from theirs (`step_id`)
+        self.failed: dict[tuple[str, int], int] = {}
         self.client: Client | None = None
         #: concurrent first calls start one client (each would start its own, and only the
         #: last would be stopped: the others' Kafka connections and reader would stay open)
@@ -114,12 +118,27 @@ class _Session:
             await self.client.stop()
             self.client = None
 
-    def next_step(self, episode_id: str) -> int:
-        return next(self.steps.setdefault(episode_id, itertools.count()))
+    def take_step(self, episode_id: str) -> int:
+        """The episode's next step, counted as taken (`give_back` if its call fails)."""
+        n = self.steps.get(episode_id, 0)
+        self.steps[episode_id] = n + 1
+        return n
+
+    def give_back(self, episode_id: str, step: int) -> None:
+        """Uncount ``step`` after its publish failed, unless a later step was taken since
+        (a concurrent call): then it stays a gap, as two calls must not share a step."""
+        key = (episode_id, step)
+        self.failed[key] = self.failed.get(key, 0) + 1
+        if self.steps.get(episode_id) == step + 1:
+            self.steps[episode_id] = step
 
     def step_id(self, tenant: str, episode_id: str, step: int) -> str:
-        """The memory id of a step this server counted: of this server session too."""
+        """The memory id of a step this server counted: of this server session too, and
+        of the step's failed publishes before it (a failed one the broker got anyway
+        keeps its memory instead of taking this one's id)."""
         raw = f"{self.episode_id}\x1f{tenant}\x1f{self.agent_id}\x1f{episode_id}\x1f{step}"
+        if tries := self.failed.get((episode_id, step)):
+            raw += f"\x1f{tries}"
         return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
 
 
@@ -162,17 +181,13 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
         ep = episode_id or session.episode_id
 
         async def go(c: Client) -> dict[str, Any]:
-            n = session.next_step(ep) if step is None else step
+            # validated before a step is counted, so that a refused call takes none
             t = Transition.model_validate(
                 {
-                    # a counted step restarts at 0 with the server: the stable id of
-                    # (tenant, agent, episode, step) would replace what an earlier
-                    # server stored at that step of the same episode
-                    "transition_id": None if step is not None else session.step_id(c.tenant, ep, n),
                     "tenant": c.tenant,
                     "agent_id": session.agent_id,
                     "episode_id": ep,
-                    "step": n,
+                    "step": 0 if step is None else step,
                     "observation": observation,
                     "action": action,
                     "reward": reward,
@@ -181,7 +196,20 @@ def build_server(make_client: Callable[[], Client], *, agent_id: str = "mcp") ->
                     "metadata": metadata or {},
                 }
             )
-            await c.publish(t)
+            if step is not None:
+                await c.publish(t)
+            else:
+                n = session.take_step(ep)
+                # a counted step restarts at 0 with the server: the stable id of
+                # (tenant, agent, episode, step) would replace what an earlier
+                # server stored at that step of the same episode
+                tid = session.step_id(c.tenant, ep, n)
+                t = t.model_copy(update={"step": n, "transition_id": tid})
+                try:
+                    await c.publish(t)
+                except BaseException:
+                    session.give_back(ep, n)
+                    raise
             return {
                 "memory_id": t.memory_id,
                 "episode_id": t.episode_id,

@@ -18,6 +18,8 @@ pytest.importorskip("mcp")
 from dmem.client import Client  # noqa: E402
 from dmem.integrations.mcp import build_server  # noqa: E402
 from schemas import Transition, stable_transition_id  # noqa: E402
+from schemas.errors import ServiceUnavailable  # noqa: E402
+from schemas.limits import LIMITS  # noqa: E402
 
 
 class FakeClient(Client):
@@ -96,3 +98,42 @@ def test_concurrent_first_calls_start_one_client() -> None:
 
     asyncio.run(go())
     assert len(made) == 1 and stopped == made
+
+
+def test_a_failed_call_takes_no_step() -> None:
+    # a call refused by validation, or whose publish fails, leaves the episode's count
+    # where it was: the next successful call gets the step the failed one would have had
+    from mcp import Client as McpClient
+
+    sent: list[Transition] = []
+
+    tried: list[Transition] = []
+
+    class Flaky(FakeClient):
+        async def publish(self, transition: Transition) -> None:
+            tried.append(transition)
+            if transition.observation == "c":
+                raise ServiceUnavailable("broker unreachable")
+            await super().publish(transition)
+
+    too_many = {f"k{i}": i for i in range(LIMITS.max_metadata_keys + 1)}
+    calls = [
+        {"observation": "a", "episode_id": "ep"},
+        {"observation": "b", "episode_id": "ep", "metadata": too_many},  # refused
+        {"observation": "c", "episode_id": "ep"},  # its publish fails
+        {"observation": "d", "episode_id": "ep"},
+    ]
+
+    async def go() -> list[Any]:
+        async with McpClient(build_server(lambda: Flaky(sent))) as c:
+            return [await c.call_tool("remember", {"action": "note", **a}) for a in calls]
+
+    results = asyncio.run(go())
+    assert [r.is_error for r in results] == [False, True, True, False]
+    assert "metadata has 33 keys" in results[1].content[0].text
+    assert "broker unreachable" in results[2].content[0].text
+    assert [json.loads(r.content[0].text)["step"] for r in (results[0], results[3])] == [0, 1]
+    assert [(t.observation, t.step) for t in sent] == [("a", 0), ("d", 1)]
+    # "c" may have reached the broker all the same: "d" does not take its memory id
+    assert [(t.observation, t.step) for t in tried] == [("a", 0), ("c", 1), ("d", 1)]
+    assert len({t.memory_id for t in tried}) == 3
