@@ -59,8 +59,10 @@ other Milvus refusals ``StoreError``; invalid rows or filters ``InvalidRecord``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -115,6 +117,41 @@ class _NoMvccTsNotice(logging.Filter):
 
 
 logging.getLogger("pymilvus.client.iterator.query_iterator").addFilter(_NoMvccTsNotice())
+
+
+class _LiteInUseNotice(logging.Filter):
+    """milvus-lite logs a traceback when another process holds the Lite file it is asked
+    to open (its ``DataDirLockedError``); `MemoryStore.connect` raises a `StoreError`
+    saying so in one line instead, so that record is dropped. Other failures keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if type(exc).__name__ == "DataDirLockedError":
+                return False
+            exc = exc.__cause__
+        return True
+
+
+logging.getLogger("milvus_lite.server_manager").addFilter(_LiteInUseNotice())
+
+
+def lite_in_use(path: str) -> bool:
+    """Whether another process holds the Milvus Lite file ``path`` open: milvus-lite takes
+    an exclusive ``flock`` on ``<path>/LOCK`` for as long as it has the file open. A
+    file not created yet is not in use."""
+    try:
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock when it was taken
+    return False
+
 
 _SPECS: dict[str, FieldSpec] = {s.name: s for s in field_specs()}
 _ANY_ROW = f'{PRIMARY_FIELD} != ""'
@@ -315,7 +352,19 @@ class MemoryStore:
             return self
         uri = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
         with self._errors("connect"):
-            client = MilvusClient(uri=uri, token=self.token or "", timeout=self.timeout_s)
+            try:
+                client = MilvusClient(uri=uri, token=self.token or "", timeout=self.timeout_s)
+            except Exception:
+                # checked after the failure: this process's own open of the file (which
+                # milvus-lite shares with later clients here) also holds the lock
+                if self.is_lite and lite_in_use(uri):
+                    raise StoreError(
+                        f"the Milvus Lite file {uri} is in use by another process (Milvus "
+                        "Lite opens in one process only): stop that process (a `dmem up` or "
+                        "worker on this data dir), or run Milvus as a server "
+                        "(`dmem up --milvus server`, or DMEM_MILVUS__URI=http://HOST:19530)"
+                    ) from None
+                raise
         try:
             with self._errors("connect"):
                 self._ensure_collection(client)

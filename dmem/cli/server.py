@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from dmem.cli.common import fail, ident, load_settings, server_imports, tenant_name
-from schemas.errors import DmemError
+from schemas.errors import ConfigError, DmemError
 
 
 @click.command()
@@ -75,12 +75,33 @@ def up(
         fail(exc)
 
 
-def _store(settings: Any) -> Any:
-    """A connected MemoryStore for CLI tools (dim from the encoder settings)."""
+#: what each store command can use while a `dmem up` holds its Milvus Lite file
+LITE_MEANWHILE = {
+    "inspect": "GET /v1/stats and GET /v1/memories",
+    "forget": "POST /v1/forget",
+}
+
+
+def _store(settings: Any, command: str) -> Any:
+    """A connected MemoryStore for CLI tools (dim from the encoder settings).
+
+    Milvus Lite opens in one process only: on the Lite file of a running `dmem up`,
+    `ConfigError` naming that stack and what to do instead."""
     from milvus import MemoryStore
     from operators.encoders import encoder_dim
+    from streams.local.announce import STATE_NAME, read_state
 
     m = settings.milvus
+    lite = settings.milvus_uri
+    up = None if "://" in lite else read_state(settings.data_dir / STATE_NAME)
+    if up is not None and Path(str(up.get("milvus"))).resolve() == Path(lite).resolve():
+        raise ConfigError(
+            f"the running `dmem up` (pid {up['pid']}, HTTP {up.get('http')}) holds the Milvus "
+            f"Lite file {lite}, which opens in one process only: stop it (Ctrl-C) and run "
+            f"`dmem {command}` again, or start it with `dmem up --milvus server`, whose store "
+            f"`dmem {command}` reads while it runs; meanwhile its HTTP API serves "
+            f"{LITE_MEANWHILE[command]}"
+        )
 
     dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
     if not m.uri:
@@ -185,7 +206,7 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
 
     settings = load_settings()
     try:
-        store = _store(settings)
+        store = _store(settings, "inspect")
         try:
             report = inspect_tenant(store, tenant, policy_from(settings), top=top)
         finally:
@@ -259,7 +280,7 @@ def forget(
     try:
         if audit:  # fail before deleting anything if the audit trail cannot be written
             asyncio.run(check_broker(settings.kafka))
-        store = _store(settings)
+        store = _store(settings, "forget")
         try:
             events = forget_scope(store, tenant, agent_id=agent_id, memory_id=memory_id)
         finally:

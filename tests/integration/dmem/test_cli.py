@@ -155,3 +155,44 @@ def test_migrate_rewrites_a_collection_keyed_by_memory_id(tmp_path: Path) -> Non
     assert json.loads(report.stdout.strip().splitlines()[-1])["counts"] == {"core": 3, "buffer": 0}
     again = run(["migrate", "--json"], env)
     assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "current"
+
+
+def test_store_commands_on_the_lite_file_of_a_running_up_say_what_to_do(tmp_path: Path) -> None:
+    """Milvus Lite opens in one process only: `dmem inspect` and `dmem forget` on the
+    file a running `dmem up` holds answer one line naming that stack and what to do."""
+    data = tmp_path / "stack"
+    env = {**os.environ, "DMEM_ENCODER__NAME": "hash", "DMEM_RUNTIME_DIR": str(tmp_path / "run")}
+    proc = spawn_up(data, env, "--milvus", "lite")
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["milvus_mode"] == "lite"
+        client = {"DMEM_KAFKA__BROKER": f"kafka://{info['kafka']}", "DMEM_DATA_DIR": str(data),
+                  "DMEM_ENCODER__NAME": "hash"}  # fmt: skip
+        for args in (["inspect", "--tenant", "t1"], ["forget", "--tenant", "t1", "--memory", "m"]):
+            res = run(args, client, timeout=120)
+            assert res.returncode == 2, (args, res.stdout, res.stderr)
+            lines = res.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+            assert f"running `dmem up` (pid {proc.pid}" in lines[0], lines[0]
+            assert "dmem up --milvus server" in lines[0] and f"dmem {args[0]}`" in lines[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_a_lite_file_another_process_holds_is_one_clear_line(tmp_path: Path) -> None:
+    from milvus import MemoryStore
+
+    db = str(tmp_path / "held.db")
+    held = MemoryStore(db, collection="mem", dim=8).connect()  # this process has it open
+    try:
+        env = {"DMEM_MILVUS__URI": db, "DMEM_MILVUS__COLLECTION": "mem",
+               "DMEM_ENCODER__NAME": "hash", "DMEM_ENCODER__DIM": "8"}  # fmt: skip
+        res = run(["inspect", "--tenant", "t1", "--no-events"], env, timeout=120)
+    finally:
+        held.close()
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert f"the Milvus Lite file {db} is in use by another process" in line, line
+    assert "dmem up --milvus server" in line and "DMEM_MILVUS__URI" in line
