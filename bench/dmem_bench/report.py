@@ -80,23 +80,13 @@ class ReportData:
 # --------------------------------------------------------------------------- locating
 
 
-def settings_with(env: dict[str, str]) -> Settings:
-    """Settings as if ``env`` were added to the environment."""
-    saved = dict(os.environ)
-    try:
-        os.environ.update(env)
-        return Settings()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | None]:
     """The deployment to report on: (settings, the `dmem up` state or None).
 
     Raises `ConfigError` with what to pass when it cannot decide.
     """
-    from streams.local.announce import STATE_NAME, client_env, read_state, running
+    from dmem.cli.common import settings_with
+    from streams.local.announce import STATE_NAME, client_env, read_state, the_running
 
     if data_dir is not None:
         state = read_state(data_dir / STATE_NAME)
@@ -109,18 +99,14 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
     if os.environ.get("DMEM_KAFKA__BROKER"):
         return Settings(), None
     runtime_dir = Settings().runtime_dir
-    found = running(runtime_dir)
-    if len(found) == 1:
-        return settings_with(client_env(found[0])), found[0]
-    if not found:
-        raise ConfigError(
-            f"no running `dmem up` found (none announced in {runtime_dir}): start `dmem up`, "
-            "pass --data-dir DIR of a running one, or set DMEM_KAFKA__BROKER (and "
-            "DMEM_MILVUS__URI or DMEM_DATA_DIR) for another deployment"
-        )
-    listed = "; ".join(f"--data-dir {s['data_dir']} (kafka {s['kafka']}, pid {s['pid']})"
-                       for s in found)  # fmt: skip
-    raise ConfigError(f"{len(found)} `dmem up` stacks are running, pass one of: {listed}")
+    found = the_running(runtime_dir, "--data-dir {}")
+    if found is not None:
+        return settings_with(client_env(found)), found
+    raise ConfigError(
+        f"no running `dmem up` found (none announced in {runtime_dir}): start `dmem up`, "
+        "pass --data-dir DIR of a running one, or set DMEM_KAFKA__BROKER (and "
+        "DMEM_MILVUS__URI or DMEM_DATA_DIR) for another deployment"
+    )
 
 
 # --------------------------------------------------------------------------- reading

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from dmem.cli.common import UsageError, fail, ident, load_settings, tenant_name
+from dmem.cli.common import UsageError, fail, ident, stack_settings, tenant_name
 from dmem.client import Client
 from schemas.errors import DmemError
 
@@ -66,7 +67,7 @@ def topics_create() -> None:
     """Create every dmem topic on the configured broker (idempotent)."""
     from streams.admin import check_broker, ensure_topics
 
-    settings = load_settings()
+    settings, _ = stack_settings()
     try:
         asyncio.run(check_broker(settings.kafka))
         created = asyncio.run(ensure_topics(settings))
@@ -137,10 +138,11 @@ def search(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Search a running deployment (settings from DMEM_* env vars)."""
+    """Search a running deployment (settings from DMEM_* env vars, else the running
+    `dmem up`)."""
     from streams.admin import check_broker
 
-    settings = load_settings()
+    settings, _ = stack_settings()
 
     async def go() -> list[Any]:
         if http_url is None:
@@ -176,7 +178,8 @@ def search(
     "--http",
     "http_urls",
     multiple=True,
-    help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT]",
+    help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT, else the "
+    "running `dmem up`'s]",
 )
 @click.option(
     "--timeout",
@@ -215,8 +218,13 @@ def wait_cmd(
     from dmem.wait import wait_settled
 
     _ = settled
-    settings = load_settings()
-    urls = list(http_urls) or [f"http://{settings.web_host}:{settings.web_port}"]
+    settings, up = stack_settings()
+    if http_urls:
+        urls = list(http_urls)
+    elif up is not None and not ({"DMEM_WEB_HOST", "DMEM_WEB_PORT"} & set(os.environ)):
+        urls = [str(up["http"])]  # the running `dmem up`'s worker
+    else:
+        urls = [f"http://{settings.web_host}:{settings.web_port}"]
     try:
         out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s,
                            components=list(parts) or None)  # fmt: skip
@@ -306,7 +314,7 @@ def mcp(
                 f"--no-auth serves on a loopback address only (127.0.0.1, localhost, ::1), "
                 f"not {host!r}: give --auth-token to serve other machines"
             )
-    settings = load_settings()
+    settings, _ = stack_settings()
 
     def make_client() -> Client:
         return deployment_client(settings, tenant, http_url, timeout_s, token)

@@ -17,7 +17,16 @@ from pydantic_settings import SettingsError
 if TYPE_CHECKING:
     from streams.settings import Settings
 
-__all__ = ["UsageError", "fail", "ident", "load_settings", "server_imports", "tenant_name"]
+__all__ = [
+    "UsageError",
+    "fail",
+    "ident",
+    "load_settings",
+    "server_imports",
+    "settings_with",
+    "stack_settings",
+    "tenant_name",
+]
 
 
 class UsageError(click.ClickException):
@@ -34,6 +43,39 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except (ValidationError, SettingsError) as exc:
         raise UsageError(setting_error(exc)) from None
+
+
+def settings_with(env: dict[str, str]) -> Settings:
+    """`load_settings` as if ``env`` were added to the environment."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        return load_settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
+    """Settings of a command that talks to a deployment, and the `dmem up` they found.
+
+    DMEM_* as given; where they name no broker (``DMEM_KAFKA__BROKER``), the running
+    `dmem up` this machine announced (`streams.local.announce`) fills in what they leave
+    unset: the one on ``DMEM_DATA_DIR`` when that is set, else the only one running (a
+    `ConfigError` lists them when several run). Nothing found: the settings as given."""
+    from streams.local.announce import STATE_NAME, client_env, read_state, the_running
+
+    settings = load_settings()
+    if os.environ.get("DMEM_KAFKA__BROKER"):
+        return settings, None
+    if os.environ.get("DMEM_DATA_DIR"):
+        state = read_state(settings.data_dir / STATE_NAME)
+    else:
+        state = the_running(settings.runtime_dir, "DMEM_DATA_DIR={}")
+    if state is None:
+        return settings, None
+    unset = {k: v for k, v in client_env(state).items() if k not in os.environ}
+    return settings_with(unset), state
 
 
 def fail(exc: BaseException) -> NoReturn:

@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from dmem.cli.common import fail, ident, load_settings, server_imports, tenant_name
+from dmem.cli.common import (
+    fail,
+    ident,
+    load_settings,
+    server_imports,
+    stack_settings,
+    tenant_name,
+)
 from schemas.errors import ConfigError, DmemError
 
 
@@ -134,7 +141,7 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
     with server_imports("import"):
         from dmem.importer import run_import
 
-    settings = load_settings()
+    settings, _ = stack_settings()
     try:
         rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
     except DmemError as exc:
@@ -204,7 +211,7 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
         from streams.jobs.inspection import inspect_tenant, recent_events
         from streams.jobs.rows import policy_from
 
-    settings = load_settings()
+    settings, _ = stack_settings()
     try:
         store = _store(settings, "inspect")
         try:
@@ -276,7 +283,7 @@ def forget(
         from streams.admin import check_broker
         from streams.jobs.forget import emit_events, forget_scope
 
-    settings = load_settings()
+    settings, _ = stack_settings()
     try:
         if audit:  # fail before deleting anything if the audit trail cannot be written
             asyncio.run(check_broker(settings.kafka))

@@ -4,10 +4,11 @@
 ``topic_prefix``, ``app_id``, ``auth_disabled``, ``pid``) to ``<data dir>/up.json``
 and to ``<runtime dir>/<pid>.json`` (``DMEM_RUNTIME_DIR``, default
 ``~/.cache/dmem/up``), and removes both when it stops. Tools on the same machine
-(`dmem report`) read them instead of asking the user to repeat the ports and the
-data dir in ``DMEM_*`` variables. No token is ever written: with auth configured
-the page asks for one. A file whose process is gone (a killed `dmem up`), or whose
-broker port does not answer, is stale and ignored.
+(`dmem report`, and the commands that talk to a deployment: `dmem search`, `wait`,
+`mcp`, `topics`, `import`, `inspect`, `forget`) read them instead of asking the user to
+repeat the ports and the data dir in ``DMEM_*`` variables. No token is ever written:
+with auth configured the page asks for one. A file whose process is gone (a killed
+`dmem up`), or whose broker port does not answer, is stale and ignored.
 """
 
 from __future__ import annotations
@@ -111,6 +112,18 @@ def running(runtime_dir: Path) -> list[dict[str, Any]]:
         return []
     found = [s for p in d.glob("*.json") if (s := read_state(p)) is not None]
     return sorted(found, key=lambda s: -int(s.get("started_ms") or 0))
+
+
+def the_running(runtime_dir: Path, choose: str) -> dict[str, Any] | None:
+    """The one live `dmem up` announced in ``runtime_dir``, None when none runs;
+    `ConfigError` listing them when several do, each as ``choose`` formats its data dir
+    (the option or variable that picks it)."""
+    found = running(runtime_dir)
+    if len(found) > 1:
+        listed = "; ".join(f"{choose.format(s['data_dir'])} (kafka {s['kafka']}, pid {s['pid']})"
+                           for s in found)  # fmt: skip
+        raise ConfigError(f"{len(found)} `dmem up` stacks are running, pass one of: {listed}")
+    return found[0] if found else None
 
 
 def client_env(state: Mapping[str, Any]) -> dict[str, str]:

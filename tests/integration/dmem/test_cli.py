@@ -196,3 +196,34 @@ def test_a_lite_file_another_process_holds_is_one_clear_line(tmp_path: Path) -> 
     (line,) = res.stderr.strip().splitlines()
     assert f"the Milvus Lite file {db} is in use by another process" in line, line
     assert "dmem up --milvus server" in line and "DMEM_MILVUS__URI" in line
+
+
+def test_client_commands_find_the_running_up(tmp_path: Path) -> None:
+    """With no DMEM_* deployment settings, `dmem search` and `dmem wait` talk to the one
+    running `dmem up` (its state file), as `dmem report` does; explicit settings win."""
+    from tests.integration.broker_fixtures import FAST_GROUPS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_") or k in FAST_GROUPS}
+    env.update(DMEM_ENCODER__NAME="hash", DMEM_RUNTIME_DIR=str(tmp_path / "run"))
+    proc = spawn_up(tmp_path / "stack", env, "--milvus", "lite")
+    try:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())
+        bare = {k: v for k, v in env.items() if k != "DMEM_ENCODER__NAME"}
+
+        def dmem(args: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(DMEM + args, cwd=tmp_path, env={**bare, **extra},
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+
+        found = dmem(["search", "locked door", "--tenant", "t1", "--json", "--timeout", "30"])
+        assert found.returncode == 0 and json.loads(found.stdout) == [], found.stderr
+        settled = dmem(["wait", "--settled", "--timeout", "60", "--json"])
+        assert settled.returncode == 0, settled.stderr
+        assert json.loads(settled.stdout.strip().splitlines()[-1])["waited_s"] >= 0
+        elsewhere = dmem(
+            ["search", "x", "--tenant", "t1"], DMEM_KAFKA__BROKER="kafka://127.0.0.1:1"
+        )
+        assert elsewhere.returncode == 2 and "127.0.0.1:1" in elsewhere.stderr, elsewhere.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

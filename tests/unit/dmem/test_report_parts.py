@@ -1,4 +1,5 @@
-"""`dmem report` without a stack: finding `dmem up`, time axes, tables, gate overview."""
+"""`dmem report` without a stack: finding `dmem up` (as the client commands do too), time
+axes, tables, gate overview."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from dmem.cli.common import stack_settings
 from dmem_bench.report import ReportData, _fig, _time_axis, gate_overview, locate, render
 from schemas.errors import ConfigError
 from streams.local.announce import STATE_NAME, announce, client_env, running, withdraw
@@ -88,6 +90,29 @@ def test_explicit_settings_win(no_deployment_env: Path, monkeypatch: pytest.Monk
     settings, up = locate()
     assert up is None and settings.kafka.bootstrap == "elsewhere:9092"
     assert client_env(state(tmp_path, "h:1"))["DMEM_KAFKA__BROKER"] == "kafka://h:1"
+
+
+def test_client_commands_find_the_running_up(no_deployment_env: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            listening: str) -> None:  # fmt: skip
+    assert stack_settings()[1] is None  # none running: the settings as given
+    announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", listening))
+    settings, up = stack_settings()
+    assert up is not None and settings.kafka.bootstrap == listening
+    assert settings.topic("memories") == "x.memories" and settings.app_id == "up-app"
+    monkeypatch.setenv("DMEM_APP_ID", "mine")  # a variable given wins over the stack's
+    assert stack_settings()[0].app_id == "mine"
+    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", listening))
+    (no_deployment_env / "999.json").write_bytes(
+        (no_deployment_env / "other" / f"{os.getpid()}.json").read_bytes()
+    )
+    with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: DMEM_DA"):
+        stack_settings()
+    monkeypatch.setenv("DMEM_DATA_DIR", str(tmp_path / "d2"))  # picks one
+    assert stack_settings()[1]["data_dir"] == str(tmp_path / "d2")  # type: ignore[index]
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "kafka://elsewhere:9092")  # names the deployment
+    settings, up = stack_settings()
+    assert up is None and settings.kafka.bootstrap == "elsewhere:9092"
 
 
 def test_time_axis_labels_are_clock_times() -> None:
