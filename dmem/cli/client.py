@@ -205,6 +205,12 @@ def search(
     help="wait for this part of the settle report only (repeat for several; e.g. credit: "
     "reported usage and outcomes applied) [default: every part]",
 )
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="say on stderr every few seconds what it still waits for",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def wait_cmd(
     settled: bool,
@@ -212,6 +218,7 @@ def wait_cmd(
     timeout_s: float,
     quiet_s: float,
     parts: tuple[str, ...],
+    progress: bool,
     as_json: bool,
 ) -> None:
     """Wait until a running deployment has settled (exit 2 on timeout)."""
@@ -227,7 +234,9 @@ def wait_cmd(
         urls = [f"http://{settings.web_host}:{settings.web_port}"]
     try:
         out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s,
-                           components=list(parts) or None)  # fmt: skip
+                           components=list(parts) or None,
+                           progress=(lambda line: click.echo(line, err=True)) if progress
+                           else None)  # fmt: skip
     except DmemError as exc:
         fail(exc)
     click.echo(json.dumps(out) if as_json else f"settled after {out['waited_s']:.1f} s")

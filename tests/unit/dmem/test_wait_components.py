@@ -84,3 +84,28 @@ def test_an_unreachable_worker_is_named_when_the_wait_gives_up() -> None:
     with pytest.raises(ServiceUnavailable) as err:
         wait_settled([url], timeout_s=0.3, poll_s=0.1)
     assert f"{url}/health" in str(err.value)
+
+
+def test_the_wait_says_what_it_still_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a wait of minutes printed nothing until it ended: it says, every `every_s`, which
+    # worker and which part it waits for, on stderr (stdout stays the answer)
+    from click.testing import CliRunner
+
+    from dmem.cli.client import wait_cmd
+
+    monkeypatch.setattr(wait, "health", lambda url: report(False, True))
+    said: list[str] = []
+    with pytest.raises(ServiceUnavailable):
+        wait.wait_settled(["http://a"], timeout_s=0.35, poll_s=0.01, progress=said.append,
+                          every_s=0.1)  # fmt: skip
+    assert 2 <= len(said) <= 4, said
+    assert all("still waiting" in s and "http://a" in s and "credit" in s for s in said), said
+    assert "access" not in said[0]  # settled parts are not named
+
+    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.2)
+    args = ["--settled", "--http", "http://a", "--timeout", "1", "--json"]
+    out = CliRunner().invoke(wait_cmd, args)
+    assert out.exit_code == 2 and "still waiting" in out.stderr and "credit" in out.stderr
+    assert "still waiting" not in out.stdout
+    out = CliRunner().invoke(wait_cmd, [*args, "--no-progress"])
+    assert out.exit_code == 2 and "still waiting" not in out.stderr
