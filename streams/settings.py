@@ -833,7 +833,9 @@ class Settings(BaseSettings):
     runtime_dir: Path = Field(
         default=Path("~/.cache/dmem/up"),
         description=(
-            "where `dmem up` announces itself (streams.local.announce), found by `dmem report`"
+            "where `dmem up` announces itself (streams.local.announce): the client "
+            "commands (`dmem search`, `wait`, `report`, ...) find a running stack there "
+            "when `DMEM_KAFKA__BROKER` is not set"
         ),
     )
     web_host: str = Field(
