@@ -129,7 +129,7 @@ class RpeNormalizer:
             elif m <= 0.0:  # only exact zeros so far: the scale with this delta folded in
                 sigma = max(math.sqrt(max(1.0 / (k + 1), a) * sq), self.floor)
             else:
-                sigma = max(math.sqrt(m), self.floor) if k else 1.0
+                sigma = max(math.sqrt(m), self.floor)
             out[i], sigmas[i] = x / sigma, sigma
             # weight max(1/k, alpha): exact mean while 1/k > alpha, then a plain EWMA
             k += 1

@@ -355,9 +355,10 @@ class TenantState:
         and sigma are converted by the reward scale its last step was judged with."""
         w = d["windows"]
         if in_reward_stds:
-            scales = {str(k): 1.0 if v[4] is None else float(v[4]) for k, v in d["scale"]}
+            now = self.learner.reward_scale  # an episode without its own: the scale of now
+            scales = {str(k): now if v[4] is None else float(v[4]) for k, v in d["scale"]}
             w = {**w, "episodes": [
-                {**ep, "entries": [{**e, "delta": float(e["delta"]) * scales.get(ep["key"], 1.0)}
+                {**ep, "entries": [{**e, "delta": float(e["delta"]) * scales.get(ep["key"], now)}
                                    for e in ep["entries"]]}
                 for ep in w["episodes"]]}  # fmt: skip
             d = {**d, "scale": [[k, [v[0] * scales[str(k)], *v[1:]]] for k, v in d["scale"]]}
@@ -400,7 +401,7 @@ class TenantState:
         self.learner = learner
         self.normalizer = RpeNormalizer.from_dict(header["normalizer"])
         in_reward_stds = header.get("rpe_unit") != RPE_UNIT
-        if in_reward_stds:  # TD errors are in reward units now (`RPE_UNIT`)
+        if in_reward_stds:  # the running scale of TD errors, to reward units (`RPE_UNIT`)
             self.normalizer.mean_sq *= learner.reward_scale**2
         rs = header.get("reward_surprise")  # absent in older checkpoints
         self.reward_surprise = RewardSurprise.from_dict(rs) if rs else RewardSurprise()
