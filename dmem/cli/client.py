@@ -12,7 +12,14 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from dmem.cli.common import UsageError, fail, ident, stack_settings, tenant_name
+from dmem.cli.common import (
+    UsageError,
+    fail,
+    ident,
+    load_settings,
+    stack_settings,
+    tenant_name,
+)
 from dmem.client import Client
 from schemas.errors import DmemError
 
@@ -142,7 +149,8 @@ def search(
     `dmem up`)."""
     from streams.admin import check_broker
 
-    settings, _ = stack_settings()
+    # --http names the deployment: no running `dmem up` to find
+    settings = load_settings() if http_url else stack_settings()[0]
 
     async def go() -> list[Any]:
         if http_url is None:
@@ -225,13 +233,13 @@ def wait_cmd(
     from dmem.wait import wait_settled
 
     _ = settled
-    settings, up = stack_settings()
-    if http_urls:
-        urls = list(http_urls)
-    elif up is not None and not ({"DMEM_WEB_HOST", "DMEM_WEB_PORT"} & set(os.environ)):
-        urls = [str(up["http"])]  # the running `dmem up`'s worker
-    else:
-        urls = [f"http://{settings.web_host}:{settings.web_port}"]
+    urls = list(http_urls)  # --http names the workers: no running `dmem up` to find
+    if not urls:
+        settings, up = stack_settings()
+        if up is not None and not ({"DMEM_WEB_HOST", "DMEM_WEB_PORT"} & set(os.environ)):
+            urls = [str(up["http"])]  # the running `dmem up`'s worker
+        else:
+            urls = [f"http://{settings.web_host}:{settings.web_port}"]
     try:
         out = wait_settled(urls, timeout_s=timeout_s, quiet_s=quiet_s,
                            components=list(parts) or None,

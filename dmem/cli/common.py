@@ -62,7 +62,8 @@ def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
     DMEM_* as given; where they name no broker (``DMEM_KAFKA__BROKER``), the running
     `dmem up` this machine announced (`streams.local.announce`) fills in what they leave
     unset: the one on ``DMEM_DATA_DIR`` when that is set, else the only one running (a
-    `ConfigError` lists them when several run). Nothing found: the settings as given."""
+    `UsageError` lists them when several run). Nothing found: the settings as given."""
+    from schemas.errors import ConfigError
     from streams.local.announce import STATE_NAME, client_env, read_state, the_running
 
     settings = load_settings()
@@ -71,7 +72,10 @@ def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
     if os.environ.get("DMEM_DATA_DIR"):
         state = read_state(settings.data_dir / STATE_NAME)
     else:
-        state = the_running(settings.runtime_dir, "DMEM_DATA_DIR={}")
+        try:
+            state = the_running(settings.runtime_dir, "DMEM_DATA_DIR={}")
+        except ConfigError as exc:  # several: the user picks one (a bad setting, exit 2)
+            raise UsageError(one_line(exc)) from None
     if state is None:
         return settings, None
     unset = {k: v for k, v in client_env(state).items() if k not in os.environ}

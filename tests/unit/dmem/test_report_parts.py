@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dmem.cli.common import stack_settings
+from dmem.cli.common import UsageError, stack_settings
 from dmem_bench.report import ReportData, _fig, _time_axis, gate_overview, locate, render
 from schemas.errors import ConfigError
 from streams.local.announce import STATE_NAME, announce, client_env, running, withdraw
@@ -45,6 +45,13 @@ def state(data_dir: Path, kafka: str) -> dict[str, object]:
             "app_id": "up-app", "started_ms": 1}  # fmt: skip
 
 
+def two_stacks(run: Path, tmp_path: Path, kafka: str) -> None:
+    """Two live `dmem up` announced in ``run`` (this process stands in for both)."""
+    announce(run, tmp_path / "d1", state(tmp_path / "d1", kafka))
+    announce(run / "other", tmp_path / "d2", state(tmp_path / "d2", kafka))
+    (run / "999.json").write_bytes((run / "other" / f"{os.getpid()}.json").read_bytes())
+
+
 def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path,
                                          listening: str) -> None:  # fmt: skip
     with pytest.raises(ConfigError, match="no running `dmem up` found.*--data-dir"):
@@ -57,10 +64,7 @@ def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path
     assert settings.milvus_uri == str(tmp_path / "d1" / "milvus.db")
     assert settings.topic("memories") == "x.memories" and settings.app_id == "up-app"
     # a second stack: the user has to choose, and is told the exact flags
-    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", listening))
-    (no_deployment_env / "999.json").write_bytes(
-        (no_deployment_env / "other" / f"{os.getpid()}.json").read_bytes()
-    )
+    two_stacks(no_deployment_env, tmp_path, listening)
     with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: --data-d"):
         locate()
     assert locate(tmp_path / "d1")[1]["data_dir"] == str(tmp_path / "d1")  # --data-dir decides
@@ -102,11 +106,8 @@ def test_client_commands_find_the_running_up(no_deployment_env: Path, tmp_path: 
     assert settings.topic("memories") == "x.memories" and settings.app_id == "up-app"
     monkeypatch.setenv("DMEM_APP_ID", "mine")  # a variable given wins over the stack's
     assert stack_settings()[0].app_id == "mine"
-    announce(no_deployment_env / "other", tmp_path / "d2", state(tmp_path / "d2", listening))
-    (no_deployment_env / "999.json").write_bytes(
-        (no_deployment_env / "other" / f"{os.getpid()}.json").read_bytes()
-    )
-    with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: DMEM_DA"):
+    two_stacks(no_deployment_env, tmp_path, listening)
+    with pytest.raises(UsageError, match=r"2 `dmem up` stacks are running, pass one of: DMEM_DA"):
         stack_settings()
     monkeypatch.setenv("DMEM_DATA_DIR", str(tmp_path / "d2"))  # picks one
     assert stack_settings()[1]["data_dir"] == str(tmp_path / "d2")  # type: ignore[index]
@@ -155,3 +156,39 @@ def test_gate_overview_plots_the_gate_score() -> None:
     assert g["decisions"] == 100 and g["nonzero"] == 95
     assert (g["theta_low"], g["theta_high"]) == (0.7, 1.2)
     assert g["axis_top"] == pytest.approx(2.4)  # 2 x theta_high: the thresholds are in view
+
+
+def test_several_running_ups_are_one_line_and_exit_2(no_deployment_env: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     listening: str) -> None:  # fmt: skip
+    from click.testing import CliRunner
+
+    from dmem import wait
+    from dmem.cli import main
+    from dmem.client import Client
+
+    two_stacks(no_deployment_env, tmp_path, listening)
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text("")
+    for args in (["search", "q", "--tenant", "t1"], ["wait", "--settled"],
+                 ["topics", "create"], ["import", str(jsonl)], ["inspect", "--tenant", "t1"],
+                 ["forget", "--tenant", "t1"], ["mcp", "--tenant", "t1"]):  # fmt: skip
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 2, (args, out.output, out.exception)
+        (line,) = out.stderr.strip().splitlines()
+        assert "2 `dmem up` stacks are running, pass one of: DMEM_DATA_DIR=" in line, line
+        assert str(tmp_path / "d1") in line and str(tmp_path / "d2") in line, line
+    # the flags name the deployment: nothing to discover
+    monkeypatch.setattr(wait, "health", lambda url: {"settled": True, "settle": {}})
+    out = CliRunner().invoke(main, ["wait", "--settled", "--http", "http://a", "--quiet", "0"])
+    assert out.exit_code == 0 and "settled after" in out.stdout, (out.output, out.exception)
+    asked: list[str | None] = []
+
+    async def search(self: Client, query: str, k: int, **_: object) -> list[object]:
+        asked.append(self.http_url)
+        return []
+
+    monkeypatch.setattr(Client, "search", search)
+    out = CliRunner().invoke(main, ["search", "q", "--tenant", "t1", "--http", "http://h:1"])
+    assert out.exit_code == 0 and "no memories found" in out.stdout, (out.output, out.exception)
+    assert asked == ["http://h:1"]
