@@ -835,7 +835,7 @@ class Settings(BaseSettings):
         description=(
             "where `dmem up` announces itself (streams.local.announce): the client "
             "commands (`dmem search`, `wait`, `report`, ...) find a running stack there "
-            "when `DMEM_KAFKA__BROKER` is not set"
+            "when neither `DMEM_KAFKA__BROKER` nor `DMEM_MILVUS__URI` is set"
         ),
     )
     web_host: str = Field(

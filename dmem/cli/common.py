@@ -18,14 +18,17 @@ if TYPE_CHECKING:
     from streams.settings import Settings
 
 __all__ = [
+    "DEPLOYMENT_SETTINGS",
     "UsageError",
     "fail",
     "ident",
     "load_settings",
+    "named_deployment",
     "server_imports",
     "settings_with",
     "stack_settings",
     "tenant_name",
+    "up_settings",
 ]
 
 
@@ -56,18 +59,40 @@ def settings_with(env: dict[str, str]) -> Settings:
         os.environ.update(saved)
 
 
+#: DMEM_* settings that name a deployment. With one of them set a command talks to the
+#: deployment the settings and defaults describe, and no running `dmem up` fills in the
+#: rest: the stack's broker beside a Milvus named here would make `dmem forget` delete
+#: from one deployment and send its forget events to the other. (``DMEM_WEB_HOST`` and
+#: ``DMEM_WEB_PORT`` name only the worker `dmem wait` polls, which uses nothing else.)
+DEPLOYMENT_SETTINGS = ("DMEM_KAFKA__BROKER", "DMEM_MILVUS__URI")
+
+
+def named_deployment() -> str | None:
+    """The first of `DEPLOYMENT_SETTINGS` set in the environment (non-empty), else None."""
+    return next((k for k in DEPLOYMENT_SETTINGS if os.environ.get(k)), None)
+
+
+def up_settings(state: dict[str, Any]) -> Settings:
+    """Settings pointing at the announced `dmem up` ``state``; a DMEM_* variable set
+    (the topic prefix, the app id, ...) wins over the stack's value."""
+    from streams.local.announce import client_env
+
+    return settings_with({k: v for k, v in client_env(state).items() if k not in os.environ})
+
+
 def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
     """Settings of a command that talks to a deployment, and the `dmem up` they found.
 
-    DMEM_* as given; where they name no broker (``DMEM_KAFKA__BROKER``), the running
-    `dmem up` this machine announced (`streams.local.announce`) fills in what they leave
-    unset: the one on ``DMEM_DATA_DIR`` when that is set, else the only one running (a
-    `UsageError` lists them when several run). Nothing found: the settings as given."""
+    DMEM_* as given; where none of them names a deployment (`named_deployment`), the
+    running `dmem up` this machine announced (`streams.local.announce`) fills in what they
+    leave unset (`up_settings`): the one on ``DMEM_DATA_DIR`` when that is set, else the
+    only one running (a `UsageError` lists them when several run). Nothing found: the
+    settings as given."""
     from schemas.errors import ConfigError
-    from streams.local.announce import STATE_NAME, client_env, read_state, the_running
+    from streams.local.announce import STATE_NAME, read_state, the_running
 
     settings = load_settings()
-    if os.environ.get("DMEM_KAFKA__BROKER"):
+    if named_deployment():
         return settings, None
     if os.environ.get("DMEM_DATA_DIR"):
         state = read_state(settings.data_dir / STATE_NAME)
@@ -78,8 +103,7 @@ def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
             raise UsageError(one_line(exc)) from None
     if state is None:
         return settings, None
-    unset = {k: v for k, v in client_env(state).items() if k not in os.environ}
-    return settings_with(unset), state
+    return up_settings(state), state
 
 
 def fail(exc: BaseException) -> NoReturn:

@@ -192,3 +192,20 @@ def test_several_running_ups_are_one_line_and_exit_2(no_deployment_env: Path, tm
     out = CliRunner().invoke(main, ["search", "q", "--tenant", "t1", "--http", "http://h:1"])
     assert out.exit_code == 0 and "no memories found" in out.stdout, (out.output, out.exception)
     assert asked == ["http://h:1"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("DMEM_MILVUS__URI", "http://prod:19530"), ("DMEM_KAFKA__BROKER", "kafka://prod:9092")],
+)
+def test_a_setting_that_names_a_deployment_turns_discovery_off(
+    no_deployment_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listening: str,
+    name: str, value: str,
+) -> None:  # fmt: skip
+    announce(no_deployment_env, tmp_path / "d1", state(tmp_path / "d1", listening))
+    monkeypatch.setenv(name, value)
+    settings, up = stack_settings()
+    assert up is None  # one deployment: the settings' and defaults', not half the stack's
+    assert settings.kafka.bootstrap != listening and settings.app_id == "dmem"
+    assert settings.milvus_uri != str(tmp_path / "d1" / "milvus.db")
+    assert settings.topic("memories") == "dmem.memories"
