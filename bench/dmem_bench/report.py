@@ -2,10 +2,11 @@
 
 Which deployment (`locate`): ``--data-dir D`` reads the state file of the `dmem up`
 running on ``D`` (``D/up.json``, `streams.local.announce`); without it, a
-``DMEM_KAFKA__BROKER`` in the environment means "this deployment, as configured
-by ``DMEM_*``"; otherwise the one running `dmem up` announced in
-``DMEM_RUNTIME_DIR`` (``~/.cache/dmem/up``) is used. None or several: an error
-that names what to pass.
+``DMEM_KAFKA__BROKER`` or ``DMEM_MILVUS__URI`` in the environment means "this
+deployment, as configured by ``DMEM_*``"; otherwise the one running `dmem up` announced
+in ``DMEM_RUNTIME_DIR`` (``~/.cache/dmem/up``) is used. None or several: an error
+that names what to pass. The stack's addresses fill in only the ``DMEM_*`` settings
+left unset, as for the client commands (`dmem.cli.common.stack_settings`).
 
 Data sources:
 
@@ -47,7 +48,6 @@ import base64
 import datetime as dt
 import html
 import io
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -83,25 +83,34 @@ class ReportData:
 def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | None]:
     """The deployment to report on: (settings, the `dmem up` state or None).
 
-    Raises `ConfigError` with what to pass when it cannot decide.
+    The client commands' rule (`dmem.cli.common.stack_settings`): a DMEM_* setting that
+    names a deployment (`named_deployment`) means that deployment; otherwise the stack
+    found, under the DMEM_* variables set (`up_settings`). Raises `ConfigError` with what
+    to pass when it cannot decide.
     """
-    from dmem.cli.common import settings_with
-    from streams.local.announce import STATE_NAME, client_env, read_state, the_running
+    from dmem.cli.common import named_deployment, up_settings
+    from streams.local.announce import STATE_NAME, read_state, the_running
 
+    named = named_deployment()
     if data_dir is not None:
+        if named:  # one deployment: not the stack's broker beside another's Milvus
+            raise ConfigError(
+                f"--data-dir {data_dir} picks a running `dmem up`, but {named} names another "
+                f"deployment: unset {named}, or leave out --data-dir"
+            )
         state = read_state(data_dir / STATE_NAME)
         if state is None:
             raise ConfigError(
                 f"no running `dmem up` on {data_dir} ({data_dir / STATE_NAME} is missing or "
                 f"its process is gone): start `dmem up --data-dir {data_dir}`"
             )
-        return settings_with(client_env(state)), state
-    if os.environ.get("DMEM_KAFKA__BROKER"):
+        return up_settings(state), state
+    if named:
         return Settings(), None
     runtime_dir = Settings().runtime_dir
     found = the_running(runtime_dir, "--data-dir {}")
     if found is not None:
-        return settings_with(client_env(found)), found
+        return up_settings(found), found
     raise ConfigError(
         f"no running `dmem up` found (none announced in {runtime_dir}): start `dmem up`, "
         "pass --data-dir DIR of a running one, or set DMEM_KAFKA__BROKER (and "

@@ -209,3 +209,20 @@ def test_a_setting_that_names_a_deployment_turns_discovery_off(
     assert settings.kafka.bootstrap != listening and settings.app_id == "dmem"
     assert settings.milvus_uri != str(tmp_path / "d1" / "milvus.db")
     assert settings.topic("memories") == "dmem.memories"
+
+
+def test_locate_follows_the_client_commands_rule(no_deployment_env: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 listening: str) -> None:  # fmt: skip
+    d1 = tmp_path / "d1"
+    announce(no_deployment_env, d1, state(d1, listening))
+    monkeypatch.setenv("DMEM_APP_ID", "mine")  # a variable given wins over the stack's
+    for found in (locate(), locate(d1), stack_settings()):
+        assert found[1] is not None and found[0].kafka.bootstrap == listening
+        assert found[0].app_id == "mine" and found[0].topic("memories") == "x.memories"
+    monkeypatch.setenv("DMEM_MILVUS__URI", "http://prod:19530")  # names a deployment
+    settings, up = locate()
+    assert up is None and settings.kafka.bootstrap != listening
+    assert settings.milvus_uri == "http://prod:19530"
+    with pytest.raises(ConfigError, match=r"DMEM_MILVUS__URI names another deployment"):
+        locate(d1)  # never the stack's broker beside that Milvus
