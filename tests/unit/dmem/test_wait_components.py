@@ -86,23 +86,38 @@ def test_an_unreachable_worker_is_named_when_the_wait_gives_up() -> None:
     assert f"{url}/health" in str(err.value)
 
 
+class Clock:
+    """`dmem.wait`'s time: ``sleep`` moves ``monotonic`` on, so a wait runs the same
+    number of polls however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
 def test_the_wait_says_what_it_still_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a wait of minutes printed nothing until it ended: it says, every `every_s`, which
-    # worker and which part it waits for, on stderr (stdout stays the answer)
+    # a long wait says, every `every_s`, which worker and which part it waits for, on
+    # stderr (stdout stays the answer)
     from click.testing import CliRunner
 
     from dmem.cli.client import wait_cmd
 
+    monkeypatch.setattr(wait, "time", Clock())
     monkeypatch.setattr(wait, "health", lambda url: report(False, True))
     said: list[str] = []
-    with pytest.raises(ServiceUnavailable):
-        wait.wait_settled(["http://a"], timeout_s=0.35, poll_s=0.01, progress=said.append,
-                          every_s=0.1)  # fmt: skip
-    assert 2 <= len(said) <= 4, said
+    with pytest.raises(ServiceUnavailable):  # polls at 0, 0.25, ... 3.75 s: gives up there
+        wait.wait_settled(["http://a"], timeout_s=3.5, poll_s=0.25, progress=said.append,
+                          every_s=1.0)  # fmt: skip
+    assert [s.split(",")[0] for s in said] == [f"dmem wait: {t} s of 3.5 s" for t in (1, 2, 3)]
     assert all("still waiting" in s and "http://a" in s and "credit" in s for s in said), said
     assert "access" not in said[0]  # settled parts are not named
 
-    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.5)
     args = ["--settled", "--http", "http://a", "--timeout", "1", "--json"]
     out = CliRunner().invoke(wait_cmd, args)
     assert out.exit_code == 2 and "still waiting" in out.stderr and "credit" in out.stderr
