@@ -48,6 +48,7 @@ import base64
 import datetime as dt
 import html
 import io
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -88,21 +89,25 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
     found, under the DMEM_* variables set (`up_settings`). Raises `ConfigError` with what
     to pass when it cannot decide.
     """
-    from dmem.cli.common import named_deployment, up_settings
-    from streams.local.announce import STATE_NAME, read_state, the_running
+    from dmem.cli.common import DEPLOYMENT_SETTINGS, named_deployment, up_settings
+    from streams.local.announce import STATE_NAME, client_env, read_state, the_running
 
     named = named_deployment()
     if data_dir is not None:
-        if named:  # one deployment: not the stack's broker beside another's Milvus
-            raise ConfigError(
-                f"--data-dir {data_dir} picks a running `dmem up`, but {named} names another "
-                f"deployment: unset {named}, or leave out --data-dir"
-            )
         state = read_state(data_dir / STATE_NAME)
         if state is None:
             raise ConfigError(
                 f"no running `dmem up` on {data_dir} ({data_dir / STATE_NAME} is missing or "
                 f"its process is gone): start `dmem up --data-dir {data_dir}`"
+            )
+        # one deployment: not the stack's broker beside another's Milvus (the stack's own
+        # values, as its `export` line sets them, name the same one)
+        own = client_env(state)
+        other = [k for k in DEPLOYMENT_SETTINGS if os.environ.get(k, own.get(k)) != own.get(k)]
+        if other:
+            raise ConfigError(
+                f"--data-dir {data_dir} picks a running `dmem up`, but {other[0]} names another "
+                f"deployment: unset {other[0]}, or leave out --data-dir"
             )
         return up_settings(state), state
     if named:
