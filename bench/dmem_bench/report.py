@@ -81,6 +81,12 @@ class ReportData:
 # --------------------------------------------------------------------------- locating
 
 
+def _address(value: str) -> str:
+    """A broker or Milvus address as written in a setting, without the ``kafka://``
+    scheme the broker setting may carry (`dmem up`'s `export` line leaves it out)."""
+    return value.removeprefix("kafka://")
+
+
 def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | None]:
     """The deployment to report on: (settings, the `dmem up` state or None).
 
@@ -102,8 +108,9 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
             )
         # one deployment: not the stack's broker beside another's Milvus (the stack's own
         # values, as its `export` line sets them, name the same one)
-        own = client_env(state)
-        other = [k for k in DEPLOYMENT_SETTINGS if os.environ.get(k, own.get(k)) != own.get(k)]
+        own = {k: _address(v) for k, v in client_env(state).items()}
+        other = [k for k in DEPLOYMENT_SETTINGS
+                 if _address(os.environ.get(k, own.get(k, ""))) != own.get(k)]  # fmt: skip
         if other:
             raise ConfigError(
                 f"--data-dir {data_dir} picks a running `dmem up`, but {other[0]} names another "

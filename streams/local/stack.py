@@ -389,14 +389,16 @@ def first_screen(info: Mapping[str, object]) -> str:
     if info["milvus_mode"] == "server":
         reach = (", this machine only" if info.get("milvus_loopback")
                  else ", REACHABLE FROM OTHER MACHINES, no authentication")  # fmt: skip
-    # dmem inspect / forget / search / import / wait read the deployment from DMEM_*
+    # dmem inspect / forget / search / import / wait find this stack by its state file
+    # while no DMEM_KAFKA__BROKER / DMEM_MILVUS__URI names another; the export pins it
     if info["milvus_mode"] == "lite":
         where = ("  (Milvus Lite is this process's file: dmem inspect and forget need it stopped;\n"
                  "   use the HTTP API meanwhile)\n")  # fmt: skip
         milvus = f" DMEM_DATA_DIR={info['data_dir']}"
     else:
         where, milvus = "", f" DMEM_MILVUS__URI={info['milvus']}"
-    operate = (f"Operate from another shell (dmem inspect, search, forget, import, wait)\n"
+    operate = (f"Operate from another shell (dmem inspect, search, forget, import, wait\n"
+               f"find this stack by themselves; to pin it, e.g. with several running:)\n"
                f"  export DMEM_KAFKA__BROKER={kafka}{milvus} DMEM_WEB_PORT="
                f"{str(http).rsplit(':', 1)[-1]}\n{where}")  # fmt: skip
     one = ('{"tenant":"t1","agent_id":"a1","episode_id":"e1","step":1,'

@@ -228,6 +228,7 @@ def test_locate_follows_the_client_commands_rule(no_deployment_env: Path, tmp_pa
         locate(d1)  # never the stack's broker beside that Milvus
     # the stack's own values (its `export` line) name the same deployment: no clash
     monkeypatch.setenv("DMEM_MILVUS__URI", str(d1 / "milvus.db"))
-    monkeypatch.setenv("DMEM_KAFKA__BROKER", f"kafka://{listening}")
-    settings, up = locate(d1)
-    assert up is not None and settings.kafka.bootstrap == listening
+    for broker in (listening, f"kafka://{listening}"):  # as the export line, or with scheme
+        monkeypatch.setenv("DMEM_KAFKA__BROKER", broker)
+        settings, up = locate(d1)
+        assert up is not None and settings.kafka.bootstrap == listening
