@@ -99,6 +99,8 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
     from streams.local.announce import STATE_NAME, client_env, read_state, the_running
 
     named = named_deployment()
+    if data_dir is None and not named and os.environ.get("DMEM_DATA_DIR"):
+        data_dir = Settings().data_dir  # picks one stack, as for the client commands
     if data_dir is not None:
         state = read_state(data_dir / STATE_NAME)
         if state is None:

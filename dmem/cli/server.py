@@ -105,14 +105,19 @@ def _store(settings: Any, command: str) -> Any:
         raise ConfigError(
             f"the running `dmem up` (pid {up['pid']}, HTTP {up.get('http')}) holds the Milvus "
             f"Lite file {lite}, which opens in one process only: stop it (Ctrl-C) and run "
-            f"`dmem {command}` again, or start it with `dmem up --milvus server`, whose store "
+            f"`DMEM_DATA_DIR={up.get('data_dir', settings.data_dir)} dmem {command}` again, "
+            f"or start it with `dmem up --milvus server`, whose store "
             f"`dmem {command}` reads while it runs; meanwhile its HTTP API serves "
             f"{LITE_MEANWHILE[command]}"
         )
 
+    if not m.uri and not Path(lite).exists():  # an empty store made here answers nothing
+        raise ConfigError(
+            f"no Milvus Lite file at {lite}: `dmem {command}` works on a deployment's store; "
+            "set DMEM_DATA_DIR to the data dir of the `dmem up` that wrote it (its `data` "
+            "line), or DMEM_MILVUS__URI to the deployment's Milvus"
+        )
     dim = encoder_dim(settings.encoder.name, settings.encoder.dim)
-    if not m.uri:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
     return MemoryStore(
         settings.milvus_uri, collection=m.collection, dim=dim, token=m.token, timeout_s=m.timeout_s
     ).connect()

@@ -3,6 +3,8 @@ exit status 2 (a name no payload accepts is not a tenant with 0 memories)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
@@ -79,3 +81,23 @@ def test_forget_refuses_a_bad_scope_before_opening_the_store(
 def test_an_agent_option_is_an_id(args: list[str]) -> None:
     out = CliRunner().invoke(cli.main, args)
     assert out.exit_code == 2 and "--agent" in out.output, out.output
+
+
+@pytest.mark.parametrize(
+    "args", [["inspect", "--tenant", "t1", "--no-events"], ["forget", "--tenant", "t1"]]
+)
+def test_store_commands_on_a_data_dir_without_a_store_say_where_to_look(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no store at the default Lite path (another folder than the stack's), the
+    command names the data dir to set instead of creating an empty store and reporting
+    0 memories from it."""
+    for k in ("DMEM_MILVUS__URI", "DMEM_KAFKA__BROKER"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("DMEM_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("DMEM_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("DMEM_ENCODER__NAME", "hash")
+    out = CliRunner().invoke(cli.main, [*args, "--no-audit"] if args[0] == "forget" else args)
+    assert out.exit_code == 2, out.output
+    assert "no Milvus Lite file at" in out.output and "DMEM_DATA_DIR" in out.output
+    assert not (tmp_path / "empty").exists()

@@ -68,6 +68,9 @@ def test_locate_finds_the_one_running_up(no_deployment_env: Path, tmp_path: Path
     with pytest.raises(ConfigError, match=r"2 `dmem up` stacks are running, pass one of: --data-d"):
         locate()
     assert locate(tmp_path / "d1")[1]["data_dir"] == str(tmp_path / "d1")  # --data-dir decides
+    with pytest.MonkeyPatch.context() as mp:  # or DMEM_DATA_DIR, as for the client commands
+        mp.setenv("DMEM_DATA_DIR", str(tmp_path / "d2"))
+        assert locate()[1]["data_dir"] == str(tmp_path / "d2")
     withdraw(paths)
     assert not (tmp_path / "d1" / STATE_NAME).exists()
     with pytest.raises(ConfigError, match="no running `dmem up` on"):
