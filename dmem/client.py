@@ -14,7 +14,8 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
   Short fetches cost CPU, so the response partitions are *paused* while no
   search is waiting (no fetches at all when idle) and resumed before a request
   is sent; a resume starts a fetch at once.
-- HTTP transport: ``POST {http_url}/v1/search``.
+- HTTP transport: searches are ``POST {http_url}/v1/search``; writes still go to
+  Kafka (the transport names the search path only).
 - Credentials (``token``): the API token is the HTTP bearer token and signs
   every record the client produces on Kafka (`schemas.credentials`: an HMAC
   under a key derived from the token for the record's tenant), which a
