@@ -14,8 +14,12 @@ Importable without a worker (only aiokafka, aiohttp and `schemas`).
   Short fetches cost CPU, so the response partitions are *paused* while no
   search is waiting (no fetches at all when idle) and resumed before a request
   is sent; a resume starts a fetch at once.
-- HTTP transport: searches are ``POST {http_url}/v1/search``; writes still go to
-  Kafka (the transport names the search path only).
+- HTTP transport: searches are ``POST {http_url}/v1/search`` and every write goes to
+  the worker's ingest routes (``POST /v1/transitions``, ``/v1/outcomes``,
+  ``/v1/feedback``, ``/v1/usage``) as JSON arrays of at most `INGEST_BATCH` records,
+  with the bearer token; the client needs no Kafka broker at all. A write returns
+  once the server answered 202 for every record (it answers only after the broker
+  acknowledged them all); a refused record is an error, never a success.
 - Credentials (``token``): the API token is the HTTP bearer token and signs
   every record the client produces on Kafka (`schemas.credentials`: an HMAC
   under a key derived from the token for the record's tenant), which a
@@ -52,6 +56,7 @@ from schemas import (
     EpisodeOutcome,
     Feedback,
     Hit,
+    IngestAccepted,
     MemoryUsage,
     RetrievalRequest,
     RetrievalResponse,
@@ -72,6 +77,12 @@ from schemas.topics import topic_name
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+#: most records, and most body bytes, in one ingest request: under the worker's default
+#: ``ingest.max_batch`` (1000) and ``ingest.max_body_bytes`` (8 MiB), so a deployment on
+#: its defaults never answers 413 to a batch the client made
+INGEST_BATCH = 500
+INGEST_BYTES = 4 << 20
 
 
 def _share(v: object) -> bool:
@@ -104,6 +115,28 @@ def check_http_url(url: str) -> None:
 def _read_outcome(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _batches(values: list[bytes]) -> Iterable[list[bytes]]:
+    """``values`` in runs of at most `INGEST_BATCH` items and `INGEST_BYTES` bytes (a
+    single larger value is a run of its own: the server says whether it fits)."""
+    run: list[bytes] = []
+    size = 0
+    for v in values:
+        if run and (len(run) >= INGEST_BATCH or size + len(v) + 1 > INGEST_BYTES):
+            yield run
+            run, size = [], 0
+        run.append(v)
+        size += len(v) + 1
+    if run:
+        yield run
+
+
+def _sent(done: int, what: str) -> str:
+    """The tail of a failed write's message: what the server had accepted before."""
+    if not done:
+        return f" (no {what} accepted)"
+    return f" ({done} {what} accepted before this request; sending them again is safe)"
 
 
 def _segment(memory_id: str) -> str:
@@ -222,8 +255,7 @@ class Client:
     async def _start(self) -> None:
         if self.transport == "kafka":
             await self._producer_ready()
-        # over HTTP the producer starts with the first write: a client that only searches,
-        # reads and forgets over HTTP needs no reachable broker
+        # over HTTP every call, writes included, goes to the HTTP API: no producer
         if self.transport == "kafka":
             c = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -252,7 +284,7 @@ class Client:
             c.pause(*tps)  # nothing is waiting yet: no fetches while idle
             self._consumer, self._tps = c, tps
             self._reader = asyncio.create_task(self._read())
-        if self.http_url:  # search (transport="http"), forget and stats go over HTTP
+        if self.http_url:  # transport="http": everything; else forget, reads and stats
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             self._http = aiohttp.ClientSession(headers=headers)
 
@@ -400,7 +432,10 @@ class Client:
     async def publish_many(self, transitions: Iterable[Transition]) -> int:
         """Publish transitions; returns how many, once the broker acknowledged every one.
         A broker failure is `BrokerUnavailable` saying how many were acknowledged; the
-        batch may be published again (a transition's id is stable: none is stored twice)."""
+        batch may be published again (a transition's id is stable: none is stored twice).
+        Over HTTP (``transport="http"``) the batch goes to ``POST /v1/transitions``."""
+        if self.transport == "http":
+            return await self._ingest("/v1/transitions", list(transitions), "transitions")
         producer = await self._producer_ready()
         pending: list[asyncio.Future[Any]] = []
         n = 0
@@ -474,6 +509,9 @@ class Client:
                 "outcome_id": final_outcome_id(episode_id),
             },
         )
+        if self.transport == "http":
+            await self._ingest("/v1/outcomes", [out], "outcomes")
+            return
         await self._send("feedback", self.tenant, encode(out), episode_id.encode())
 
     async def feedback(
@@ -501,6 +539,9 @@ class Client:
                 "feedback_id": uuid.uuid4().hex,
             },
         )
+        if self.transport == "http":
+            await self._ingest("/v1/feedback", [fb], "feedback")
+            return fb
         key = (episode_id or memory_id or self.tenant).encode()
         await self._send("feedback", self.tenant, encode(fb), key)
         return fb
@@ -572,7 +613,8 @@ class Client:
         return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
 
     async def _http_call(self, method: str, path: str, data: bytes | str | None,
-                         retry_timeouts: bool = True) -> tuple[int, bytes]:  # fmt: skip
+                         retry_timeouts: bool = True,
+                         retry_5xx: bool = False) -> tuple[int, bytes]:  # fmt: skip
         """One idempotent HTTP call (search, get, stats, forget), retried on a lost connection.
 
         A server may close an idle keep-alive connection just as the client reuses
@@ -583,6 +625,8 @@ class Client:
         gets no answer within ``timeout_s`` counts the same (a search is retried with its
         request_id, as over Kafka), unless ``retry_timeouts`` is False: then it is
         `ServiceUnavailable` at once, saying the call may still complete on the server.
+        ``retry_5xx``: a 5xx answer is tried again the same way (the last one is returned);
+        for writes whose records carry their ids (`_ingest`).
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
@@ -601,7 +645,11 @@ class Client:
                     headers={"Content-Type": "application/json"},
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as r:
-                    return r.status, await r.read()
+                    status, raw = r.status, await r.read()
+                if retry_5xx and status >= 500 and attempt < self.retries:
+                    last = ServiceUnavailable(f"HTTP {status}")
+                    continue
+                return status, raw
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = exc
             except TimeoutError:  # no answer within timeout_s (aiohttp raises it bare)
@@ -632,6 +680,63 @@ class Client:
         if 400 <= status < 500:
             raise SearchError(f"HTTP {status}: {data}")
         raise ServiceUnavailable(f"HTTP {status}: {data}")
+
+    async def _ingest(self, path: str, records: Sequence[BaseModel], what: str) -> int:
+        """Send validated records to an ingest route, `INGEST_BATCH` (and at most
+        `INGEST_BYTES`) a request; returns how many, once the server accepted every one.
+
+        Every write is retried on a timeout or a 5xx, as searches are: each record carries
+        its id before it is sent (a transition's stable id, an outcome's
+        ``<episode>:final``, the feedback_id `feedback` draws once per call, a usage
+        report's request_id), and the worker's consumers keep one record per id, so a
+        batch the server stored before the answer was lost is not stored twice. A refusal
+        (4xx) is not retried: `Unauthorized` (401/403), `InvalidRecord` (422/413/400: the
+        server's reasons, indexed in the whole call), `BrokerUnavailable` (503: the
+        worker's broker is away), `ServiceUnavailable` otherwise (429, other 5xx, no
+        answer); the message says how many records were accepted before it.
+        """
+        assert self._started, "call start() first"
+        done = 0
+        for batch in _batches([encode(r) for r in records]):
+            body = b"[" + b",".join(batch) + b"]"
+            try:
+                status, raw = await self._http_call("POST", path, body, retry_5xx=True)
+            except ServiceUnavailable as exc:
+                raise ServiceUnavailable(f"{exc}{_sent(done, what)}") from exc
+            self._ingest_answer(path, status, raw, len(batch), done, what)
+            done += len(batch)
+        return done
+
+    def _ingest_answer(self, path: str, status: int, raw: bytes, n: int, done: int,
+                       what: str) -> None:  # fmt: skip
+        """Raise unless ``raw`` accepts all ``n`` records of the request."""
+        if 200 <= status < 300:
+            try:
+                ok = IngestAccepted.model_validate_json(raw)
+            except ValidationError:
+                ok = None
+            if ok is not None and ok.accepted == n and len(ok.ids) == n:
+                return
+            raise ServiceUnavailable(f"POST {path}: HTTP {status} without the acceptance of all "
+                                     f"{n} records: {raw[:500]!r}{_sent(done, what)}")  # fmt: skip
+        try:
+            data: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = raw[:500].decode("utf-8", "replace")
+        if isinstance(data, dict) and isinstance(data.get("detail"), list):
+            for d in data["detail"]:  # index within the request -> within the call
+                if isinstance(d, dict) and isinstance(d.get("index"), int):
+                    d["index"] += done
+        where = f"POST {path}: HTTP {status}: {data}{_sent(done, what)}"
+        if status in (401, 403):
+            hint = "no token is set (DMEM_API_TOKEN)" if not self.token else "check the token"
+            raise Unauthorized(f"the deployment refuses this client's credentials ({hint}); "
+                               f"{where}")  # fmt: skip
+        if status in (400, 413, 422):
+            raise InvalidRecord(f"the server refused the records; {where}")
+        if status == 503:  # the ingest route's answer when the broker is away
+            raise BrokerUnavailable(where)
+        raise ServiceUnavailable(where)
 
     async def report_feedback(
         self,
@@ -697,6 +802,9 @@ class Client:
                 "reward": reward,
             },
         )
+        if self.transport == "http":
+            await self._ingest("/v1/usage", [usage], "usage reports")
+            return
         await self._send("usage", self.tenant, encode(usage), episode_id.encode())
 
     # -- read side -----------------------------------------------------------

@@ -454,3 +454,28 @@ def test_sdk_reads_forgets_and_histories_the_ids_dot_and_dot_dot(stack: LocalSta
             assert "forgotten" in kinds, kinds
 
     asyncio.run(go())
+
+
+def test_sdk_over_http_publishes_without_kafka_and_finds_the_memory(stack: LocalStack) -> None:
+    # the client's bootstrap is a closed port: every write goes to the worker's ingest
+    # routes, and the memory it made is found by a search over HTTP
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    agent = "http-writer"
+
+    async def go() -> None:
+        async with Client(f"127.0.0.1:{closed}", TENANT, transport="http",
+                          http_url=http_url(stack), timeout_s=10) as c:  # fmt: skip
+            assert await c.publish_many(corridor(agent)) == 40
+            await c.report_outcome(f"{agent}-ep0", reward=-20.0, success=False)
+            hits: list[Any] = []
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                hits = await c.search(TRAP, k=3, agent_id=agent)
+                if any(h.text == TRAP for h in hits):
+                    break
+                await asyncio.sleep(0.5)
+            assert any(h.text == TRAP for h in hits), hits
+
+    asyncio.run(go())
