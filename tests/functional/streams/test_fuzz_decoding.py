@@ -84,7 +84,8 @@ def valid_transition(draw: Any, step: int | None = None) -> dict[str, Any]:
         "step": step if step is not None else draw(st.integers(0, 10**6)),
         "action": draw(
             st.one_of(
-                st.text(st.characters(exclude_characters="\x00"), max_size=30), st.integers(-5, 5)
+                st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30),
+                st.integers(-5, 5),
             )
         ),
         "reward": draw(st.floats(-1e6, 1e6, allow_nan=False)),
