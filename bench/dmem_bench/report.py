@@ -81,12 +81,6 @@ class ReportData:
 # --------------------------------------------------------------------------- locating
 
 
-def _address(value: str) -> str:
-    """A broker or Milvus address as written in a setting, without the ``kafka://``
-    scheme the broker setting may carry (`dmem up`'s `export` line leaves it out)."""
-    return value.removeprefix("kafka://")
-
-
 def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | None]:
     """The deployment to report on: (settings, the `dmem up` state or None).
 
@@ -95,7 +89,7 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
     found, under the DMEM_* variables set (`up_settings`). Raises `ConfigError` with what
     to pass when it cannot decide.
     """
-    from dmem.cli.common import DEPLOYMENT_SETTINGS, named_deployment, up_settings
+    from dmem.cli.common import named_deployment, settings_with, up_settings
     from streams.local.announce import STATE_NAME, client_env, read_state, the_running
 
     named = named_deployment()
@@ -110,9 +104,10 @@ def locate(data_dir: Path | None = None) -> tuple[Settings, dict[str, Any] | Non
             )
         # one deployment: not the stack's broker beside another's Milvus (the stack's own
         # values, as its `export` line sets them, name the same one)
-        own = {k: _address(v) for k, v in client_env(state).items()}
-        other = [k for k in DEPLOYMENT_SETTINGS
-                 if _address(os.environ.get(k, own.get(k, ""))) != own.get(k)]  # fmt: skip
+        mine, own = Settings(), settings_with(client_env(state))
+        pairs = (("DMEM_KAFKA__BROKER", mine.kafka.bootstrap, own.kafka.bootstrap),
+                 ("DMEM_MILVUS__URI", mine.milvus_uri, own.milvus_uri))  # fmt: skip
+        other = [k for k, a, b in pairs if os.environ.get(k) and a != b]
         if other:
             raise ConfigError(
                 f"--data-dir {data_dir} picks a running `dmem up`, but {other[0]} names another "
