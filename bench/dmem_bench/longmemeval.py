@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import itertools
 import json
 import math
 import time
@@ -127,15 +126,15 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
     ``longmemeval_s.json``)."""
     opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        head = f.read(4096)
-        if head.lstrip().startswith("["):
-            items = json.loads(head + f.read())
+        array = f.read(4096).lstrip().startswith("[")
+        f.seek(0)
+        if array:
+            items = json.load(f)
             if not all(isinstance(d, dict) for d in items):
                 raise ValueError(f"{path}: a JSON array of question objects expected")
             yield from items
             return
-        rest = head + f.readline()  # the first chunk, up to the end of its line
-        for n, line in enumerate(itertools.chain(rest.splitlines(), f), 1):
+        for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
