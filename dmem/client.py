@@ -171,6 +171,22 @@ def list_params(tenant: str, limit: int, cursor: str | None, agent_id: str | Non
     return q
 
 
+#: the longest ``Retry-After`` the client waits before trying a call again
+RETRY_AFTER_MAX_S = 30.0
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (at most `RETRY_AFTER_MAX_S`);
+    None where it gives none, or a date (the client's own backoff then)."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S)
+
+
 class SearchError(DmemError):
     """The responder answered with an error (bad request: not retriable)."""
 
@@ -626,7 +642,9 @@ class Client:
         request_id, as over Kafka), unless ``retry_timeouts`` is False: then it is
         `ServiceUnavailable` at once, saying the call may still complete on the server.
         ``retry_5xx``: a 5xx answer is tried again the same way (the last one is returned);
-        for writes whose records carry their ids (`_ingest`).
+        for writes whose records carry their ids (`_ingest`). A 429 or 503 (the server is
+        busy or its broker away: nothing was done) is tried again by every call, after the
+        answer's ``Retry-After`` seconds where it gives them (at most `RETRY_AFTER_MAX_S`).
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
@@ -634,9 +652,10 @@ class Client:
         # is, so that a ``%2E`` segment (the id ``.``) is not decoded and then dropped
         url = URL(str(URL(str(self.http_url))) + path, encoded=True)
         last: Exception | None = None
+        wait_s: float | None = None  # the last answer's Retry-After
         for attempt in range(self.retries + 1):
             if attempt:
-                await asyncio.sleep(0.1 * 2 ** (attempt - 1))
+                await asyncio.sleep(0.1 * 2 ** (attempt - 1) if wait_s is None else wait_s)
             try:
                 async with self._http.request(
                     method,
@@ -646,7 +665,9 @@ class Client:
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as r:
                     status, raw = r.status, await r.read()
-                if retry_5xx and status >= 500 and attempt < self.retries:
+                    wait_s = retry_after(r.headers.get("Retry-After"))
+                busy = status in (429, 503)
+                if (busy or (retry_5xx and status >= 500)) and attempt < self.retries:
                     last = ServiceUnavailable(f"HTTP {status}")
                     continue
                 return status, raw
@@ -677,7 +698,7 @@ class Client:
             raise NotFound(f"HTTP 404: {data}")
         if status in (401, 403):
             raise Unauthorized(f"not authorised (HTTP {status}): {data}")
-        if 400 <= status < 500:
+        if 400 <= status < 500 and status != 429:  # 429: busy, retriable
             raise SearchError(f"HTTP {status}: {data}")
         raise ServiceUnavailable(f"HTTP {status}: {data}")
 

@@ -179,8 +179,8 @@ def search(
 @click.option(
     "--settled",
     is_flag=True,
-    required=True,
-    help="wait until every job has reached its fixed point (no pending work)",
+    help="wait until every job has reached its fixed point (no pending work); the one "
+    "condition there is, so `dmem wait` alone means the same",
 )
 @click.option(
     "--http",
@@ -229,7 +229,8 @@ def wait_cmd(
     progress: bool,
     as_json: bool,
 ) -> None:
-    """Wait until a running deployment has settled (exit 2 on timeout)."""
+    """Wait until a running deployment has settled: every job at its fixed point, no
+    pending work (exit 2 on timeout)."""
     from dmem.wait import wait_settled
 
     _ = settled

@@ -108,3 +108,36 @@ def test_a_slow_forget_is_not_sent_again() -> None:
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "may still complete" in str(out)
     assert seen == ["/v1/forget"]
+
+
+def _busy_stats(busy: int, retries: int) -> tuple[Any, int]:
+    """``/v1/stats`` answers 429 (the tenant is busy) ``busy`` times, then the counts."""
+    seen: list[int] = []
+
+    async def stats(request: web.Request) -> web.StreamResponse:
+        seen.append(1)
+        if len(seen) <= busy:
+            return web.json_response({"error": "busy"}, status=429, headers={"Retry-After": "0"})
+        return web.json_response({"tenant": "t", "core": 1, "buffer": 0, "total": 1})
+
+    async def go() -> Any:
+        async with stub_server({("GET", "/v1/stats"): stats}) as url:
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url,
+                       retries=retries, timeout_s=5)  # fmt: skip
+            c._http = aiohttp.ClientSession()  # noqa: SLF001
+            try:
+                return await c.stats()
+            except ServiceUnavailable as exc:
+                return exc
+            finally:
+                await c._http.close()  # noqa: SLF001
+
+    return asyncio.run(go()), len(seen)
+
+
+def test_a_busy_read_is_retried_and_then_retriable() -> None:
+    out, calls = _busy_stats(busy=2, retries=2)
+    assert out == {"tenant": "t", "core": 1, "buffer": 0, "total": 1} and calls == 3
+    out, calls = _busy_stats(busy=5, retries=2)
+    assert isinstance(out, ServiceUnavailable) and out.retriable, out
+    assert "HTTP 429" in str(out) and calls == 3

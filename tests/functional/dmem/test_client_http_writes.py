@@ -42,7 +42,7 @@ class Server:
     """Accepts what it is sent like the ingest routes (202 with the ids), recording
     (path, Authorization, records); ``answers`` scripts earlier answers per route."""
 
-    def __init__(self, answers: dict[str, list[tuple[int, Any]]] | None = None) -> None:
+    def __init__(self, answers: dict[str, list[tuple[Any, ...]]] | None = None) -> None:
         self.seen: list[tuple[str, str | None, list[dict[str, Any]]]] = []
         self.answers = answers or {}
 
@@ -51,8 +51,8 @@ class Server:
             recs = await request.json()
             self.seen.append((path, request.headers.get("Authorization"), recs))
             if self.answers.get(path):
-                status, body = self.answers[path].pop(0)
-                return web.json_response(body, status=status)
+                status, body, *headers = self.answers[path].pop(0)
+                return web.json_response(body, status=status, headers=(headers or [None])[0])
             return web.json_response(
                 {"accepted": len(recs), "ids": [str(i) for i in range(len(recs))],
                  "topic": "dmem.x"}, status=202)  # fmt: skip
@@ -149,12 +149,12 @@ def test_the_sync_client_writes_over_http() -> None:
         (401, {"error": "no token"}, Unauthorized, False),
         (403, {"error": "not your tenant"}, Unauthorized, False),
         (413, {"error": "too big"}, InvalidRecord, False),
-        (429, {"error": "budget full"}, ServiceUnavailable, False),
+        (429, {"error": "budget full"}, ServiceUnavailable, True),
         (503, {"error": "broker unavailable"}, BrokerUnavailable, True),
         (500, {"error": "boom"}, ServiceUnavailable, True),
     ],
 )
-def test_a_refused_write_raises_and_only_5xx_is_retried(
+def test_a_refused_write_raises_and_only_busy_or_5xx_is_retried(
     status: int, body: dict[str, Any], error: type[Exception], retried: bool
 ) -> None:
     srv = Server({p: [(status, body)] * 3 for p in ROUTES})
@@ -185,6 +185,54 @@ def test_a_5xx_then_202_is_a_success_with_the_same_records() -> None:
 
     asyncio.run(asyncio.wait_for(go(), 60))
     assert len(srv.seen) == 2 and srv.seen[0][2] == srv.seen[1][2]
+
+
+def test_a_busy_answer_is_retried_after_its_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """429 / 503 mean nothing was done: the write is sent again after the seconds the
+    answer's Retry-After asks for (capped), the client's own backoff where it has none."""
+    import dmem.client as client
+
+    srv = Server({"/v1/transitions": [(429, {"error": "busy"}, {"Retry-After": "7"}),
+                                      (503, {"error": "away"}, {"Retry-After": "3600"}),
+                                      (429, {"error": "busy"})]})  # fmt: skip
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(client.asyncio, "sleep", sleep)
+
+    async def go() -> None:
+        async with stub_server(srv.routes()) as url, _client(url, retries=3) as c:
+            assert await c.publish_many([_t(0), _t(1)]) == 2
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    # (aiohttp's own sleep(0) calls go through the patched module too)
+    assert [x for x in slept if x] == [7.0, client.RETRY_AFTER_MAX_S, 0.4]
+    assert len(srv.seen) == 4 and all(s[2] == srv.seen[0][2] for s in srv.seen)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("2", 2.0),
+        ("0.5", 0.5),
+        ("0", 0.0),
+        ("99999", 30.0),
+        (None, None),
+        ("-1", None),
+        ("nan", None),
+        ("Wed, 21 Oct 2026 07:28:00 GMT", None),
+    ],
+)
+def test_retry_after_reads_seconds_only(value: str | None, seconds: float | None) -> None:
+    from dmem.client import retry_after
+
+    assert retry_after(value) == seconds
 
 
 def test_a_refusal_in_a_later_batch_says_what_was_accepted() -> None:
