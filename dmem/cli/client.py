@@ -17,6 +17,7 @@ from dmem.cli.common import (
     fail,
     ident,
     load_settings,
+    no_stack_hint,
     stack_settings,
     tenant_name,
 )
@@ -74,12 +75,12 @@ def topics_create() -> None:
     """Create every dmem topic on the configured broker (idempotent)."""
     from streams.admin import check_broker, ensure_topics
 
-    settings, _ = stack_settings()
+    settings, up = stack_settings()
     try:
         asyncio.run(check_broker(settings.kafka))
         created = asyncio.run(ensure_topics(settings))
     except DmemError as exc:
-        fail(exc)
+        fail(exc, no_stack_hint(up))
     click.echo(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
 
 
@@ -150,7 +151,7 @@ def search(
     from streams.admin import check_broker
 
     # --http names the deployment: no running `dmem up` to find
-    settings = load_settings() if http_url else stack_settings()[0]
+    settings, up = (load_settings(), None) if http_url else stack_settings()
 
     async def go() -> list[Any]:
         if http_url is None:
@@ -162,7 +163,7 @@ def search(
     try:
         hits = asyncio.run(go())
     except (DmemError, ValidationError) as exc:
-        fail(exc)
+        fail(exc, "" if http_url else no_stack_hint(up))
     if as_json:
         click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
         return

@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
@@ -24,6 +24,7 @@ __all__ = [
     "ident",
     "load_settings",
     "named_deployment",
+    "no_stack_hint",
     "server_imports",
     "settings_with",
     "stack_settings",
@@ -32,10 +33,18 @@ __all__ = [
 ]
 
 
+#: how every dmem error line starts (on stderr)
+ERROR_PREFIX = "dmem: error: "
+
+
 class UsageError(click.ClickException):
-    """A bad setting or a missing extra: one line on stderr, exit status 2."""
+    """A bad setting or a missing extra: one line on stderr, exit status 2, with the
+    prefix of every other dmem error (`fail`)."""
 
     exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"{ERROR_PREFIX}{self.format_message()}", file=file, err=True)
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -106,12 +115,26 @@ def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
     return up_settings(state), state
 
 
-def fail(exc: BaseException) -> NoReturn:
-    """One line on stderr and exit status 2 (``DMEM_DEBUG=1``: the traceback instead)."""
+def fail(exc: BaseException, hint: str = "") -> NoReturn:
+    """One line on stderr and exit status 2 (``DMEM_DEBUG=1``: the traceback instead);
+    ``hint`` is added where the error is a deployment out of reach (`no_stack_hint`)."""
     if os.environ.get("DMEM_DEBUG"):
         raise exc
-    click.echo(f"dmem: error: {one_line(exc)}", err=True)
+    from schemas.errors import ServiceUnavailable
+
+    tail = hint if isinstance(exc, ServiceUnavailable) else ""
+    click.echo(f"{ERROR_PREFIX}{one_line(exc)}{tail}", err=True)
     sys.exit(2)
+
+
+def no_stack_hint(up: dict[str, Any] | None) -> str:
+    """What to do when the default deployment is out of reach and no `dmem up` runs
+    (`stack_settings` found none and no DMEM_* variable names a deployment); ""
+    otherwise: a named or found deployment's own error says enough."""
+    if up is not None or named_deployment():
+        return ""
+    return ("; no running `dmem up` was found: start one (`dmem up`), or name the "
+            "deployment (DMEM_KAFKA__BROKER, DMEM_MILVUS__URI; --http for a worker)")  # fmt: skip
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,6 +15,7 @@ from dmem.cli.common import (
     fail,
     ident,
     load_settings,
+    no_stack_hint,
     server_imports,
     stack_settings,
     tenant_name,
@@ -146,11 +147,11 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
     with server_imports("import"):
         from dmem.importer import run_import
 
-    settings, _ = stack_settings()
+    settings, up = stack_settings()
     try:
         rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
     except DmemError as exc:
-        fail(exc)
+        fail(exc, no_stack_hint(up))
     out = rep.as_dict()
     if as_json:
         click.echo(json.dumps(out))

@@ -179,7 +179,8 @@ def test_several_running_ups_are_one_line_and_exit_2(no_deployment_env: Path, tm
         out = CliRunner().invoke(main, args)
         assert out.exit_code == 2, (args, out.output, out.exception)
         (line,) = out.stderr.strip().splitlines()
-        assert "2 `dmem up` stacks are running, pass one of: DMEM_DATA_DIR=" in line, line
+        assert line.startswith("dmem: error: 2 `dmem up` stacks are running, pass one of: "
+                               "DMEM_DATA_DIR="), line  # fmt: skip
         assert str(tmp_path / "d1") in line and str(tmp_path / "d2") in line, line
     # the flags name the deployment: nothing to discover
     monkeypatch.setattr(wait, "health", lambda url: {"settled": True, "settle": {}})
@@ -236,3 +237,30 @@ def test_locate_follows_the_client_commands_rule(no_deployment_env: Path, tmp_pa
         monkeypatch.setenv("DMEM_KAFKA__BROKER", broker)
         settings, up = locate(d1)
         assert up is not None and settings.kafka.bootstrap == listening
+
+
+def test_an_unreachable_default_deployment_says_no_dmem_up_runs(
+    no_deployment_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no `dmem up` running and no deployment named, a broker out of reach says
+    so and what to do; where the user named the deployment, its own error is enough."""
+    from click.testing import CliRunner
+
+    import streams.admin
+    from dmem.cli import main
+    from schemas.errors import BrokerUnavailable
+
+    async def away(kafka: object) -> None:
+        raise BrokerUnavailable("cannot reach the Kafka broker at 127.0.0.1:9092")
+
+    monkeypatch.setattr(streams.admin, "check_broker", away)
+    for args in (["search", "q", "--tenant", "t1"], ["topics", "create"]):
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 2, (args, out.output, out.exception)
+        (line,) = out.stderr.strip().splitlines()
+        assert line.startswith("dmem: error: cannot reach the Kafka broker"), line
+        assert "no running `dmem up` was found: start one (`dmem up`)" in line, line
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "127.0.0.1:9092")
+    out = CliRunner().invoke(main, ["search", "q", "--tenant", "t1"])
+    assert out.exit_code == 2 and "cannot reach" in out.stderr
+    assert "dmem up" not in out.stderr, out.stderr
