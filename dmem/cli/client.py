@@ -333,7 +333,8 @@ def mcp(
                 f"--no-auth serves on a loopback address only (127.0.0.1, localhost, ::1), "
                 f"not {host!r}: give --auth-token to serve other machines"
             )
-    settings, _ = stack_settings()
+    # --http names the deployment (every tool goes over it): no running `dmem up` to find
+    settings = load_settings() if http_url else stack_settings()[0]
 
     def make_client() -> Client:
         return deployment_client(settings, tenant, http_url, timeout_s, token)

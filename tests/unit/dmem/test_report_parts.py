@@ -9,6 +9,7 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -197,6 +198,20 @@ def test_several_running_ups_are_one_line_and_exit_2(no_deployment_env: Path, tm
     out = CliRunner().invoke(main, ["search", "q", "--tenant", "t1", "--http", "http://h:1"])
     assert out.exit_code == 0 and "no memories found" in out.stdout, (out.output, out.exception)
     assert asked == ["http://h:1"]
+    import dmem.integrations.mcp as mcp_integration
+
+    served: list[str | None] = []
+
+    class Server:
+        def __init__(self, make_client: Any) -> None:
+            self.make_client = make_client
+
+        def run(self, transport: str) -> None:
+            served.append(self.make_client().http_url)
+
+    monkeypatch.setattr(mcp_integration, "build_server", lambda make, **_: Server(make))
+    out = CliRunner().invoke(main, ["mcp", "--tenant", "t1", "--http", "http://h:1"])
+    assert out.exit_code == 0 and served == ["http://h:1"], (out.output, out.exception)
 
 
 @pytest.mark.parametrize(
