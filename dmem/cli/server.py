@@ -309,6 +309,8 @@ def forget(
         "forgotten": len(events),
         "audited": len(events) if audit else 0,
     }
+    if memory_id is not None and events and events[0].memory_id != memory_id:
+        out["folded_into"] = events[0].memory_id  # the survivor that held its content
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -316,4 +318,5 @@ def forget(
             f"forgot {len(events)} memories of tenant {tenant}"
             + (f" agent {agent_id}" if agent_id else "")
             + (f" memory {memory_id}" if memory_id else "")
+            + (f" (folded into {out['folded_into']})" if "folded_into" in out else "")
         )

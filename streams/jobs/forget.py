@@ -2,14 +2,19 @@
 
 `forget_scope` deletes one memory, one agent's memories or a whole tenant's,
 tombstoned under the store's exclusive guard so no write in flight brings them
-back; `emit_events` publishes the ``forgotten`` events on ``memories`` (the audit
-trail) and on ``control``, from which every process that caches rows clears its
-state (`streams.control`).
+back. One memory named by an id dedup folded into another is its survivor: reads of
+that id answer with the survivor's row (`streams.respond.browse`), which holds its
+content now, so forgetting the id forgets the survivor (and with it every id folded
+into it); a forget that deleted nothing while the id still read back would leave
+what the user asked to be forgotten in place. `emit_events` publishes the
+``forgotten`` events on ``memories`` (the audit trail) and on ``control``, from which
+every process that caches rows clears its state (`streams.control`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -20,9 +25,10 @@ from streams.admin import kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
 from streams.jobs.rows import memory_event, unique_rows
+from streams.respond.browse import MAX_HOPS
 from streams.settings import Settings
 
-__all__ = ["FORGET_FIELDS", "emit_events", "forget_scope"]
+__all__ = ["FORGET_FIELDS", "emit_events", "forget_scope", "survivor"]
 
 FORGET_FIELDS = ["id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence"]
 
@@ -42,14 +48,15 @@ def forget_scope(
                             "to forget more)")  # fmt: skip
     now = now or now_ms()
     events: list[MemoryEvent] = []
+    target = memory_id
+    if memory_id is not None and not _rows_of(store, tenant, memory_id, agent_id):
+        target = survivor(store, tenant, memory_id) or memory_id
     scope = f"tenant={tenant}" + (f" agent={agent_id}" if agent_id else "") + (
-        f" memory={memory_id}" if memory_id else "")  # fmt: skip
+        f" memory={memory_id}" if memory_id else "") + (
+        f" (folded into {target})" if target != memory_id else "")  # fmt: skip
     for _ in range(rounds):
-        if memory_id is not None:
-            rows = [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS,
-                                         include_forgotten=True)
-                    if r.get("tenant") == tenant
-                    and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
+        if target is not None:
+            rows = _rows_of(store, tenant, target, agent_id)
         else:
             extra = {"agent_id": agent_id} if agent_id else None
             rows = list(store.scan(tenant=tenant, extra_filter=extra, output_fields=FORGET_FIELDS))
@@ -62,6 +69,30 @@ def forget_scope(
         events += [memory_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
                    for r in found.values()]  # fmt: skip
     return events
+
+
+def _rows_of(store: MemoryStore, tenant: str, memory_id: str,
+             agent_id: str | None) -> list[dict[str, Any]]:  # fmt: skip
+    """The stored rows of one memory of the tenant (and agent, where given)."""
+    return [r for r in store.get([memory_id], tenant=tenant, output_fields=FORGET_FIELDS,
+                                 include_forgotten=True)
+            if r.get("tenant") == tenant
+            and (agent_id is None or r.get("agent_id") == agent_id)]  # fmt: skip
+
+
+def survivor(store: MemoryStore, tenant: str, memory_id: str) -> str | None:
+    """The stored memory ``memory_id`` was folded into, along its chain of folds (at
+    most `MAX_HOPS`, as reads follow them); None when it was never folded or its
+    survivor is gone too."""
+    c = memory_id
+    for _ in range(MAX_HOPS):
+        into = store.history.folded_into(tenant, [c], "Strong").get(c)
+        if into is None:
+            return None
+        if store.get([into], tenant=tenant, output_fields=["id"]):
+            return into
+        c = into
+    return None
 
 
 async def emit_events(settings: Settings, events: Sequence[MemoryEvent]) -> None:

@@ -16,7 +16,8 @@ route; `wire_respond` registers them with the faust app.
   ``POST /v1/memories:batch_get`` (several ids), ``GET /v1/memories/{id}/history``
   (`streams.respond.browse`), ``DELETE /v1/memories/{id}?tenant=T`` and
   ``POST /v1/forget`` (JSON `ForgetRequest`: one memory or one agent's memories;
-  audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``),
+  audited as ``forgotten`` MemoryEvents and on ``control``, like ``dmem forget``; a
+  folded id forgets its survivor, named in ``folded_into``),
   ``GET /v1/stats?tenant=T`` (row counts by partition); HTTP ingest
   (``POST /v1/transitions|outcomes|feedback``) and ``GET /openapi.json`` come
   from `streams.respond.ingest`. Validation errors are 422
@@ -574,7 +575,10 @@ class RespondApi:
             await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
             await self.control.send(key=ev.tenant.encode(), value=encode(ev))
         status = missing if not events else 200
-        return json_response(view, {"tenant": req.tenant, "forgotten": len(events)}, status)
+        out: dict[str, Any] = {"tenant": req.tenant, "forgotten": len(events)}
+        if req.memory_id is not None and events and events[0].memory_id != req.memory_id:
+            out["folded_into"] = events[0].memory_id  # the survivor that held its content
+        return json_response(view, out, status)
 
     async def stats(self, view: View, request: Request) -> Response:
         """``GET /v1/stats?tenant=T``: row counts by partition."""

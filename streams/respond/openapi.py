@@ -143,7 +143,15 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }
     forgotten = {
         "type": "object",
-        "properties": {"tenant": {"type": "string"}, "forgotten": {"type": "integer"}},
+        "properties": {
+            "tenant": {"type": "string"},
+            "forgotten": {"type": "integer"},
+            "folded_into": {
+                "type": "string",
+                "description": "the memory forgotten for a memory_id dedup folded into it "
+                "(reads of that id answer with it)",
+            },
+        },
     }
     mid = {"name": "memory_id", "in": "path", "required": True, "schema": {"type": "string"}}
     memories = {

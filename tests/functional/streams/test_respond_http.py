@@ -222,3 +222,28 @@ async def test_a_body_over_the_limit_is_413_as_json(
     r = await client.post(path, data=body, headers=JSON)
     assert r.status == 413 and r.content_type == "application/json"
     assert "body size" in (await r.json())["error"]
+
+
+async def test_a_forget_by_a_folded_id_names_the_survivor_it_forgot(
+    served: tuple[TestClient[Any, Any], FakeStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streams.respond.http as http
+    from schemas import MemoryEvent
+
+    def forget_scope(store: Any, tenant: str, **scope: Any) -> list[MemoryEvent]:
+        return [MemoryEvent(kind="forgotten", memory_id="s1", tenant=tenant, partition="core",
+                            reason=f"forget memory={scope['memory_id']} (folded into s1)",
+                            ts=1)]  # fmt: skip
+
+    monkeypatch.setattr(http, "forget_scope", forget_scope)
+    client, _ = served
+    calls = [("POST", "/v1/forget", {"tenant": "t", "memory_id": "f1"}),
+             ("DELETE", "/v1/memories/f1?tenant=t", None),
+             ("POST", "/v1/forget", {"tenant": "t", "memory_id": "s1"})]  # fmt: skip
+    for method, path, body in calls:
+        r = await client.request(method, path, json=body, headers=OPS)
+        got = await r.json()
+        assert r.status == 200, got
+        want = {"tenant": "t", "forgotten": 1}
+        assert got == (want if body and body["memory_id"] == "s1" else
+                       {**want, "folded_into": "s1"})  # fmt: skip

@@ -123,3 +123,29 @@ def test_a_forget_again_deletes_a_row_written_back_while_tombstoned(
     events = forget_scope(store, "acme", memory_id="a")
     assert [e.memory_id for e in events] == ["a"]
     assert store.get(["a"], tenant="acme", include_forgotten=True) == []
+
+
+def test_forgetting_a_folded_id_forgets_its_survivor(store_factory: Factory) -> None:
+    """A folded id reads as its survivor, which holds its content: forgetting the id
+    forgets the survivor (along a chain of folds), so nothing reads back afterwards;
+    an id folded into a memory already gone, or another agent's, forgets nothing."""
+    from streams.respond.browse import MemoryReader
+
+    store = store_factory(dim=8)
+    store.upsert([make_record(m, seed=i) for i, m in enumerate(("s", "t", "u"))], "core")
+    store.history.fold("acme", {"a": "s", "b": "c", "c": "t", "g": "gone"}, ts=1)
+    reader = MemoryReader(store, None)
+    assert reader.get("acme", ["a"])["a"]["memory_id"] == "s"  # reads as its survivor
+    events = forget_scope(store, "acme", memory_id="a")
+    assert [(e.memory_id, e.kind) for e in events] == [("s", "forgotten")]
+    assert "folded into s" in events[0].reason
+    assert store.get(["s"], tenant="acme") == [] and reader.get("acme", ["a", "s"]) == {}
+    # b -> c -> t: the chain is followed to the stored memory
+    assert [e.memory_id for e in forget_scope(store, "acme", memory_id="b")] == ["t"]
+    assert forget_scope(store, "acme", memory_id="g") == []  # its survivor is gone
+    assert forget_scope(store, "acme", memory_id="a", agent_id="agent-2") == []
+    assert [r["id"] for r in store.get(["u"], tenant="acme")] == ["u"]  # untouched
+    store.history.fold("acme", {"h": "u"}, ts=2)
+    assert forget_scope(store, "acme", memory_id="h", agent_id="agent-2") == []
+    assert [e.memory_id for e in forget_scope(store, "acme", memory_id="h",
+                                              agent_id="agent-1")] == ["u"]  # fmt: skip
