@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,18 @@ class EligibilityWindow:
         """Entries sorted by step (a copy; empty if unknown or expired)."""
         ep = self._episodes.get(episode_key)
         return list(ep.entries) if ep is not None else []
+
+    def mark(self, episode_key: str, transition_ids: set[str], route: str) -> int:
+        """Record that entries now stand in ``route`` (an outcome wrote or promoted
+        them), so a copy of that outcome finds them there and does not act again;
+        the episode's idle clock and LRU position are left as they are."""
+        ep = self._episodes.get(episode_key)
+        if ep is None:
+            return 0
+        hit = [i for i, e in enumerate(ep.entries) if e.transition_id in transition_ids]
+        for i in hit:
+            ep.entries[i] = replace(ep.entries[i], route=str(route))
+        return len(hit)
 
     def discard(self, episode_key: str, transition_ids: set[str]) -> int:
         """Remove entries by transition id (a user asked to be forgotten)."""

@@ -107,6 +107,9 @@ CHECKPOINT_CONTEXTS = 64
 OUTCOME_AGENTS_MAX = 4096
 #: bytes of the original record kept in a dead letter (base64 makes it 4/3 larger)
 MAX_ORIGINAL_BYTES = 256 * 1024
+#: an eligibility entry an outcome wrote or promoted to core: still one of the entries a
+#: copy of that outcome picks (so the copy picks the same ones), never acted on again
+HINDSIGHT_CORE = "hindsight_core"
 RETRO_Z_MAX = 10.0  # clip of a stored hindsight z (see `WritePipeline.rescore`)
 #: separates tenant and input partition in a checkpoint's key (a tenant holds no ``|``)
 STATE_KEY_SEP = "|"
@@ -1224,6 +1227,7 @@ class WritePipeline:
             picked.append((abs(c_t), raw_z, e))
         picked.sort(key=lambda p: -p[0])
         written = {e.transition_id for _, _, e in picked[: self.settings.write.hindsight_max]}
+        acted: set[str] = set()  # written to core or promoted there
         for _, raw_z, e in picked[: self.settings.write.hindsight_max]:
             z = max(-RETRO_Z_MAX, min(RETRO_Z_MAX, raw_z))
             score = abs(z)
@@ -1261,14 +1265,18 @@ class WritePipeline:
                     event_ts=event_ts,
                 )
 
+            if e.route == HINDSIGHT_CORE:
+                continue  # an earlier copy of this outcome (or another) put it in core
             if e.route == "buffer":
                 out.promote.append(e.transition_id)
                 st.intrinsic.release(e.transition_id)  # kept for its outcome now
                 out.events.append(event("promoted"))
+                acted.add(e.transition_id)
                 continue
             t = st.recent.pop(e.transition_id, None)
             if t is None:
                 continue  # fell out of the bounded cache: nothing to write
+            acted.add(e.transition_id)
             created = t.ts if t.ts is not None else now_ms
             out.upserts["core"].append(
                 memory_row(
@@ -1287,6 +1295,9 @@ class WritePipeline:
                 )
             )
             out.events.append(event("written", t.agent_id, t.reward, event_ts=created))
+        # in core now: a copy of this outcome (an at-least-once replay) picks the same
+        # entries and writes and files nothing again
+        st.eligibility.mark(episode_id, acted, HINDSIGHT_CORE)
         if failure:
             self._failure_terminal(st, tenant, entries, written, sigma, plan, now_ms, out,
                                    {"outcome": float(outcome), "outcome_id": oid})  # fmt: skip

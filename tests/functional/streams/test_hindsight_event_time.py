@@ -100,3 +100,27 @@ def test_restart_keeps_open_episodes_for_hindsight() -> None:
         assert facts(second.rescore("t", eid, -400.0, now_ms=2, event_ts=ts)) == want
         wrote += len(want)
     assert wrote  # the first surprising outcome (episode 2's, begun before the stop) wrote
+
+
+def test_a_copy_of_an_outcome_writes_and_files_nothing_again() -> None:
+    """An at-least-once copy of an outcome finds what the first one wrote or promoted
+    in core: no second ``written`` or ``promoted`` event for the memories' histories,
+    and no promotion asked again."""
+    p = pipeline()
+    rng = random.Random(3)  # varied rewards: steps in the buffer as well as dropped ones
+    eps = [[Transition(tenant="t", agent_id="a", episode_id=f"e{e}", step=s,
+                       observation=f"room {e % 5} spot {s}", action="go",
+                       reward=round(rng.gauss(0, 1), 2) if s % 3 else -0.1,
+                       ts=TS0 + (e * 12 + s) * 1000) for s in range(12)]
+           for e in range(16)]  # fmt: skip
+    feed(p, eps, 0)
+    first, kinds = {}, set()
+    for ep in eps:
+        eid, x, ts = outcome_of(ep)
+        first[eid] = p.rescore("t", eid, x, now_ms=2, event_ts=ts)
+        kinds |= {e.kind for e in first[eid].events}
+    assert {"written", "promoted"} <= kinds  # both kinds of hindsight act here
+    for ep in eps:
+        eid, x, ts = outcome_of(ep)
+        again = p.rescore("t", eid, x, now_ms=3, event_ts=ts)
+        assert again.events == [] and again.promote == [], (eid, facts(again))
