@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import click
 
 from dmem.cli.common import (
+    DEPLOYMENT_SETTINGS,
     fail,
     ident,
     load_settings,
@@ -94,7 +96,9 @@ def _store(settings: Any, command: str) -> Any:
     """A connected MemoryStore for CLI tools (dim from the encoder settings).
 
     Milvus Lite opens in one process only: on the Lite file of a running `dmem up`,
-    `ConfigError` naming that stack and what to do instead."""
+    `ConfigError` naming that stack and what to do instead. No Lite file where one is
+    looked for: `ConfigError` naming where the memories are (the Milvus of the stack
+    running on the data dir) or which setting to give."""
     from milvus import MemoryStore
     from operators.encoders import encoder_dim
     from streams.local.announce import STATE_NAME, read_state
@@ -112,6 +116,16 @@ def _store(settings: Any, command: str) -> Any:
             f"{LITE_MEANWHILE[command]}"
         )
 
+    if not m.uri and not Path(lite).exists() and up is not None:
+        # the stack on this data dir keeps its store elsewhere (a Milvus server): the data
+        # dir is right, the deployment's Milvus has to be named, or found with the stack
+        named = " and ".join(k for k in DEPLOYMENT_SETTINGS if os.environ.get(k))
+        unset = f", or unset {named} so that `dmem {command}` finds the stack itself"
+        raise ConfigError(
+            f"no Milvus Lite file at {lite}: the `dmem up` on {settings.data_dir} (pid "
+            f"{up['pid']}) keeps its memories in Milvus at {up.get('milvus')}: set "
+            f"DMEM_MILVUS__URI={up.get('milvus')}{unset if named else ''}"
+        )
     if not m.uri and not Path(lite).exists():  # an empty store made here answers nothing
         raise ConfigError(
             f"no Milvus Lite file at {lite}: `dmem {command}` works on a deployment's store; "
