@@ -65,19 +65,29 @@ def test_good_weights_are_normalised_and_sent() -> None:
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:6066", "ftp://h:1", "http://", "http://h:x"])
-def test_an_http_url_that_is_not_one_is_a_config_error_at_once(url: str) -> None:
+def test_an_http_url_that_is_not_one_is_a_config_error_at_once(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # it was aiohttp's InvalidUrlClientError out of the first call (a traceback from
-    # `dmem search --http`, every MCP tool failing)
+    # `dmem search --http`, every MCP tool failing, `dmem wait` pending until its timeout)
     from click.testing import CliRunner
 
     import dmem.cli as cli
+    import dmem.wait
     from schemas.errors import ConfigError
 
+    waited: list[list[str]] = []
+    monkeypatch.setattr(
+        dmem.wait, "wait_settled", lambda urls, **_: waited.append(urls) or {"waited_s": 0.0}
+    )
     with pytest.raises(ConfigError, match="http_url"):
         Client("127.0.0.1:9092", "acme", http_url=url)
-    for args in (["search", "q", "--tenant", "t"], ["mcp", "--tenant", "t"]):
+    for args in (["search", "q", "--tenant", "t"], ["mcp", "--tenant", "t"],
+                 ["wait", "--http", "http://h:1"]):  # fmt: skip
         out = CliRunner().invoke(cli.main, [*args, "--http", url])
         assert out.exit_code == 2 and "--http" in out.output, out.output
+        assert repr(url) in out.output, out.output
+    assert waited == []  # every value of wait's repeatable --http is checked first
 
 
 def test_an_http_url_with_a_prefix_is_kept() -> None:
