@@ -228,10 +228,16 @@ def migrate(as_json: bool) -> None:
 def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
     """Counts, age/priority distributions, top memories, recent merges/evictions."""
     with server_imports("inspect"):
+        from streams.admin import check_broker
         from streams.jobs.inspection import inspect_tenant, recent_events
         from streams.jobs.rows import policy_from
 
     settings, _ = stack_settings()
+
+    async def recent() -> list[dict[str, Any]]:
+        await check_broker(settings.kafka)  # a broker out of reach: one line naming it
+        return await asyncio.wait_for(recent_events(settings, tenant), timeout=15)
+
     try:
         store = _store(settings, "inspect")
         try:
@@ -241,11 +247,10 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
         report["recent"] = None
         if events:
             try:
-                report["recent"] = asyncio.run(
-                    asyncio.wait_for(recent_events(settings, tenant), timeout=15)
-                )
+                report["recent"] = asyncio.run(recent())
             except Exception as exc:  # noqa: BLE001 - the store part is still useful
-                report["recent_error"] = f"{type(exc).__name__}: {exc}"
+                why = str(exc) if isinstance(exc, DmemError) else f"{type(exc).__name__}: {exc}"
+                report["recent_error"] = f"{why} (--no-events skips reading them)"
     except DmemError as exc:
         fail(exc)
     if as_json:
