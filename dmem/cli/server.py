@@ -172,7 +172,7 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
     else:
         click.echo(
             f"imported {out['transition']} transitions, {out['outcome']} outcomes, "
-            f"{out['feedback']} feedback from {out['lines']} lines; "
+            f"{out['feedback']} feedback, {out['usage']} usage from {out['lines']} lines; "
             f"{out['invalid']} invalid"
         )
     if rep.invalid:

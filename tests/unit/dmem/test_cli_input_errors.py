@@ -136,3 +136,21 @@ def test_store_commands_on_a_server_stacks_data_dir_name_its_milvus(
     assert f"unset DMEM_KAFKA__BROKER so that `dmem {args[0]}` finds the stack" in line, line
     assert "set DMEM_DATA_DIR" not in line, line
     assert not (data_dir / "milvus.db").exists()
+
+
+def test_import_counts_every_kind_in_its_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text line names usage records as `--json` counts them."""
+    import dmem.importer as importer
+
+    rep = importer.ImportReport(lines=5, published=5)
+    rep.counts.update(transition=2, outcome=1, feedback=1, usage=1)
+    monkeypatch.setattr(importer, "run_import", lambda *_, **__: rep)
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "127.0.0.1:1")  # named: no stack looked for
+    (tmp_path / "run.jsonl").write_text("")
+    out = CliRunner().invoke(cli.main, ["import", str(tmp_path / "run.jsonl")])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == (
+        "imported 2 transitions, 1 outcomes, 1 feedback, 1 usage from 5 lines; 0 invalid"
+    )
