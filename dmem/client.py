@@ -449,9 +449,12 @@ class Client:
         """Publish transitions; returns how many, once the broker acknowledged every one.
         A broker failure is `BrokerUnavailable` saying how many were acknowledged; the
         batch may be published again (a transition's id is stable: none is stored twice).
-        Over HTTP (``transport="http"``) the batch goes to ``POST /v1/transitions``."""
+        Over HTTP (``transport="http"``) the batch goes to ``POST /v1/transitions``.
+        A transition of another tenant than the client's is `InvalidRecord`, and nothing
+        is sent (`_own_tenant`)."""
+        transitions = self._own_tenant(list(transitions))
         if self.transport == "http":
-            return await self._ingest("/v1/transitions", list(transitions), "transitions")
+            return await self._ingest("/v1/transitions", transitions, "transitions")
         producer = await self._producer_ready()
         pending: list[asyncio.Future[Any]] = []
         n = 0
@@ -480,6 +483,20 @@ class Client:
                 f"transitions acknowledged ({failed[0]!r}); publishing them again is safe"
             ) from failed[0]
         return n
+
+    def _own_tenant(self, transitions: list[Transition]) -> list[Transition]:
+        """``transitions``, unless one is for another tenant: `InvalidRecord` naming both
+        tenants. The deployment refuses such a record (HTTP 403, a dead letter on Kafka
+        under auth) or, with auth off, stores it in the other tenant; outcomes, feedback
+        and usage are made with the client's tenant."""
+        for i, t in enumerate(transitions):
+            if t.tenant != self.tenant:
+                raise InvalidRecord(
+                    f"transition {i} is for tenant {t.tenant!r}, this client's tenant is "
+                    f"{self.tenant!r}: a client writes its own tenant's records only (one "
+                    "client per tenant); nothing was sent"
+                )
+        return transitions
 
     async def publish_chat(
         self, conversation: str, session: str | int, turns: Sequence[ChatTurn], start_step: int = 0

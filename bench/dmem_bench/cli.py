@@ -97,6 +97,21 @@ def demo(
         click.echo(dumps(summary).decode())
 
 
+def bench_results(
+    ctx: click.Context, param: click.Parameter, value: tuple[Path, ...]
+) -> tuple[Path, ...]:
+    """``--bench-json``'s check: every file holds a benchmark result (`read_bench`),
+    refused before the report reads the deployment."""
+    from dmem_bench.report import read_bench
+
+    for path in value:
+        try:
+            read_bench(path)
+        except DmemError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @click.command(cls=SettingsChecked)
 @click.option(
     "--out",
@@ -108,9 +123,11 @@ def demo(
 @click.option(
     "--bench-json",
     "bench_json",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     multiple=True,
-    help="benchmark result file(s) to include (JSON, last line)",
+    callback=bench_results,
+    help="benchmark result file(s) to include (one JSON object, or the JSON last line of "
+    "`dmem bench ... --json`)",
 )
 @click.option(
     "--bench-dir",

@@ -444,8 +444,8 @@ def run(cfg: LocomoConfig) -> dict[str, Any]:
         settings = stack.settings
 
         async def publish_and_settle() -> dict[str, Any]:
-            async with Client(stack.bootstrap or "", tenant="locomo") as client:
-                for s in streams.items.values():
+            for cid, s in streams.items.items():  # a tenant per conversation: its own client
+                async with Client(stack.bootstrap or "", tenant=tenant_of(cid)) as client:
                     await client.publish_many(it.transition for it in s)
             return await settle(settings, ids, cfg.settle_timeout_s)
 

@@ -28,8 +28,10 @@ Data sources:
   the discounted mean of credit, `operators.credit.apply_utility` as the applier
   folds it with ``jobs.credit_discount``);
   it says which source it used.
-- benchmark results: ``.dmem-bench/*.json`` (written by `dmem bench ...`) and any
-  ``--bench-json`` files; the newest file per benchmark name is shown, as a bar
+- benchmark results: ``.dmem-bench/*.json`` (written by `dmem bench ...`; other JSON
+  there is passed over) and any ``--bench-json`` files (`read_bench`: one JSON object,
+  or the last line of a saved ``--json`` output; a file that holds no result is an
+  error naming it); the newest file per benchmark name is shown, as a bar
   chart of its throughput numbers and a table of every scalar (nested objects
   flattened to ``a.b``); a file without numbers gets one line saying so.
 
@@ -218,7 +220,50 @@ def credit_utilities(updates: Iterable[dict[str, Any]], discount: float) -> list
     return [float(r.get("utility", 0.0)) for r in rows.values()]
 
 
+def read_bench(path: Path) -> dict[str, Any]:
+    """The result in a benchmark file: the whole file as one JSON object (as the files in
+    bench/results hold it), or the last line of a saved `dmem bench ... --json` output.
+
+    Raises `ConfigError` naming the file and why it holds no result: it cannot be read,
+    holds no JSON object, holds several (JSON Lines, such as records for `dmem import`),
+    or holds a dmem record (an object with a ``tenant``; no result has one).
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = orjson.loads(raw)
+        why = "it holds JSON that is not an object"
+    except orjson.JSONDecodeError:
+        lines = raw.strip().splitlines()
+        objects = sum(isinstance(_json_line(line), dict) for line in lines)
+        data = _json_line(lines[-1]) if objects == 1 else None
+        if objects > 1:
+            why = (f"it holds {objects} JSON objects, one a line (JSON Lines, such as records "
+                   "for `dmem import`), where a result is one object")  # fmt: skip
+        else:
+            why = "its last line is not a JSON object (`dmem bench ... --json` prints one)"
+    if isinstance(data, dict) and "tenant" in data:
+        why = "it holds a dmem record (an object with a tenant), not a result"
+    elif isinstance(data, dict):
+        return data
+    raise ConfigError(f"{path} is not a dmem benchmark result: {why}")
+
+
+def _json_line(line: bytes) -> Any:
+    """One line's JSON value, or None where the line is not JSON."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
 def load_benches(paths: Sequence[Path], bench_dir: Path | None) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, result) of the files named (`read_bench`: one that holds none raises
+    `ConfigError`) and of the ``*.json`` in ``bench_dir`` that hold one (a bench also keeps
+    other JSON there), newest first."""
+    named = {p.resolve() for p in paths}
     files = list(paths)
     if bench_dir is not None and bench_dir.is_dir():
         files += sorted(bench_dir.glob("*.json"))
@@ -226,15 +271,14 @@ def load_benches(paths: Sequence[Path], bench_dir: Path | None) -> list[tuple[st
     seen: set[Path] = set()
     for p in sorted(files, key=lambda x: x.stat().st_mtime if x.exists() else 0, reverse=True):
         rp = p.resolve()
-        if rp in seen or not p.is_file():
+        if rp in seen or (rp not in named and not p.is_file()):
             continue
         seen.add(rp)
         try:
-            data = orjson.loads(p.read_bytes().strip().splitlines()[-1])
-        except (orjson.JSONDecodeError, IndexError, OSError):
-            continue
-        if isinstance(data, dict):
-            out.append((p.name, data))
+            out.append((p.name, read_bench(p)))
+        except ConfigError:
+            if rp in named:
+                raise
     return out
 
 

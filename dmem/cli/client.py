@@ -45,14 +45,19 @@ def deployment_client(
     )
 
 
-def http_base(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """An ``--http`` option's check: a base URL the client can call, refused before
-    anything runs (`dmem mcp` would otherwise fail every tool call on it)."""
+#: an ``--http`` option's value: one URL, none, or those of a repeatable option
+HttpValue = str | tuple[str, ...] | None
+
+
+def http_base(ctx: click.Context, param: click.Parameter, value: HttpValue) -> HttpValue:
+    """An ``--http`` option's check: a base URL the client can call (each one of a
+    repeatable option), refused before anything runs (`dmem mcp` would otherwise fail
+    every tool call on it, `dmem wait` wait its whole timeout)."""
     from dmem.client import check_http_url
 
-    if value is not None:
+    for url in (value,) if isinstance(value, str) else value or ():
         try:
-            check_http_url(value)
+            check_http_url(url)
         except DmemError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
@@ -187,6 +192,7 @@ def search(
     "--http",
     "http_urls",
     multiple=True,
+    callback=http_base,
     help="a worker's base URL (repeat for several) [default: DMEM_WEB_HOST:PORT, else the "
     "running `dmem up`'s]",
 )

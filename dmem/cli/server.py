@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import click
 
 from dmem.cli.common import (
+    DEPLOYMENT_SETTINGS,
     fail,
     ident,
     load_settings,
@@ -94,7 +96,9 @@ def _store(settings: Any, command: str) -> Any:
     """A connected MemoryStore for CLI tools (dim from the encoder settings).
 
     Milvus Lite opens in one process only: on the Lite file of a running `dmem up`,
-    `ConfigError` naming that stack and what to do instead."""
+    `ConfigError` naming that stack and what to do instead. No Lite file where one is
+    looked for: `ConfigError` naming where the memories are (the Milvus of the stack
+    running on the data dir) or which setting to give."""
     from milvus import MemoryStore
     from operators.encoders import encoder_dim
     from streams.local.announce import STATE_NAME, read_state
@@ -112,6 +116,16 @@ def _store(settings: Any, command: str) -> Any:
             f"{LITE_MEANWHILE[command]}"
         )
 
+    if not m.uri and not Path(lite).exists() and up is not None:
+        # the stack on this data dir keeps its store elsewhere (a Milvus server): the data
+        # dir is right, the deployment's Milvus has to be named, or found with the stack
+        named = " and ".join(k for k in DEPLOYMENT_SETTINGS if os.environ.get(k))
+        unset = f", or unset {named} so that `dmem {command}` finds the stack itself"
+        raise ConfigError(
+            f"no Milvus Lite file at {lite}: the `dmem up` on {settings.data_dir} (pid "
+            f"{up['pid']}) keeps its memories in Milvus at {up.get('milvus')}: set "
+            f"DMEM_MILVUS__URI={up.get('milvus')}{unset if named else ''}"
+        )
     if not m.uri and not Path(lite).exists():  # an empty store made here answers nothing
         raise ConfigError(
             f"no Milvus Lite file at {lite}: `dmem {command}` works on a deployment's store; "
@@ -158,7 +172,7 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
     else:
         click.echo(
             f"imported {out['transition']} transitions, {out['outcome']} outcomes, "
-            f"{out['feedback']} feedback from {out['lines']} lines; "
+            f"{out['feedback']} feedback, {out['usage']} usage from {out['lines']} lines; "
             f"{out['invalid']} invalid"
         )
     if rep.invalid:
@@ -214,10 +228,16 @@ def migrate(as_json: bool) -> None:
 def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
     """Counts, age/priority distributions, top memories, recent merges/evictions."""
     with server_imports("inspect"):
+        from streams.admin import check_broker
         from streams.jobs.inspection import inspect_tenant, recent_events
         from streams.jobs.rows import policy_from
 
     settings, _ = stack_settings()
+
+    async def recent() -> list[dict[str, Any]]:
+        await check_broker(settings.kafka)  # a broker out of reach: one line naming it
+        return await asyncio.wait_for(recent_events(settings, tenant), timeout=15)
+
     try:
         store = _store(settings, "inspect")
         try:
@@ -227,11 +247,10 @@ def inspect_cmd(tenant: str, top: int, events: bool, as_json: bool) -> None:
         report["recent"] = None
         if events:
             try:
-                report["recent"] = asyncio.run(
-                    asyncio.wait_for(recent_events(settings, tenant), timeout=15)
-                )
+                report["recent"] = asyncio.run(recent())
             except Exception as exc:  # noqa: BLE001 - the store part is still useful
-                report["recent_error"] = f"{type(exc).__name__}: {exc}"
+                why = str(exc) if isinstance(exc, DmemError) else f"{type(exc).__name__}: {exc}"
+                report["recent_error"] = f"{why} (--no-events skips reading them)"
     except DmemError as exc:
         fail(exc)
     if as_json:

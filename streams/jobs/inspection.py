@@ -34,11 +34,13 @@ async def recent_events(
     settings: Settings, tenant: str, kinds: Sequence[str] = ("merged", "evicted", "demoted",
     "promoted", "forgotten"), per_partition: int = 5000, limit: int = 20,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """The latest maintenance events of `tenant` from the tail of ``dmem.memories``."""
+    """The latest maintenance events of `tenant` from the tail of ``dmem.memories``.
+
+    The consumer is closed on every path, a failed or cancelled start included."""
     c = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings.kafka))
-    await c.start()
     out: list[dict[str, Any]] = []
     try:
+        await c.start()
         name = settings.topic("memories")
         parts = c.partitions_for_topic(name)
         if not parts:

@@ -76,11 +76,11 @@ def test_bearer_tokens_scope_tenants(stack: LocalStack) -> None:
 
     async def load() -> None:
         # with tokens configured Kafka records carry credentials: the all-tenant token
-        # signs both tenants' transitions
-        async with Client(
-            stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix, token="tok-ops"
-        ) as c:
-            for ts in data.values():
+        # signs both tenants' transitions (a client per tenant)
+        for tenant, ts in data.items():
+            async with Client(
+                stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix, token="tok-ops"
+            ) as c:
                 await c.publish_many(ts)
         total = sum(len(v) for v in data.values())
         await collect(stack.bootstrap, [s.topic("memories")], lambda m: len(m) >= total)

@@ -87,8 +87,8 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 async def load(stack: LocalStack) -> dict[str, list[Transition]]:
     data = {t: transitions(t) for t in ("alpha", "beta")}
     s = stack.settings
-    async with Client(stack.bootstrap, "alpha", topic_prefix=s.kafka.topic_prefix) as c:
-        for ts in data.values():
+    for tenant, ts in data.items():  # a client writes its own tenant's records
+        async with Client(stack.bootstrap, tenant, topic_prefix=s.kafka.topic_prefix) as c:
             await c.publish_many(ts)
     total = sum(len(v) for v in data.values())
     msgs = await collect(stack.bootstrap, [s.topic("memories")], lambda m: len(m) >= total)

@@ -101,3 +101,56 @@ def test_store_commands_on_a_data_dir_without_a_store_say_where_to_look(
     assert out.exit_code == 2, out.output
     assert "no Milvus Lite file at" in out.output and "DMEM_DATA_DIR" in out.output
     assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["inspect", "--tenant", "t1", "--no-events"], ["forget", "--tenant", "t1"]]
+)
+def test_store_commands_on_a_server_stacks_data_dir_name_its_milvus(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DMEM_DATA_DIR names a running `dmem up` that keeps its store in a Milvus server,
+    and DMEM_KAFKA__BROKER skips finding it: the line names that server's URI to set and
+    the variable to unset, not the DMEM_DATA_DIR already set."""
+    import socket
+
+    from streams.local.announce import announce
+
+    data_dir = tmp_path / "stack"
+    with socket.socket() as broker:  # the running stack's broker answers
+        broker.bind(("127.0.0.1", 0))
+        broker.listen()
+        kafka = f"127.0.0.1:{broker.getsockname()[1]}"
+        announce(tmp_path / "run", data_dir, {"kafka": kafka, "milvus": "http://127.0.0.1:19531",
+                                              "data_dir": str(data_dir)})  # fmt: skip
+        monkeypatch.delenv("DMEM_MILVUS__URI", raising=False)
+        monkeypatch.setenv("DMEM_KAFKA__BROKER", kafka)
+        monkeypatch.setenv("DMEM_DATA_DIR", str(data_dir))
+        monkeypatch.setenv("DMEM_RUNTIME_DIR", str(tmp_path / "run"))
+        monkeypatch.setenv("DMEM_ENCODER__NAME", "hash")
+        out = CliRunner().invoke(cli.main, [*args, "--no-audit"] if args[0] == "forget" else args)
+    assert out.exit_code == 2, out.output
+    (line,) = out.stderr.strip().splitlines()
+    assert "keeps its memories in Milvus at http://127.0.0.1:19531" in line, line
+    assert "set DMEM_MILVUS__URI=http://127.0.0.1:19531" in line, line
+    assert f"unset DMEM_KAFKA__BROKER so that `dmem {args[0]}` finds the stack" in line, line
+    assert "set DMEM_DATA_DIR" not in line, line
+    assert not (data_dir / "milvus.db").exists()
+
+
+def test_import_counts_every_kind_in_its_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text line names usage records as `--json` counts them."""
+    import dmem.importer as importer
+
+    rep = importer.ImportReport(lines=5, published=5)
+    rep.counts.update(transition=2, outcome=1, feedback=1, usage=1)
+    monkeypatch.setattr(importer, "run_import", lambda *_, **__: rep)
+    monkeypatch.setenv("DMEM_KAFKA__BROKER", "127.0.0.1:1")  # named: no stack looked for
+    (tmp_path / "run.jsonl").write_text("")
+    out = CliRunner().invoke(cli.main, ["import", str(tmp_path / "run.jsonl")])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == (
+        "imported 2 transitions, 1 outcomes, 1 feedback, 1 usage from 5 lines; 0 invalid"
+    )

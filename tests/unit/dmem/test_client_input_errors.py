@@ -11,6 +11,7 @@ import pytest
 
 from dmem import DmemError
 from dmem.client import ChatTurn, Client
+from schemas import Transition
 from schemas.errors import InvalidRecord
 from tests.unit.dmem.test_client_credentials import FakeProducer
 
@@ -33,7 +34,19 @@ BAD: dict[str, tuple[Call, str]] = {
     "chat turn too long": (
         lambda c: c.publish_chat("c1", 1, [ChatTurn("ann", "hi"), ChatTurn("bo", "x" * 9000)]),
         "observation"),
+    # dead-lettered by the deployment (or stored in that tenant with auth off), unseen
+    "another tenant's transition": (
+        lambda c: c.publish(_transition("tb")),
+        "transition 0 is for tenant 'tb', this client's tenant is 'acme'"),
+    "another tenant's among the client's own": (
+        lambda c: c.publish_many(iter([_transition("acme"), _transition("tb", 1)])),
+        "transition 1 is for tenant 'tb'"),
 }  # fmt: skip
+
+
+def _transition(tenant: str, step: int = 0) -> Transition:
+    return Transition(tenant=tenant, agent_id="a", episode_id="e", step=step, observation="x",
+                      action="go")  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -48,6 +61,31 @@ def test_bad_input_is_an_invalid_record_and_sends_nothing(case: str) -> None:
     assert isinstance(err.value, DmemError) and not err.value.retriable
     assert named in str(err.value)
     assert producer.sent == []
+
+
+@pytest.mark.parametrize("transport", ["kafka", "http"])
+def test_a_transition_of_another_tenant_is_refused_before_anything_is_sent(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the HTTP API refuses it (403) for a token of the client's tenant, over either
+    transport, the client's own transitions of the same call included."""
+    client = Client("127.0.0.1:9092", "ta", token="tokA", transport=transport,
+                    http_url="http://127.0.0.1:1" if transport == "http" else None)  # fmt: skip
+    producer = FakeProducer()
+    client._producer = producer  # type: ignore[assignment]
+    client._started = True  # noqa: SLF001
+    posted: list[str] = []
+
+    async def http_call(method: str, path: str, *_: Any, **__: Any) -> tuple[int, bytes]:
+        posted.append(path)
+        return 202, b""
+
+    monkeypatch.setattr(client, "_http_call", http_call)
+    for call in (client.publish(_transition("tb")),
+                 client.publish_many([_transition("ta"), _transition("tb", 1)])):  # fmt: skip
+        with pytest.raises(InvalidRecord, match="tenant 'tb', this client's tenant is 'ta'"):
+            asyncio.run(call)
+    assert producer.sent == [] and posted == []
 
 
 def test_good_weights_are_normalised_and_sent() -> None:
@@ -65,19 +103,29 @@ def test_good_weights_are_normalised_and_sent() -> None:
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:6066", "ftp://h:1", "http://", "http://h:x"])
-def test_an_http_url_that_is_not_one_is_a_config_error_at_once(url: str) -> None:
+def test_an_http_url_that_is_not_one_is_a_config_error_at_once(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # it was aiohttp's InvalidUrlClientError out of the first call (a traceback from
-    # `dmem search --http`, every MCP tool failing)
+    # `dmem search --http`, every MCP tool failing, `dmem wait` pending until its timeout)
     from click.testing import CliRunner
 
     import dmem.cli as cli
+    import dmem.wait
     from schemas.errors import ConfigError
 
+    waited: list[list[str]] = []
+    monkeypatch.setattr(
+        dmem.wait, "wait_settled", lambda urls, **_: waited.append(urls) or {"waited_s": 0.0}
+    )
     with pytest.raises(ConfigError, match="http_url"):
         Client("127.0.0.1:9092", "acme", http_url=url)
-    for args in (["search", "q", "--tenant", "t"], ["mcp", "--tenant", "t"]):
+    for args in (["search", "q", "--tenant", "t"], ["mcp", "--tenant", "t"],
+                 ["wait", "--http", "http://h:1"]):  # fmt: skip
         out = CliRunner().invoke(cli.main, [*args, "--http", url])
         assert out.exit_code == 2 and "--http" in out.output, out.output
+        assert repr(url) in out.output, out.output
+    assert waited == []  # every value of wait's repeatable --http is checked first
 
 
 def test_an_http_url_with_a_prefix_is_kept() -> None:

@@ -279,3 +279,43 @@ def test_an_unreachable_default_deployment_says_no_dmem_up_runs(
     out = CliRunner().invoke(main, ["search", "q", "--tenant", "t1"])
     assert out.exit_code == 2 and "cannot reach" in out.stderr
     assert "dmem up" not in out.stderr, out.stderr
+
+
+def test_bench_json_must_exist_and_hold_a_benchmark_result(no_deployment_env: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """A missing file, JSON Lines of records, or a record alone are usage errors naming the
+    file, before any deployment is looked for; a result, whole or as the last line of a
+    saved `--json` output, is read."""
+    from click.testing import CliRunner
+
+    from dmem_bench.cli import report
+    from dmem_bench.report import load_benches
+
+    records = tmp_path / "some.jsonl"
+    records.write_text('{"tenant": "t", "observation": "o"}\n{"tenant": "t", "outcome": 1}\n')
+    record = tmp_path / "one.jsonl"
+    record.write_text('{"tenant": "t", "observation": "o"}\n')
+    text = tmp_path / "notes.json"
+    text.write_text("pipeline_tps: 5\n")
+    refused = ((tmp_path / "nope.json", "does not exist"),
+               (records, "is not a dmem benchmark result: it holds 2 JSON objects"),
+               (record, "is not a dmem benchmark result: it holds a dmem record"),
+               (text, "is not a dmem benchmark result: its last line is not a JSON"))  # fmt: skip
+    for path, why in refused:
+        out = CliRunner().invoke(report, ["--bench-json", str(path), "--out", str(tmp_path / "r")])
+        assert out.exit_code == 2, (path, out.output)
+        assert "no running `dmem up`" not in out.output  # refused before looking for one
+        error = out.output.strip().splitlines()[-1]
+        assert str(path) in error and why in error, error
+    saved = tmp_path / "write.json"  # a saved --json run: progress lines, then the result
+    saved.write_text('encoding...\n{"bench": "write", "pipeline_tps": 5000.0}\n')
+    pretty = tmp_path / "credit.json"  # a recorded result, indented
+    pretty.write_text(orjson.dumps({"episodes": 3}, option=orjson.OPT_INDENT_2).decode())
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    (bench_dir / "probes.json").write_text("[1, 2]")  # other JSON a bench keeps: passed over
+    found = dict(load_benches([saved, pretty], bench_dir))
+    assert found == {"write.json": {"bench": "write", "pipeline_tps": 5000.0},
+                     "credit.json": {"episodes": 3}}  # fmt: skip
+    with pytest.raises(ConfigError, match="one.jsonl is not a dmem benchmark result"):
+        load_benches([record], bench_dir)
