@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -53,6 +54,7 @@ from pydantic import BaseModel, ValidationError
 from yarl import URL
 
 from schemas import (
+    LIMITS,
     EpisodeOutcome,
     Feedback,
     Hit,
@@ -72,7 +74,13 @@ from schemas.errors import (
     InvalidRecord,
     ServiceUnavailable,
 )
-from schemas.models import MAX_TOPIC_CHARS, final_outcome_id, fit_id, usage_shares
+from schemas.models import (
+    IDENT_PATTERN,
+    MAX_TOPIC_CHARS,
+    final_outcome_id,
+    fit_id,
+    usage_shares,
+)
 from schemas.topics import topic_name
 
 T = TypeVar("T")
@@ -110,6 +118,16 @@ def check_http_url(url: str) -> None:
         raise ConfigError(f"http_url {url!r} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"http_url must be http://host:port or https://..., got {url!r}")
+
+
+def check_tenant(tenant: str) -> None:
+    """A tenant every record and request may name (`schemas.Ident`); else `ConfigError`
+    from the constructor, not a refusal of each call later."""
+    if not isinstance(tenant, str) or not (
+        0 < len(tenant) <= LIMITS.max_id_chars and re.fullmatch(IDENT_PATTERN, tenant)
+    ):
+        raise ConfigError(f"tenant must be 1..{LIMITS.max_id_chars} characters of "
+                          f"{IDENT_PATTERN}, got {tenant!r}")  # fmt: skip
 
 
 def _read_outcome(fut: asyncio.Future[Any]) -> None:
@@ -225,6 +243,7 @@ class Client:
             raise ValueError("the http transport needs http_url")
         if http_url:
             check_http_url(http_url)
+        check_tenant(tenant)
         self.bootstrap = bootstrap.removeprefix("kafka://")
         self.tenant = tenant
         self.prefix = topic_prefix

@@ -131,3 +131,14 @@ def test_an_http_url_that_is_not_one_is_a_config_error_at_once(
 def test_an_http_url_with_a_prefix_is_kept() -> None:
     c = Client("127.0.0.1:9092", "acme", http_url="https://dmem.example:8443/api/")
     assert c.http_url == "https://dmem.example:8443/api"
+
+
+@pytest.mark.parametrize("tenant", ["", "bad tenant", "a|b", "é", "a" * 129, "t\n"])
+def test_a_tenant_that_is_no_id_is_a_config_error_from_the_constructor(tenant: str) -> None:
+    from schemas.errors import ConfigError
+    from schemas.limits import LIMITS
+
+    assert LIMITS.max_id_chars < 129
+    with pytest.raises(ConfigError, match="tenant must be"):
+        Client("127.0.0.1:9092", tenant)
+    assert Client("127.0.0.1:9092", "acme-1_b.c:d@e/f").tenant == "acme-1_b.c:d@e/f"
