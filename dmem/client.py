@@ -604,9 +604,11 @@ class Client:
         if memory_id is None and agent_id is None:
             raise ValueError("forget needs a memory_id or an agent_id")
         body = {"tenant": self.tenant, "memory_id": memory_id, "agent_id": agent_id}
-        # not sent again after a timeout: the first forget may still be deleting, and a
-        # second one would answer only what was left (a lost connection is retried)
-        data = await self._http_json("POST", "/v1/forget", body, retry_timeouts=False)
+        # not sent again after a timeout or a busy answer: the first forget may still be
+        # deleting, or have deleted some rows before the store failed, and a second one
+        # would answer only what was left (a lost connection is retried)
+        data = await self._http_json("POST", "/v1/forget", body, retry_timeouts=False,
+                                     retry_busy=False)  # fmt: skip
         return int(data["forgotten"])
 
     async def get_memory(self, memory_id: str) -> dict[str, Any] | None:
@@ -665,8 +667,8 @@ class Client:
         return await self._http_json("GET", f"/v1/stats?tenant={quote(self.tenant)}")
 
     async def _http_call(self, method: str, path: str, data: bytes | str | None,
-                         retry_timeouts: bool = True,
-                         retry_5xx: bool = False) -> tuple[int, bytes]:  # fmt: skip
+                         retry_timeouts: bool = True, retry_5xx: bool = False,
+                         retry_busy: bool = True) -> tuple[int, bytes]:  # fmt: skip
         """One idempotent HTTP call (search, get, stats, forget), retried on a lost connection.
 
         A server may close an idle keep-alive connection just as the client reuses
@@ -678,9 +680,11 @@ class Client:
         request_id, as over Kafka), unless ``retry_timeouts`` is False: then it is
         `ServiceUnavailable` at once, saying the call may still complete on the server.
         ``retry_5xx``: a 5xx answer is tried again the same way (the last one is returned);
-        for writes whose records carry their ids (`_ingest`). A 429 or 503 (the server is
-        busy or its broker away: nothing was done) is tried again by every call, after the
-        answer's ``Retry-After`` seconds where it gives them (at most `RETRY_AFTER_MAX_S`).
+        for writes whose records carry their ids (`_ingest`). A 429 or 503 (the tenant's
+        share taken, the store or broker away) is tried again, unless ``retry_busy`` is
+        False (a forget, which may have deleted rows before its store failed), after the
+        answer's ``Retry-After`` seconds where it gives them (at most `RETRY_AFTER_MAX_S`),
+        else the client's own backoff.
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
@@ -692,6 +696,7 @@ class Client:
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(0.1 * 2 ** (attempt - 1) if wait_s is None else wait_s)
+            wait_s = None  # a lost connection after a busy answer backs off on its own
             try:
                 async with self._http.request(
                     method,
@@ -702,7 +707,7 @@ class Client:
                 ) as r:
                     status, raw = r.status, await r.read()
                     wait_s = retry_after(r.headers.get("Retry-After"))
-                busy = status in (429, 503)
+                busy = retry_busy and status in (429, 503)
                 if (busy or (retry_5xx and status >= 500)) and attempt < self.retries:
                     last = ServiceUnavailable(f"HTTP {status}")
                     continue
@@ -721,9 +726,9 @@ class Client:
         )
 
     async def _http_json(self, method: str, path: str, body: Any = None,
-                         retry_timeouts: bool = True) -> Any:  # fmt: skip
+                         retry_timeouts: bool = True, retry_busy: bool = True) -> Any:  # fmt: skip
         status, raw = await self._http_call(method, path, orjson.dumps(body) if body else None,
-                                            retry_timeouts)  # fmt: skip
+                                            retry_timeouts, retry_busy=retry_busy)  # fmt: skip
         try:
             data: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -746,9 +751,10 @@ class Client:
         its id before it is sent (a transition's stable id, an outcome's
         ``<episode>:final``, the feedback_id `feedback` draws once per call, a usage
         report's request_id), and the worker's consumers keep one record per id, so a
-        batch the server stored before the answer was lost is not stored twice. A refusal
-        (4xx) is not retried: `Unauthorized` (401/403), `InvalidRecord` (422/413/400: the
-        server's reasons, indexed in the whole call), `BrokerUnavailable` (503: the
+        batch the server stored before the answer was lost is not stored twice; a busy
+        answer (429) is retried too (`_http_call`). A refusal (another 4xx) is not:
+        `Unauthorized` (401/403), `InvalidRecord` (422/413/400: the server's reasons,
+        indexed in the whole call). Once the tries are spent: `BrokerUnavailable` (503: the
         worker's broker is away), `ServiceUnavailable` otherwise (429, other 5xx, no
         answer); the message says how many records were accepted before it.
         """

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from dmem.cli import client, server
+from dmem.cli.common import UsageError
 
 __all__ = ["ENTRY_POINT_GROUP", "main"]
 
@@ -30,7 +31,7 @@ HARNESS_COMMANDS = ("bench", "demo", "report", "deploycheck")
 
 def _harness_missing(name: str) -> click.Command:
     def callback(**_: Any) -> None:
-        raise click.ClickException(
+        raise UsageError(
             f"`dmem {name}` is part of the benchmark harness, which runs from a checkout "
             "of the repository: pip install -e ./bench"
         )

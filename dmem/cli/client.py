@@ -168,7 +168,7 @@ def search(
     try:
         hits = asyncio.run(go())
     except (DmemError, ValidationError) as exc:
-        fail(exc, "" if http_url else no_stack_hint(up))
+        fail(exc, "" if http_url else no_stack_hint(up, http_option=True))
     if as_json:
         click.echo(json.dumps([h.model_dump(mode="json", by_alias=True) for h in hits]))
         return
@@ -327,7 +327,7 @@ def mcp(
     except ImportError as exc:
         raise UsageError(f"{exc}: install the extra: pip install 'dmem[mcp]'") from None
     if transport == "http" and not auth_token and not no_auth:
-        raise click.ClickException(
+        raise UsageError(
             "the http transport needs --auth-token (or DMEM_MCP_TOKEN); "
             "--no-auth serves without one"
         )

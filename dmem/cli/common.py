@@ -127,14 +127,16 @@ def fail(exc: BaseException, hint: str = "") -> NoReturn:
     sys.exit(2)
 
 
-def no_stack_hint(up: dict[str, Any] | None) -> str:
+def no_stack_hint(up: dict[str, Any] | None, http_option: bool = False) -> str:
     """What to do when the default deployment is out of reach and no `dmem up` runs
     (`stack_settings` found none and no DMEM_* variable names a deployment); ""
-    otherwise: a named or found deployment's own error says enough."""
+    otherwise: a named or found deployment's own error says enough. ``http_option``:
+    the command also takes ``--http`` (a worker's URL)."""
     if up is not None or named_deployment():
         return ""
+    http = "; --http for a worker" if http_option else ""
     return ("; no running `dmem up` was found: start one (`dmem up`), or name the "
-            "deployment (DMEM_KAFKA__BROKER, DMEM_MILVUS__URI; --http for a worker)")  # fmt: skip
+            f"deployment (DMEM_KAFKA__BROKER, DMEM_MILVUS__URI{http})")  # fmt: skip
 
 
 def one_line(exc: BaseException) -> str:

@@ -306,7 +306,7 @@ def forget(
     """Delete every memory of the scope from Milvus (and emit `forgotten` audit events)."""
     with server_imports("forget"):
         from streams.admin import check_broker
-        from streams.jobs.forget import emit_events, forget_scope
+        from streams.jobs.forget import ForgetIncomplete, emit_events, forget_scope
 
     settings, _ = stack_settings()
     try:
@@ -315,6 +315,10 @@ def forget(
         store = _store(settings, "forget")
         try:
             events = forget_scope(store, tenant, agent_id=agent_id, memory_id=memory_id)
+        except ForgetIncomplete as exc:  # what was deleted is still audited and announced
+            if audit:
+                asyncio.run(emit_events(settings, exc.events))
+            raise
         finally:
             store.close()
         if audit and events:

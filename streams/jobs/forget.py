@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from milvus import MemoryStore
 from schemas import MemoryEvent, encode
-from schemas.errors import InvalidRecord
+from schemas.errors import DmemError, InvalidRecord, ServiceUnavailable
 from streams.admin import kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.clock import now_ms
@@ -28,7 +28,7 @@ from streams.jobs.rows import memory_event, unique_rows
 from streams.respond.browse import MAX_HOPS
 from streams.settings import Settings
 
-__all__ = ["FORGET_FIELDS", "emit_events", "forget_scope", "survivor"]
+__all__ = ["FORGET_FIELDS", "ForgetIncomplete", "emit_events", "forget_scope", "survivor"]
 
 FORGET_FIELDS = ["id", "tenant", "agent_id", "episode_id", "step", "reward", "rpe", "valence"]
 
@@ -54,21 +54,41 @@ def forget_scope(
     scope = f"tenant={tenant}" + (f" agent={agent_id}" if agent_id else "") + (
         f" memory={memory_id}" if memory_id else "") + (
         f" (folded into {target})" if target != memory_id else "")  # fmt: skip
-    for _ in range(rounds):
-        if target is not None:
-            rows = _rows_of(store, tenant, target, agent_id)
-        else:
-            extra = {"agent_id": agent_id} if agent_id else None
-            rows = list(store.scan(tenant=tenant, extra_filter=extra, output_fields=FORGET_FIELDS))
-        found = unique_rows(rows)
-        if not found:
-            break
-        # tombstoned under the store's exclusive guard: no write in flight (this
-        # module's read-modify-writes included) can bring them back
-        store.forget(sorted(found), tenant=tenant, at=now / 1000.0)
-        events += [memory_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
-                   for r in found.values()]  # fmt: skip
+    # the named id too when it stands for its survivor: a replay or a re-publish of it
+    # (its id is stable) must not store again what the user asked to forget
+    named = [memory_id] if memory_id is not None and target != memory_id else []
+    try:
+        for _ in range(rounds):
+            if target is not None:
+                rows = _rows_of(store, tenant, target, agent_id)
+            else:
+                extra = {"agent_id": agent_id} if agent_id else None
+                rows = list(store.scan(tenant=tenant, extra_filter=extra,
+                                       output_fields=FORGET_FIELDS))  # fmt: skip
+            found = unique_rows(rows)
+            if not found:
+                break
+            # tombstoned under the store's exclusive guard: no write in flight (this
+            # module's read-modify-writes included) can bring them back
+            store.forget(sorted([*found, *named]), tenant=tenant, at=now / 1000.0)
+            named = []
+            events += [memory_event("forgotten", r, r.get("partition"), f"forget {scope}", now)
+                       for r in found.values()]  # fmt: skip
+    except DmemError as exc:
+        if events:  # deleted already: their audit trail and notices must still go out
+            raise ForgetIncomplete(exc, events) from exc
+        raise
     return events
+
+
+class ForgetIncomplete(ServiceUnavailable):
+    """The store failed after some rows of the scope were deleted: ``events`` are
+    theirs, to be emitted as every forget's are; calling the forget again is safe."""
+
+    def __init__(self, cause: DmemError, events: list[MemoryEvent]) -> None:
+        super().__init__(f"{cause}; {len(events)} memories were forgotten before it, "
+                         "forget again for the rest")  # fmt: skip
+        self.events = events
 
 
 def _rows_of(store: MemoryStore, tenant: str, memory_id: str,

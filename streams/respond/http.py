@@ -46,7 +46,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -63,6 +63,7 @@ from operators.retrieval import RankPolicy
 from schemas import (
     BatchGetRequest,
     ForgetRequest,
+    MemoryEvent,
     MemoryListQuery,
     RetrievalRequest,
     RetrievalResponse,
@@ -76,7 +77,7 @@ from streams.auth import UNAUTHENTICATED, Authorizer, KafkaGuard
 from streams.clock import now_ms
 from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
-from streams.jobs.forget import forget_scope
+from streams.jobs.forget import ForgetIncomplete, forget_scope
 from streams.metrics import count_dead_letter, tenant_label
 from streams.respond.browse import MemoryReader, ascii_int, list_query
 from streams.respond.fair import TenantBusy, TenantLimiter
@@ -569,16 +570,24 @@ class RespondApi:
             events = await asyncio.to_thread(
                 forget_scope, store, req.tenant, agent_id=req.agent_id, memory_id=req.memory_id
             )
+        except ForgetIncomplete as exc:  # what was deleted is audited and announced
+            await self._announce(exc.events)
+            return self.store_failed(view, exc, f"forget for {req.tenant}")
         except DmemError as exc:
             return self.store_failed(view, exc, f"forget for {req.tenant}")
-        for ev in events:  # the same audit trail as `dmem forget`
-            await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
-            await self.control.send(key=ev.tenant.encode(), value=encode(ev))
+        await self._announce(events)
         status = missing if not events else 200
         out: dict[str, Any] = {"tenant": req.tenant, "forgotten": len(events)}
         if req.memory_id is not None and events and events[0].memory_id != req.memory_id:
             out["folded_into"] = events[0].memory_id  # the survivor that held its content
         return json_response(view, out, status)
+
+    async def _announce(self, events: Sequence[MemoryEvent]) -> None:
+        """``forgotten`` events on ``memories`` (the audit trail, as `dmem forget`) and on
+        ``control`` (every process clears its state of them)."""
+        for ev in events:
+            await self.memories.send(key=ev.memory_id.encode(), value=encode(ev))
+            await self.control.send(key=ev.tenant.encode(), value=encode(ev))
 
     async def stats(self, view: View, request: Request) -> Response:
         """``GET /v1/stats?tenant=T``: row counts by partition."""

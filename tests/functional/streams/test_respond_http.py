@@ -247,3 +247,30 @@ async def test_a_forget_by_a_folded_id_names_the_survivor_it_forgot(
         want = {"tenant": "t", "forgotten": 1}
         assert got == (want if body and body["memory_id"] == "s1" else
                        {**want, "folded_into": "s1"})  # fmt: skip
+
+
+async def test_a_forget_the_store_broke_off_announces_what_it_deleted(
+    served: tuple[TestClient[Any, Any], FakeStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows deleted before the store failed get their audit events and notices; the
+    answer is 503 (retriable) and says how many were forgotten."""
+    import streams.respond.http as http
+    from schemas import MemoryEvent
+    from streams.jobs.forget import ForgetIncomplete
+
+    done = [MemoryEvent(kind="forgotten", memory_id="m1", tenant="t", partition="core", ts=1)]
+
+    def forget_scope(store: Any, tenant: str, **scope: Any) -> list[MemoryEvent]:
+        raise ForgetIncomplete(StoreUnavailable("Milvus went away"), done)
+
+    announced: list[list[MemoryEvent]] = []
+
+    async def announce(self: Any, events: list[MemoryEvent]) -> None:
+        announced.append(list(events))
+
+    monkeypatch.setattr(http, "forget_scope", forget_scope)
+    monkeypatch.setattr(http.RespondApi, "_announce", announce)
+    client, _ = served
+    r = await client.post("/v1/forget", json={"tenant": "t", "memory_id": "m1"}, headers=OPS)
+    assert r.status == 503 and "Retry-After" in r.headers, await r.text()
+    assert announced == [done]

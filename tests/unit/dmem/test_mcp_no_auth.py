@@ -20,7 +20,7 @@ def test_no_auth_refuses_a_non_loopback_host(host: str) -> None:
 
 def test_a_token_may_serve_any_host_and_none_refuses() -> None:
     out = CliRunner().invoke(mcp, ["--transport", "http", "--tenant", "t", "--host", "0.0.0.0"])
-    assert out.exit_code != 0 and "needs --auth-token" in out.output
+    assert out.exit_code == 2 and "dmem: error: the http transport needs --auth-token" in out.output
 
 
 @pytest.mark.parametrize(
