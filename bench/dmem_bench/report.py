@@ -495,13 +495,14 @@ def partition_sizes(events: Sequence[dict[str, Any]]) -> tuple[list[int], dict[s
         if mid is None or e.get("ts") is None:
             continue
         old = where.get(mid)
-        if kind in ("written", "moved", "promoted", "demoted", "merged") and part in series:
+        # merged: the memory named was folded into another, which stays where it is
+        if kind in ("written", "moved", "promoted", "demoted") and part in series:
             if old != part:
                 if old:
                     size[old] -= 1
                 size[part] += 1
                 where[mid] = part
-        elif kind in ("evicted", "forgotten") and old:
+        elif kind in ("evicted", "forgotten", "merged") and old:
             size[old] -= 1
             del where[mid]
         else:

@@ -339,8 +339,11 @@ def mcp(
                 f"--no-auth serves on a loopback address only (127.0.0.1, localhost, ::1), "
                 f"not {host!r}: give --auth-token to serve other machines"
             )
-    # --http names the deployment (every tool goes over it): no running `dmem up` to find
-    settings = load_settings() if http_url else stack_settings()[0]
+    # --http names the deployment (every tool goes over it): no running `dmem up` to find;
+    # a running one found serves every tool over its HTTP API (forget and stats need it)
+    settings, up = (load_settings(), None) if http_url else stack_settings()
+    if up is not None and up.get("http"):
+        http_url = str(up["http"])
 
     def make_client() -> Client:
         return deployment_client(settings, tenant, http_url, timeout_s, token)

@@ -212,6 +212,11 @@ def test_several_running_ups_are_one_line_and_exit_2(no_deployment_env: Path, tm
     monkeypatch.setattr(mcp_integration, "build_server", lambda make, **_: Server(make))
     out = CliRunner().invoke(main, ["mcp", "--tenant", "t1", "--http", "http://h:1"])
     assert out.exit_code == 0 and served == ["http://h:1"], (out.output, out.exception)
+    # one stack running: every tool goes over its HTTP API (forget and stats need it)
+    (no_deployment_env / "999.json").unlink()
+    (no_deployment_env / "other").rename(no_deployment_env / "gone")
+    out = CliRunner().invoke(main, ["mcp", "--tenant", "t1"])
+    assert out.exit_code == 0 and served[-1] == "http://127.0.0.1:1", (out.output, served)
 
 
 @pytest.mark.parametrize(
@@ -319,3 +324,18 @@ def test_bench_json_must_exist_and_hold_a_benchmark_result(no_deployment_env: Pa
                      "credit.json": {"episodes": 3}}  # fmt: skip
     with pytest.raises(ConfigError, match="one.jsonl is not a dmem benchmark result"):
         load_benches([record], bench_dir)
+
+
+def test_partition_sizes_take_merged_memories_out() -> None:
+    """``merged`` names the memory folded into another: it leaves the store, as an
+    evicted or forgotten one does (the survivor stays where it is)."""
+    from dmem_bench.report import partition_sizes
+
+    ev = [{"kind": "written", "memory_id": m, "partition": p, "ts": i}
+          for i, (m, p) in enumerate((("a", "core"), ("b", "core"), ("c", "buffer")))]  # fmt: skip
+    ev += [{"kind": "merged", "memory_id": "b", "partition": "core", "ts": 5},
+           {"kind": "forgotten", "memory_id": "c", "partition": "buffer", "ts": 6},
+           {"kind": "merged", "memory_id": "never-seen", "partition": "core", "ts": 7}]  # fmt: skip
+    ts, series = partition_sizes(ev)
+    assert ts == [0, 1, 2, 5, 6]
+    assert series == {"core": [1, 2, 2, 1, 1], "buffer": [0, 0, 1, 1, 0]}
