@@ -8,7 +8,8 @@ Two kinds of metric:
   `record_batch` once per micro-batch and times its Milvus upserts with
   `milvus_timer`): gate decisions, dead letters, Milvus latency, thresholds;
 - state metrics, refreshed from the process's `RoleContext` on each scrape
-  (`refresh`): smoothed-RPE quantiles of each tenant's gate sketch, the value
+  (`refresh`): smoothed-RPE quantiles of each tenant's gate sketch (merged over the
+  tenant's input partitions held by the worker: `tenant_sketch`), the value
   model's last TD loss, store health, consumer lag of the partitions assigned
   to this worker, and Milvus partition sizes (cached for ``SIZE_TTL_S``,
   a count is a query).
@@ -247,13 +248,33 @@ def _refresh_pipeline(pipeline: Any) -> None:
         loss = getattr(st, "last_loss", None)
         if loss is not None and math.isfinite(loss):
             VALUE_LOSS.labels(tenant=tenant).set(loss)
-        sketch = getattr(getattr(st, "gate_state", None), "sketch", None)
+        sketch = tenant_sketch(pipeline, tenant, st)
         if sketch is None:
             continue
         for name, q in QUANTILES:
             v = sketch.quantile(q)
             if math.isfinite(v):
                 GATE_RPE.labels(tenant=tenant, name=name).set(v)
+
+
+def tenant_sketch(pipeline: Any, tenant: str, first: Any) -> Any:
+    """The gate-score sketch of a tenant over every state of it this worker holds (one
+    per input partition its agents' records came in on; ``first``: its lowest), merged
+    into a copy; a tenant whose chat and rewarded agent hash to two partitions has two
+    gates, and the lowest alone would describe only one of them."""
+    of_tenant = getattr(pipeline, "of_tenant", None)
+    states = of_tenant(tenant) if of_tenant is not None else [first]
+    sketches = [
+        sk
+        for st in states
+        if (sk := getattr(getattr(st, "gate_state", None), "sketch", None)) is not None
+    ]
+    if len(sketches) <= 1:
+        return sketches[0] if sketches else None
+    merged = type(sketches[0]).from_dict(sketches[0].to_dict())
+    for other in sketches[1:]:
+        merged.merge(other)
+    return merged
 
 
 def _refresh_lag(app: Any, ctx: RoleContext) -> None:
