@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures
 import math
 import os
-import re
 import threading
 import time
 import uuid
@@ -79,6 +78,7 @@ from schemas.models import (
     MAX_TOPIC_CHARS,
     final_outcome_id,
     fit_id,
+    is_ident,
     usage_shares,
 )
 from schemas.topics import topic_name
@@ -123,9 +123,7 @@ def check_http_url(url: str) -> None:
 def check_tenant(tenant: str) -> None:
     """A tenant every record and request may name (`schemas.Ident`); else `ConfigError`
     from the constructor, not a refusal of each call later."""
-    if not isinstance(tenant, str) or not (
-        0 < len(tenant) <= LIMITS.max_id_chars and re.fullmatch(IDENT_PATTERN, tenant)
-    ):
+    if not is_ident(tenant):
         raise ConfigError(f"tenant must be 1..{LIMITS.max_id_chars} characters of "
                           f"{IDENT_PATTERN}, got {tenant!r}")  # fmt: skip
 

@@ -21,6 +21,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,14 @@ Ident = Annotated[
     str,
     StringConstraints(min_length=1, max_length=LIMITS.max_id_chars, pattern=IDENT_PATTERN),
 ]
+
+
+def is_ident(value: object) -> bool:
+    """Whether ``value`` is an `Ident` (what a tenant, agent or memory id may be)."""
+    return (isinstance(value, str) and len(value) <= LIMITS.max_id_chars
+            and re.fullmatch(IDENT_PATTERN[1:-1], value) is not None)  # fmt: skip
+
+
 #: Kafka's longest topic name
 MAX_TOPIC_CHARS = 249
 #: a reply topic: an id's characters, as long as Kafka allows (a tenant's own reply topic,

@@ -4,7 +4,6 @@ and the message for a server command run without the server's packages."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -158,11 +157,9 @@ def tenant_name(ctx: click.Context, param: click.Parameter, value: str | None) -
     ``--agent ""`` would narrow nothing, so ``dmem forget`` would delete the whole
     tenant)."""
     from schemas.limits import LIMITS
-    from schemas.models import IDENT_PATTERN
+    from schemas.models import IDENT_PATTERN, is_ident
 
-    if value is not None and not (
-        re.fullmatch(IDENT_PATTERN[1:-1], value) and len(value) <= LIMITS.max_id_chars
-    ):
+    if value is not None and not is_ident(value):
         raise click.BadParameter(f"must match {IDENT_PATTERN} (at most {LIMITS.max_id_chars} "
                                  "characters)")  # fmt: skip
     return value
