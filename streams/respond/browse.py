@@ -42,7 +42,7 @@ import base64
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -226,6 +226,12 @@ def ascii_int(name: str, value: str) -> int:
     return int(value)
 
 
+def unknown_params(params: Iterable[str], allowed: Iterable[str]) -> str | None:
+    """The error for the query parameters of ``params`` not in ``allowed``, or None."""
+    unknown = sorted(set(params) - set(allowed))
+    return f"unknown query parameters {unknown}" if unknown else None
+
+
 def list_query(params: Mapping[str, str]) -> dict[str, Any]:
     """Query parameters of ``GET /v1/memories`` -> the `MemoryListQuery` payload.
 
@@ -248,8 +254,8 @@ def list_query(params: Mapping[str, str]) -> dict[str, Any]:
             meta[key[5:]] = _scalar(value)
         else:
             unknown.append(key)
-    if unknown:
-        raise InvalidRecord(f"unknown query parameters {sorted(unknown)}")
+    if unknown and (why := unknown_params(unknown, ())):
+        raise InvalidRecord(why)
     if meta:
         filters["metadata_equals"] = meta
     if filters:

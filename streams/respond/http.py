@@ -46,7 +46,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -79,7 +79,7 @@ from streams.codec import raw_topic
 from streams.context import RoleContext, StatusFn
 from streams.jobs.forget import ForgetIncomplete, forget_scope
 from streams.metrics import count_dead_letter, tenant_label
-from streams.respond.browse import MemoryReader, ascii_int, list_query
+from streams.respond.browse import MemoryReader, ascii_int, list_query, unknown_params
 from streams.respond.fair import TenantBusy, TenantLimiter
 from streams.respond.ingest import wire_ingest
 from streams.respond.replies import KafkaReplies
@@ -356,8 +356,15 @@ class RespondApi:
             return self.unavailable(view, public_error(exc))
         return json_response(view, {"error": public_error(exc)}, 503)
 
-    def tenant_query(self, view: View, request: Request) -> tuple[str, Response | None]:
-        """The ``?tenant=`` of a read, authorised, with the store ready; else the answer."""
+    def tenant_query(
+        self, view: View, request: Request, allowed: Collection[str] | None = ("tenant",)
+    ) -> tuple[str, Response | None]:
+        """The ``?tenant=`` of a read, authorised, with the store ready; else the answer.
+
+        ``allowed``: the route's query parameters; any other is a 422 naming it (a
+        misspelt ``limit`` or an ``agent_id`` the route does not filter by would
+        otherwise answer as if it were not there). None: the route checks its own.
+        """
         if (no := self.denied(view, request)) is not None:
             return "", no
         tenant = request.query.get("tenant")
@@ -369,6 +376,8 @@ class RespondApi:
             return "", _invalid(view, exc)
         if (no := self.denied(view, request, tenant)) is not None:
             return "", no
+        if allowed is not None and (why := unknown_params(request.query, allowed)):
+            return "", json_response(view, {"error": why}, 422)
         if not self.store_ready():
             return "", self.unavailable(view, "store not ready")
         return tenant, None
@@ -491,7 +500,7 @@ class RespondApi:
     async def list_memories(self, view: View, request: Request) -> Response:
         """``GET /v1/memories?tenant=T[&limit=N&cursor=C&filters]`` (or ``?ids=a,b``)."""
         started = time.perf_counter()
-        tenant, no = self.tenant_query(view, request)
+        tenant, no = self.tenant_query(view, request, allowed=None)  # `list_query` checks
         if no is not None:
             return no
         params = dict(request.query)
@@ -518,7 +527,7 @@ class RespondApi:
     async def history(self, view: View, request: Request, memory_id: str) -> Response:
         """``GET /v1/memories/{id}/history?tenant=T[&limit=N]``: its events, oldest first."""
         started = time.perf_counter()
-        tenant, no = self.tenant_query(view, request)
+        tenant, no = self.tenant_query(view, request, allowed=("tenant", "limit"))
         if no is not None:
             return no
         try:
@@ -539,6 +548,10 @@ class RespondApi:
             if (no := self.denied(view, request)) is not None:
                 return no
             return json_response(view, {"error": "query parameter tenant is required"}, 422)
+        if why := unknown_params(request.query, ("tenant",)):
+            if (no := self.denied(view, request)) is not None:
+                return no
+            return json_response(view, {"error": why}, 422)
         body = {"tenant": request.query.get("tenant"), "memory_id": memory_id}
         return await self._forget(view, request, body, missing=404)
 

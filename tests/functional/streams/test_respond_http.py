@@ -190,6 +190,25 @@ async def test_a_tenant_that_is_no_ident_is_422_on_every_read(
     assert got["detail"][0]["loc"] == ["tenant"]
 
 
+@pytest.mark.parametrize(("method", "path", "extra"), [
+    ("GET", "/v1/stats?tenant=t", "agent_id=a"),
+    ("GET", "/v1/memories/m1?tenant=t", "agent=a"),
+    ("GET", "/v1/memories/m1/history?tenant=t", "limt=5"),
+    ("DELETE", "/v1/memories/m1?tenant=t", "agent_id=a"),
+    ("GET", "/v1/memories?tenant=t", "agent=a"),
+])  # fmt: skip
+async def test_a_query_parameter_the_route_does_not_take_is_422_before_the_store_is_asked(
+    served: tuple[TestClient[Any, Any], FakeStore], method: str, path: str, extra: str
+) -> None:
+    """A filter the route does not apply must not answer as if it had (stats of the
+    whole tenant for ``agent_id=a``, a delete wider than asked)."""
+    client, store = served
+    store.fail = StoreError(f"{LEAK} failed: the store was asked")
+    status, got, _ = await call(client, method, f"{path}&{extra}")
+    name = extra.split("=")[0]
+    assert (status, got) == (422, {"error": f"unknown query parameters ['{name}']"})
+
+
 async def test_stats_of_a_valid_tenant(served: tuple[TestClient[Any, Any], FakeStore]) -> None:
     client, _ = served
     status, got, _ = await call(client, "GET", "/v1/stats?tenant=t")
