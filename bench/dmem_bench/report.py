@@ -144,9 +144,9 @@ async def read_topic(
     consumer = AIOKafkaConsumer(
         enable_auto_commit=False, fetch_max_wait_ms=50, **kafka_client_kwargs(settings.kafka)
     )
-    await consumer.start()
     out: list[dict[str, Any]] = []
-    try:
+    try:  # a start that fails (no broker) still closes what it opened
+        await consumer.start()
         parts = consumer.partitions_for_topic(topic)
         if not parts:
             await consumer._client.force_metadata_update()
