@@ -577,3 +577,26 @@ def test_deploycheck_cli_contract() -> None:
     assert {"kafka", "milvus", "etcd", "minio", "write", "respond", "jobs"} <= set(
         out["compose_services"]
     )
+
+
+def test_notes_restart_every_deployment_that_reads_the_tokens_secret() -> None:
+    """After a change to ``auth.existingSecret`` the notes say how to restart: the
+    selector of their ``rollout restart`` must match every Deployment the release
+    renders (each role reads the tokens at start) and nothing of another release."""
+    values = {"auth": {"existingSecret": "dmem-api-tokens"},
+              "roles": {r: {"enabled": r != "all"} for r in ROLES}}  # fmt: skip
+    with helm.Chart.load(str(DEFAULT_CHART)) as c:
+        out = c.render(values, name="rel-a", namespace="ns", is_install=True)
+    notes = out["dmem/templates/NOTES.txt"]
+    (line,) = [ln for ln in notes.splitlines() if "rollout restart" in ln]
+    m = re.search(r"-n (\S+) rollout restart deployment -l (\S+)=(\S+)$", line.strip())
+    assert m is not None, line
+    ns, key, value = m.groups()
+    docs = [d for k, text in out.items() if not k.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]  # fmt: skip
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    assert ns == "ns" and len(deployments) == len(ROLES) - 1
+    for d in deployments:
+        assert d["metadata"]["labels"].get(key) == value == "rel-a", d["metadata"]["name"]
+        reads = json.dumps(d["spec"]["template"]["spec"])
+        assert "dmem-api-tokens" in reads, d["metadata"]["name"]
