@@ -505,6 +505,8 @@ class RespondApi:
             return no
         params = dict(request.query)
         if "ids" in params:
+            if why := unknown_params(params, ("tenant", "ids")):  # no filter applies to ids
+                return json_response(view, {"error": why}, 422)
             ids = [i for i in params.pop("ids").split(",") if i]
             try:
                 req = BatchGetRequest.model_validate({"tenant": tenant, "ids": ids})

@@ -196,6 +196,7 @@ async def test_a_tenant_that_is_no_ident_is_422_on_every_read(
     ("GET", "/v1/memories/m1/history?tenant=t", "limt=5"),
     ("DELETE", "/v1/memories/m1?tenant=t", "agent_id=a"),
     ("GET", "/v1/memories?tenant=t", "agent=a"),
+    ("GET", "/v1/memories?tenant=t&ids=m1,m2", "limit=1"),
 ])  # fmt: skip
 async def test_a_query_parameter_the_route_does_not_take_is_422_before_the_store_is_asked(
     served: tuple[TestClient[Any, Any], FakeStore], method: str, path: str, extra: str
