@@ -288,7 +288,8 @@ class LiveFeed(Service):
         self.ring = ring
         self.consumer: Any = None
         self.running = False
-        self.error: str | None = None
+        self.error: str | None = None  # why it paused, for the log
+        self.error_kind: str | None = None  # the same without its text, for the page
 
     async def on_start(self) -> None:
         self.add_future(self._run())
@@ -328,7 +329,7 @@ class LiveFeed(Service):
         while not self.should_stop:
             try:
                 topics = await self._assign()
-                self.running, self.error = True, None
+                self.running, self.error, self.error_kind = True, None, None
                 backoff.reset()
                 while not self.should_stop:
                     batch = await self.consumer.getmany(timeout_ms=1000, max_records=2000)
@@ -347,6 +348,7 @@ class LiveFeed(Service):
                 raise
             except Exception as exc:  # noqa: BLE001 - the page must never take the worker down
                 self.running, self.error = False, f"{type(exc).__name__}: {exc}"
+                self.error_kind = type(exc).__name__
                 log.warning("live feed paused (%s); retry in %.1fs", self.error, backoff.delay)
                 if self.consumer is not None:
                     try:

@@ -152,6 +152,22 @@ class TenantDirectory:
         return set(self.names)
 
 
+def feed_status(feed: LiveFeed | None, ring: LiveRing,
+                scope: frozenset[str] | None) -> dict[str, Any]:  # fmt: skip
+    """The live feed's state as ``/v1/live`` shows it to a token of ``scope``.
+
+    Why a paused feed paused is its error's kind only (the text can name the broker's
+    address: it goes to the log). The ring's counts span every tenant, so only an
+    all-tenant token (``scope`` None) sees them."""
+    out: dict[str, Any] = {"enabled": feed is not None,
+                           "running": bool(feed and feed.running),
+                           "error": feed.error_kind if feed else None,
+                           "per_tenant": ring.per_tenant}  # fmt: skip
+    if scope is None:
+        out.update(ring.stats())
+    return out
+
+
 def wire_ui(
     app: faust.App,
     ctx: RoleContext,
@@ -273,10 +289,7 @@ def wire_ui(
                 "dead_letters": ring.dead_letters(50) if scope is None else None,
                 "dead_letters_note": None if scope is None
                 else "dead letters carry no trustworthy tenant: an all-tenant token reads them",
-                "feed": {"enabled": feed is not None,
-                         "running": bool(feed and feed.running),
-                         "error": feed.error if feed else None,
-                         "per_tenant": ring.per_tenant, **ring.stats()},
+                "feed": feed_status(feed, ring, scope),
                 "notes": notes,
             }  # fmt: skip
             return json_response(self, body)

@@ -161,3 +161,21 @@ async def test_tenant_directory_is_bounded_and_survives_failures() -> None:
     assert await full.get() == {"a", "b"} and full.complete
     broken = TenantDirectory(FakeStore(["a"], fail=True))
     assert await broken.get() == set() and broken.task is None  # retried next call
+
+
+def test_the_feed_status_shows_a_scoped_token_no_error_text_and_no_other_tenants_counts(
+) -> None:  # fmt: skip
+    from types import SimpleNamespace
+
+    from streams.respond.ui import feed_status
+
+    ring = LiveRing(per_tenant=10)
+    ring.add_events([ev(1, tenant="a"), ev(2, tenant="b")])
+    feed = SimpleNamespace(running=False, error="KafkaConnectionError: 10.0.0.7:9092 refused",
+                           error_kind="KafkaConnectionError")  # fmt: skip
+    scoped = feed_status(feed, ring, frozenset({"a"}))  # type: ignore[arg-type]
+    assert scoped == {"enabled": True, "running": False, "error": "KafkaConnectionError",
+                      "per_tenant": 10}  # fmt: skip
+    admin = feed_status(feed, ring, None)  # type: ignore[arg-type]
+    assert admin["error"] == "KafkaConnectionError" and "10.0.0.7" not in str(admin)
+    assert admin["events_seen"] == 2 and admin["tenants_known"] == 2
