@@ -248,6 +248,12 @@ class Feedback(Model):
     def _target(self) -> Feedback:
         if self.episode_id is None and self.memory_id is None:
             raise ValueError("feedback needs an episode_id or a memory_id")
+        if self.kind == "reward" and self.episode_id is None:
+            # credit for one memory is a thumbs; a reward is an episode's outcome
+            raise ValueError(
+                "a reward feedback needs an episode_id (on a memory alone, send "
+                "kind thumbs_up or thumbs_down)"
+            )
         return self
 
 
@@ -411,6 +417,16 @@ def final_outcome_id(episode_id: str) -> str:
     """The id of an episode's outcome that carries none: its final one. The SDK, HTTP
     ingest, the credit job and hindsight all name it so, so a copy counts once."""
     return fit_id("", episode_id, ":final")
+
+
+def feedback_key(fb: Feedback) -> str | None:
+    """The id of a feedback that carries none, from what it says, so a copy (a retry, a
+    replay) counts once on every path: a thumbs on a memory at a time is
+    ``<memory_id>:<kind>:<ts>``; a reward on an episode is that episode's final outcome
+    (`final_outcome_id`). None for a thumbs without a time: nothing names it."""
+    if fb.memory_id is not None and fb.kind != "reward":
+        return None if fb.ts is None else fit_id("", f"{fb.memory_id}:{fb.kind}", f":{fb.ts}")
+    return None if fb.episode_id is None else final_outcome_id(fb.episode_id)
 
 
 def feedback_update_id(feedback_id: str) -> str:

@@ -79,7 +79,7 @@ from schemas import (
     encode,
     storage_key,
 )
-from schemas.models import feedback_update_id, final_outcome_id, usage_shares
+from schemas.models import feedback_key, feedback_update_id, final_outcome_id, usage_shares
 from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
@@ -309,15 +309,15 @@ class CreditJob(Service):
             return self.assigner.on_outcome(fb.tenant, fb.episode_id, rec, now)
         if fb.memory_id is not None and fb.kind != "reward":
             credit = 1.0 if fb.kind == "thumbs_up" else -1.0
-            when = fb.ts if fb.ts is not None else f"@{at[0]}.{at[1]}"
-            fid = fb.feedback_id or f"{fb.memory_id}:{fb.kind}:{when}"
+            where = f"{fb.memory_id}:{fb.kind}:@{at[0]}.{at[1]}"  # no id, no time: the record
+            fid = fb.feedback_id or feedback_key(fb) or where
             return [
                 CreditUpdate(
                     feedback_update_id(fid), fb.tenant, fb.memory_id, fb.episode_id or "", credit, 0
                 )
             ]
         if fb.episode_id is not None:
-            oid = fb.feedback_id or final_outcome_id(fb.episode_id)
+            oid = fb.feedback_id or final_outcome_id(fb.episode_id)  # = feedback_key
             return self.assigner.on_outcome(
                 fb.tenant, fb.episode_id, OutcomeRecord(oid, fb.value, agent=fb.agent_id), now
             )

@@ -39,8 +39,10 @@ Decisions:
 - Retries are safe for transitions: the id is stable (tenant, agent, episode,
   step), and the write path upserts by it. An outcome without an id is its
   episode's final one (``<episode_id>:final``, as the SDK and the credit job name
-  it), so a retried outcome is credited once. Feedback gets a random id when it
-  carries none, so a client that retries should send its own ``feedback_id``. A
+  it), so a retried outcome is credited once. Feedback without an id is named by
+  what it says (`schemas.models.feedback_key`: memory, kind and time; an episode's
+  reward is its final outcome); only a thumbs without ``ts`` gets a random id, so a
+  client that retries one should send its own ``feedback_id`` or ``ts``. A
   503 after a timeout may follow a partial produce; the same retry rule makes that
   harmless.
 """
@@ -66,7 +68,7 @@ from mode import Service
 from pydantic import BaseModel, ValidationError
 
 from schemas import EpisodeOutcome, Feedback, IngestAccepted, MemoryUsage, Transition, encode
-from schemas.models import final_outcome_id, usage_shares
+from schemas.models import feedback_key, final_outcome_id, usage_shares
 from streams.auth import KafkaGuard
 from streams.context import RoleContext
 from streams.settings import IngestSettings, Settings
@@ -203,6 +205,8 @@ def validate(items: list[Any], kind: IngestKind) -> list[BaseModel]:
             continue
         if isinstance(rec, EpisodeOutcome) and rec.outcome_id is None:
             rec.outcome_id = final_outcome_id(rec.episode_id)
+        if isinstance(rec, Feedback) and rec.feedback_id is None:
+            rec.feedback_id = feedback_key(rec)  # as the credit job names it
         if getattr(rec, kind.id_field) is None:
             setattr(rec, kind.id_field, uuid.uuid4().hex)
         if isinstance(rec, MemoryUsage):

@@ -118,3 +118,27 @@ def test_thumbs_without_id_or_time_are_told_apart_by_their_record() -> None:
     ids = [UtilityUpdate.model_validate_json(v).update_id for t, v, _ in prod.sent
            if t == s.topic("credit")]  # fmt: skip
     assert len(ids) == 3 and ids[0] != ids[1] and ids[1] == ids[2]
+
+
+def test_a_thumbs_posted_over_http_and_the_same_over_kafka_credit_once() -> None:
+    """HTTP ingest names a feedback without an id as the credit job does, so the same
+    thumbs from both paths (or a retried POST) gives one credit update id."""
+    from streams.respond.ingest import KINDS, validate
+
+    (fb_kind,) = [k for k in KINDS if k.model is Feedback]
+    s = Settings()
+    job = CreditJob(s)
+    prod = FakeProducer()
+    job.producer = prod  # type: ignore[assignment]
+    thumbs = {"tenant": "t", "memory_id": "m1", "kind": "thumbs_up", "ts": 1_700_000_000_000}
+    (posted,) = validate([thumbs], fb_kind)
+    raws = [orjson.dumps(thumbs), orjson.dumps(posted.model_dump(mode="json", exclude_none=True))]
+
+    async def go() -> None:
+        for off, raw in enumerate(raws):
+            await job._handle(Msg(s.topic("feedback"), raw, off))
+
+    asyncio.run(go())
+    sent = [UtilityUpdate.model_validate_json(v) for t, v, _ in prod.sent
+            if t == s.topic("credit")]  # fmt: skip
+    assert len(sent) == 2 and sent[0].update_id == sent[1].update_id

@@ -83,6 +83,26 @@ def test_ids_keys_and_topics() -> None:
     assert isinstance(u, MemoryUsage) and u.source == "agent" and u.weights == [0.75, 0.25]
 
 
+def test_feedback_without_an_id_is_named_by_what_it_says() -> None:
+    """A retried POST of the same thumbs (or episode reward) carries the same id, the
+    one the credit job gives the record over Kafka, so it is credited once."""
+    thumbs = {"tenant": "t", "memory_id": "m1", "kind": "thumbs_up", "ts": 5}
+    a, b = validate([thumbs, dict(thumbs)], FEEDBACK)
+    assert FEEDBACK.ident(a) == FEEDBACK.ident(b) == "m1:thumbs_up:5"
+    [r] = validate([{"tenant": "t", "episode_id": "e", "kind": "reward", "value": 1}], FEEDBACK)
+    assert FEEDBACK.ident(r) == "e:final"
+    # nothing names a thumbs without a time: each is its own (send feedback_id or ts)
+    c, d = validate([{"tenant": "t", "memory_id": "m1", "kind": "thumbs_up"}] * 2, FEEDBACK)
+    assert FEEDBACK.ident(c) != FEEDBACK.ident(d)
+
+
+def test_a_reward_on_a_memory_alone_is_refused_with_the_reason() -> None:
+    with pytest.raises(IngestRejected) as exc:
+        validate([{"tenant": "t", "memory_id": "m1", "value": 1}], FEEDBACK)
+    assert exc.value.status == 422
+    assert "reward feedback needs an episode_id" in str(exc.value.detail)
+
+
 def test_budget_is_bounded_and_never_waits() -> None:
     b = InflightBudget(5)
     assert b.take({"t": 3}) and not b.take({"t": 3}) and b.take({"t": 2})
