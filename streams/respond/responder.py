@@ -31,7 +31,9 @@ in a worker thread. Decisions:
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -98,12 +100,35 @@ def filter_terms(f: SearchFilters, as_of: int | None = None) -> dict[str, Any]:
     return out
 
 
+class SeenRequests:
+    """The last ``size`` (tenant, request_id) pairs answered, thread-safe: a retried
+    search (the SDK retries a timed-out one with the same id) counts its hits once."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def first(self, tenant: str, request_id: str) -> bool:
+        """True the first time the pair is seen (within the last ``size``)."""
+        key = (tenant, request_id)
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return False
+            self._seen[key] = None
+            if len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+            return True
+
+
 class Responder:
     """Answers retrieval requests from the store (see the module doc).
 
     ``on_access`` is called as (tenant, served memory ids, stream time of their
-    clock) after each answer, once per clock among the served memories; the
-    respond role passes the batching access tracker (`streams.jobs.access`).
+    clock) after each answer, once per clock among the served memories, and once per
+    request id (`SeenRequests`: a retry is not a second retrieval); the respond role
+    passes the batching access tracker (`streams.jobs.access`).
     """
 
     def __init__(
@@ -125,6 +150,7 @@ class Responder:
         self.consistency_level = consistency_level
         self._counts: dict[str, tuple[float, int]] = {}
         self.answered = 0
+        self.seen = SeenRequests()
 
     def tenant_size(self, tenant: str) -> int:
         now = time.monotonic()
@@ -263,7 +289,7 @@ class Responder:
                 ts=now_ms,
             )
         hook = self.on_access
-        if hook is not None and hits:
+        if hook is not None and hits and self.seen.first(req.tenant, req.request_id):
             by_clock: dict[int, list[str]] = {}
             for h in hits:
                 by_clock.setdefault(stream_now.get(h.agent_id, h.created_ts),

@@ -139,3 +139,29 @@ def test_recency_follows_the_agents_span_up_to_the_question() -> None:
     assert recency(None)["old"] == 0.5 and recency(None)["new"] == 1.0
     assert recency(RankPolicy.hybrid(span_factor=0.0))["old"] == 2.0**-6
     assert recency(None, as_of=90 * day)["old"] == 0.5  # age 90 d on a 90 d half-life
+
+
+def test_a_retried_request_counts_its_hits_as_retrievals_once() -> None:
+    """The SDK retries a timed-out search with the same request id; the retrievals
+    decay reads (`metadata.access`) must not count the retry. Another id, or the same
+    id of another tenant, is a retrieval of its own."""
+    from streams.jobs.access import AccessTracker
+
+    tracker = AccessTracker()
+    r = Responder(FakeStore([mem("x0", 0.9), mem("x1", 0.8)]), PassthroughEncoder(2),
+                  on_access=tracker.record)  # fmt: skip
+
+    def ask(rid: str, tenant: str = "t") -> None:
+        req = RetrievalRequest.model_validate(
+            {"request_id": rid, "tenant": tenant, "vector": [1.0, 0.0], "k": 2}
+        )
+        resp, _ = r.answer(req, now_ms=0)
+        assert len(resp.hits) == 2
+
+    ask("q1")
+    ask("q1")  # the retry: answered again, counted once
+    assert tracker.recorded == 2
+    ask("q2")
+    ask("q1", tenant="u")
+    assert tracker.recorded == 6
+    assert tracker.drain()[("t", "x0")][0] == 2
