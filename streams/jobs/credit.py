@@ -224,15 +224,12 @@ class CreditJob(Service):
 
     async def _run(self) -> None:
         assert self.consumer is not None
-        usage = self.settings.topic("usage")
         last_input = time.monotonic()
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=1000)
             for msgs in batch.values():
                 for m in msgs:
-                    rank = 0 if m.topic == usage else 1
-                    tenant, ts, ident = _event_key(rank, m.value)
-                    self.queue.push(tenant, ts, rank, ident, m)
+                    await self._take(m)
             if batch:
                 last_input = time.monotonic()
             idle = time.monotonic() - last_input >= self.settings.jobs.credit_idle_s
@@ -246,6 +243,23 @@ class CreditJob(Service):
         while not self.should_stop:
             await self.sleep(30.0)
             self.assigner.expire(now_ms())
+
+    async def _take(self, m: Any) -> None:
+        """Queue a usage or feedback record by its event time, or refuse it first when
+        its credential does not cover its tenant: a forged record's time must not move
+        that tenant's watermark (it would release the tenant's outcomes before their
+        usage arrived, and the record stays on the topic for every replay)."""
+        rank = 0 if m.topic == self.settings.topic("usage") else 1
+        tenant, ts, ident = _event_key(rank, m.value)
+        if tenant and not self.guard.agent_ok(tenant, m.key, m.value, m.headers):
+            await self._refuse(m, now_ms())
+            return
+        self.queue.push(tenant, ts, rank, ident, m)
+
+    async def _refuse(self, m: Any, now: int) -> None:
+        """Dead-letter a record whose credential does not cover its tenant."""
+        raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
+        await self._dead(raw.key, dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now))
 
     async def _handle(self, m: Any) -> None:
         now = now_ms()
@@ -287,9 +301,7 @@ class CreditJob(Service):
                 ups = self._feedback(fb, now, (m.partition, m.offset))
             msgs = self._updates(ups, now, at)
         except PermissionError:
-            raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)
-            dl = dead_letter(raw, UNAUTHENTICATED, "Unauthenticated", "auth", now)
-            await self._dead(raw.key, dl)
+            await self._refuse(m, now)
             return
         except (ValidationError, orjson.JSONDecodeError, ValueError, ArithmeticError) as exc:
             raw = RawRecord(m.value, m.key, m.topic, m.partition, m.offset)

@@ -131,3 +131,26 @@ def test_credit_job_dead_letters_unauthenticated_feedback_and_usage() -> None:
               if t == s.topic("credit")]  # fmt: skip
     assert len(credit) == 1 and topics.count(s.topic("credit")) == 1
     assert job.guard.internal_ok(b"m", credit[0][0], credit[0][1], "utility update")
+
+
+def test_a_forged_record_never_moves_a_tenants_credit_clock() -> None:
+    """A usage record for tenant B without B's credential, stamped far in the future,
+    is refused before it is queued: B's outcome still waits for B's usage."""
+    s = Settings(auth=AUTH)
+    job = CreditJob(s)
+    job.producer = _Producer()  # type: ignore[assignment]
+    forged = orjson.dumps({"tenant": "b", "ts": 10**15, "request_id": "x"})
+    outcome = encode(EpisodeOutcome(tenant="b", episode_id="e", reward=1.0, outcome_id="o",
+                                    ts=1_000))  # fmt: skip
+    b = TenantSigner("token-b")
+
+    async def go() -> None:
+        await job._take(_msg(s.topic("usage"), forged, [], 0))
+        await job._take(_msg(s.topic("feedback"), outcome, b.headers("b", outcome), 1))
+
+    asyncio.run(go())
+    dead = [orjson.loads(v) for t, v, _ in job.producer.sent  # type: ignore[attr-defined]
+            if t == s.topic("deadletter")]  # fmt: skip
+    assert [(d["offset"], d["reason"]) for d in dead] == [(0, UNAUTHENTICATED)]
+    assert job.queue.watermark == {"b": 1_000} and job.queue.due() == []
+    assert job.guard.refused_agent == 1
