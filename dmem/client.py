@@ -602,9 +602,10 @@ class Client:
         if memory_id is None and agent_id is None:
             raise ValueError("forget needs a memory_id or an agent_id")
         body = {"tenant": self.tenant, "memory_id": memory_id, "agent_id": agent_id}
-        # not sent again after a timeout or a busy answer: the first forget may still be
-        # deleting, or have deleted some rows before the store failed, and a second one
-        # would answer only what was left (a lost connection is retried)
+        # not sent again after a timeout, a connection lost once it was sent or a busy
+        # answer: the first forget may still be deleting, or have deleted some rows
+        # before the store failed, and a second one would answer only what was left (a
+        # connection that never reached the server is retried)
         data = await self._http_json("POST", "/v1/forget", body, retry_timeouts=False,
                                      retry_busy=False)  # fmt: skip
         return int(data["forgotten"])
@@ -675,8 +676,10 @@ class Client:
         repeat, so it is tried ``retries + 1`` times (0.1 s, 0.2 s, ... apart), then
         becomes `ServiceUnavailable` (retriable), never a raw aiohttp error. A try that
         gets no answer within ``timeout_s`` counts the same (a search is retried with its
-        request_id, as over Kafka), unless ``retry_timeouts`` is False: then it is
-        `ServiceUnavailable` at once, saying the call may still complete on the server.
+        request_id, as over Kafka), unless ``retry_timeouts`` is False: then it, and a
+        connection lost once the request was sent, is `ServiceUnavailable` at once,
+        saying the call may have completed on the server (one that never connected is
+        still retried).
         ``retry_5xx``: a 5xx answer is tried again the same way (the last one is returned);
         for writes whose records carry their ids (`_ingest`). A 429 or 503 (the tenant's
         share taken, the store or broker away) is tried again, unless ``retry_busy`` is
@@ -710,8 +713,16 @@ class Client:
                     last = ServiceUnavailable(f"HTTP {status}")
                     continue
                 return status, raw
+            except aiohttp.ClientConnectorError as exc:  # never reached the server
+                last = exc
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = exc
+                if not retry_timeouts:  # lost once sent: as a timeout, not sent again
+                    raise ServiceUnavailable(
+                        f"{method} {path.split('?')[0]}: the connection was lost after the "
+                        f"request was sent ({type(exc).__name__}); it may have completed on "
+                        "the server (calling it again is safe)"
+                    ) from None
             except TimeoutError:  # no answer within timeout_s (aiohttp raises it bare)
                 last = TimeoutError(f"no answer within {self.timeout_s:g} s")
                 if not retry_timeouts:

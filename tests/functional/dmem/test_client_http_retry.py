@@ -167,3 +167,31 @@ def test_a_forget_answered_503_is_not_sent_again() -> None:
     out = asyncio.run(go())
     assert isinstance(out, ServiceUnavailable) and "HTTP 503" in str(out), out
     assert len(seen) == 1
+
+
+def test_a_forget_whose_connection_is_lost_after_sending_is_not_sent_again() -> None:
+    """The worker may have deleted the rows before the connection went: a second forget
+    would answer ``forgotten: 0`` for a forget that deleted them."""
+    seen: list[int] = []
+
+    async def forget(request: web.Request) -> web.StreamResponse:
+        seen.append(1)
+        assert request.transport is not None
+        request.transport.close()  # deleted, then the connection goes away
+        return web.Response()
+
+    async def go() -> Any:
+        async with stub_server({("POST", "/v1/forget"): forget}) as url:
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url, retries=3,
+                       timeout_s=5)  # fmt: skip
+            c._http = aiohttp.ClientSession()  # noqa: SLF001
+            try:
+                return await c.forget(memory_id="m1")
+            except ServiceUnavailable as exc:
+                return exc
+            finally:
+                await c._http.close()  # noqa: SLF001
+
+    out = asyncio.run(go())
+    assert isinstance(out, ServiceUnavailable) and out.retriable, out
+    assert "may have completed" in str(out) and len(seen) == 1
