@@ -143,17 +143,11 @@ def test_a_busy_read_is_retried_and_then_retriable() -> None:
     assert "HTTP 429" in str(out) and calls == 3
 
 
-def test_a_forget_answered_503_is_not_sent_again() -> None:
-    """A store that failed part way may have deleted rows: the forget raises at once."""
-    seen: list[int] = []
-
-    async def forget(request: web.Request) -> web.StreamResponse:
-        seen.append(1)
-        return web.json_response({"error": "store unavailable"}, status=503,
-                                 headers={"Retry-After": "0"})  # fmt: skip
+def _forget(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    """``forget(memory_id="m1")`` (retries 3) against ``handler``: its answer or error."""
 
     async def go() -> Any:
-        async with stub_server({("POST", "/v1/forget"): forget}) as url:
+        async with stub_server({("POST", "/v1/forget"): handler}) as url:
             c = Client("127.0.0.1:1", "t", transport="http", http_url=url, retries=3,
                        timeout_s=5)  # fmt: skip
             c._http = aiohttp.ClientSession()  # noqa: SLF001
@@ -164,7 +158,19 @@ def test_a_forget_answered_503_is_not_sent_again() -> None:
             finally:
                 await c._http.close()  # noqa: SLF001
 
-    out = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_forget_answered_503_is_not_sent_again() -> None:
+    """A store that failed part way may have deleted rows: the forget raises at once."""
+    seen: list[int] = []
+
+    async def forget(request: web.Request) -> web.StreamResponse:
+        seen.append(1)
+        return web.json_response({"error": "store unavailable"}, status=503,
+                                 headers={"Retry-After": "0"})  # fmt: skip
+
+    out = _forget(forget)
     assert isinstance(out, ServiceUnavailable) and "HTTP 503" in str(out), out
     assert len(seen) == 1
 
@@ -180,18 +186,6 @@ def test_a_forget_whose_connection_is_lost_after_sending_is_not_sent_again() -> 
         request.transport.close()  # deleted, then the connection goes away
         return web.Response()
 
-    async def go() -> Any:
-        async with stub_server({("POST", "/v1/forget"): forget}) as url:
-            c = Client("127.0.0.1:1", "t", transport="http", http_url=url, retries=3,
-                       timeout_s=5)  # fmt: skip
-            c._http = aiohttp.ClientSession()  # noqa: SLF001
-            try:
-                return await c.forget(memory_id="m1")
-            except ServiceUnavailable as exc:
-                return exc
-            finally:
-                await c._http.close()  # noqa: SLF001
-
-    out = asyncio.run(go())
+    out = _forget(forget)
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "may have completed" in str(out) and len(seen) == 1
