@@ -150,6 +150,11 @@ class ServiceSigner:
     def headers(self, key: bytes | None, value: bytes) -> Headers:
         return [(SERVICE_HEADER, f"{VERSION}.{_mac(self._key, key or b'', value)}".encode())]
 
+    def key_id(self) -> str:
+        """A public fingerprint of the key (a MAC of a fixed text under it: it tells
+        whether two signers agree, and nothing of the key)."""
+        return _mac(self._key, b"dmem service key id")[:16]
+
     def ok(self, key: bytes | None, value: bytes | None, headers: Any) -> bool:
         raw = header(headers, SERVICE_HEADER)
         version, _, mac = raw.decode("ascii", "replace").partition(".")

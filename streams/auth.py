@@ -138,6 +138,32 @@ class Authorizer:
 UNAUTHENTICATED = "unauthenticated"
 
 
+def _service_secret(tokens: dict[str, frozenset[str]], configured: str | None) -> bytes:
+    """The configured service secret, else one derived from the token map (every worker
+    holds the same map: the same key everywhere)."""
+    if configured:
+        return configured.encode()
+    canon = orjson.dumps({t: sorted(v) for t, v in tokens.items()}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(b"dmem service secret from tokens\x00" + canon).digest()
+
+
+def _kafka_on(auth: Any, tokens: dict[str, frozenset[str]]) -> bool:
+    """Record credentials on Kafka: ``DMEM_AUTH__KAFKA`` where set, else HTTP auth on
+    with tokens configured (module doc)."""
+    return (not auth.disabled and bool(tokens)) if auth.kafka is None else bool(auth.kafka)
+
+
+def service_key_id(settings: Any) -> str | None:
+    """A fingerprint of the key the service signs internal records with under
+    ``settings`` (`ServiceSigner.key_id`), or None where Kafka auth is off: two
+    processes sign alike exactly when their fingerprints are equal."""
+    a = settings.auth
+    tokens = load_tokens(a.tokens, a.tokens_file)
+    if not _kafka_on(a, tokens):
+        return None
+    return ServiceSigner(_service_secret(tokens, a.service_secret)).key_id()
+
+
 class KafkaGuard:
     """Record credentials on Kafka (module doc): verifies agent records, signs and
     verifies internal ones. Disabled: everything passes and nothing is signed."""
@@ -147,18 +173,12 @@ class KafkaGuard:
     ) -> None:
         self.enabled = enabled
         self.verifier = TenantVerifier(tokens)
-        if service_secret:
-            secret = service_secret.encode()
-        else:  # every worker holds the same token map: the same key everywhere
-            canon = orjson.dumps({t: sorted(v) for t, v in tokens.items()},
-                                 option=orjson.OPT_SORT_KEYS)  # fmt: skip
-            secret = hashlib.sha256(b"dmem service secret from tokens\x00" + canon).digest()
-            if enabled:
-                log.warning(
-                    "Kafka auth: no DMEM_AUTH__SERVICE_SECRET; the service key is derived "
-                    "from the token map (set a secret so token changes keep checkpoints)"
-                )
-        self.service = ServiceSigner(secret)
+        if enabled and not service_secret:
+            log.warning(
+                "Kafka auth: no DMEM_AUTH__SERVICE_SECRET; the service key is derived "
+                "from the token map (set a secret so token changes keep checkpoints)"
+            )
+        self.service = ServiceSigner(_service_secret(tokens, service_secret))
         if enabled and not tokens:
             log.warning("Kafka auth is on but no tokens are configured: every agent "
                         "record is dead-lettered as unauthenticated")  # fmt: skip
@@ -169,8 +189,7 @@ class KafkaGuard:
     def from_settings(cls, settings: Any) -> KafkaGuard:
         a = settings.auth
         tokens = load_tokens(a.tokens, a.tokens_file)
-        enabled = (not a.disabled and bool(tokens)) if a.kafka is None else bool(a.kafka)
-        return cls(enabled, tokens, a.service_secret)
+        return cls(_kafka_on(a, tokens), tokens, a.service_secret)
 
     def agent_ok(self, tenant: str, key: bytes | None, value: bytes | None, headers: Any) -> bool:
         """May this agent record act for `tenant`? (The service may act for any tenant.)"""

@@ -27,6 +27,7 @@ __all__ = [
     "server_imports",
     "settings_with",
     "stack_settings",
+    "check_signing",
     "tenant_name",
     "up_settings",
 ]
@@ -112,6 +113,38 @@ def stack_settings() -> tuple[Settings, dict[str, Any] | None]:
     if state is None:
         return settings, None
     return up_settings(state), state
+
+
+#: what a user may do instead of a command that signs for the service
+_UNSIGNED_ALTERNATIVE = {
+    "forget": "; or forget over HTTP with a token (DELETE /v1/memories/{id}?tenant=T)",
+    "import": "; or publish with the SDK and a tenant's token (DMEM_API_TOKEN)",
+}
+
+
+def check_signing(settings: Settings, up: dict[str, Any] | None, command: str) -> None:
+    """`UsageError` before ``dmem <command>`` acts, where the `dmem up` it found checks
+    record credentials and this shell's settings would not sign its records with the
+    stack's service key: the workers would refuse them as ``unauthenticated`` dead
+    letters while the command reported success (a forget without its tombstone, an
+    import that stored nothing). A deployment that is no `dmem up` announces no key:
+    its operator runs the command with the deployment's ``DMEM_AUTH__*``."""
+    want = (up or {}).get("service_key_id")
+    if not want:
+        return
+    from streams.auth import service_key_id
+
+    have = service_key_id(settings)
+    if have == want:
+        return
+    why = ("this shell sets no DMEM_AUTH__*" if have is None
+           else "this shell's DMEM_AUTH__* give another key")  # fmt: skip
+    raise UsageError(
+        f"the running `dmem up` (pid {(up or {}).get('pid')}) checks record credentials: "
+        f"`dmem {command}` signs its records with the service's key, and {why}, so its "
+        "workers would refuse them; run it with the DMEM_AUTH__TOKENS (or __TOKENS_FILE, "
+        f"__SERVICE_SECRET) the stack was started with{_UNSIGNED_ALTERNATIVE.get(command, '')}"
+    )
 
 
 def fail(exc: BaseException, hint: str = "") -> NoReturn:

@@ -14,6 +14,7 @@ import click
 
 from dmem.cli.common import (
     DEPLOYMENT_SETTINGS,
+    check_signing,
     fail,
     ident,
     load_settings,
@@ -162,6 +163,7 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
         from dmem.importer import run_import
 
     settings, up = stack_settings()
+    check_signing(settings, up, "import")
     try:
         rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
     except DmemError as exc:
@@ -308,9 +310,10 @@ def forget(
         from streams.admin import check_broker
         from streams.jobs.forget import ForgetIncomplete, emit_events, forget_scope
 
-    settings, _ = stack_settings()
+    settings, up = stack_settings()
     try:
         if audit:  # fail before deleting anything if the audit trail cannot be written
+            check_signing(settings, up, "forget")
             asyncio.run(check_broker(settings.kafka))
         store = _store(settings, "forget")
         try:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from schemas.errors import ConfigError
+from streams.auth import service_key_id
 from streams.local.embedded import wait_for_port
 
 STATE_NAME = "up.json"
@@ -51,6 +52,10 @@ def announce_stack(settings: Any, info: Mapping[str, Any]) -> list[Path]:
         "topic_prefix": settings.kafka.topic_prefix,
         "app_id": settings.app_id,
         "auth_disabled": settings.auth.disabled,
+        # which key signs the stack's internal records (None: Kafka auth off), so a
+        # command that signs for the service (`dmem forget`, `dmem import`) can tell
+        # whether its own settings sign alike before it acts
+        "service_key_id": service_key_id(settings),
         "started_ms": int(time.time() * 1000),
     }
     return announce(settings.runtime_dir, settings.data_dir, {**info, **extra})

@@ -89,6 +89,37 @@ def test_up_uses_the_users_tokens_and_says_so(up: tuple[dict[str, Any], int]) ->
     assert call(base, "POST", "/v1/forget", b"{not json")[0] == 401
 
 
+def test_an_import_signs_with_the_stacks_key_or_refuses_to_run(
+    up: tuple[dict[str, Any], int], tmp_path: Path
+) -> None:
+    """Without the stack's DMEM_AUTH__* the workers would dead-letter every record while
+    `dmem import` reported them stored: it refuses before publishing (exit 2). With them
+    it signs for the service and the records are stored."""
+    import subprocess
+
+    from tests.integration.dmem import DMEM, REPO
+
+    info, _ = up
+    lines = tmp_path / "hist.jsonl"
+    lines.write_text(record("import-signed").model_dump_json() + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+    env["DMEM_DATA_DIR"] = str(info["data_dir"])
+    args = [*DMEM, "import", str(lines), "--json", "--wait", "60"]
+    bare = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 2, bare.stderr
+    assert "checks record credentials" in bare.stderr and "DMEM_API_TOKEN" in bare.stderr
+    env["DMEM_AUTH__TOKENS"] = json.dumps(TOKENS)
+    ok = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert ok.returncode == 0, ok.stderr
+    base, mid = info["http"], record("import-signed").memory_id
+    deadline = time.monotonic() + 60
+    code = 0
+    while time.monotonic() < deadline and code != 200:
+        code, _ = call(base, "GET", f"/v1/memories/{mid}?tenant=t1", token="tok-one")
+        time.sleep(0.5)
+    assert code == 200
+
+
 def test_text_plain_ingest_refused_and_nothing_stored(up: tuple[dict[str, Any], int]) -> None:
     base = up[0]["http"]
     plain, js = record("plain-e"), record("json-e")
