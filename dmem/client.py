@@ -570,11 +570,14 @@ class Client:
         memory_id: str | None = None,
         episode_id: str | None = None,
         kind: str = "thumbs_up",
-        value: float = 1.0,
+        value: float | None = None,
         agent_id: str | None = None,
     ) -> Feedback:
         """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
-        on the feedback topic, where the credit job turns it into utility."""
+        on the feedback topic, where the credit job turns it into utility. ``value``:
+        the reward of ``kind="reward"``; a thumbs credits +1 / -1 (its default value)."""
+        if value is None:
+            value = {"thumbs_up": 1.0, "thumbs_down": -1.0}.get(kind, 0.0)
         assert self._started, "call start() first"
         fb = build(
             Feedback,

@@ -233,7 +233,9 @@ class EpisodeOutcome(Model):
 
 
 class Feedback(Model):
-    """A late reward or a user's thumbs on an episode or a single memory."""
+    """A late reward on an episode (``kind`` reward, its ``value``) or a user's thumbs on
+    one memory (``thumbs_up`` / ``thumbs_down``: credit +1 / -1; a ``value`` of the
+    other sign is refused as a contradiction)."""
 
     feedback_id: Ident | None = None
     tenant: Ident
@@ -254,6 +256,15 @@ class Feedback(Model):
                 "a reward feedback needs an episode_id (on a memory alone, send "
                 "kind thumbs_up or thumbs_down)"
             )
+        if self.kind != "reward":
+            if self.memory_id is None:  # credit +1 / -1 goes to one memory
+                raise ValueError(
+                    f"a {self.kind} needs a memory_id (an episode's outcome is kind "
+                    "reward with its value)"
+                )
+            if self.value * (1.0 if self.kind == "thumbs_up" else -1.0) < 0.0:
+                # a thumbs credits its sign, never its value: a contrary value is a mistake
+                raise ValueError(f"a {self.kind} with value {self.value:g} contradicts it")
         return self
 
 
