@@ -100,6 +100,16 @@ class Guard:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def json_error(exc: web.HTTPException) -> web.Response:
+    """An aiohttp error answer as a JSON body like every other error of the API (its
+    headers kept: a 405's ``Allow``); its own text where it says more than the status."""
+    text = exc.text or ""
+    why = text if text and not text.startswith(f"{exc.status}:") else exc.reason.lower()
+    headers = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
+    return web.Response(body=orjson.dumps({"error": why}), status=exc.status,
+                        headers=headers, content_type="application/json")  # fmt: skip
+
+
 def guard_middleware(settings: Any) -> Callable[[web.Request, Handler], Awaitable[Any]]:
     """The aiohttp middleware of `Guard` over the worker's settings."""
     guard = Guard.from_settings(settings)
@@ -112,6 +122,11 @@ def guard_middleware(settings: Any) -> Callable[[web.Request, Handler], Awaitabl
             return web.Response(
                 body=orjson.dumps({"error": reason}), status=status, content_type="application/json"
             )
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:  # the router's 404 / 405 and aiohttp's own
+            if exc.status < 400:
+                raise
+            return json_error(exc)
 
     return middleware

@@ -51,6 +51,8 @@ def worker(role: str) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("dmem-data"),
     show_default=True,
+    envvar="DMEM_DATA_DIR",  # where the other commands look for the stack
+    show_envvar=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="print the addresses as one JSON line")
 @click.option(

@@ -67,3 +67,18 @@ async def test_allowed_hosts_setting_opens_a_name() -> None:
         assert (await client.get("/metrics")).status == 421  # the list replaces the default
     finally:
         await client.close()
+
+
+async def test_an_unknown_route_and_a_wrong_method_answer_json_like_every_error() -> None:
+    client, reached = await serve(Settings(web_host="127.0.0.1"))
+    try:
+        r = await client.get("/v1/nope")
+        assert (r.status, r.content_type) == (404, "application/json")
+        assert await r.json() == {"error": "not found"}
+        r = await client.get("/v1/transitions")
+        assert (r.status, r.content_type) == (405, "application/json")
+        assert await r.json() == {"error": "method not allowed"}
+        assert r.headers["Allow"] == "POST"
+        assert reached == []
+    finally:
+        await client.close()

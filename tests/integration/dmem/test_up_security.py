@@ -66,7 +66,7 @@ def call(base: str, method: str, path: str, body: bytes | None = None,
         raw = e.read()
         try:
             return e.code, json.loads(raw) if raw else None
-        except json.JSONDecodeError:  # aiohttp's own 404 page
+        except json.JSONDecodeError:  # a body that is not JSON: the assertion shows it
             return e.code, raw.decode(errors="replace")
 
 
@@ -146,7 +146,10 @@ def test_foreign_host_and_origin_refused(up: tuple[dict[str, Any], int]) -> None
     code, _ = call(base, "POST", "/v1/search", b'{"tenant":"t1","query":"vault"}',
                    token="tok-one", Origin="https://evil.example")  # fmt: skip
     assert code == 403
-    assert call(base, "GET", "/router/", Host=f"localhost:{port}")[0] == 404  # faust's pages off
+    # faust's pages are off; an unknown route or method answers JSON like every error
+    assert call(base, "GET", "/router/", Host=f"localhost:{port}") == (404, {"error": "not found"})
+    wrong_method = call(base, "GET", "/v1/search", token="tok-one")
+    assert wrong_method == (405, {"error": "method not allowed"})
 
 
 def test_embedded_milvus_listens_on_loopback_only(up: tuple[dict[str, Any], int]) -> None:

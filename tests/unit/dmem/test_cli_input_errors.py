@@ -154,3 +154,16 @@ def test_import_counts_every_kind_in_its_summary(
     assert out.stdout.strip() == (
         "imported 2 transitions, 1 outcomes, 1 feedback, 1 usage from 5 lines; 0 invalid"
     )
+
+
+def test_up_runs_on_dmem_data_dir_where_the_other_commands_look_for_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import streams.local.stack as stack
+
+    seen: list[Path] = []
+    monkeypatch.setattr(stack, "run_up", lambda data_dir, **_: seen.append(data_dir))
+    monkeypatch.setenv("DMEM_DATA_DIR", str(tmp_path / "d1"))
+    assert CliRunner().invoke(cli.main, ["up"]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["up", "--data-dir", str(tmp_path / "d2")]).exit_code == 0
+    assert seen == [tmp_path / "d1", tmp_path / "d2"]  # the option wins over the variable
