@@ -224,11 +224,12 @@ async def _send_all(settings: Settings, path: Path, tenant: str | None, wait_s: 
     if rep.counts["transition"]:
         rep.write_committed = await wait_committed(
             settings, settings.group("write"), ends, wait_s,
-            "write path stored (this import's records)", starts,
+            "write path processed (this import's records: written, dropped or dead-lettered)",
+            starts,
         )  # fmt: skip
         if not rep.write_committed:
             sys.stderr.write(
-                "\ndmem import: warning: the write path has not stored every "
+                "\ndmem import: warning: the write path has not processed every "
                 "transition yet (it goes on in the background)\n"
             )
 
