@@ -224,8 +224,7 @@ async def _send_all(settings: Settings, path: Path, tenant: str | None, wait_s: 
     if rep.counts["transition"]:
         rep.write_committed = await wait_committed(
             settings, settings.group("write"), ends, wait_s,
-            "write path processed (this import's records: written, dropped or dead-lettered)",
-            starts,
+            "write path processed (this import's records)", starts,
         )  # fmt: skip
         if not rep.write_committed:
             sys.stderr.write(
