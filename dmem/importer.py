@@ -24,7 +24,8 @@ Decisions:
   transitions up to the outcome's event time, so an outcome never races ahead of its
   episode, and the import re-scores each episode where the live run did. At the end
   the import waits (up to ``wait_s``) until the write path has committed every
-  imported transition (``write_committed``).
+  imported transition (``write_committed``): processed, which is written, dropped by
+  the gate or dead-lettered with its reason, not necessarily stored.
 """
 
 from __future__ import annotations
