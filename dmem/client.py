@@ -575,9 +575,10 @@ class Client:
     ) -> Feedback:
         """A user's thumbs on one memory (or a late reward on an episode): `Feedback`
         on the feedback topic, where the credit job turns it into utility. ``value``:
-        the reward of ``kind="reward"``; a thumbs credits +1 / -1 (its default value)."""
+        the reward of ``kind="reward"`` (default 1.0); a thumbs credits +1 / -1 whatever
+        its value (default its sign)."""
         if value is None:
-            value = {"thumbs_up": 1.0, "thumbs_down": -1.0}.get(kind, 0.0)
+            value = {"thumbs_down": -1.0}.get(kind, 1.0)
         assert self._started, "call start() first"
         fb = build(
             Feedback,

@@ -234,8 +234,8 @@ class EpisodeOutcome(Model):
 
 class Feedback(Model):
     """A late reward on an episode (``kind`` reward, its ``value``) or a user's thumbs on
-    one memory (``thumbs_up`` / ``thumbs_down``: credit +1 / -1; a ``value`` of the
-    other sign is refused as a contradiction)."""
+    one memory (``thumbs_up`` / ``thumbs_down``: credit +1 / -1 whatever the ``value``,
+    which SDK releases have sent as 1.0 with either)."""
 
     feedback_id: Ident | None = None
     tenant: Ident
@@ -262,9 +262,6 @@ class Feedback(Model):
                     f"a {self.kind} needs a memory_id (an episode's outcome is kind "
                     "reward with its value)"
                 )
-            if self.value * (1.0 if self.kind == "thumbs_up" else -1.0) < 0.0:
-                # a thumbs credits its sign, never its value: a contrary value is a mistake
-                raise ValueError(f"a {self.kind} with value {self.value:g} contradicts it")
         return self
 
 
@@ -436,7 +433,9 @@ def feedback_key(fb: Feedback) -> str | None:
     ``<memory_id>:<kind>:<ts>``; a reward on an episode is that episode's final outcome
     (`final_outcome_id`). None for a thumbs without a time: nothing names it."""
     if fb.memory_id is not None and fb.kind != "reward":
-        return None if fb.ts is None else fit_id("", f"{fb.memory_id}:{fb.kind}", f":{fb.ts}")
+        # hashed whole where too long: `feedback_update_id` of it is then the update id
+        # the credit job has always given such a thumbs
+        return None if fb.ts is None else fit_id("", f"{fb.memory_id}:{fb.kind}:{fb.ts}")
     return None if fb.episode_id is None else final_outcome_id(fb.episode_id)
 
 

@@ -137,8 +137,8 @@ def check_signing(settings: Settings, up: dict[str, Any] | None, command: str) -
     have = service_key_id(settings)
     if have == want:
         return
-    why = ("this shell sets no DMEM_AUTH__*" if have is None
-           else "this shell's DMEM_AUTH__* give another key")  # fmt: skip
+    why = ("this shell's DMEM_AUTH__* settings sign no records" if have is None
+           else "this shell's DMEM_AUTH__* settings give another key")  # fmt: skip
     raise UsageError(
         f"the running `dmem up` (pid {(up or {}).get('pid')}) checks record credentials: "
         f"`dmem {command}` signs its records with the service's key, and {why}, so its "

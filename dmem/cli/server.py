@@ -165,8 +165,8 @@ def import_cmd(file: Path, tenant: str | None, wait_s: float, as_json: bool) -> 
         from dmem.importer import run_import
 
     settings, up = stack_settings()
-    check_signing(settings, up, "import")
     try:
+        check_signing(settings, up, "import")
         rep = run_import(settings, file, tenant=tenant, wait_s=wait_s)
     except DmemError as exc:
         fail(exc, no_stack_hint(up))

@@ -503,7 +503,8 @@
                   " \u00b7 feed " +
                   (feed.enabled ? (feed.running ? "running" : "paused" + (feed.error ? ": " + feed.error : ""))
                                 : "off") +
-                  " \u00b7 " + (feed.events_seen || 0) + " events read", Boolean(state.refused));
+                  (feed.events_seen === undefined ? "" : " \u00b7 " + feed.events_seen + " events read"),
+                  Boolean(state.refused));
         document.body.setAttribute("data-state", "ready");
         if (state.autoQuery && data.tenant) {
           var q = state.autoQuery;

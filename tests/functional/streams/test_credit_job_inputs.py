@@ -120,9 +120,11 @@ def test_thumbs_without_id_or_time_are_told_apart_by_their_record() -> None:
     assert len(ids) == 3 and ids[0] != ids[1] and ids[1] == ids[2]
 
 
-def test_a_thumbs_posted_over_http_and_the_same_over_kafka_credit_once() -> None:
+@pytest.mark.parametrize("mid", ["m1", LONG])
+def test_a_thumbs_posted_over_http_and_the_same_over_kafka_credit_once(mid: str) -> None:
     """HTTP ingest names a feedback without an id as the credit job does, so the same
-    thumbs from both paths (or a retried POST) gives one credit update id."""
+    thumbs from both paths (or a retried POST) gives one credit update id: the one the
+    credit job has always given it (a replay across an upgrade is applied once)."""
     from streams.respond.ingest import KINDS, validate
 
     (fb_kind,) = [k for k in KINDS if k.model is Feedback]
@@ -130,7 +132,7 @@ def test_a_thumbs_posted_over_http_and_the_same_over_kafka_credit_once() -> None
     job = CreditJob(s)
     prod = FakeProducer()
     job.producer = prod  # type: ignore[assignment]
-    thumbs = {"tenant": "t", "memory_id": "m1", "kind": "thumbs_up", "ts": 1_700_000_000_000}
+    thumbs = {"tenant": "t", "memory_id": mid, "kind": "thumbs_up", "ts": 1_700_000_000_000}
     (posted,) = validate([thumbs], fb_kind)
     raws = [orjson.dumps(thumbs), orjson.dumps(posted.model_dump(mode="json", exclude_none=True))]
 
@@ -142,3 +144,4 @@ def test_a_thumbs_posted_over_http_and_the_same_over_kafka_credit_once() -> None
     sent = [UtilityUpdate.model_validate_json(v) for t, v, _ in prod.sent
             if t == s.topic("credit")]  # fmt: skip
     assert len(sent) == 2 and sent[0].update_id == sent[1].update_id
+    assert sent[0].update_id == feedback_update_id(f"{mid}:thumbs_up:1700000000000")

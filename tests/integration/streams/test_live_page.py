@@ -94,6 +94,10 @@ def test_live_page_in_headless_chromium(stack: LocalStack) -> None:
     assert get(f"{base}/v1/live?tenant=other", "tok-rep")[0] == 403
     scoped = live(base, "tok-rep")
     assert [t["tenant"] for t in scoped["tenants"]] == ["rep"] and scoped["dead_letters"] is None
+    # counts over every tenant: an all-tenant token's, never a scoped one's or /health's
+    assert "events_seen" not in scoped["feed"] and live(base, "tok-ops")["feed"]["events_seen"]
+    _, _, health = get(f"{base}/health")
+    assert b"events_seen" not in health and b"tenants_known" not in health
 
     ok, reason = ui_check(base, "tok-rep", "rep")
     assert ok, reason
