@@ -493,7 +493,8 @@ class UtilityApplier(Service):
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
         queued = [*self.held, *((now_s or 0.0, u) for u in updates)]
-        self.held = []
+        held: list[tuple[float, UtilityUpdate]] = []  # `self.held` once the fold is done:
+        # a store failure part way leaves it as it was, for the retry to fold again
         updates = [u for _, u in queued]
         keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
         # by (tenant, id): an update only ever reaches its own tenant's row
@@ -523,7 +524,7 @@ class UtilityApplier(Service):
                 (row is None or target is None) and self._may_come(u, since, now_s, hindsight_done)
             ):
                 waiting.add(key)  # its row may still come; the memory's next updates wait too
-                self.held.append((since, u))
+                held.append((since, u))
                 continue
             if row is None or target is None:
                 self.skipped += 1
@@ -573,6 +574,7 @@ class UtilityApplier(Service):
             self.promoted += store.move(ids, "core", tenant=tenant)
         if history:  # after the rows: history never shows credit the row lacks
             store.history.record(history)
+        self.held = held
         return touched
 
     def _may_come(self, u: UtilityUpdate, since: float, now_s: float | None,

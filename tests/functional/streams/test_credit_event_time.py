@@ -151,3 +151,28 @@ def test_where_credit_was_earned_goes_from_usage_through_the_job_to_the_row() ->
     stats = CreditStats.of(store.rows[storage_key("t", "b")])
     assert stats.sim == pytest.approx(0.4) and stats.n == 1
     assert CreditStats.of(store.rows[storage_key("t", "a")]).sim_w == 0.0
+
+
+def test_a_store_failure_part_way_keeps_the_held_updates_for_the_retry() -> None:
+    """The applier retries `apply` with the batch's updates after a store failure; the
+    updates it held from earlier batches must still be held then (their offsets are
+    committed past once they leave it)."""
+    from schemas.errors import StoreUnavailable
+
+    store = FakeStore()
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    assert applier.apply([update("u1", "m1", 1.0)], now_s=0.0) == 0  # m1 not stored yet
+    store.add("t", "m1")
+    store.add("t", "m2")
+    reads = store.get_keys
+
+    def down(keys: list[str], with_vector: bool = False) -> list[dict[str, Any]]:
+        store.get_keys = reads  # type: ignore[method-assign]  # back for the retry
+        raise StoreUnavailable("Milvus went away")
+
+    store.get_keys = down  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        applier.apply([update("u2", "m2", 1.0)], now_s=1.0)
+    assert [u.update_id for _, u in applier.held] == ["u1"]
+    assert applier.apply([update("u2", "m2", 1.0)], now_s=1.0) == 2  # the retry: both
+    assert store.rows[storage_key("t", "m1")]["utility"] == pytest.approx(1.0)
