@@ -158,19 +158,26 @@ class DedupEngine(IndexedEngine):
     def _apply_merge(self, g: MergeGroup, rows: dict[str, dict[str, Any]],
                      now: int) -> list[MemoryEvent] | None:  # fmt: skip
         """Fold `g`'s members into its survivor: the survivor is rewritten, then the
-        members deleted; returns the events. None: the store refuses the merged row
-        by itself (`InvalidRecord`, e.g. its metadata over Milvus' JSON limit, which
-        `merge_rows`' byte budget rules out for rows dmem built): logged as an error
-        and counted (``merge_refused``), nothing written or deleted, so the job goes
-        on and no memory is lost."""
+        members deleted; returns the events. None: nothing merged, because the survivor
+        or every member is no longer stored (a later pass sees the rows as they are), or
+        the store refuses the merged row by itself (`InvalidRecord`, e.g. its metadata
+        over Milvus' JSON limit, which `merge_rows`' byte budget rules out for rows dmem
+        built): logged as an error and counted (``merge_refused``), nothing written or
+        deleted, so the job goes on and no memory is lost."""
         with WRITE_LOCK:
             # the rows as they are now, under the lock: credit or access counts written
             # since the window was read are folded, not overwritten
             now_rows = unique_rows(self.store.get([g.survivor, *g.members],
                                                   tenant=str(rows[g.survivor]["tenant"]),
                                                   with_vector=True))  # fmt: skip
-            s = {**rows[g.survivor], **now_rows.get(g.survivor, {})}
-            members = [{**rows[m], **now_rows.get(m, {})} for m in g.members]
+            # a row gone since the window was read (forgotten, evicted, folded elsewhere)
+            # is not merged from the copy read then: that would write it back
+            ids = [m for m in g.members if m in now_rows]
+            sims = [sim for m, sim in zip(g.members, g.similarity, strict=True) if m in now_rows]
+            if g.survivor not in now_rows or not ids:
+                return None
+            s = {**rows[g.survivor], **now_rows[g.survivor]}
+            members = [{**rows[m], **now_rows[m]} for m in ids]
             new, folded = merge_rows(s, members)
             target = str(new.pop("partition"))
             if folded or target != s["partition"]:
@@ -183,14 +190,14 @@ class DedupEngine(IndexedEngine):
                     return None
             # the fold index first: a folded id is always either stored or folded
             self.store.history.fold(
-                str(s["tenant"]), dict.fromkeys(g.members, g.survivor), now,
+                str(s["tenant"]), dict.fromkeys(ids, g.survivor), now,
                 {str(m["id"]): f"into {g.survivor} cos={sim:.4f}"
-                 for m, sim in zip(members, g.similarity, strict=True)},
+                 for m, sim in zip(members, sims, strict=True)},
             )  # fmt: skip
-            self.store.delete(list(g.members), tenant=str(s["tenant"]))
+            self.store.delete(ids, tenant=str(s["tenant"]))
         t = self.index.tenant(str(s["tenant"]))
         events = []
-        for m, sim in zip(members, g.similarity, strict=True):
+        for m, sim in zip(members, sims, strict=True):
             t.remove(str(m["id"]))
             events.append(
                 memory_event("merged", m, m["partition"], f"into {g.survivor} cos={sim:.4f}", now)

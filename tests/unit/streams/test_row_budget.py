@@ -288,6 +288,26 @@ def test_a_merge_the_store_refuses_is_logged_and_changes_nothing(
     assert "merge of ['m'] into s refused" in caplog.text
 
 
+def test_a_merge_never_writes_back_a_row_gone_since_its_window_was_read() -> None:
+    """Between the window's read and the merge another process forgot a member, or the
+    survivor: the merge folds only what is still stored, and nothing comes back."""
+    store = FakeStore()
+    for tid, step in (("s", 0), ("m1", 1), ("m2", 2)):
+        store.put(stored_row(tid, step=step))
+    engine = DedupEngine(store, MaintenancePolicy())
+    rows = {r["id"]: r for r in store.get(["s", "m1", "m2"], tenant=T)}
+    store.delete(["m1"], tenant=T)  # forgotten meanwhile
+    out = engine._apply_merge(MergeGroup("s", ("m1", "m2"), (0.99, 0.98)), rows, NOW)  # noqa: SLF001
+    assert out is not None and [e.memory_id for e in out if e.kind == "merged"] == ["m2"]
+    assert set(store.rows) == {storage_key(T, "s")}  # m1 not written back, m2 folded
+    assert store.rows[storage_key(T, "s")]["merged_count"] == 2
+    store.put(stored_row("m3", step=3))
+    rows = {r["id"]: r for r in store.get(["s", "m3"], tenant=T)}
+    store.delete(["s"], tenant=T)  # the survivor forgotten meanwhile
+    assert engine._apply_merge(MergeGroup("s", ("m3",), (0.99,)), rows, NOW) is None  # noqa: SLF001
+    assert set(store.rows) == {storage_key(T, "m3")}
+
+
 def test_the_applier_writes_the_rows_the_store_takes_and_logs_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
