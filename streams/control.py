@@ -50,8 +50,34 @@ log = logging.getLogger("dmem.control")
 Handler = Callable[[list[MemoryEvent]], None]
 
 
-def echo_to_store(store_service: StoreService) -> Handler:
-    """The store half: tombstone and re-delete recently forgotten keys (one call per tenant)."""
+#: how long the store half retries a notice's delete through a store outage (seconds;
+#: bounded: a worker stopping during an outage waits for it)
+ECHO_RETRY_S = 60.0
+
+
+def echo_to_store(store_service: StoreService, retry_s: float = ECHO_RETRY_S,
+                  sleep: Callable[[float], None] = time.sleep) -> Handler:  # fmt: skip
+    """The store half: tombstone and re-delete recently forgotten keys (one call per tenant).
+
+    A retriable store failure is retried (1 s, 2 s, ... at most 30 s apart, for
+    ``retry_s``): the tombstone is set before the delete, so a notice handled once more
+    later would take the key for its origin's and skip the delete of a row written back.
+    """
+
+    def forget(tenant: str, ids: list[str], at: float) -> None:
+        store = store_service.store
+        assert store is not None
+        deadline, wait = time.monotonic() + retry_s, 1.0
+        while True:
+            try:
+                store.forget(ids, tenant=tenant, at=at)
+                return
+            except DmemError as exc:
+                if not exc.retriable or time.monotonic() + wait > deadline:
+                    raise
+                log.warning("forget notice for %s: %s; retry in %.0fs", tenant, exc, wait)
+                sleep(wait)
+                wait = min(wait * 2, 30.0)
 
     def handle(events: list[MemoryEvent]) -> None:
         store = store_service.store
@@ -66,7 +92,7 @@ def echo_to_store(store_service: StoreService) -> Handler:
             if not store.tombstones.dead([storage_key(ev.tenant, ev.memory_id)]):
                 todo.setdefault((ev.tenant, at), []).append(ev.memory_id)  # not the origin
         for (tenant, at), ids in todo.items():
-            store.forget(ids, tenant=tenant, at=at)
+            forget(tenant, ids, at)
 
     return handle
 
