@@ -241,15 +241,16 @@ def wire_write_path(app: faust.App, ctx: RoleContext) -> StatusFn:
         # the episode's live rows are stored before this outcome is committed: the
         # credit applier takes that commit as "every row of this outcome is in"
         await writer.stored_so_far()
-        result = await asyncio.to_thread(
-            pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
-            out.outcome_id, out.agent_id, out.task, out.success,
-        )  # fmt: skip
-        log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
-                 out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
-                 len(result.events))  # fmt: skip
-        # a hindsight row rewrites a stored one on purpose, keeping what it earned
-        rejected, _ = await store.write(result.upserts, reconcile)
+        async with writer.rewriting():  # no checkpoint between the re-score and the write
+            result = await asyncio.to_thread(
+                pipeline.rescore, out.tenant, out.episode_id, out.reward, now_ms(), out.ts,
+                out.outcome_id, out.agent_id, out.task, out.success,
+            )  # fmt: skip
+            log.debug("hindsight %s/%s: waited %.2f s, caught up %s, %d events",
+                     out.tenant, out.episode_id, waited, pipeline.caught_up(out.tenant, out.ts),
+                     len(result.events))  # fmt: skip
+            # a hindsight row rewrites a stored one on purpose, keeping what it earned
+            rejected, _ = await store.write(result.upserts, reconcile)
         if rejected:  # a row forgotten while its episode was open is routine: info only
             assert store.store is not None
             gone = forgotten_reason(store.store)

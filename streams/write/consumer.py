@@ -33,11 +33,12 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +175,10 @@ class WriteConsumer(Service):
         self._assigned = asyncio.Event()  # the current assignment's states are restored
         self._idle = asyncio.Event()  # stage 1 holds no batch (set between batches)
         self._idle.set()
+        #: hindsight rewrites between their re-score and the store's ack (`rewriting`)
+        self.rewrites = 0
+        self._no_rewrites = asyncio.Event()
+        self._no_rewrites.set()
         self.checkpoints = CheckpointIndex(
             settings, settings.topic("models"), loop=kwargs.get("loop"), beacon=kwargs.get("beacon")
         )
@@ -371,10 +376,27 @@ class WriteConsumer(Service):
         while self.finished < target and not self.should_stop:
             await asyncio.sleep(0.02)
 
+    @contextlib.asynccontextmanager
+    async def rewriting(self) -> AsyncIterator[None]:
+        """Around a hindsight re-score and the store write of its rows: the re-score
+        marks its steps done in the state, so no checkpoint may hold those marks before
+        the rows are stored (a crash between the two would replay the outcome onto
+        steps marked done, and its rows would never be written)."""
+        self.rewrites += 1
+        self._no_rewrites.clear()
+        try:
+            yield
+        finally:
+            self.rewrites -= 1
+            if not self.rewrites:
+                self._no_rewrites.set()
+
     async def checkpoint(self, keys: list[StateKey] | None = None) -> None:
         """Snapshot the dirty states (of `keys` only, if given) once stage 2 is empty
-        (never ahead of the store); returns when the broker acknowledged them."""
+        and no hindsight rewrite is between its re-score and its store write (never
+        ahead of the store); returns when the broker acknowledged them."""
         await self.queue.join()
+        await self._no_rewrites.wait()
         assert self.producer is not None
         # states of partitions not owned (made by a batch a timed-out drain let through)
         # are never checkpointed: they would overwrite their owner's checkpoint
