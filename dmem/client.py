@@ -1006,6 +1006,10 @@ class SyncClient:
     def publish_many(self, transitions: Iterable[Transition]) -> int:
         return self._run(self._client.publish_many(list(transitions)))
 
+    def publish_chat(self, conversation: str, session: str | int, turns: Sequence[ChatTurn],
+                     start_step: int = 0) -> int:  # fmt: skip
+        return self._run(self._client.publish_chat(conversation, session, turns, start_step))
+
     def search(self, query: str | None = None, k: int = 5, **kw: Any) -> list[Hit]:
         return self._run(self._client.search(query, k, **kw))
 
@@ -1014,6 +1018,12 @@ class SyncClient:
 
     def feedback(self, **kw: Any) -> Feedback:
         return self._run(self._client.feedback(**kw))
+
+    def report_feedback(self, **kw: Any) -> None:
+        self._run(self._client.report_feedback(**kw))
+
+    def list_page(self, **kw: Any) -> tuple[list[dict[str, Any]], str | None]:
+        return self._run(self._client.list_page(**kw))
 
     def forget(self, **kw: Any) -> int:
         return self._run(self._client.forget(**kw))

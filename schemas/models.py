@@ -44,6 +44,9 @@ Route = Literal["core", "buffer", "drop"]
 
 #: what an id (a tenant, an agent, a memory...) may be made of
 IDENT_PATTERN = r"^[A-Za-z0-9_.:@/-]+$"
+#: a metadata key a search may filter on (``metadata_equals``): a plain identifier, so
+#: that no client text ever becomes Milvus expression syntax
+META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 Ident = Annotated[
     str,
     StringConstraints(min_length=1, max_length=LIMITS.max_id_chars, pattern=IDENT_PATTERN),

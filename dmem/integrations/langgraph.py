@@ -11,7 +11,8 @@ Mapping (decisions):
   as ``.2E``), so ``("a/b",)`` and ``("a", "b")`` are different scopes; a namespace
   whose joined form would pass 128 characters gets ``lg..`` and a hash of it.
   Distinct namespaces always get distinct agent ids. The memory id is a stable hash
-  of (namespace, key), so a second ``put`` of the same key replaces the first.
+  of (namespace, key), so a second ``put`` of the same key replaces the first where
+  the gate keeps it (a dropped one leaves the stored value as it was).
 - ``put(ns, key, value)`` publishes one `Transition` (``action="put"``, reward
   ``value.get("reward", 0)``). The value's text (its ``text``, ``content``,
   ``memory`` or ``data`` field when that is a string, else the whole value as JSON)
@@ -35,7 +36,8 @@ Mapping (decisions):
   is final for a while: the deployment refuses every write of that memory id for
   its tombstone TTL (``DMEM_MILVUS__TOMBSTONE_TTL_S``, one hour by default), so a
   replayed old write cannot bring it back. To change a value, ``put`` it again (the
-  same id is replaced); a ``put`` of a key this store object deleted within the
+  same id is replaced where the gate keeps the new value); a ``put`` of a key this
+  store object deleted within the
   default TTL raises `ValueError` instead of being dropped without a word.
 - ``list_namespaces`` answers the namespaces this store object has written or
   read: dmem keeps no namespace catalogue to list across processes.
@@ -70,14 +72,20 @@ from langgraph.store.base import (
 from dmem.client import Client, SyncClient
 from schemas import LIMITS, Transition
 from schemas.limits import INT64_MAX
-from schemas.models import fit_id
+from schemas.models import META_KEY, fit_id
 
 TEXT_FIELDS = ("text", "content", "memory", "data")
 META_PREFIX = "lgv_"
 
 
 def memory_id(namespace: tuple[str, ...], key: str) -> str:
-    raw = "\x1f".join([*namespace, "", key]).encode()
+    """A stable hash of (namespace, key): the parts joined by ``\x1f``, a ``\x1f`` or
+    ``\x1e`` inside a part escaped by ``\x1e`` first, so that no two namespaces share
+    an id (the ids of parts without either character are the same as unescaped)."""
+    parts = [
+        p.replace("\x1e", "\x1e\x1e").replace("\x1f", "\x1e\x1f") for p in (*namespace, "", key)
+    ]
+    raw = "\x1f".join(parts).encode()
     return "lg-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -283,8 +291,16 @@ class DmemStore(BaseStore):
                 f"{LIMITS.max_k} hits to one search"
             )
         filters = {f"{META_PREFIX}{k}": v for k, v in (op.filter or {}).items()}
+        bad = sorted(k[len(META_PREFIX) :] for k in filters if not META_KEY.match(k))
+        if bad:
+            raise ValueError(
+                f"the value field {bad[0]!r} cannot be filtered on: a filter names a field of "
+                f"letters, digits and _ (not first), at most {64 - len(META_PREFIX)} characters"
+            )
+        if not op.query:  # LangGraph's listing of a namespace: newest first
+            return await self._list(c, ns, op, filters)
         hits = await c.search(
-            op.query or "", op.limit + op.offset, agent_id=agent_for(ns), metadata_equals=filters
+            op.query, op.limit + op.offset, agent_id=agent_for(ns), metadata_equals=filters
         )
         out = []
         for h in hits[op.offset :]:
@@ -299,6 +315,35 @@ class DmemStore(BaseStore):
                     created_at=_ts(h.created_ts),
                     updated_at=_ts(h.created_ts),
                     score=h.score,
+                )
+            )
+        self.seen.add(ns)
+        return out
+
+    async def _list(self, c: Client, ns: tuple[str, ...], op: SearchOp,
+                    filters: dict[str, Any]) -> list[SearchItem]:  # fmt: skip
+        """A search without a query: the namespace's items, newest first (``score``
+        None), from the memory listing."""
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while len(rows) < op.limit + op.offset:
+            page, cursor = await c.list_page(
+                limit=LIMITS.max_page, cursor=cursor, agent_id=agent_for(ns),
+                filters={"metadata_equals": filters},
+            )  # fmt: skip
+            rows += [r for r in page if "lg_key" in ((r.get("metadata") or {}).get("user") or {})]
+            if cursor is None:
+                break
+        out = []
+        for row in rows[op.offset : op.offset + op.limit]:
+            meta = dict(row["metadata"]["user"])
+            out.append(
+                SearchItem(
+                    namespace=ns,
+                    key=str(meta["lg_key"]),
+                    value=self._value(str(row.get("text", "")), meta),
+                    created_at=_ts(int(row.get("created_ts", 0))),
+                    updated_at=_ts(int(row.get("last_access_ts", row.get("created_ts", 0)))),
                 )
             )
         self.seen.add(ns)

@@ -30,7 +30,6 @@ in a worker thread. Decisions:
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -50,9 +49,9 @@ from schemas import (
     SearchFilters,
 )
 from schemas.errors import InvalidRecord
+from schemas.models import META_KEY
 from streams.metrics import MILVUS_LATENCY
 
-META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 OUTPUT = [
     "id",
     "tenant",

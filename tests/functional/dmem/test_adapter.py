@@ -284,3 +284,19 @@ def test_a_long_agent_id_still_gives_valid_default_episode_ids() -> None:
     assert all(t.agent_id == agent for t in c.published)
     # a short agent id keeps the readable "<agent>-<random hex>" form
     assert Memory(FakeClient(), "acme", "bot").episode_id.startswith("bot-")
+
+
+def test_the_sync_client_offers_every_call_of_the_async_one() -> None:
+    """The SDK reference lists one set of calls: each async one has a blocking twin
+    (`publish_chat`, `report_feedback` and `list_page` were missing). Not mirrored: the
+    lifecycle (the sync client starts and stops itself) and the async iterator, whose
+    twin is `list_memories`."""
+    import inspect
+
+    from dmem.client import Client, SyncClient
+
+    calls = {n for n, f in inspect.getmembers(Client) if not n.startswith("_") and
+             (inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f))}  # fmt: skip
+    missing = calls - {n for n in dir(SyncClient) if callable(getattr(SyncClient, n))}
+    assert missing == {"start", "stop", "iter_memories"}
+    assert callable(SyncClient.list_memories)

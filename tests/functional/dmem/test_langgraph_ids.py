@@ -36,6 +36,19 @@ class FakeClient:
             :k
         ]
 
+    async def list_page(
+        self, *, limit: int, cursor: str | None, agent_id: str, filters: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The listing's rows, newest first, ``limit`` a page (the cursor: an offset)."""
+        want = filters.get("metadata_equals") or {}
+        rows = [{"text": t.observation, "created_ts": t.ts or 0,
+                 "metadata": {"user": dict(t.metadata)}}
+                for t in reversed(self.published) if t.agent_id == agent_id
+                and all(t.metadata.get(k) == v for k, v in want.items())]  # fmt: skip
+        start = int(cursor or 0)
+        nxt = start + limit
+        return rows[start:nxt], (str(nxt) if nxt < len(rows) else None)
+
 
 class FakeSync:
     def __init__(self) -> None:
@@ -136,3 +149,35 @@ def test_a_field_metadata_cannot_hold_stays_in_the_value_only() -> None:
     (t,) = c.published
     assert "lgv_n" not in t.metadata and t.metadata["lgv_m"] == 3
     assert str(2**70) in t.metadata["lg_rest"]
+
+
+def test_a_search_without_a_query_lists_the_namespace_newest_first() -> None:
+    """LangGraph lists a namespace by a search without a query; it failed with "query
+    is empty" (a RetrievalRequest the caller never built)."""
+    s, _ = store()
+    for i in range(4):
+        s.put(("users", "u1"), f"k{i}", {"text": f"fact {i}", "kind": "a" if i % 2 else "b"})
+    s.put(("users", "u2"), "other", {"text": "another user"})
+    got = s.search(("users", "u1"), limit=2, offset=1)
+    assert [i.key for i in got] == ["k2", "k1"] and all(i.score is None for i in got)
+    assert got[0].value == {"text": "fact 2", "kind": "b"}
+    assert [i.key for i in s.search(("users", "u1"), filter={"kind": "a"})] == ["k3", "k1"]
+
+
+def test_a_filter_on_a_field_no_filter_can_name_says_so() -> None:
+    """A field is stored whatever its name, but a filter names only plain identifiers:
+    the server's refusal named ``lgv_user-id``, a key the caller never wrote."""
+    s, _ = store()
+    s.put(("a",), "k", {"text": "x", "user-id": "u1", "ok_field": "y"})
+    with pytest.raises(ValueError, match="'user-id' cannot be filtered on"):
+        s.search(("a",), query="x", filter={"user-id": "u1"})
+    assert [i.key for i in s.search(("a",), query="x", filter={"ok_field": "y"})] == ["k"]
+
+
+def test_a_separator_inside_a_part_gives_another_memory_id() -> None:
+    from dmem.integrations.langgraph import memory_id
+
+    assert memory_id(("a\x1fb",), "k") != memory_id(("a", "b"), "k")
+    assert memory_id(("a\x1e", "b"), "k") != memory_id(("a", "\x1eb"), "k")
+    # the ids of namespaces without either character are the ones stored before
+    assert memory_id(("users", "u1"), "k") == "lg-34b70e3beceac98ff678ed83fd8846e3"
