@@ -237,8 +237,8 @@ class EpisodeOutcome(Model):
 
 class Feedback(Model):
     """A late reward on an episode (``kind`` reward, its ``value``) or a user's thumbs on
-    one memory (``thumbs_up`` / ``thumbs_down``: credit +1 / -1 whatever the ``value``,
-    which SDK releases have sent as 1.0 with either)."""
+    one memory (``thumbs_up`` / ``thumbs_down``: credit +1 / -1 whatever the ``value``;
+    clients send 1.0 with either, so it is not checked against the kind)."""
 
     feedback_id: Ident | None = None
     tenant: Ident
