@@ -63,10 +63,21 @@ class AccessTracker:
                 self._hits[key] = (n + n2, max(ts, ts2))
 
 
+class PartlyFlushed(Exception):
+    """A flush whose store write failed after some partitions' rows were written:
+    ``written`` names their counts' keys (not to be counted again), the cause is
+    chained."""
+
+    def __init__(self, written: set[tuple[str, str]]) -> None:
+        super().__init__(f"{len(written)} access counts written before the store failed")
+        self.written = written
+
+
 def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]]) -> int:
     """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows
     written. A row the store refuses by itself (`streams.store.upsert_fitting`) keeps
-    its stored counts and is logged as an error; the others are written."""
+    its stored counts and is logged as an error; the others are written. A store
+    failure after a first partition's rows were written raises `PartlyFlushed`."""
     if not hits:
         return 0
     with WRITE_LOCK:
@@ -86,8 +97,15 @@ def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]
             part = row.pop("partition")
             by_part.setdefault(part, []).append(row)
         refused: dict[str, str] = {}
+        written: set[tuple[str, str]] = set()
         for part, prow in by_part.items():
-            refused.update(upsert_fitting(store, prow, cast(Partition, part)))
+            try:
+                refused.update(upsert_fitting(store, prow, cast(Partition, part)))
+            except Exception as exc:
+                if written:
+                    raise PartlyFlushed(written) from exc
+                raise
+            written.update((str(r["tenant"]), str(r["id"])) for r in prow)
     for key, why in sorted(refused.items()):
         log.error("access count of memory %s not written: the store refuses its row (%s)",
                   key, why)  # fmt: skip
@@ -121,6 +139,10 @@ class AccessFlusher(Service):
             store = self.store_service.store
             assert store is not None  # connected
             self.flushed += await asyncio.to_thread(flush_access, store, hits)
+        except PartlyFlushed as exc:  # the written counts are in their rows: not again
+            log.warning("access flush failed part way (%s); will retry the rest", exc.__cause__)
+            self.tracker.restore({k: v for k, v in hits.items() if k not in exc.written})
+            return
         except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
             log.warning("access flush failed (%s); will retry", exc)
             self.tracker.restore(hits)

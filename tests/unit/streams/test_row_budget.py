@@ -332,3 +332,35 @@ def test_an_access_flush_writes_the_rows_the_store_takes_and_logs_the_rest(
     assert store.rows[storage_key(T, "ok")]["metadata"]["access"] == {"n": 2}
     assert "access" not in store.rows[storage_key(T, "big")]["metadata"]
     assert "not written: the store refuses" in caplog.text
+
+
+def test_a_flush_the_store_broke_off_counts_what_it_wrote_once() -> None:
+    """Rows of two partitions; the second partition's write fails. The first's counts
+    are in their rows: the retry must not add them again, the second's must follow."""
+    import asyncio
+
+    from schemas.errors import StoreUnavailable
+    from streams.jobs.access import AccessFlusher, AccessTracker
+
+    store = FakeStore()
+    store.put(stored_row("c", step=0), "core")
+    store.put(stored_row("b", step=1), "buffer")
+    upsert = store.upsert
+    calls: list[str] = []
+
+    def second_fails(rows: list[dict[str, Any]], partition: str) -> int:
+        calls.append(partition)
+        if len(calls) == 2:
+            raise StoreUnavailable("Milvus went away")
+        return upsert(rows, partition)
+
+    store.upsert = second_fails  # type: ignore[method-assign]
+    tracker = AccessTracker()
+    tracker.record(T, ["c", "b"], NOW)
+    connected = SimpleNamespace(is_set=lambda: True)
+    flusher = AccessFlusher(Settings(), SimpleNamespace(store=store, connected=connected),  # type: ignore[arg-type]
+                            tracker)  # fmt: skip
+    asyncio.run(flusher.flush())  # the second partition fails
+    asyncio.run(flusher.flush())  # the retry
+    written = {k: store.rows[storage_key(T, k)]["metadata"]["access"]["n"] for k in ("c", "b")}
+    assert written == {"c": 1, "b": 1} and len(calls) == 3
