@@ -23,8 +23,13 @@ class Backoff:
         self.delay = initial_s
 
     async def wait(self) -> None:
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.max_s)
+        await asyncio.sleep(self.step())
+
+    def step(self) -> float:
+        """The delay to wait now (a caller that cannot await sleeps it itself); the next
+        one is doubled (capped)."""
+        now, self.delay = self.delay, min(self.delay * 2, self.max_s)
+        return now
 
     def reset(self) -> None:
         self.delay = self.initial_s

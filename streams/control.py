@@ -39,6 +39,7 @@ from schemas import MemoryEvent, storage_key
 from schemas.errors import DmemError
 from streams.admin import kafka_client_kwargs
 from streams.auth import KafkaGuard
+from streams.backoff import Backoff
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -67,17 +68,17 @@ def echo_to_store(store_service: StoreService, retry_s: float = ECHO_RETRY_S,
     def forget(tenant: str, ids: list[str], at: float) -> None:
         store = store_service.store
         assert store is not None
-        deadline, wait = time.monotonic() + retry_s, 1.0
+        deadline, backoff = time.monotonic() + retry_s, Backoff(1.0, 30.0)
         while True:
             try:
                 store.forget(ids, tenant=tenant, at=at)
                 return
             except DmemError as exc:
-                if not exc.retriable or time.monotonic() + wait > deadline:
+                if not exc.retriable or time.monotonic() + backoff.delay > deadline:
                     raise
-                log.warning("forget notice for %s: %s; retry in %.0fs", tenant, exc, wait)
-                sleep(wait)
-                wait = min(wait * 2, 30.0)
+                log.warning("forget notice for %s: %s; retry in %.0fs", tenant, exc,
+                            backoff.delay)  # fmt: skip
+                sleep(backoff.step())
 
     def handle(events: list[MemoryEvent]) -> None:
         store = store_service.store
