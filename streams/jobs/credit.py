@@ -186,6 +186,7 @@ class CreditJob(Service):
         self.handling = 0  # records fetched and not yet handled
         #: usage and feedback waiting for their tenant's watermark (module doc, Time)
         self.queue = EventTimeQueue(settings.jobs.credit_lateness_ms)
+        self.usage_topic = settings.topic("usage")
         #: storage key of (tenant, episode) -> (partition, offset) of its outcome on the
         #: feedback topic: the updates of late usage name the outcome that earned them
         self.outcome_at: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -249,7 +250,7 @@ class CreditJob(Service):
         its credential does not cover its tenant: a forged record's time must not move
         that tenant's watermark (it would release the tenant's outcomes before their
         usage arrived, and the record stays on the topic for every replay)."""
-        rank = 0 if m.topic == self.settings.topic("usage") else 1
+        rank = 0 if m.topic == self.usage_topic else 1
         tenant, ts, ident = _event_key(rank, m.value)
         if tenant and not self.guard.agent_ok(tenant, m.key, m.value, m.headers):
             await self._refuse(m, now_ms())
