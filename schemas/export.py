@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from schemas.models import (
+    AccessCount,
     DeadLetter,
     EpisodeOutcome,
     Feedback,
@@ -31,6 +32,7 @@ EXPORTED = (
     MemoryUsage,
     MemoryEvent,
     UtilityUpdate,
+    AccessCount,
     DeadLetter,
     MemoryRecord,
 )

@@ -603,6 +603,21 @@ class UtilityUpdate(Model):
     )
 
 
+class AccessCount(Model):
+    """Retrievals of one memory that a responder served since its last report.
+
+    The respond role publishes these (``dmem.access``, keyed by memory id, so one
+    memory's counts keep their order on one partition) and the jobs role folds them
+    into the row (``metadata.access.n``, ``last_access_ts``): every read-modify-write
+    of a stored row runs in the jobs role, under its lock.
+    """
+
+    memory_id: Ident
+    tenant: Ident
+    n: int = Field(ge=1, le=LIMITS.max_step, description="retrievals since the last report")
+    ts: EventMs = Field(description="stream time of the latest of them, on the memory's own clock")
+
+
 class DeadLetter(Model):
     """A record that could not be processed, with the reason and its original bytes."""
 

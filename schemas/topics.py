@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from schemas.models import (
+    AccessCount,
     DeadLetter,
     EpisodeOutcome,
     MemoryEvent,
@@ -40,6 +41,8 @@ TOPICS: dict[str, TopicSpec] = {
     "usage": TopicSpec("usage", "episode_id", MemoryUsage),
     "memories": TopicSpec("memories", "memory_id", MemoryEvent),
     "credit": TopicSpec("credit", "memory_id", UtilityUpdate),
+    # retrievals the respond role served, folded into rows by the jobs role
+    "access": TopicSpec("access", "memory_id", AccessCount),
     # value-model checkpoints and operator state, keyed by ``tenant|partition``; compacted
     # and up to the write producer's 8 MiB request each: a chat tenant of 500 turns
     # checkpoints ~2 MB, over Apache Kafka's default 1 MB

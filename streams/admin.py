@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -89,7 +89,7 @@ def kafka_client_kwargs(k: KafkaSettings) -> dict[str, Any]:
 
 def group_consumer(
     settings: Settings,
-    topic: str,
+    topic: str | Sequence[str],
     group_suffix: str,
     *,
     auto_commit: bool = False,
@@ -113,7 +113,7 @@ def group_consumer(
         rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
         **kafka_client_kwargs(k),
     )
-    consumer.subscribe([topic], listener=listener)
+    consumer.subscribe([topic] if isinstance(topic, str) else list(topic), listener=listener)
     return consumer
 
 

@@ -445,11 +445,13 @@ class MaintenanceSettings(BaseModel):
         default=30.0,
         gt=0.0,
         description=(
-            "Every flush rewrites the served rows (Milvus 2.3 has no partial update: delete + "
-            "insert, then compaction and index builds on the server); at 2 s this showed up as the "
-            "read path's p99 (12 % of a respond worker's CPU). Access recency at 30 s granularity "
-            "is ample next to decay half-lives of hours to days; a kill loses at most one interval "
-            "of retrieval counts (flushed on a clean stop)."
+            "How often the respond role publishes its retrieval counts (`dmem.access`); the "
+            "jobs role folds them into the served rows, and every fold rewrites them (Milvus 2.3 "
+            "has no partial update: delete + insert, then compaction and index builds on the "
+            "server); rewriting every 2 s showed up as the read path's p99. Access recency at "
+            "30 s granularity is ample next to decay half-lives of hours to days; a kill of a "
+            "respond worker loses at most one interval of retrieval counts (published on a "
+            "clean stop)."
         ),
     )
 
@@ -746,8 +748,8 @@ class AuthSettings(BaseModel):
         default=None,
         description=(
             "secret of the service key that signs internal topics (control, models, memories,"
-            " credit); the same on every worker. Unset: derived from the token map, so changing"
-            " a token invalidates the signatures of earlier checkpoints"
+            " credit, access); the same on every worker. Unset: derived from the token map, so"
+            " changing a token invalidates the signatures of earlier checkpoints"
         ),
     )
 

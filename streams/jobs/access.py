@@ -1,10 +1,18 @@
-"""Access tracking (respond role): how often and when each memory was retrieved.
+"""Access tracking: how often and when each memory was retrieved.
 
-The responder reports the ids it served (`streams.context.RoleContext.record_access`);
-`AccessTracker` accumulates counts in memory and `AccessFlusher` writes them every
-``access_flush_s`` in one batch (``last_access_ts`` and ``metadata.access.n``, the
-retrieval count), never one write per hit. ``uses`` stays the credited-use count
-owned by the credit applier: utility is an EMA of credit per *credited* use, and
+The respond role counts the ids it served (`streams.context.RoleContext.record_access`)
+in `AccessTracker` and `AccessPublisher` publishes the counts every ``access_flush_s``
+as `schemas.AccessCount` records (``dmem.access``, keyed by memory id, signed by the
+service). The jobs role folds them into the rows (`fold_access`, called by the utility
+applier under `WRITE_LOCK` with the credit it applies): every read-modify-write of a
+stored row runs in one process, so a respond worker never writes back a copy of a row
+that a merge, a move or an eviction in the jobs role changed meanwhile
+(docs/design/2026-12-05-row-writers.md).
+
+A row keeps where its last applied count was read (``metadata.access.at``: partition
+and offset on ``dmem.access``); a count read again (a replay after a crash, a retry
+after the store failed part way) is not added twice. ``uses`` stays the credited-use
+count owned by the credit applier: utility is an EMA of credit per *credited* use, and
 counting retrievals there would dilute it.
 """
 
@@ -14,21 +22,23 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import faust
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from mode import Service
+from pydantic import ValidationError
 
-from milvus import MemoryStore
-from schemas import Partition, storage_key
-from streams.context import RoleContext, SettleState, StatusFn, TouchFn
-from streams.jobs.rows import WRITE_LOCK
+from schemas import AccessCount, encode
+from streams.admin import kafka_client_kwargs
+from streams.auth import KafkaGuard
+from streams.context import RoleContext, SettleState, StatusFn
 from streams.settings import Settings
-from streams.store import StoreService, upsert_fitting
 
 log = logging.getLogger("dmem.maintenance")
 
-__all__ = ["AccessFlusher", "AccessTracker", "flush_access", "wire_access"]
+__all__ = ["AccessPublisher", "AccessRead", "AccessTracker", "fold_access", "wire_access"]
 
 
 class AccessTracker:
@@ -63,92 +73,97 @@ class AccessTracker:
                 self._hits[key] = (n + n2, max(ts, ts2))
 
 
-class PartlyFlushed(Exception):
-    """A flush whose store write failed after some partitions' rows were written:
-    ``written`` names their counts' keys (not to be counted again), the cause is
-    chained."""
+class AccessRead(NamedTuple):
+    """One memory's counts as the jobs role read them from ``dmem.access``."""
 
-    def __init__(self, written: set[tuple[str, str]]) -> None:
-        super().__init__(f"{len(written)} access counts written before the store failed")
-        self.written = written
-
-
-def flush_access(store: MemoryStore, hits: dict[tuple[str, str], tuple[int, int]]) -> int:
-    """One batched read-modify-write: last_access_ts and metadata.access.n. Returns rows
-    written. A row the store refuses by itself (`streams.store.upsert_fitting`) keeps
-    its stored counts and is logged as an error; the others are written. A store
-    failure after a first partition's rows were written raises `PartlyFlushed`."""
-    if not hits:
-        return 0
-    with WRITE_LOCK:
-        # by storage key: a count only ever reaches the row of the tenant it was served to
-        rows: dict[tuple[str, str], dict[str, Any]] = {}
-        for r in store.get_keys(sorted(storage_key(t, m) for t, m in hits), with_vector=True):
-            rows.setdefault((str(r["tenant"]), str(r["id"])), r)
-        by_part: dict[str, list[dict[str, Any]]] = {}
-        for tid, row in rows.items():
-            n, ts = hits[tid]
-            meta = dict(row.get("metadata") or {})
-            acc = dict(meta.get("access") or {})
-            acc["n"] = int(acc.get("n", 0)) + n
-            meta["access"] = acc
-            row["metadata"] = meta
-            row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), ts)
-            part = row.pop("partition")
-            by_part.setdefault(part, []).append(row)
-        refused: dict[str, str] = {}
-        written: set[tuple[str, str]] = set()
-        for part, prow in by_part.items():
-            try:
-                refused.update(upsert_fitting(store, prow, cast(Partition, part)))
-            except Exception as exc:
-                if written:
-                    raise PartlyFlushed(written) from exc
-                raise
-            written.update((str(r["tenant"]), str(r["id"])) for r in prow)
-    for key, why in sorted(refused.items()):
-        log.error("access count of memory %s not written: the store refuses its row (%s)",
-                  key, why)  # fmt: skip
-    return sum(len(v) for v in by_part.values()) - len(refused)
+    n: int  # retrievals (summed over the records read together)
+    ts: int  # stream time of the latest
+    partition: int  # where the last of them was read
+    offset: int
 
 
-class AccessFlusher(Service):
-    """Writes the tracker's counts every ``access_flush_s`` (and on stop)."""
+def read_access(reads: dict[tuple[str, str], AccessRead], rec: AccessCount,
+                partition: int, offset: int) -> None:  # fmt: skip
+    """Add a record to the counts read so far (one memory's records share a partition)."""
+    key = (rec.tenant, rec.memory_id)
+    had = reads.get(key)
+    if had is None or had.partition != partition:
+        reads[key] = AccessRead(rec.n, rec.ts, partition, offset)
+    elif offset > had.offset:
+        reads[key] = AccessRead(had.n + rec.n, max(had.ts, rec.ts), partition, offset)
 
-    def __init__(self, settings: Settings, store: StoreService, tracker: AccessTracker,
-                 **kwargs: Any) -> None:  # fmt: skip
+
+def fold_access(row: dict[str, Any], read: AccessRead) -> bool:
+    """Add `read` to the row's ``metadata.access.n`` and ``last_access_ts``, unless the
+    row already holds it (its ``access.at`` is at or past the read's offset on the same
+    partition). Returns whether the row changed."""
+    meta = dict(row.get("metadata") or {})
+    acc = dict(meta.get("access") or {})
+    at = acc.get("at")
+    if isinstance(at, list) and len(at) == 2 and at[0] == read.partition and at[1] >= read.offset:
+        return False
+    acc["n"] = int(acc.get("n", 0)) + read.n
+    acc["at"] = [read.partition, read.offset]
+    meta["access"] = acc
+    row["metadata"] = meta
+    row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), read.ts)
+    return True
+
+
+class AccessPublisher(Service):
+    """Publishes the tracker's counts every ``access_flush_s`` (and on stop); counts
+    the broker did not acknowledge go back to the tracker for the next round."""
+
+    def __init__(self, settings: Settings, tracker: AccessTracker, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
-        self.store_service = store
         self.tracker = tracker
-        self.flushed = 0
-        self.on_flushed: TouchFn | None = None  # called with the (tenant, id)s written
+        self.guard = KafkaGuard.from_settings(settings)
+        self.topic = settings.topic("access")
+        self.producer: AIOKafkaProducer | None = None
+        self.published = 0
 
     async def on_start(self) -> None:
+        self.producer = AIOKafkaProducer(linger_ms=20, **kafka_client_kwargs(self.settings.kafka))
+        await self.producer.start()
         self.add_future(self._run())
 
     async def on_stop(self) -> None:
         await self.flush()
+        if self.producer is not None:
+            await self.producer.stop()
 
     async def flush(self) -> None:
         hits = self.tracker.drain()
-        if not hits or not self.store_service.connected.is_set():
+        if not hits:
+            return
+        if self.producer is None:
             self.tracker.restore(hits)
             return
+        sent: list[tuple[tuple[str, str], asyncio.Future[Any]]] = []
         try:
-            store = self.store_service.store
-            assert store is not None  # connected
-            self.flushed += await asyncio.to_thread(flush_access, store, hits)
-        except PartlyFlushed as exc:  # the written counts are in their rows: not again
-            log.warning("access flush failed part way (%s); will retry the rest", exc.__cause__)
-            self.tracker.restore({k: v for k, v in hits.items() if k not in exc.written})
-            return
-        except Exception as exc:  # noqa: BLE001 - keep the counts, try again next time
-            log.warning("access flush failed (%s); will retry", exc)
-            self.tracker.restore(hits)
-            return
-        if self.on_flushed is not None:
-            self.on_flushed(list(hits))
+            for (tenant, mid), (n, ts) in hits.items():
+                try:
+                    rec = AccessCount(memory_id=mid, tenant=tenant, n=n, ts=ts)
+                except ValidationError as exc:  # ids the responder served are valid ids
+                    log.error("access count of %s/%s not published: %s", tenant, mid, exc)
+                    continue
+                key, value = mid.encode(), encode(rec)
+                fut = await self.producer.send(
+                    self.topic, value, key=key, headers=self.guard.sign(key, value)
+                )
+                sent.append(((tenant, mid), fut))
+        except KafkaError as exc:  # the ones not sent are kept below
+            log.warning("access counts not published (%s); will retry", exc)
+        acked: set[tuple[str, str]] = set()
+        results = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+        for (tid, _), res in zip(sent, results, strict=True):
+            if not isinstance(res, BaseException):
+                acked.add(tid)
+        if len(acked) < len(sent):
+            log.warning("%d access counts not acknowledged; will retry", len(sent) - len(acked))
+        self.tracker.restore({k: v for k, v in hits.items() if k not in acked})
+        self.published += len(acked)
 
     async def _run(self) -> None:
         while not self.should_stop:
@@ -157,16 +172,16 @@ class AccessFlusher(Service):
 
 
 def wire_access(app: faust.App, ctx: RoleContext) -> StatusFn:
-    """Count the responder's retrievals and flush them in batches; returns a status callable."""
+    """Count the responder's retrievals and publish them in batches for the jobs role
+    (`streams.jobs.credit.UtilityApplier` folds them); returns a status callable."""
     tracker = AccessTracker()
     ctx.access = tracker.record
-    flusher = AccessFlusher(ctx.settings, ctx.store, tracker, loop=app.loop, beacon=app.beacon)
-    flusher.on_flushed = ctx.touch  # the maintenance job re-reads those rows
-    ctx.run(flusher)
+    publisher = AccessPublisher(ctx.settings, tracker, loop=app.loop, beacon=app.beacon)
+    ctx.run(publisher)
 
     async def settle_state() -> SettleState:
         n = tracker.pending()
-        return {"settled": n == 0, "pending": {"unflushed_accesses": n}}
+        return {"settled": n == 0, "pending": {"unpublished_accesses": n}}
 
     ctx.settle["access"] = settle_state
-    return lambda: {"recorded": tracker.recorded, "flushed": flusher.flushed}
+    return lambda: {"recorded": tracker.recorded, "published": publisher.published}

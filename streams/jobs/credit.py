@@ -52,14 +52,14 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from mode import Service
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from operators.credit import (
     CreditAssigner,
@@ -70,6 +70,7 @@ from operators.credit import (
     apply_utility,
 )
 from schemas import (
+    AccessCount,
     DeadLetter,
     EpisodeOutcome,
     Feedback,
@@ -84,12 +85,15 @@ from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
+from streams.jobs.access import AccessRead, fold_access, read_access
 from streams.jobs.rows import WRITE_LOCK
 from streams.metrics import CREDIT_UPDATES, count_dead_letter
 from streams.settings import Settings
 from streams.settle import backlog
 from streams.store import StoreService, upsert_fitting
 from streams.write.pipeline import RawRecord, TenantState, dead_letter, validation_reason
+
+M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger("dmem.jobs")
 
@@ -389,6 +393,8 @@ class UtilityApplier(Service):
         self.promoted = 0  # buffer memories moved to core by established credit
         #: updates not applied because the store refuses their row (logged as errors)
         self.refused = 0
+        self.access_applied = 0  # access counts folded into their rows
+        self.access_topic = settings.topic("access")
         self.on_applied: TouchFn | None = None  # called with the (tenant, id)s whose rows changed
         #: updates waiting for their memory's row, in arrival order, with when they first
         #: waited (module doc, Time)
@@ -399,9 +405,8 @@ class UtilityApplier(Service):
         self._read_at: dict[str, tuple[TopicPartition, int]] = {}
 
     async def on_start(self) -> None:
-        self.consumer = group_consumer(
-            self.settings, self.settings.topic("credit"), "applier", fetch_max_wait_ms=200
-        )
+        topics = [self.settings.topic("credit"), self.access_topic]
+        self.consumer = group_consumer(self.settings, topics, "applier", fetch_max_wait_ms=200)
         await self.consumer.start()
         self.hindsight = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
                                           **kafka_client_kwargs(self.settings.kafka))  # fmt: skip
@@ -435,31 +440,38 @@ class UtilityApplier(Service):
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=500, max_records=2000)
             updates: list[UtilityUpdate] = []
+            access: dict[tuple[str, str], AccessRead] = {}
             for tp, msgs in batch.items():
                 for m in msgs:
-                    if not self.guard.internal_ok(m.key, m.value, m.headers, "utility update"):
-                        self.forged += 1
-                        continue
-                    try:
-                        u = UtilityUpdate.model_validate(orjson.loads(m.value))
-                    except (ValidationError, orjson.JSONDecodeError) as exc:
-                        log.warning(
-                            "skipping bad credit record at %s/%s: %s", m.partition, m.offset, exc
-                        )
-                        continue
-                    updates.append(u)
-                    self._read_at.setdefault(u.update_id, (tp, m.offset))
-            self.applying = len(updates)
-            if updates or self.held:
+                    if tp.topic == self.access_topic:
+                        if rec := self._internal(m, AccessCount, "access count"):
+                            read_access(access, rec, m.partition, m.offset)
+                    elif u := self._internal(m, UtilityUpdate, "utility update"):
+                        updates.append(u)
+                        self._read_at.setdefault(u.update_id, (tp, m.offset))
+            self.applying = len(updates) + len(access)
+            if updates or self.held or access:
                 done = await self.hindsight_done([*updates, *(u for _, u in self.held)])
                 await self.store_service.maybe_start()
                 await self.store_service.connected.wait()
                 await self.store_service._retry(  # noqa: SLF001
-                    "apply credit", self.apply, updates, time.monotonic(), done
+                    "apply credit", self.apply, updates, time.monotonic(), done, access
                 )
             if batch:
                 await commit_or_replay(self.consumer, "credit applier", await self._commits())
             self.applying = 0
+
+    def _internal(self, m: Any, model: type[M], what: str) -> M | None:
+        """A record of an internal topic: signed by the service and valid, else None
+        (counted as forged, or logged as bad)."""
+        if not self.guard.internal_ok(m.key, m.value, m.headers, what):
+            self.forged += 1
+            return None
+        try:
+            return model.model_validate(orjson.loads(m.value))
+        except (ValidationError, orjson.JSONDecodeError) as exc:
+            log.warning("skipping bad %s record at %s/%s: %s", what, m.partition, m.offset, exc)
+            return None
 
     async def _commits(self) -> dict[TopicPartition, int]:
         """Next offsets to commit: the position, or the oldest held update's offset."""
@@ -473,7 +485,8 @@ class UtilityApplier(Service):
         return out
 
     def apply(self, updates: list[UtilityUpdate], now_s: float | None = None,
-              hindsight_done: dict[int, int] | None = None) -> int:  # fmt: skip
+              hindsight_done: dict[int, int] | None = None,
+              access: dict[tuple[str, str], AccessRead] | None = None) -> int:  # fmt: skip
         """Fold updates into their rows (sync; runs in a worker thread). Held updates go
         first; an update without a row waits (`held`), the later ones of its memory
         behind it: one naming a feedback record until `hindsight_done` (feedback
@@ -482,22 +495,27 @@ class UtilityApplier(Service):
         when it first waited. Without `now_s` nothing waits.
 
         A read-modify-write of the rows under the maintenance jobs' `WRITE_LOCK`: a merge
-        folds the survivor as it is after the credit, never a copy read before it."""
+        folds the survivor as it is after the credit, never a copy read before it.
+        ``access``: retrieval counts read from ``dmem.access`` (`streams.jobs.access`),
+        folded into the same rows in the same write; a count of a memory no longer stored
+        is dropped."""
         with WRITE_LOCK:
-            touched = self._fold(updates, now_s, hindsight_done)
+            touched = self._fold(updates, now_s, hindsight_done, access or {})
         if touched and self.on_applied is not None:
             self.on_applied(sorted(touched))  # the (tenant, id) keys of the changed rows
         return len(touched)
 
     def _fold(self, updates: list[UtilityUpdate], now_s: float | None,
-              hindsight_done: dict[int, int] | None) -> dict[tuple[str, str], Any]:  # fmt: skip
+              hindsight_done: dict[int, int] | None,
+              access: dict[tuple[str, str], AccessRead]) -> dict[tuple[str, str], Any]:  # fmt: skip
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
         queued = [*self.held, *((now_s or 0.0, u) for u in updates)]
         held: list[tuple[float, UtilityUpdate]] = []  # `self.held` once the fold is done:
         # a store failure part way leaves it as it was, for the retry to fold again
         updates = [u for _, u in queued]
-        keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates})
+        keys = sorted({storage_key(u.tenant, u.memory_id) for u in updates}
+                      | {storage_key(*k) for k in access})  # fmt: skip
         # by (tenant, id): an update only ever reaches its own tenant's row
         rows = {(r["tenant"], r["id"]): r for r in store.get_keys(keys, with_vector=True)}
         # a memory dedup folded into a survivor: its credit goes to the survivor
@@ -545,6 +563,9 @@ class UtilityApplier(Service):
                 done.append((target, u))
             else:
                 self.skipped += 1
+        counted = [k for k, r in sorted(access.items()) if k in rows and fold_access(rows[k], r)]
+        for k in counted:  # a memory no longer stored: its count is dropped
+            touched[k] = rows[k]
         parts = {k: str(row.pop("partition")) for k, row in touched.items()}
         by_part: dict[str, list[dict[str, Any]]] = {}
         for k, row in touched.items():
@@ -556,6 +577,10 @@ class UtilityApplier(Service):
             ids = [u.update_id for t, u in done if storage_key(*t) == skey]
             log.error("credit updates %s not applied: the store refuses memory %s (%s)",
                       ids, skey, why)  # fmt: skip
+        self.access_applied += sum(storage_key(*k) not in refused for k in counted)
+        for skey in sorted(refused.keys() & {storage_key(*k) for k in counted}):
+            log.error("access count of memory %s not written: the store refuses its row (%s)",
+                      skey, refused[skey])  # fmt: skip
         for target, u in done:
             if storage_key(*target) in refused:
                 self.refused += 1
@@ -602,7 +627,7 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
         unapplied = await backlog(applier.consumer)
         pending = {"unread_usage_feedback": unread, "handling": job.handling,
                    "waiting_usage_feedback": len(job.queue),
-                   "unapplied_credit": unapplied, "applying": applier.applying,
+                   "unapplied_credit_access": unapplied, "applying": applier.applying,
                    "held_credit": len(applier.held),
                    "open_episodes": len(job.assigner.episodes)}  # fmt: skip
         # open episodes wait for outcomes that may never come: not work that runs by itself;
@@ -620,6 +645,7 @@ def wire_jobs(app: faust.App, ctx: RoleContext) -> StatusFn:
         "credit_promoted": applier.promoted,
         "credit_skipped": applier.skipped,
         "credit_refused": applier.refused,
+        "access_applied": applier.access_applied,
         "open_episodes": len(job.assigner.episodes),
     }
 

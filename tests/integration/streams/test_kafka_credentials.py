@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from dmem.client import Client
 from milvus import MemoryStore
-from schemas import MemoryEvent, RetrievalRequest, Transition, encode
+from schemas import AccessCount, MemoryEvent, RetrievalRequest, Transition, encode
 from schemas.credentials import ServiceSigner, TenantSigner, reply_topic_for
 from streams.local.stack import LocalStack
 from streams.settings import Settings
@@ -94,6 +94,7 @@ def test_kafka_credentials_end_to_end(
         DMEM_MILVUS__URI=milvus_server_uri,
         DMEM_WRITE__CHECKPOINT_EVERY_S="0.5",
         DMEM_WRITE__BATCH_WITHIN_S="0.2",
+        DMEM_MAINTENANCE__ACCESS_FLUSH_S="0.5",
         DMEM_LOG_LEVEL="info",
     )
     stack = LocalStack(tmp_path / "data", roles=("all",), extra_env=env, broker_bootstrap=broker)
@@ -168,12 +169,35 @@ def test_kafka_credentials_end_to_end(
         assert asyncio.run(topics_naming(broker, topic_prefix, b"rq-bare")) == [s.topic("requests")]
         assert reply_topic == reply_topic_for(s.topic("responses"), "b")
 
+        # -- access counts: the respond role publishes them signed, the jobs role folds
+        # them; a forged count (bare, or signed with B's own token) changes nothing ------
+        def access_n(mid: str) -> int:
+            rows = store.get([mid], tenant="b")
+            meta = (rows[0].get("metadata") or {}) if rows else {}
+            return int((meta.get("access") or {}).get("n", 0))
+
+        served = sorted({h.memory_id for h in hits})
+        wait_for(lambda: all(access_n(m) >= 1 for m in served), what="the served hits' counts")
+        target = served[0]
+        before = access_n(target)
+        service = ServiceSigner(SECRET.encode())
+        fake = encode(AccessCount(memory_id=target, tenant="b", n=1000, ts=1))
+        ok = encode(AccessCount(memory_id=target, tenant="b", n=5, ts=1))
+        key = target.encode()
+        asyncio.run(send(broker, s.topic("access"), [
+            (key, fake, None),
+            (key, fake, TenantSigner("tok-b").headers("b", fake)),  # an agent's, not ours
+            (key, ok, service.headers(key, ok)),
+        ]))  # fmt: skip
+        # one memory's counts are read in order: the signed one last
+        wait_for(lambda: access_n(target) >= before + 5, what="the signed access count")
+        assert access_n(target) == before + 5
+
         # -- a forged forget deletes nothing; a signed one after it does ------------------
         victim, other = written[0], written[-1]
         now = int(time.time() * 1000)
         forged = encode(MemoryEvent(kind="forgotten", memory_id=victim, tenant="b", ts=now))
         real = encode(MemoryEvent(kind="forgotten", memory_id=other, tenant="b", ts=now))
-        service = ServiceSigner(SECRET.encode())
         asyncio.run(send(broker, s.topic("control"), [
             (b"b", forged, None),
             (b"b", forged, TenantSigner("tok-b").headers("b", forged)),  # an agent's, not ours

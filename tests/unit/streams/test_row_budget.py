@@ -22,7 +22,8 @@ from milvus import MemoryStore
 from operators.decay import MaintenancePolicy
 from operators.dedup import MergeGroup
 from schemas import LIMITS, Transition, UtilityUpdate, storage_key
-from streams.jobs.access import flush_access
+from schemas.errors import StoreUnavailable
+from streams.jobs.access import AccessRead
 from streams.jobs.credit import UtilityApplier
 from streams.jobs.dedup import DedupEngine
 from streams.settings import Settings
@@ -153,8 +154,8 @@ def test_a_worst_case_merge_survivor_fits_milvus_json_field(id_chars: int) -> No
                for m in members for k in range(2)]  # fmt: skip
         ups += [credit(ident(uid := uid + 1, LIMITS.max_id_chars), sid, 0.3) for _ in range(5)]
         assert applier.apply(ups) == len(members) + 1  # every row written
-        hits = {(T, m): (10**15, NOW) for m in [sid, *members]}
-        assert flush_access(store, hits) == len(hits)
+        hits = {(T, m): AccessRead(10**15, NOW, 0, window) for m in [sid, *members]}
+        assert applier.apply([], access=hits) == len(hits)
         rows = {r["id"]: r for r in store.get([sid, *members], tenant=T)}
         events = engine._apply_merge(MergeGroup(sid, tuple(members), (0.99,) * 50), rows, NOW)  # noqa: SLF001
         assert events is not None and len(events) == 50
@@ -322,26 +323,24 @@ def test_the_applier_writes_the_rows_the_store_takes_and_logs_the_rest(
     assert "credit updates ['u1'] not applied" in caplog.text
 
 
-def test_an_access_flush_writes_the_rows_the_store_takes_and_logs_the_rest(
+def test_an_access_fold_writes_the_rows_the_store_takes_and_logs_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = FakeStore()
     store.put(oversized("big"))
     store.put(stored_row("ok", step=1))
-    assert flush_access(store, {(T, "big"): (3, NOW), (T, "ok"): (2, NOW)}) == 1
-    assert store.rows[storage_key(T, "ok")]["metadata"]["access"] == {"n": 2}
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    reads = {(T, "big"): AccessRead(3, NOW, 0, 4), (T, "ok"): AccessRead(2, NOW, 1, 9)}
+    assert applier.apply([], access=reads) == 1 and applier.access_applied == 1
+    assert store.rows[storage_key(T, "ok")]["metadata"]["access"] == {"n": 2, "at": [1, 9]}
     assert "access" not in store.rows[storage_key(T, "big")]["metadata"]
     assert "not written: the store refuses" in caplog.text
 
 
-def test_a_flush_the_store_broke_off_counts_what_it_wrote_once() -> None:
-    """Rows of two partitions; the second partition's write fails. The first's counts
-    are in their rows: the retry must not add them again, the second's must follow."""
-    import asyncio
-
-    from schemas.errors import StoreUnavailable
-    from streams.jobs.access import AccessFlusher, AccessTracker
-
+def test_a_fold_the_store_broke_off_counts_what_it_wrote_once() -> None:
+    """Rows of two partitions; the second partition's write fails and the applier
+    retries the same reads. The first's counts are in their rows (with where they were
+    read): the retry must not add them again, the second's must follow."""
     store = FakeStore()
     store.put(stored_row("c", step=0), "core")
     store.put(stored_row("b", step=1), "buffer")
@@ -355,12 +354,12 @@ def test_a_flush_the_store_broke_off_counts_what_it_wrote_once() -> None:
         return upsert(rows, partition)
 
     store.upsert = second_fails  # type: ignore[method-assign]
-    tracker = AccessTracker()
-    tracker.record(T, ["c", "b"], NOW)
-    connected = SimpleNamespace(is_set=lambda: True)
-    flusher = AccessFlusher(Settings(), SimpleNamespace(store=store, connected=connected),  # type: ignore[arg-type]
-                            tracker)  # fmt: skip
-    asyncio.run(flusher.flush())  # the second partition fails
-    asyncio.run(flusher.flush())  # the retry
+    applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
+    reads = {(T, "c"): AccessRead(1, NOW, 0, 3), (T, "b"): AccessRead(1, NOW, 2, 5)}
+    with pytest.raises(StoreUnavailable):
+        applier.apply([], access=reads)
+    applier.apply([], access=reads)  # the retry
+    # and the same records read again after a restart (committed offsets not reached)
+    assert applier.apply([], access=reads) == 0
     written = {k: store.rows[storage_key(T, k)]["metadata"]["access"]["n"] for k in ("c", "b")}
     assert written == {"c": 1, "b": 1} and len(calls) == 3
