@@ -16,7 +16,9 @@ Decisions:
   trips of batch n; Milvus slowness becomes consumer lag, not memory growth.
 - Memories the write path takes back (`BatchResult.retract`: the context guard's
   second look) are deleted after the batch's upserts, in the same stage and before
-  the commit: a batch that wrote and took back one row leaves it deleted.
+  the commit: a batch that wrote and took back one row leaves it deleted. Not those
+  the store found stored before (replays) in this batch or the one before it: stage
+  1 judged them before stage 2 learned they were replays (`_withhold`).
 - Checkpoints of operator state (`streams.write.pipeline`) are taken after
   stage 2 has drained, so a checkpoint never runs ahead of the store.
 - State moves with its partitions: on revocation the in-flight batch is
@@ -166,6 +168,8 @@ class WriteConsumer(Service):
         )
         self.producer: AIOKafkaProducer | None = None
         self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
+        #: storage keys the previous batch's write found stored before (`_withhold`)
+        self._replays_before: set[str] = set()
         self._taken = asyncio.Event()  # stage 2 took a batch off the queue
         self.restored = 0  # (tenant, partition) states restored from checkpoints
         self.seeded = 0  # per-tenant checkpoints read as seeds (migration)
@@ -559,8 +563,10 @@ class WriteConsumer(Service):
                 )  # acked or refused
                 if replays:  # stored before: no second look of the guard may take it back
                     self.pipeline.replayed(replays)
-                if b.result.retract:  # after the upserts: a row written by this batch too
-                    await self.store_service.evict(b.result.retract)
+                stored_before, self._replays_before = replays | self._replays_before, replays
+                retract = self._withhold(b, stored_before)
+                if retract:  # after the upserts: a row written by this batch too
+                    await self.store_service.evict(retract)
                 if rejected:
                     b.msgs = await asyncio.to_thread(self._reject, b, rejected)
                 t2 = time.perf_counter()
@@ -581,6 +587,47 @@ class WriteConsumer(Service):
             finally:
                 self.finished += 1
                 self.queue.task_done()
+
+    def _withhold(self, b: _Batch, stored_before: set[str]) -> list[tuple[str, str]]:
+        """The batch's retracts to evict: those of memories the store found stored
+        before (``stored_before``: storage keys of this batch's replays and the
+        previous batch's) are withheld, and so are their ``evicted`` events.
+
+        Stage 1 judges batch n+1 while stage 2 stores batch n (one batch in flight,
+        `_stage_process` waits while the queue is full), so its second look can take
+        back a memory that batch n's write finds a replay before `WritePipeline.replayed`
+        has released it; within one batch the retract is judged before the write. A
+        memory stored before this batch is not this batch's to take back: evicting it
+        loses a row the replay was meant to leave as it is.
+
+        What the retract made the write path's state forget is not given back (its
+        repeat key and eligibility entry, `TenantState.forget`; its place in the
+        intrinsic bank, dropped by the second look): those traces are gone by stage 2
+        and the state has moved on since, so the same text published again is judged
+        afresh and hindsight does not re-score the memory.
+        """
+        kept: list[tuple[str, str]] = []
+        held: set[str] = set()
+        ids: set[bytes] = set()  # message keys: MemoryEvents are keyed by memory id
+        for tenant, mid in b.result.retract:
+            key = storage_key(tenant, mid)
+            if key in stored_before:
+                held.add(key)
+                ids.add(mid.encode())
+            else:
+                kept.append((tenant, mid))
+        if held:
+            b.msgs = [m for m in b.msgs if m[1] not in ids or not self._evicts(m, held)]
+            log.info("withheld %d retract(s) of memories stored before the batch", len(held))
+        return kept
+
+    def _evicts(self, m: Message, keys: set[str]) -> bool:
+        """Whether message ``m`` is an ``evicted`` MemoryEvent of one of ``keys``
+        (storage keys)."""
+        if m[0] != self.mem_topic:
+            return False
+        ev = orjson.loads(m[2])
+        return ev["kind"] == "evicted" and storage_key(ev["tenant"], ev["memory_id"]) in keys
 
     def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
         """Rows the store refused: dead letters (original bytes) instead of `written` events."""
