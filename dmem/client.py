@@ -266,6 +266,8 @@ class Client:
         self._reader: asyncio.Task[None] | None = None
         self._waiting: dict[str, asyncio.Future[RetrievalResponse]] = {}
         self._http: aiohttp.ClientSession | None = None
+        #: calls not sent twice (forget) go on a connection of their own (`_http_call`)
+        self._http_fresh: aiohttp.ClientSession | None = None
 
     def topic(self, logical: str) -> str:
         return topic_name(logical, self.prefix)
@@ -425,10 +427,11 @@ class Client:
         for closer in (self._consumer, self._producer):
             if closer is not None:
                 await closer.stop()
-        if self._http is not None:
-            await self._http.close()
+        for session in (self._http, self._http_fresh):
+            if session is not None:
+                await session.close()
         self._consumer = self._producer = None
-        self._http = None
+        self._http = self._http_fresh = None
         self._started = False
 
     async def __aenter__(self) -> Client:
@@ -693,6 +696,7 @@ class Client:
         """
         if self._http is None:
             raise ValueError("this call goes over HTTP: pass http_url to the client")
+        session = self._http if retry_timeouts else self._fresh_session(self._http)
         # ``path`` is percent-encoded already (`_segment`, `quote`, `urlencode`): sent as
         # is, so that a ``%2E`` segment (the id ``.``) is not decoded and then dropped
         url = URL(str(URL(str(self.http_url))) + path, encoded=True)
@@ -703,7 +707,7 @@ class Client:
                 await asyncio.sleep(0.1 * 2 ** (attempt - 1) if wait_s is None else wait_s)
             wait_s = None  # a lost connection after a busy answer backs off on its own
             try:
-                async with self._http.request(
+                async with session.request(
                     method,
                     url,
                     data=data,
@@ -737,6 +741,16 @@ class Client:
         raise ServiceUnavailable(
             f"{method} {path.split('?')[0]} failed after {self.retries + 1} tries: {last!r}"
         )
+
+    def _fresh_session(self, pooled: aiohttp.ClientSession) -> aiohttp.ClientSession:
+        """A session that opens a new connection per request, for the calls not sent
+        twice (forget): a pooled connection the server closed while idle fails as the
+        request goes out, which would read as "lost once sent" (may have completed)."""
+        if self._http_fresh is None:
+            self._http_fresh = aiohttp.ClientSession(
+                headers=pooled.headers, connector=aiohttp.TCPConnector(force_close=True)
+            )
+        return self._http_fresh
 
     async def _http_json(self, method: str, path: str, body: Any = None,
                          retry_timeouts: bool = True, retry_busy: bool = True) -> Any:  # fmt: skip

@@ -156,7 +156,7 @@ def _forget(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> 
             except ServiceUnavailable as exc:
                 return exc
             finally:
-                await c._http.close()  # noqa: SLF001
+                await c.stop()
 
     return asyncio.run(go())
 
@@ -189,3 +189,34 @@ def test_a_forget_whose_connection_is_lost_after_sending_is_not_sent_again() -> 
     out = _forget(forget)
     assert isinstance(out, ServiceUnavailable) and out.retriable, out
     assert "may have completed" in str(out) and len(seen) == 1
+
+
+def test_a_forget_never_goes_out_on_a_pooled_connection() -> None:
+    """A pooled keep-alive connection the server closed while idle fails as the request
+    goes out, and a forget lost once sent is not sent again: the forget opens its own
+    connection, so that failure never reads as "may have completed"."""
+    peers: list[tuple[str, Any]] = []
+
+    async def stats(request: web.Request) -> web.StreamResponse:
+        peers.append(("stats", request.transport.get_extra_info("peername")))  # type: ignore[union-attr]
+        return web.json_response({"tenant": "t", "core": 0, "buffer": 0, "total": 0})
+
+    async def forget(request: web.Request) -> web.StreamResponse:
+        peers.append(("forget", request.transport.get_extra_info("peername")))  # type: ignore[union-attr]
+        return web.json_response({"forgotten": 1})
+
+    async def go() -> int:
+        routes = {("GET", "/v1/stats"): stats, ("POST", "/v1/forget"): forget}
+        async with stub_server(routes) as url:
+            c = Client("127.0.0.1:1", "t", transport="http", http_url=url, timeout_s=5)
+            c._http = aiohttp.ClientSession()  # noqa: SLF001
+            try:
+                await c.stats()
+                await c.stats()  # the pool keeps its connection
+                return await c.forget(memory_id="m1")
+            finally:
+                await c.stop()
+
+    assert asyncio.run(go()) == 1
+    [s1, s2, f] = [p for _, p in peers]
+    assert s1 == s2 and f != s1
