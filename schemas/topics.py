@@ -31,6 +31,9 @@ class TopicSpec:
     #: the topic's ``max.message.bytes`` where the broker's default (1 MB on Apache
     #: Kafka) is too small for its records
     max_message_bytes: int | None = None
+    #: a topic whose partitions this one matches (same count, same keys): one consumer
+    #: group member then reads a key's records of both (created with its count)
+    partitions_of: str | None = None
 
 
 TOPICS: dict[str, TopicSpec] = {
@@ -42,7 +45,7 @@ TOPICS: dict[str, TopicSpec] = {
     "memories": TopicSpec("memories", "memory_id", MemoryEvent),
     "credit": TopicSpec("credit", "memory_id", UtilityUpdate),
     # retrievals the respond role served, folded into rows by the jobs role
-    "access": TopicSpec("access", "memory_id", AccessCount),
+    "access": TopicSpec("access", "memory_id", AccessCount, partitions_of="credit"),
     # value-model checkpoints and operator state, keyed by ``tenant|partition``; compacted
     # and up to the write producer's 8 MiB request each: a chat tenant of 500 turns
     # checkpoints ~2 MB, over Apache Kafka's default 1 MB

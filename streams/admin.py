@@ -13,6 +13,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -96,11 +98,17 @@ def group_consumer(
     offset_reset: str = "earliest",
     fetch_max_wait_ms: int = 100,
     listener: ConsumerRebalanceListener | None = None,
+    co_partitioned: bool = False,
 ) -> AIOKafkaConsumer:
     """A consumer in group ``<app_id>-<suffix>`` with the deployment's timeouts and security.
 
     Used by the roles that run plain aiokafka loops inside faust Services
     (responder, credit applier, maintenance).
+
+    ``co_partitioned``: the topics share their keys' partitioning (`TopicSpec.partitions_of`)
+    and a member reads the same partitions of each (range assignment, round robin only
+    while a member that knows no other is in the group), so one process handles every
+    record of a key.
     """
     k = settings.kafka
     consumer = AIOKafkaConsumer(
@@ -111,6 +119,11 @@ def group_consumer(
         session_timeout_ms=int(k.session_timeout_s * 1000),
         heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
         rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
+        partition_assignment_strategy=(
+            (RangePartitionAssignor, RoundRobinPartitionAssignor)
+            if co_partitioned
+            else (RoundRobinPartitionAssignor,)
+        ),
         **kafka_client_kwargs(k),
     )
     consumer.subscribe([topic] if isinstance(topic, str) else list(topic), listener=listener)
@@ -144,6 +157,16 @@ def topic_configs(spec: TopicSpec) -> dict[str, str]:
     return configs
 
 
+async def partition_count(admin: AIOKafkaAdminClient, topic: str | None, default: int) -> int:
+    """How many partitions `topic` has, or `default` where it is None or not there yet."""
+    if topic is None:
+        return default
+    for t in await admin.describe_topics([topic]):
+        if t.get("topic") == topic and t.get("error_code", 0) == 0 and t.get("partitions"):
+            return len(t["partitions"])
+    return default
+
+
 async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str]:
     """Create every dmem topic (idempotent); returns the names created now."""
     k = settings.kafka
@@ -161,10 +184,11 @@ async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str
             if name in existing:
                 continue
             configs = topic_configs(spec)
+            like = settings.topic(spec.partitions_of) if spec.partitions_of else None
             new.append(
                 NewTopic(
                     name=name,
-                    num_partitions=k.partitions,
+                    num_partitions=await partition_count(admin, like, k.partitions),
                     replication_factor=k.replication_factor,
                     topic_configs=configs,
                 )

@@ -862,10 +862,17 @@ def kafka_hostile_records(
     settings: Settings, cfg: ChaosConfig, rng: random.Random, victim_ids: list[str]
 ) -> tuple[list[tuple[str, bytes | None, bytes, Any]], dict[str, set[str]]]:
     """``cfg.kafka_hostile`` records against `KAFKA_VICTIM`: reads, writes, forgets,
-    credit and poison, each either bare or signed with the intruder's own token (for the
+    credit, access counts and poison, each either bare or signed with the intruder's own token (for the
     victim's tenant or for its own); returns (topic, key, value, headers) and the
     targets of the forged internal records by kind (``request``: the request ids)."""
-    from schemas import EpisodeOutcome, Feedback, MemoryEvent, MemoryUsage, UtilityUpdate
+    from schemas import (
+        AccessCount,
+        EpisodeOutcome,
+        Feedback,
+        MemoryEvent,
+        MemoryUsage,
+        UtilityUpdate,
+    )
     from schemas.credentials import reply_topic_for
     from streams.write.pipeline import state_key
 
@@ -876,7 +883,7 @@ def kafka_hostile_records(
     poison = poisoned_checkpoint()
     out: list[tuple[str, bytes | None, bytes, Any]] = []
     targets: dict[str, set[str]] = {"forget": set(), "credit": set(), "request": set()}
-    kinds = ("read", "write", "feedback", "usage", "forget", "credit", "poison")
+    kinds = ("read", "write", "feedback", "usage", "forget", "credit", "access", "poison")
     for i in range(cfg.kafka_hostile):
         kind, mid = kinds[i % len(kinds)], rng.choice(victim_ids)
         recs: list[tuple[str, bytes | None, Any]] = []
@@ -932,6 +939,8 @@ def kafka_hostile_records(
                     update_id=f"kx-cr{i}", memory_id=mid, tenant=victim, credit=-100.0, ts=now
                 ),
             )
+        elif kind == "access":  # retrieval counts as if served a thousand times
+            add("access", mid.encode(), AccessCount(memory_id=mid, tenant=victim, n=1000, ts=now))
         else:
             recs.append(("models", state_key(victim, i % settings.kafka.partitions), poison))
         # bare, the intruder's token signing for the victim, or for itself
@@ -968,6 +977,7 @@ async def kafka_hostile(
     # the baseline once the control's own access stamps are flushed: from here on, any
     # change to the victim's rows is the hostile traffic's
     await asyncio.sleep(settings.maintenance.access_flush_s + 3.0)
+    await wait_credit_applied(settings, 30.0, 1, "access")  # the jobs role folded them in
     before = {(r["tenant"], r["id"]): r for r in await asyncio.to_thread(
         count_store, uri, collection) if r["tenant"] == KAFKA_VICTIM}  # fmt: skip
     victim_ids = sorted(k[1] for k in before) or ["none"]
@@ -1056,15 +1066,17 @@ def encode_model(m: Any) -> bytes:
     return orjson.dumps(m.model_dump(mode="json", by_alias=True))
 
 
-async def wait_credit_applied(settings: Settings, timeout_s: float, min_updates: int) -> bool:
-    """Until the applier group has committed the whole credit topic, which has stopped
-    growing and holds at least ``min_updates`` records."""
+async def wait_credit_applied(settings: Settings, timeout_s: float, min_updates: int,
+                              logical: str = "credit") -> bool:  # fmt: skip
+    """Until the applier group has committed the whole credit topic (or ``logical``, the
+    other topic it reads: ``access``), which has stopped growing and holds at least
+    ``min_updates`` records."""
     from streams.admin import kafka_client_kwargs
 
     kw = kafka_client_kwargs(settings.kafka)
     c = AIOKafkaConsumer(group_id=settings.group("applier"), enable_auto_commit=False, **kw)
     await c.start()
-    topic = settings.topic("credit")
+    topic = settings.topic(logical)
     deadline = time.monotonic() + timeout_s
     last: dict[TopicPartition, int] = {}
     try:

@@ -38,7 +38,15 @@ from streams.settings import Settings
 
 log = logging.getLogger("dmem.maintenance")
 
-__all__ = ["AccessPublisher", "AccessRead", "AccessTracker", "fold_access", "wire_access"]
+__all__ = [
+    "AccessPublisher",
+    "AccessRead",
+    "AccessReads",
+    "AccessTracker",
+    "fold_access",
+    "read_access",
+    "wire_access",
+]
 
 
 class AccessTracker:
@@ -74,40 +82,62 @@ class AccessTracker:
 
 
 class AccessRead(NamedTuple):
-    """One memory's counts as the jobs role read them from ``dmem.access``."""
+    """One `AccessCount` record as the jobs role read it from ``dmem.access``."""
 
-    n: int  # retrievals (summed over the records read together)
-    ts: int  # stream time of the latest
-    partition: int  # where the last of them was read
+    partition: int
     offset: int
+    #: the record's Kafka timestamp (ms): tells a log that started over (a memory-only
+    #: broker restarted, the topic made again) from a replay of one already applied
+    logged: int
+    n: int  # retrievals
+    ts: int  # stream time of the latest
 
 
-def read_access(reads: dict[tuple[str, str], AccessRead], rec: AccessCount,
-                partition: int, offset: int) -> None:  # fmt: skip
-    """Add a record to the counts read so far (one memory's records share a partition)."""
-    key = (rec.tenant, rec.memory_id)
-    had = reads.get(key)
-    if had is None or had.partition != partition:
-        reads[key] = AccessRead(rec.n, rec.ts, partition, offset)
-    elif offset > had.offset:
-        reads[key] = AccessRead(had.n + rec.n, max(had.ts, rec.ts), partition, offset)
+#: (tenant, memory id) -> its records read together, in log order
+AccessReads = dict[tuple[str, str], list[AccessRead]]
 
 
-def fold_access(row: dict[str, Any], read: AccessRead) -> bool:
-    """Add `read` to the row's ``metadata.access.n`` and ``last_access_ts``, unless the
-    row already holds it (its ``access.at`` is at or past the read's offset on the same
-    partition). Returns whether the row changed."""
+def read_access(reads: AccessReads, rec: AccessCount, partition: int, offset: int,
+                logged: int) -> None:  # fmt: skip
+    """Add a record to those read so far."""
+    reads.setdefault((rec.tenant, rec.memory_id), []).append(
+        AccessRead(partition, offset, logged, rec.n, rec.ts)
+    )
+
+
+def fold_access(row: dict[str, Any], reads: list[AccessRead]) -> bool:
+    """Add the records of `reads` the row does not hold yet to its ``metadata.access.n``
+    and ``last_access_ts``. Returns whether the row changed.
+
+    The row keeps where its last applied record was read and the latest Kafka timestamp
+    of those applied (``access.at``: partition, offset, timestamp). One memory's records
+    share a partition and come in offset order, so a record at or before that offset
+    and no later than that timestamp was applied before (a replay before the applier's
+    commit, its retry after a store failure part way). A record at or before the offset
+    but later in time is of a log that started over, and counts.
+    """
     meta = dict(row.get("metadata") or {})
     acc = dict(meta.get("access") or {})
     at = acc.get("at")
-    if isinstance(at, list) and len(at) == 2 and at[0] == read.partition and at[1] >= read.offset:
-        return False
-    acc["n"] = int(acc.get("n", 0)) + read.n
-    acc["at"] = [read.partition, read.offset]
-    meta["access"] = acc
-    row["metadata"] = meta
-    row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), read.ts)
-    return True
+    held: tuple[int, int, int] | None = None
+    if isinstance(at, list) and len(at) == 3:
+        held = (int(at[0]), int(at[1]), int(at[2]))
+    changed = False
+    for r in reads:
+        if held is not None and r.partition == held[0]:
+            if r.offset <= held[1] and r.logged <= held[2]:  # applied before
+                continue
+            held = (r.partition, r.offset, max(r.logged, held[2]))
+        else:
+            held = (r.partition, r.offset, r.logged)
+        acc["n"] = int(acc.get("n", 0)) + r.n
+        row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), r.ts)
+        changed = True
+    if changed and held is not None:
+        acc["at"] = list(held)
+        meta["access"] = acc
+        row["metadata"] = meta
+    return changed
 
 
 class AccessPublisher(Service):
@@ -122,6 +152,7 @@ class AccessPublisher(Service):
         self.topic = settings.topic("access")
         self.producer: AIOKafkaProducer | None = None
         self.published = 0
+        self.in_flight = 0  # counts taken from the tracker and not yet acknowledged
 
     async def on_start(self) -> None:
         self.producer = AIOKafkaProducer(linger_ms=20, **kafka_client_kwargs(self.settings.kafka))
@@ -140,6 +171,18 @@ class AccessPublisher(Service):
         if self.producer is None:
             self.tracker.restore(hits)
             return
+        self.in_flight = len(hits)
+        try:
+            done = await self._publish(hits)
+        finally:
+            self.in_flight = 0
+        self.tracker.restore({k: v for k, v in hits.items() if k not in done})
+
+    async def _publish(self, hits: dict[tuple[str, str], tuple[int, int]]) -> set[tuple[str, str]]:
+        """Send the counts; returns the keys done with: acknowledged, or not valid as a
+        record (logged, not kept: they would fail again)."""
+        assert self.producer is not None
+        done: set[tuple[str, str]] = set()
         sent: list[tuple[tuple[str, str], asyncio.Future[Any]]] = []
         try:
             for (tenant, mid), (n, ts) in hits.items():
@@ -147,6 +190,7 @@ class AccessPublisher(Service):
                     rec = AccessCount(memory_id=mid, tenant=tenant, n=n, ts=ts)
                 except ValidationError as exc:  # ids the responder served are valid ids
                     log.error("access count of %s/%s not published: %s", tenant, mid, exc)
+                    done.add((tenant, mid))
                     continue
                 key, value = mid.encode(), encode(rec)
                 fut = await self.producer.send(
@@ -155,15 +199,13 @@ class AccessPublisher(Service):
                 sent.append(((tenant, mid), fut))
         except KafkaError as exc:  # the ones not sent are kept below
             log.warning("access counts not published (%s); will retry", exc)
-        acked: set[tuple[str, str]] = set()
         results = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
-        for (tid, _), res in zip(sent, results, strict=True):
-            if not isinstance(res, BaseException):
-                acked.add(tid)
+        acked = {tid for (tid, _), res in zip(sent, results, strict=True)
+                 if not isinstance(res, BaseException)}  # fmt: skip
         if len(acked) < len(sent):
             log.warning("%d access counts not acknowledged; will retry", len(sent) - len(acked))
-        self.tracker.restore({k: v for k, v in hits.items() if k not in acked})
         self.published += len(acked)
+        return done | acked
 
     async def _run(self) -> None:
         while not self.should_stop:
@@ -180,7 +222,7 @@ def wire_access(app: faust.App, ctx: RoleContext) -> StatusFn:
     ctx.run(publisher)
 
     async def settle_state() -> SettleState:
-        n = tracker.pending()
+        n = tracker.pending() + publisher.in_flight
         return {"settled": n == 0, "pending": {"unpublished_accesses": n}}
 
     ctx.settle["access"] = settle_state

@@ -85,7 +85,7 @@ from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
-from streams.jobs.access import AccessRead, fold_access, read_access
+from streams.jobs.access import AccessReads, fold_access, read_access
 from streams.jobs.rows import WRITE_LOCK
 from streams.metrics import CREDIT_UPDATES, count_dead_letter
 from streams.settings import Settings
@@ -406,7 +406,8 @@ class UtilityApplier(Service):
 
     async def on_start(self) -> None:
         topics = [self.settings.topic("credit"), self.access_topic]
-        self.consumer = group_consumer(self.settings, topics, "applier", fetch_max_wait_ms=200)
+        self.consumer = group_consumer(self.settings, topics, "applier", fetch_max_wait_ms=200,
+                                       co_partitioned=True)  # fmt: skip
         await self.consumer.start()
         self.hindsight = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
                                           **kafka_client_kwargs(self.settings.kafka))  # fmt: skip
@@ -440,12 +441,12 @@ class UtilityApplier(Service):
         while not self.should_stop:
             batch = await self.consumer.getmany(timeout_ms=500, max_records=2000)
             updates: list[UtilityUpdate] = []
-            access: dict[tuple[str, str], AccessRead] = {}
+            access: AccessReads = {}
             for tp, msgs in batch.items():
                 for m in msgs:
                     if tp.topic == self.access_topic:
                         if rec := self._internal(m, AccessCount, "access count"):
-                            read_access(access, rec, m.partition, m.offset)
+                            read_access(access, rec, m.partition, m.offset, m.timestamp)
                     elif u := self._internal(m, UtilityUpdate, "utility update"):
                         updates.append(u)
                         self._read_at.setdefault(u.update_id, (tp, m.offset))
@@ -486,7 +487,7 @@ class UtilityApplier(Service):
 
     def apply(self, updates: list[UtilityUpdate], now_s: float | None = None,
               hindsight_done: dict[int, int] | None = None,
-              access: dict[tuple[str, str], AccessRead] | None = None) -> int:  # fmt: skip
+              access: AccessReads | None = None) -> int:  # fmt: skip
         """Fold updates into their rows (sync; runs in a worker thread). Held updates go
         first; an update without a row waits (`held`), the later ones of its memory
         behind it: one naming a feedback record until `hindsight_done` (feedback
@@ -507,7 +508,7 @@ class UtilityApplier(Service):
 
     def _fold(self, updates: list[UtilityUpdate], now_s: float | None,
               hindsight_done: dict[int, int] | None,
-              access: dict[tuple[str, str], AccessRead]) -> dict[tuple[str, str], Any]:  # fmt: skip
+              access: AccessReads) -> dict[tuple[str, str], Any]:  # fmt: skip
         store = self.store_service.store
         assert store is not None  # connected before any update is applied
         queued = [*self.held, *((now_s or 0.0, u) for u in updates)]

@@ -20,7 +20,7 @@ import pytest
 from milvus import MemoryStore
 from operators.decay import DAY_MS, MaintenancePolicy
 from schemas import Transition, encode
-from streams.jobs.access import AccessRead
+from streams.jobs.access import AccessRead, AccessReads
 from streams.jobs.credit import UtilityApplier
 from streams.jobs.forget import forget_scope
 from streams.jobs.scheduler import MaintenanceEngine
@@ -275,7 +275,7 @@ def test_forget_removes_exactly_the_scope(store_factory: Callable[..., MemorySto
     assert ids_of(store) == set() and ids_of(store, "zeta") == {"z-0", "z-1"}
 
 
-def access_fold(store: MemoryStore, reads: dict[tuple[str, str], AccessRead]) -> int:
+def access_fold(store: MemoryStore, reads: AccessReads) -> int:
     """The jobs role's fold of access counts read from ``dmem.access``."""
     from types import SimpleNamespace
 
@@ -287,12 +287,13 @@ def access_fold(store: MemoryStore, reads: dict[tuple[str, str], AccessRead]) ->
 def test_access_counts_are_folded_in_one_batch(store_factory: Callable[..., MemoryStore]) -> None:
     store = store_factory(dim=8)
     store.upsert([make_record("m1", uses=1, utility=0.3), make_record("m2", seed=3)], "core")
-    reads = {("acme", "m1"): AccessRead(3, NOW, 0, 4), ("acme", "m2"): AccessRead(1, NOW - 5, 1, 2),
-             ("zeta", "m2"): AccessRead(1, NOW, 1, 3)}  # fmt: skip
+    reads = {("acme", "m1"): [AccessRead(0, 4, NOW, 3, NOW)],
+             ("acme", "m2"): [AccessRead(1, 2, NOW, 1, NOW - 5)],
+             ("zeta", "m2"): [AccessRead(1, 3, NOW, 1, NOW)]}  # fmt: skip
     assert access_fold(store, reads) == 2
     assert access_fold(store, reads) == 0  # read again: already in the rows
     rows = {r["id"]: r for r in store.get(["m1", "m2"], tenant="acme")}
-    assert rows["m1"]["metadata"]["access"] == {"n": 3, "at": [0, 4]}
+    assert rows["m1"]["metadata"]["access"] == {"n": 3, "at": [0, 4, NOW]}
     assert rows["m1"]["last_access_ts"] == NOW
     assert rows["m1"]["uses"] == 1 and rows["m1"]["utility"] == pytest.approx(0.3)
     assert rows["m1"]["metadata"]["task"] == "demo" and rows["m1"]["partition"] == "core"
@@ -330,8 +331,9 @@ def test_maintenance_never_touches_another_tenants_same_ids(
         ("demoted", "dup-c", "acme"),
         ("evicted", "dup-a", "acme"),
     ]
-    assert access_fold(store, {("acme", "dup-c"): AccessRead(2, NOW, 0, 1),
-                               ("acme", "dup-a"): AccessRead(1, NOW, 0, 2)}) == 1  # fmt: skip
+    reads = {("acme", "dup-c"): [AccessRead(0, 1, NOW, 2, NOW)],
+             ("acme", "dup-a"): [AccessRead(0, 2, NOW, 1, NOW)]}  # fmt: skip
+    assert access_fold(store, reads) == 1
     assert store.get(["dup-c"], tenant="acme")[0]["metadata"]["access"]["n"] == 2
     forgot = forget_scope(store, "acme", memory_id="dup-c", now=NOW)
     assert [(e.memory_id, e.tenant) for e in forgot] == [("dup-c", "acme")]

@@ -10,7 +10,14 @@ import pytest
 
 from schemas import AccessCount
 from schemas.credentials import ServiceSigner
-from streams.jobs.access import AccessPublisher, AccessRead, AccessTracker, fold_access, read_access
+from streams.jobs.access import (
+    AccessPublisher,
+    AccessRead,
+    AccessReads,
+    AccessTracker,
+    fold_access,
+    read_access,
+)
 from streams.settings import Settings
 
 T = "acme"
@@ -20,26 +27,47 @@ def rec(mid: str, n: int, ts: int) -> AccessCount:
     return AccessCount(memory_id=mid, tenant=T, n=n, ts=ts)
 
 
-def test_reads_of_one_memory_add_up_and_a_record_read_again_is_not() -> None:
-    reads: dict[tuple[str, str], AccessRead] = {}
-    read_access(reads, rec("a", 2, 50), partition=1, offset=7)
-    read_access(reads, rec("a", 3, 40), partition=1, offset=9)
-    read_access(reads, rec("a", 3, 40), partition=1, offset=9)  # redelivered
-    read_access(reads, rec("b", 1, 10), partition=0, offset=2)
-    assert reads == {(T, "a"): AccessRead(5, 50, 1, 9), (T, "b"): AccessRead(1, 10, 0, 2)}
+def test_records_are_read_in_log_order_per_memory() -> None:
+    reads: AccessReads = {}
+    read_access(reads, rec("a", 2, 50), partition=1, offset=7, logged=1000)
+    read_access(reads, rec("b", 1, 10), partition=0, offset=2, logged=1001)
+    read_access(reads, rec("a", 3, 40), partition=1, offset=9, logged=1002)
+    assert reads == {
+        (T, "a"): [AccessRead(1, 7, 1000, 2, 50), AccessRead(1, 9, 1002, 3, 40)],
+        (T, "b"): [AccessRead(0, 2, 1001, 1, 10)],
+    }
 
 
-def test_a_row_takes_each_count_once_by_where_it_was_read() -> None:
+def test_a_row_takes_each_record_once() -> None:
     row: dict[str, Any] = {"metadata": {"task": "x"}, "last_access_ts": 30}
-    assert fold_access(row, AccessRead(2, 20, 1, 9))
-    assert row["metadata"] == {"task": "x", "access": {"n": 2, "at": [1, 9]}}
+    first = [AccessRead(1, 10, 1000, 2, 20), AccessRead(1, 11, 1001, 1, 25)]
+    assert fold_access(row, first)
+    assert row["metadata"] == {"task": "x", "access": {"n": 3, "at": [1, 11, 1001]}}
     assert row["last_access_ts"] == 30  # a later stamp is never moved back
-    assert not fold_access(row, AccessRead(2, 20, 1, 9))  # the same read again
-    assert not fold_access(row, AccessRead(4, 60, 1, 8))  # an older record
-    assert fold_access(row, AccessRead(1, 60, 1, 12))
-    assert row["metadata"]["access"] == {"n": 3, "at": [1, 12]} and row["last_access_ts"] == 60
-    # a count read from another partition (the topic was repartitioned) is new
-    assert fold_access(row, AccessRead(1, 61, 3, 0)) and row["metadata"]["access"]["n"] == 4
+    assert not fold_access(row, first)  # the same records again
+    # a replay (no commit after the first fold) that runs past what the row holds:
+    # only the record it lacks counts
+    assert fold_access(row, [*first, AccessRead(1, 12, 1002, 4, 60)])
+    assert row["metadata"]["access"] == {"n": 7, "at": [1, 12, 1002]}
+    assert row["last_access_ts"] == 60
+
+
+def test_records_of_a_log_that_started_over_count() -> None:
+    """A memory-only broker restarted (``dmem up``): offsets begin at 0 again, later in
+    time; they count, and are then recognised when read again."""
+    row: dict[str, Any] = {"metadata": {"access": {"n": 5, "at": [0, 40, 5000]}}}
+    again = [AccessRead(0, 0, 9000, 1, 7), AccessRead(0, 1, 9001, 2, 8)]
+    assert fold_access(row, again)
+    assert row["metadata"]["access"] == {"n": 8, "at": [0, 1, 9001]}
+    assert not fold_access(row, again)
+    # two publishers whose clocks differ: a later offset with an earlier time counts,
+    # and the latest time is kept
+    assert fold_access(row, [AccessRead(0, 2, 8000, 1, 9)])
+    assert row["metadata"]["access"] == {"n": 9, "at": [0, 2, 9001]}
+    assert not fold_access(row, [AccessRead(0, 1, 9001, 2, 8)])
+    # another partition (the topic was repartitioned) is new
+    assert fold_access(row, [AccessRead(3, 0, 100, 1, 61)])
+    assert row["metadata"]["access"]["n"] == 10
 
 
 class FakeProducer:
@@ -88,3 +116,14 @@ def test_a_publisher_without_a_producer_keeps_every_count() -> None:
     pub = AccessPublisher(Settings(), tracker)
     asyncio.run(pub.flush())
     assert pub.published == 0 and tracker.drain() == {(T, "a"): (1, 5)}
+
+
+def test_a_count_that_is_no_valid_record_is_not_kept() -> None:
+    """It would fail every round, and the role would never report settled."""
+    tracker = AccessTracker()
+    tracker.record(T, ["a"], 5)
+    tracker.record(T, ["b"], -1)  # no event time
+    pub = AccessPublisher(Settings(), tracker)
+    pub.producer = FakeProducer(fail=set())  # type: ignore[assignment]
+    asyncio.run(pub.flush())
+    assert pub.published == 1 and tracker.pending() == 0
