@@ -9,9 +9,10 @@ stored row runs in one process, so a respond worker never writes back a copy of 
 that a merge, a move or an eviction in the jobs role changed meanwhile
 (docs/design/2026-12-05-row-writers.md).
 
-A row keeps where its last applied count was read (``metadata.access.at``: partition
-and offset on ``dmem.access``); a count read again (a replay after a crash, a retry
-after the store failed part way) is not added twice. ``uses`` stays the credited-use
+A row keeps where and when its last applied count was read (``metadata.access.at``:
+partition, offset and Kafka timestamp on ``dmem.access``); a count read again (a replay
+after a crash, a retry after the store failed part way) is not added twice
+(`fold_access`). ``uses`` stays the credited-use
 count owned by the credit applier: utility is an EMA of credit per *credited* use, and
 counting retrievals there would dilute it.
 """
