@@ -862,9 +862,10 @@ def kafka_hostile_records(
     settings: Settings, cfg: ChaosConfig, rng: random.Random, victim_ids: list[str]
 ) -> tuple[list[tuple[str, bytes | None, bytes, Any]], dict[str, set[str]]]:
     """``cfg.kafka_hostile`` records against `KAFKA_VICTIM`: reads, writes, forgets,
-    credit, access counts and poison, each either bare or signed with the intruder's own token (for the
-    victim's tenant or for its own); returns (topic, key, value, headers) and the
-    targets of the forged internal records by kind (``request``: the request ids)."""
+    credit, access counts and poison, each either bare or signed with the intruder's own
+    token (for the victim's tenant or for its own); returns (topic, key, value, headers)
+    and the targets of the forged internal records by kind (``request``: the request
+    ids)."""
     from schemas import (
         AccessCount,
         EpisodeOutcome,
