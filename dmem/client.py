@@ -424,12 +424,14 @@ class Client:
                 await self._reader
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
-        for closer in (self._consumer, self._producer):
-            if closer is not None:
-                await closer.stop()
-        for session in (self._http, self._http_fresh):
-            if session is not None:
-                await session.close()
+        try:
+            for closer in (self._consumer, self._producer):
+                if closer is not None:
+                    await closer.stop()
+        finally:
+            for session in (self._http, self._http_fresh):
+                if session is not None:
+                    await session.close()
         self._consumer = self._producer = None
         self._http = self._http_fresh = None
         self._started = False

@@ -157,14 +157,13 @@ def topic_configs(spec: TopicSpec) -> dict[str, str]:
     return configs
 
 
-async def partition_count(admin: AIOKafkaAdminClient, topic: str | None, default: int) -> int:
-    """How many partitions `topic` has, or `default` where it is None or not there yet."""
-    if topic is None:
-        return default
+async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:
+    """How many partitions the existing `topic` has (`BrokerUnavailable` where the
+    broker does not say: a topic made with another count would break co-partitioning)."""
     for t in await admin.describe_topics([topic]):
         if t.get("topic") == topic and t.get("error_code", 0) == 0 and t.get("partitions"):
             return len(t["partitions"])
-    return default
+    raise BrokerUnavailable(f"the broker did not describe topic {topic}; try again")
 
 
 async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str]:
@@ -185,10 +184,13 @@ async def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> list[str
                 continue
             configs = topic_configs(spec)
             like = settings.topic(spec.partitions_of) if spec.partitions_of else None
+            # only a topic there already is described (a describe of a missing one may
+            # make it, with the broker's default count); one made now has ours
+            count = await partition_count(admin, like) if like and like in existing else None
             new.append(
                 NewTopic(
                     name=name,
-                    num_partitions=await partition_count(admin, like, k.partitions),
+                    num_partitions=count or k.partitions,
                     replication_factor=k.replication_factor,
                     topic_configs=configs,
                 )

@@ -99,11 +99,25 @@ AccessReads = dict[tuple[str, str], list[AccessRead]]
 
 
 def read_access(reads: AccessReads, rec: AccessCount, partition: int, offset: int,
-                logged: int) -> None:  # fmt: skip
-    """Add a record to those read so far."""
+                logged: int | None) -> None:  # fmt: skip
+    """Add a record to those read so far (a record without a timestamp, as the oldest
+    message format has, counts as time 0: only its offset tells a replay)."""
+    stamp = logged if isinstance(logged, int) and logged > 0 else 0
     reads.setdefault((rec.tenant, rec.memory_id), []).append(
-        AccessRead(partition, offset, logged, rec.n, rec.ts)
+        AccessRead(partition, offset, stamp, rec.n, rec.ts)
     )
+
+
+def _held(at: Any) -> tuple[int, int, int] | None:
+    """``metadata.access.at`` as (partition, offset, timestamp), None where it is not one
+    (a row of an earlier release, or one edited by hand: its next count is taken)."""
+    if not isinstance(at, list) or len(at) != 3:
+        return None
+    try:
+        p, o, t = (int(x) for x in at)
+    except (TypeError, ValueError):
+        return None
+    return p, o, t
 
 
 def fold_access(row: dict[str, Any], reads: list[AccessRead]) -> bool:
@@ -115,14 +129,12 @@ def fold_access(row: dict[str, Any], reads: list[AccessRead]) -> bool:
     share a partition and come in offset order, so a record at or before that offset
     and no later than that timestamp was applied before (a replay before the applier's
     commit, its retry after a store failure part way). A record at or before the offset
-    but later in time is of a log that started over, and counts.
+    but later in time is of a log that started over, and counts (unless its publisher's
+    clock is behind the latest time of the old log: then it is taken for one applied).
     """
     meta = dict(row.get("metadata") or {})
     acc = dict(meta.get("access") or {})
-    at = acc.get("at")
-    held: tuple[int, int, int] | None = None
-    if isinstance(at, list) and len(at) == 3:
-        held = (int(at[0]), int(at[1]), int(at[2]))
+    held = _held(acc.get("at"))
     changed = False
     for r in reads:
         if held is not None and r.partition == held[0]:

@@ -409,6 +409,7 @@ class UtilityApplier(Service):
         self.consumer = group_consumer(self.settings, topics, "applier", fetch_max_wait_ms=200,
                                        co_partitioned=True)  # fmt: skip
         await self.consumer.start()
+        await self._check_partitions(topics)
         self.hindsight = AIOKafkaConsumer(group_id=self.settings.app_id, enable_auto_commit=False,
                                           **kafka_client_kwargs(self.settings.kafka))  # fmt: skip
         await self.hindsight.start()
@@ -418,6 +419,21 @@ class UtilityApplier(Service):
         for client in (self.consumer, self.hindsight):
             if client is not None:
                 await client.stop()
+
+    async def _check_partitions(self, topics: list[str]) -> None:
+        """Log an error where the credit and access topics differ in partition count: a
+        memory's credit and its counts may then be folded by two processes."""
+        assert self.consumer is not None
+        counts: dict[str, int] = {}
+        for t in topics:
+            parts = self.consumer.partitions_for_topic(t)
+            if not parts:
+                await self.consumer._client.force_metadata_update()  # noqa: SLF001
+                parts = self.consumer.partitions_for_topic(t)
+            counts[t] = len(parts or ())
+        if all(counts.values()) and len(set(counts.values())) > 1:
+            log.error("the applier's topics differ in partition count (%s): give them the "
+                      "same count, or run one jobs worker", counts)  # fmt: skip
 
     async def hindsight_done(self, updates: list[UtilityUpdate]) -> dict[int, int]:
         """Feedback partition -> the hindsight agent's committed offset, for the

@@ -24,14 +24,21 @@ def test_access_follows_credit_and_a_member_reads_both_alike(
                                "partitions": 4})  # fmt: skip
     credit, access = settings.topic("credit"), settings.topic("access")
 
+    fresh = Settings(kafka={"broker": f"kafka://{broker}", "topic_prefix": f"{topic_prefix}new.",
+                            "partitions": 2})  # fmt: skip
+
     async def run() -> tuple[int, int, list[dict[str, set[int]]]]:
         admin = AIOKafkaAdminClient(bootstrap_servers=broker)
         await admin.start()
         try:  # a deployment whose credit topic was made with 3 partitions
             await admin.create_topics([NewTopic(credit, 3, 1)])
             await ensure_topics(settings)
-            n_access = await partition_count(admin, access, 0)
-            n_other = await partition_count(admin, settings.topic("usage"), 0)
+            n_access = await partition_count(admin, access)
+            n_other = await partition_count(admin, settings.topic("usage"))
+            # a new deployment: both made now, with the configured count
+            await ensure_topics(fresh)
+            for logical in ("credit", "access"):
+                assert await partition_count(admin, fresh.topic(logical)) == 2
         finally:
             await admin.close()
         members = [group_consumer(settings, [credit, access], "applier-test", co_partitioned=True)

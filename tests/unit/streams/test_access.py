@@ -127,3 +127,17 @@ def test_a_count_that_is_no_valid_record_is_not_kept() -> None:
     pub.producer = FakeProducer(fail=set())  # type: ignore[assignment]
     asyncio.run(pub.flush())
     assert pub.published == 1 and tracker.pending() == 0
+
+
+def test_a_record_without_a_timestamp_and_a_row_of_another_shape_do_not_stall_the_fold() -> None:
+    """The oldest message format has no timestamp (aiokafka gives None); a row edited by
+    hand may hold anything in ``access.at``: the fold goes on (a raise would stall the
+    applier, credit included, on every retry)."""
+    reads: AccessReads = {}
+    read_access(reads, rec("a", 1, 5), partition=0, offset=3, logged=None)
+    read_access(reads, rec("a", 1, 6), partition=0, offset=4, logged=-1)
+    assert [r.logged for r in reads[(T, "a")]] == [0, 0]
+    row: dict[str, Any] = {"metadata": {"access": {"n": 2, "at": [0, "x", None]}}}
+    assert fold_access(row, reads[(T, "a")])
+    assert row["metadata"]["access"] == {"n": 4, "at": [0, 4, 0]}
+    assert not fold_access(row, reads[(T, "a")])  # read again: by its offset
