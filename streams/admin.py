@@ -157,6 +157,16 @@ def topic_configs(spec: TopicSpec) -> dict[str, str]:
     return configs
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The partitions of `topic` a started consumer knows, asking the broker once more
+    where its metadata does not have them yet (empty where the topic is not there)."""
+    parts = consumer.partitions_for_topic(topic)
+    if not parts:
+        await consumer._client.force_metadata_update()  # noqa: SLF001
+        parts = consumer.partitions_for_topic(topic)
+    return set(parts or ())
+
+
 async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:
     """How many partitions the existing `topic` has (`BrokerUnavailable` where the
     broker does not say: a topic made with another count would break co-partitioning)."""

@@ -81,7 +81,7 @@ from schemas import (
     storage_key,
 )
 from schemas.models import feedback_key, feedback_update_id, final_outcome_id, usage_shares
-from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs
+from streams.admin import commit_or_replay, group_consumer, kafka_client_kwargs, topic_partitions
 from streams.auth import UNAUTHENTICATED, KafkaGuard
 from streams.clock import now_ms
 from streams.context import RoleContext, SettleState, StatusFn, TouchFn
@@ -204,11 +204,7 @@ class CreditJob(Service):
         tps: list[TopicPartition] = []
         for logical in ("usage", "feedback"):
             name = self.settings.topic(logical)
-            parts = c.partitions_for_topic(name)
-            if not parts:
-                await c._client.force_metadata_update()  # noqa: SLF001
-                parts = c.partitions_for_topic(name) or set()
-            tps += [TopicPartition(name, p) for p in sorted(parts)]
+            tps += [TopicPartition(name, p) for p in sorted(await topic_partitions(c, name))]
         c.assign(tps)
         since = now_ms() - self.settings.jobs.credit_ttl_ms
         offsets = await c.offsets_for_times({tp: since for tp in tps})
@@ -424,13 +420,7 @@ class UtilityApplier(Service):
         """Log an error where the credit and access topics differ in partition count: a
         memory's credit and its counts may then be folded by two processes."""
         assert self.consumer is not None
-        counts: dict[str, int] = {}
-        for t in topics:
-            parts = self.consumer.partitions_for_topic(t)
-            if not parts:
-                await self.consumer._client.force_metadata_update()  # noqa: SLF001
-                parts = self.consumer.partitions_for_topic(t)
-            counts[t] = len(parts or ())
+        counts = {t: len(await topic_partitions(self.consumer, t)) for t in topics}
         if all(counts.values()) and len(set(counts.values())) > 1:
             log.error("the applier's topics differ in partition count (%s): give them the "
                       "same count, or run one jobs worker", counts)  # fmt: skip

@@ -23,7 +23,7 @@ from operators.decay import (
     plan_decay,
     tenant_priorities,
 )
-from streams.admin import ReadEnds, kafka_client_kwargs
+from streams.admin import ReadEnds, kafka_client_kwargs, topic_partitions
 from streams.jobs.rows import SCAN_FIELDS, unique_rows
 from streams.settings import Settings
 
@@ -42,11 +42,7 @@ async def recent_events(
     try:
         await c.start()
         name = settings.topic("memories")
-        parts = c.partitions_for_topic(name)
-        if not parts:
-            await c._client.force_metadata_update()  # noqa: SLF001
-            parts = c.partitions_for_topic(name) or set()
-        tps = [TopicPartition(name, p) for p in sorted(parts)]
+        tps = [TopicPartition(name, p) for p in sorted(await topic_partitions(c, name))]
         if not tps:
             return []
         c.assign(tps)

@@ -617,28 +617,24 @@ class WriteConsumer(Service):
             else:
                 kept.append((tenant, mid))
         if held:
-            b.msgs = [m for m in b.msgs if m[1] not in ids or not self._evicts(m, held)]
+            b.msgs = [m for m in b.msgs
+                      if m[1] not in ids or self._event_of(m, held) != "evicted"]  # fmt: skip
             log.info("withheld %d retract(s) of memories stored before the batch", len(held))
         return kept
 
-    def _evicts(self, m: Message, keys: set[str]) -> bool:
-        """Whether message ``m`` is an ``evicted`` MemoryEvent of one of ``keys``
-        (storage keys)."""
+    def _event_of(self, m: Message, keys: set[str] | dict[str, str]) -> str | None:
+        """The kind of message ``m`` where it is a MemoryEvent of one of ``keys``
+        (storage keys), else None."""
         if m[0] != self.mem_topic:
-            return False
+            return None
         ev = orjson.loads(m[2])
-        return ev["kind"] == "evicted" and storage_key(ev["tenant"], ev["memory_id"]) in keys
+        return str(ev["kind"]) if storage_key(ev["tenant"], ev["memory_id"]) in keys else None
 
     def _reject(self, b: _Batch, rejected: dict[str, str]) -> list[Message]:
         """Rows the store refused: dead letters (original bytes) instead of `written` events."""
 
-        def refused(m: Message) -> bool:  # rejected is keyed by (tenant, id): storage keys
-            if m[0] != self.mem_topic:
-                return False
-            ev = orjson.loads(m[2])
-            return storage_key(ev["tenant"], ev["memory_id"]) in rejected
-
-        msgs = [m for m in b.msgs if not refused(m)]
+        # rejected is keyed by (tenant, id): storage keys
+        msgs = [m for m in b.msgs if self._event_of(m, rejected) is None]
         dead: list[tuple[bytes | None, bytes]] = []
         now = self.now_ms()
         for raw in b.raws:
