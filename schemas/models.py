@@ -616,6 +616,16 @@ class AccessCount(Model):
     tenant: Ident
     n: int = Field(ge=1, le=LIMITS.max_step, description="retrievals since the last report")
     ts: EventMs = Field(description="stream time of the latest of them, on the memory's own clock")
+    publisher: str = Field(
+        pattern=r"^[0-9a-f]{16}$",
+        description="the publishing responder's id, drawn at random when it starts",
+    )
+    seq: int = Field(
+        ge=1,
+        le=LIMITS.max_step,
+        description="the publisher's round: grows with every publish, and a record sent "
+        "again after an unacknowledged send keeps its round (the jobs role adds it once)",
+    )
 
 
 class DeadLetter(Model):

@@ -941,7 +941,13 @@ def kafka_hostile_records(
                 ),
             )
         elif kind == "access":  # retrieval counts as if served a thousand times
-            add("access", mid.encode(), AccessCount(memory_id=mid, tenant=victim, n=1000, ts=now))
+            add(
+                "access",
+                mid.encode(),
+                AccessCount(
+                    memory_id=mid, tenant=victim, n=1000, ts=now, publisher=f"{i:016x}", seq=1
+                ),
+            )
         else:
             recs.append(("models", state_key(victim, i % settings.kafka.partitions), poison))
         # bare, the intruder's token signing for the victim, or for itself

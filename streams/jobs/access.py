@@ -9,20 +9,24 @@ stored row runs in one process, so a respond worker never writes back a copy of 
 that a merge, a move or an eviction in the jobs role changed meanwhile
 (docs/design/2026-12-05-row-writers.md).
 
-A row keeps where and when its last applied count was read (``metadata.access.at``:
-partition, offset and Kafka timestamp on ``dmem.access``); a count read again (a replay
-after a crash, a retry after the store failed part way) is not added twice
-(`fold_access`). ``uses`` stays the credited-use
-count owned by the credit applier: utility is an EMA of credit per *credited* use, and
-counting retrievals there would dilute it.
+Each count is added once. A responder draws a random id when it starts and numbers its
+publishes (``publisher``, ``seq``); a record the broker did not acknowledge is sent again
+as it was, and the memory's newer counts wait until it is acknowledged, so one memory's
+records of one publisher reach the log in the order of their rounds. A row keeps the
+latest round applied per publisher (``metadata.access.seen``, the newest
+`SEEN_PUBLISHERS`), and a record at or before it (sent twice, read again after a crash,
+retried after a store write failed part way) adds nothing (`fold_access`). ``uses``
+stays the credited-use count owned by the credit applier: utility is an EMA of credit
+per *credited* use, and counting retrievals there would dilute it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 import faust
@@ -50,6 +54,10 @@ __all__ = [
 ]
 
 
+#: (tenant, memory id)
+Key = tuple[str, str]
+
+
 class AccessTracker:
     """Thread-safe accumulator of retrievals: (tenant, id) -> (hits, last ts)."""
 
@@ -69,27 +77,19 @@ class AccessTracker:
         with self._lock:
             return len(self._hits)
 
-    def drain(self) -> dict[tuple[str, str], tuple[int, int]]:
+    def drain(self, hold: Collection[Key] = ()) -> dict[Key, tuple[int, int]]:
+        """Take the counts, but those of the keys in `hold` (they stay for a later round)."""
         with self._lock:
-            out, self._hits = self._hits, {}
+            out = {k: v for k, v in self._hits.items() if k not in hold}
+            self._hits = {k: v for k, v in self._hits.items() if k in hold}
         return out
-
-    def restore(self, pending: dict[tuple[str, str], tuple[int, int]]) -> None:
-        """Put back counts whose write failed (merged with any new ones)."""
-        with self._lock:
-            for key, (n, ts) in pending.items():
-                n2, ts2 = self._hits.get(key, (0, 0))
-                self._hits[key] = (n + n2, max(ts, ts2))
 
 
 class AccessRead(NamedTuple):
     """One `AccessCount` record as the jobs role read it from ``dmem.access``."""
 
-    partition: int
-    offset: int
-    #: the record's Kafka timestamp (ms): tells a log that started over (a memory-only
-    #: broker restarted, the topic made again) from a replay of one already applied
-    logged: int
+    publisher: str
+    seq: int  # the publisher's round
     n: int  # retrievals
     ts: int  # stream time of the latest
 
@@ -97,65 +97,64 @@ class AccessRead(NamedTuple):
 #: (tenant, memory id) -> its records read together, in log order
 AccessReads = dict[tuple[str, str], list[AccessRead]]
 
+#: publishers whose latest applied round a row keeps (``metadata.access.seen``): a
+#: record is read twice within one applier batch or its retry, long before a row has
+#: seen this many newer responders (each start of a respond worker is a new one)
+SEEN_PUBLISHERS = 8
 
-def read_access(reads: AccessReads, rec: AccessCount, partition: int, offset: int,
-                logged: int | None) -> None:  # fmt: skip
-    """Add a record to those read so far (a record without a timestamp, as the oldest
-    message format has, counts as time 0: only its offset tells a replay)."""
-    stamp = logged if isinstance(logged, int) and logged > 0 else 0
+
+def read_access(reads: AccessReads, rec: AccessCount) -> None:
+    """Add a record to those read so far."""
     reads.setdefault((rec.tenant, rec.memory_id), []).append(
-        AccessRead(partition, offset, stamp, rec.n, rec.ts)
+        AccessRead(rec.publisher, rec.seq, rec.n, rec.ts)
     )
 
 
-def _held(at: Any) -> tuple[int, int, int] | None:
-    """``metadata.access.at`` as (partition, offset, timestamp), None where it is not one
-    (a row of an earlier release, or one edited by hand: its next count is taken)."""
-    if not isinstance(at, list) or len(at) != 3:
-        return None
-    try:
-        p, o, t = (int(x) for x in at)
-    except (TypeError, ValueError):
-        return None
-    return p, o, t
+def _seen(held: Any) -> dict[str, int]:
+    """``metadata.access.seen`` (``[[publisher, round], ...]``, oldest first) as a dict
+    in that order; an entry of another shape (a row edited by hand) is left out."""
+    out: dict[str, int] = {}
+    for item in held if isinstance(held, list) else ():
+        if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], int) and not isinstance(item[1], bool)):  # fmt: skip
+            out.pop(item[0], None)
+            out[item[0]] = item[1]
+    return out
 
 
 def fold_access(row: dict[str, Any], reads: list[AccessRead]) -> bool:
     """Add the records of `reads` the row does not hold yet to its ``metadata.access.n``
     and ``last_access_ts``. Returns whether the row changed.
 
-    The row keeps where its last applied record was read and the latest Kafka timestamp
-    of those applied (``access.at``: partition, offset, timestamp). One memory's records
-    share a partition and come in offset order, so a record at or before that offset
-    and no later than that timestamp was applied before (a replay before the applier's
-    commit, its retry after a store failure part way). A record at or before the offset
-    but later in time is of a log that started over, and counts (unless its publisher's
-    clock is behind the latest time of the old log: then it is taken for one applied).
+    A publisher's rounds grow, and its records of one memory reach the log in round
+    order (module doc), so a record whose round is at or before the latest the row
+    applied from that publisher was applied before.
     """
     meta = dict(row.get("metadata") or {})
     acc = dict(meta.get("access") or {})
-    held = _held(acc.get("at"))
+    seen = _seen(acc.get("seen"))
     changed = False
     for r in reads:
-        if held is not None and r.partition == held[0]:
-            if r.offset <= held[1] and r.logged <= held[2]:  # applied before
-                continue
-            held = (r.partition, r.offset, max(r.logged, held[2]))
-        else:
-            held = (r.partition, r.offset, r.logged)
+        if r.seq <= seen.get(r.publisher, 0):
+            continue
+        seen.pop(r.publisher, None)
+        seen[r.publisher] = r.seq  # the newest last
         acc["n"] = int(acc.get("n", 0)) + r.n
         row["last_access_ts"] = max(int(row.get("last_access_ts", 0)), r.ts)
         changed = True
-    if changed and held is not None:
-        acc["at"] = list(held)
+    if changed:
+        acc["seen"] = [[p, q] for p, q in list(seen.items())[-SEEN_PUBLISHERS:]]
         meta["access"] = acc
         row["metadata"] = meta
     return changed
 
 
 class AccessPublisher(Service):
-    """Publishes the tracker's counts every ``access_flush_s`` (and on stop); counts
-    the broker did not acknowledge go back to the tracker for the next round."""
+    """Publishes the tracker's counts every ``access_flush_s`` (and on stop).
+
+    A record the broker did not acknowledge is kept and sent again as it was (same
+    publisher and round: the jobs role adds it once if both copies were stored); the
+    memory's newer counts stay in the tracker until it is acknowledged."""
 
     def __init__(self, settings: Settings, tracker: AccessTracker, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -164,8 +163,12 @@ class AccessPublisher(Service):
         self.guard = KafkaGuard.from_settings(settings)
         self.topic = settings.topic("access")
         self.producer: AIOKafkaProducer | None = None
+        self.publisher = secrets.token_hex(8)
+        self.seq = 0
         self.published = 0
-        self.in_flight = 0  # counts taken from the tracker and not yet acknowledged
+        self.in_flight = 0  # records being sent
+        self.unacked: dict[tuple[str, str], AccessCount] = {}  # to be sent again
+        self._flushing = asyncio.Lock()
 
     async def on_start(self) -> None:
         self.producer = AIOKafkaProducer(linger_ms=20, **kafka_client_kwargs(self.settings.kafka))
@@ -177,48 +180,56 @@ class AccessPublisher(Service):
         if self.producer is not None:
             await self.producer.stop()
 
-    async def flush(self) -> None:
-        hits = self.tracker.drain()
-        if not hits:
-            return
-        if self.producer is None:
-            self.tracker.restore(hits)
-            return
-        self.in_flight = len(hits)
-        try:
-            done = await self._publish(hits)
-        finally:
-            self.in_flight = 0
-        self.tracker.restore({k: v for k, v in hits.items() if k not in done})
+    def waiting(self) -> int:
+        """Records taken from the tracker and not acknowledged yet."""
+        return max(self.in_flight, len(self.unacked))
 
-    async def _publish(self, hits: dict[tuple[str, str], tuple[int, int]]) -> set[tuple[str, str]]:
-        """Send the counts; returns the keys done with: acknowledged, or not valid as a
-        record (logged, not kept: they would fail again)."""
+    async def flush(self) -> None:
+        async with self._flushing:
+            if self.producer is None:  # the counts stay in the tracker
+                return
+            records = dict(self.unacked)
+            fresh = self.tracker.drain(hold=records.keys())
+            if fresh:
+                self.seq += 1
+            for (tenant, mid), (n, ts) in fresh.items():
+                try:
+                    records[(tenant, mid)] = AccessCount(
+                        memory_id=mid, tenant=tenant, n=n, ts=ts,
+                        publisher=self.publisher, seq=self.seq,
+                    )  # fmt: skip
+                except ValidationError as exc:  # not kept: it would fail every round
+                    log.error("access count of %s/%s not published: %s", tenant, mid, exc)
+            if not records:
+                return
+            self.in_flight = len(records)
+            try:
+                acked = await self._publish(records)
+            finally:
+                self.in_flight = 0
+            self.unacked = {k: r for k, r in records.items() if k not in acked}
+
+    async def _publish(self, records: dict[tuple[str, str], AccessCount]) -> set[tuple[str, str]]:
+        """Send the records; returns the keys of those acknowledged."""
         assert self.producer is not None
-        done: set[tuple[str, str]] = set()
         sent: list[tuple[tuple[str, str], asyncio.Future[Any]]] = []
         try:
-            for (tenant, mid), (n, ts) in hits.items():
-                try:
-                    rec = AccessCount(memory_id=mid, tenant=tenant, n=n, ts=ts)
-                except ValidationError as exc:  # ids the responder served are valid ids
-                    log.error("access count of %s/%s not published: %s", tenant, mid, exc)
-                    done.add((tenant, mid))
-                    continue
+            for (tenant, mid), rec in records.items():
                 key, value = mid.encode(), encode(rec)
                 fut = await self.producer.send(
                     self.topic, value, key=key, headers=self.guard.sign(key, value)
                 )
                 sent.append(((tenant, mid), fut))
-        except KafkaError as exc:  # the ones not sent are kept below
+        except KafkaError as exc:  # the ones not sent are kept
             log.warning("access counts not published (%s); will retry", exc)
         results = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
         acked = {tid for (tid, _), res in zip(sent, results, strict=True)
                  if not isinstance(res, BaseException)}  # fmt: skip
-        if len(acked) < len(sent):
-            log.warning("%d access counts not acknowledged; will retry", len(sent) - len(acked))
+        if len(acked) < len(records):
+            log.warning("%d access counts not acknowledged; will retry",
+                        len(records) - len(acked))  # fmt: skip
         self.published += len(acked)
-        return done | acked
+        return acked
 
     async def _run(self) -> None:
         while not self.should_stop:
@@ -235,7 +246,7 @@ def wire_access(app: faust.App, ctx: RoleContext) -> StatusFn:
     ctx.run(publisher)
 
     async def settle_state() -> SettleState:
-        n = tracker.pending() + publisher.in_flight
+        n = tracker.pending() + publisher.waiting()
         return {"settled": n == 0, "pending": {"unpublished_accesses": n}}
 
     ctx.settle["access"] = settle_state

@@ -452,7 +452,7 @@ class UtilityApplier(Service):
                 for m in msgs:
                     if tp.topic == self.access_topic:
                         if rec := self._internal(m, AccessCount, "access count"):
-                            read_access(access, rec, m.partition, m.offset, m.timestamp)
+                            read_access(access, rec)
                     elif u := self._internal(m, UtilityUpdate, "utility update"):
                         updates.append(u)
                         self._read_at.setdefault(u.update_id, (tp, m.offset))

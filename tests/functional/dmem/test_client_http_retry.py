@@ -220,3 +220,29 @@ def test_a_forget_never_goes_out_on_a_pooled_connection() -> None:
     assert asyncio.run(go()) == 1
     [s1, s2, f] = [p for _, p in peers]
     assert s1 == s2 and f != s1
+
+
+def test_stop_closes_both_sessions_when_the_producer_fails_to_stop() -> None:
+    """A producer whose stop raises (the broker went away) must not leave the HTTP
+    sessions open: each holds sockets, and aiohttp warns of an unclosed session."""
+
+    class BrokenProducer:
+        async def stop(self) -> None:
+            raise RuntimeError("broker gone")
+
+    async def go() -> tuple[bool, bool, BaseException | None]:
+        c = Client("127.0.0.1:1", "t", transport="http", http_url="http://127.0.0.1:1")
+        pooled = aiohttp.ClientSession()
+        c._http = pooled  # noqa: SLF001
+        fresh = c._fresh_session(pooled)  # noqa: SLF001
+        c._producer = BrokenProducer()  # type: ignore[assignment]  # noqa: SLF001
+        err: BaseException | None = None
+        try:
+            await c.stop()
+        except RuntimeError as exc:
+            err = exc
+        return pooled.closed, fresh.closed, err
+
+    pooled_closed, fresh_closed, err = asyncio.run(go())
+    assert pooled_closed and fresh_closed
+    assert isinstance(err, RuntimeError) and "broker gone" in str(err)

@@ -33,6 +33,7 @@ from tests.integration.broker_fixtures import collect, decode_all, isolated_env
 pytestmark = pytest.mark.integration
 
 TOKENS = '{"tok-a": ["a"], "tok-b": ["b"]}'
+PUB = "00000000000000aa"  # a responder's id
 SECRET = "integration-service-secret"
 
 
@@ -181,8 +182,8 @@ def test_kafka_credentials_end_to_end(
         target = served[0]
         before = access_n(target)
         service = ServiceSigner(SECRET.encode())
-        fake = encode(AccessCount(memory_id=target, tenant="b", n=1000, ts=1))
-        ok = encode(AccessCount(memory_id=target, tenant="b", n=5, ts=1))
+        fake = encode(AccessCount(memory_id=target, tenant="b", n=1000, ts=1, publisher=PUB, seq=1))
+        ok = encode(AccessCount(memory_id=target, tenant="b", n=5, ts=1, publisher=PUB, seq=2))
         key = target.encode()
         asyncio.run(send(broker, s.topic("access"), [
             (key, fake, None),
@@ -192,6 +193,14 @@ def test_kafka_credentials_end_to_end(
         # one memory's counts are read in order: the signed one last
         wait_for(lambda: access_n(target) >= before + 5, what="the signed access count")
         assert access_n(target) == before + 5
+        # sent again (an unacknowledged send retried with its round) it adds nothing;
+        # the publisher's next round, read after it, adds its 1
+        nxt = encode(AccessCount(memory_id=target, tenant="b", n=1, ts=2, publisher=PUB, seq=3))
+        asyncio.run(send(broker, s.topic("access"), [
+            (key, ok, service.headers(key, ok)), (key, nxt, service.headers(key, nxt)),
+        ]))  # fmt: skip
+        wait_for(lambda: access_n(target) >= before + 6, what="the next round's count")
+        assert access_n(target) == before + 6
 
         # -- a forged forget deletes nothing; a signed one after it does ------------------
         victim, other = written[0], written[-1]

@@ -30,6 +30,7 @@ from tests.integration.milvus_fixtures import make_record, unit_vector
 
 pytestmark = pytest.mark.integration
 NOW = 1_800_000_000_000
+PUB = "0123456789abcdef"  # a responder's id
 
 
 def ids_of(store: MemoryStore, tenant: str = "acme") -> set[str]:
@@ -287,13 +288,13 @@ def access_fold(store: MemoryStore, reads: AccessReads) -> int:
 def test_access_counts_are_folded_in_one_batch(store_factory: Callable[..., MemoryStore]) -> None:
     store = store_factory(dim=8)
     store.upsert([make_record("m1", uses=1, utility=0.3), make_record("m2", seed=3)], "core")
-    reads = {("acme", "m1"): [AccessRead(0, 4, NOW, 3, NOW)],
-             ("acme", "m2"): [AccessRead(1, 2, NOW, 1, NOW - 5)],
-             ("zeta", "m2"): [AccessRead(1, 3, NOW, 1, NOW)]}  # fmt: skip
+    reads = {("acme", "m1"): [AccessRead(PUB, 4, 3, NOW)],
+             ("acme", "m2"): [AccessRead(PUB, 2, 1, NOW - 5)],
+             ("zeta", "m2"): [AccessRead(PUB, 3, 1, NOW)]}  # fmt: skip
     assert access_fold(store, reads) == 2
     assert access_fold(store, reads) == 0  # read again: already in the rows
     rows = {r["id"]: r for r in store.get(["m1", "m2"], tenant="acme")}
-    assert rows["m1"]["metadata"]["access"] == {"n": 3, "at": [0, 4, NOW]}
+    assert rows["m1"]["metadata"]["access"] == {"n": 3, "seen": [[PUB, 4]]}
     assert rows["m1"]["last_access_ts"] == NOW
     assert rows["m1"]["uses"] == 1 and rows["m1"]["utility"] == pytest.approx(0.3)
     assert rows["m1"]["metadata"]["task"] == "demo" and rows["m1"]["partition"] == "core"
@@ -331,8 +332,8 @@ def test_maintenance_never_touches_another_tenants_same_ids(
         ("demoted", "dup-c", "acme"),
         ("evicted", "dup-a", "acme"),
     ]
-    reads = {("acme", "dup-c"): [AccessRead(0, 1, NOW, 2, NOW)],
-             ("acme", "dup-a"): [AccessRead(0, 2, NOW, 1, NOW)]}  # fmt: skip
+    reads = {("acme", "dup-c"): [AccessRead(PUB, 1, 2, NOW)],
+             ("acme", "dup-a"): [AccessRead(PUB, 2, 1, NOW)]}  # fmt: skip
     assert access_fold(store, reads) == 1
     assert store.get(["dup-c"], tenant="acme")[0]["metadata"]["access"]["n"] == 2
     forgot = forget_scope(store, "acme", memory_id="dup-c", now=NOW)

@@ -319,9 +319,9 @@ def test_access_tracker_batches() -> None:
     hits = tr.drain()
     assert hits == {("t", "a"): (2, 20), ("t", "b"): (1, 10)}
     assert tr.drain() == {}
-    tr.record("t", ["a"], 30)
-    tr.restore(hits)
-    assert tr.drain()[("t", "a")] == (3, 30)
+    tr.record("t", ["a", "b"], 30)
+    assert tr.drain(hold={("t", "a")}) == {("t", "b"): (1, 30)}  # a's count stays
+    assert tr.pending() == 1 and tr.drain() == {("t", "a"): (1, 30)}
 
 
 def test_ages_are_stream_time_per_agent_clock() -> None:

@@ -11,6 +11,7 @@ import pytest
 from schemas import AccessCount
 from schemas.credentials import ServiceSigner
 from streams.jobs.access import (
+    SEEN_PUBLISHERS,
     AccessPublisher,
     AccessRead,
     AccessReads,
@@ -23,51 +24,70 @@ from streams.settings import Settings
 T = "acme"
 
 
-def rec(mid: str, n: int, ts: int) -> AccessCount:
-    return AccessCount(memory_id=mid, tenant=T, n=n, ts=ts)
+P1, P2 = "0123456789abcdef", "fedcba9876543210"
+
+
+def rec(mid: str, n: int, ts: int, seq: int = 1, publisher: str = P1) -> AccessCount:
+    return AccessCount(memory_id=mid, tenant=T, n=n, ts=ts, publisher=publisher, seq=seq)
 
 
 def test_records_are_read_in_log_order_per_memory() -> None:
     reads: AccessReads = {}
-    read_access(reads, rec("a", 2, 50), partition=1, offset=7, logged=1000)
-    read_access(reads, rec("b", 1, 10), partition=0, offset=2, logged=1001)
-    read_access(reads, rec("a", 3, 40), partition=1, offset=9, logged=1002)
+    read_access(reads, rec("a", 2, 50, seq=1))
+    read_access(reads, rec("b", 1, 10, seq=1, publisher=P2))
+    read_access(reads, rec("a", 3, 40, seq=2))
     assert reads == {
-        (T, "a"): [AccessRead(1, 7, 1000, 2, 50), AccessRead(1, 9, 1002, 3, 40)],
-        (T, "b"): [AccessRead(0, 2, 1001, 1, 10)],
+        (T, "a"): [AccessRead(P1, 1, 2, 50), AccessRead(P1, 2, 3, 40)],
+        (T, "b"): [AccessRead(P2, 1, 1, 10)],
     }
 
 
 def test_a_row_takes_each_record_once() -> None:
     row: dict[str, Any] = {"metadata": {"task": "x"}, "last_access_ts": 30}
-    first = [AccessRead(1, 10, 1000, 2, 20), AccessRead(1, 11, 1001, 1, 25)]
+    first = [AccessRead(P1, 1, 2, 20), AccessRead(P1, 2, 1, 25)]
     assert fold_access(row, first)
-    assert row["metadata"] == {"task": "x", "access": {"n": 3, "at": [1, 11, 1001]}}
+    assert row["metadata"] == {"task": "x", "access": {"n": 3, "seen": [[P1, 2]]}}
     assert row["last_access_ts"] == 30  # a later stamp is never moved back
     assert not fold_access(row, first)  # the same records again
     # a replay (no commit after the first fold) that runs past what the row holds:
     # only the record it lacks counts
-    assert fold_access(row, [*first, AccessRead(1, 12, 1002, 4, 60)])
-    assert row["metadata"]["access"] == {"n": 7, "at": [1, 12, 1002]}
+    assert fold_access(row, [*first, AccessRead(P1, 3, 4, 60)])
+    assert row["metadata"]["access"] == {"n": 7, "seen": [[P1, 3]]}
     assert row["last_access_ts"] == 60
 
 
-def test_records_of_a_log_that_started_over_count() -> None:
-    """A memory-only broker restarted (``dmem up``): offsets begin at 0 again, later in
-    time; they count, and are then recognised when read again."""
-    row: dict[str, Any] = {"metadata": {"access": {"n": 5, "at": [0, 40, 5000]}}}
-    again = [AccessRead(0, 0, 9000, 1, 7), AccessRead(0, 1, 9001, 2, 8)]
-    assert fold_access(row, again)
-    assert row["metadata"]["access"] == {"n": 8, "at": [0, 1, 9001]}
-    assert not fold_access(row, again)
-    # two publishers whose clocks differ: a later offset with an earlier time counts,
-    # and the latest time is kept
-    assert fold_access(row, [AccessRead(0, 2, 8000, 1, 9)])
-    assert row["metadata"]["access"] == {"n": 9, "at": [0, 2, 9001]}
-    assert not fold_access(row, [AccessRead(0, 1, 9001, 2, 8)])
-    # another partition (the topic was repartitioned) is new
-    assert fold_access(row, [AccessRead(3, 0, 100, 1, 61)])
-    assert row["metadata"]["access"]["n"] == 10
+def test_a_record_sent_twice_counts_once_and_publishers_count_apart() -> None:
+    """An unacknowledged send the broker had stored is sent again with its round: both
+    copies in the log add once. Two responders' rounds are independent (a respond worker
+    that restarted begins again at round 1, under a new id)."""
+    row: dict[str, Any] = {"metadata": {"access": {"n": 5, "seen": [[P1, 40]]}}}
+    twice = [AccessRead(P1, 41, 2, 7), AccessRead(P2, 1, 1, 8), AccessRead(P1, 41, 2, 7)]
+    assert fold_access(row, twice)
+    assert row["metadata"]["access"] == {"n": 8, "seen": [[P1, 41], [P2, 1]]}
+    assert not fold_access(row, twice)
+    assert fold_access(row, [AccessRead(P1, 42, 1, 9)])  # the newest publisher last
+    assert row["metadata"]["access"] == {"n": 9, "seen": [[P2, 1], [P1, 42]]}
+
+
+def test_a_row_keeps_the_newest_publishers() -> None:
+    pubs = [f"{i:016x}" for i in range(SEEN_PUBLISHERS + 3)]
+    row: dict[str, Any] = {"metadata": {}}
+    assert fold_access(row, [AccessRead(p, 1, 1, 1) for p in pubs])
+    acc = row["metadata"]["access"]
+    assert acc["n"] == len(pubs) and acc["seen"] == [[p, 1] for p in pubs[-SEEN_PUBLISHERS:]]
+
+
+def test_a_row_of_another_shape_does_not_stall_the_fold() -> None:
+    """A row edited by hand may hold anything in ``access.seen``: the fold goes on (a
+    raise would stall the applier, credit included, on every retry)."""
+    row: dict[str, Any] = {
+        "metadata": {"access": {"n": 2, "seen": [[P1, "x"], [P2, 3], "junk", [P1, True]]}}
+    }
+    assert fold_access(row, [AccessRead(P1, 1, 1, 5), AccessRead(P2, 3, 1, 6)])
+    assert row["metadata"]["access"] == {"n": 3, "seen": [[P2, 3], [P1, 1]]}
+    row["metadata"]["access"]["seen"] = {"not": "a list"}
+    assert fold_access(row, [AccessRead(P1, 1, 1, 5)])
+    assert row["metadata"]["access"] == {"n": 4, "seen": [[P1, 1]]}
 
 
 class FakeProducer:
@@ -87,7 +107,11 @@ class FakeProducer:
         return fut
 
 
-def test_the_publisher_signs_each_count_and_keeps_the_unacknowledged(
+def _sent(producer: FakeProducer) -> list[tuple[bytes, AccessCount]]:
+    return [(k, AccessCount.model_validate(orjson.loads(v))) for _, k, v, _ in producer.sent]
+
+
+def test_the_publisher_signs_each_count_and_sends_the_unacknowledged_again_as_they_were(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("DMEM_AUTH__TOKENS", '{"tok": ["acme"]}')
@@ -97,17 +121,29 @@ def test_the_publisher_signs_each_count_and_keeps_the_unacknowledged(
     tracker.record(T, ["a", "b"], 100)
     tracker.record(T, ["a"], 120)
     pub = AccessPublisher(settings, tracker)
+    me = pub.publisher
     producer = FakeProducer(fail={b"b"})
     pub.producer = producer  # type: ignore[assignment]
     asyncio.run(pub.flush())
-    assert pub.published == 1
-    assert tracker.drain() == {(T, "b"): (1, 100)}  # kept for the next round
+    assert pub.published == 1 and tracker.pending() == 0 and pub.waiting() == 1
     signer = ServiceSigner(b"s3cret")
-    got = {}
     for topic, key, value, headers in producer.sent:
         assert topic == settings.topic("access") and signer.ok(key, value, headers)
-        got[key] = AccessCount.model_validate(orjson.loads(value))
-    assert got[b"a"] == rec("a", 2, 120) and got[b"b"] == rec("b", 1, 100)
+    assert sorted(_sent(producer)) == [(b"a", rec("a", 2, 120, 1, me)),
+                                       (b"b", rec("b", 1, 100, 1, me))]  # fmt: skip
+    # the next round: b's record again as it was (the broker may have stored it), b's
+    # newer count held back behind it, a's new count in a new round
+    tracker.record(T, ["a", "b"], 130)
+    producer.sent.clear()
+    producer.fail.clear()
+    asyncio.run(pub.flush())
+    assert sorted(_sent(producer)) == [(b"a", rec("a", 1, 130, 2, me)),
+                                       (b"b", rec("b", 1, 100, 1, me))]  # fmt: skip
+    assert pub.waiting() == 0 and tracker.pending() == 1
+    producer.sent.clear()
+    asyncio.run(pub.flush())
+    assert _sent(producer) == [(b"b", rec("b", 1, 130, 3, me))]
+    assert pub.waiting() == 0 and tracker.pending() == 0 and pub.published == 4
 
 
 def test_a_publisher_without_a_producer_keeps_every_count() -> None:
@@ -126,18 +162,49 @@ def test_a_count_that_is_no_valid_record_is_not_kept() -> None:
     pub = AccessPublisher(Settings(), tracker)
     pub.producer = FakeProducer(fail=set())  # type: ignore[assignment]
     asyncio.run(pub.flush())
-    assert pub.published == 1 and tracker.pending() == 0
+    assert pub.published == 1 and tracker.pending() == 0 and pub.waiting() == 0
 
 
-def test_a_record_without_a_timestamp_and_a_row_of_another_shape_do_not_stall_the_fold() -> None:
-    """The oldest message format has no timestamp (aiokafka gives None); a row edited by
-    hand may hold anything in ``access.at``: the fold goes on (a raise would stall the
-    applier, credit included, on every retry)."""
-    reads: AccessReads = {}
-    read_access(reads, rec("a", 1, 5), partition=0, offset=3, logged=None)
-    read_access(reads, rec("a", 1, 6), partition=0, offset=4, logged=-1)
-    assert [r.logged for r in reads[(T, "a")]] == [0, 0]
-    row: dict[str, Any] = {"metadata": {"access": {"n": 2, "at": [0, "x", None]}}}
-    assert fold_access(row, reads[(T, "a")])
-    assert row["metadata"]["access"] == {"n": 4, "at": [0, 4, 0]}
-    assert not fold_access(row, reads[(T, "a")])  # read again: by its offset
+def test_each_responder_draws_its_own_id() -> None:
+    a, b = (
+        AccessPublisher(Settings(), AccessTracker()),
+        AccessPublisher(Settings(), AccessTracker()),
+    )
+    assert a.publisher != b.publisher and len(a.publisher) == 16
+
+
+class PartitionsOf:
+    """A started consumer's metadata: topic -> its partitions."""
+
+    def __init__(self, parts: dict[str, set[int]]) -> None:
+        self.parts = parts
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self.parts.get(topic)
+
+
+@pytest.mark.parametrize(
+    ("credit", "access", "logged"),
+    [(4, 4, False), (4, 2, True), (4, 0, False)],  # a topic not there yet: nothing to say
+)
+def test_the_applier_says_at_start_where_its_topics_differ_in_partition_count(
+    credit: int, access: int, logged: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from streams.jobs.credit import UtilityApplier
+
+    settings = Settings()
+    applier = UtilityApplier(settings, SimpleNamespace(store=None))
+    topics = [settings.topic("credit"), settings.topic("access")]
+    consumer = PartitionsOf({t: set(range(n)) for t, n in zip(topics, (credit, access), strict=True)
+                             if n})  # fmt: skip
+    consumer._client = SimpleNamespace(force_metadata_update=_nothing)  # type: ignore[attr-defined]  # noqa: SLF001
+    applier.consumer = consumer  # type: ignore[assignment]
+    with caplog.at_level("ERROR"):
+        asyncio.run(applier._check_partitions(topics))  # noqa: SLF001
+    assert ("differ in partition count" in caplog.text) is logged
+
+
+async def _nothing() -> None:
+    return None

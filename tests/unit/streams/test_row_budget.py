@@ -23,13 +23,14 @@ from operators.decay import MaintenancePolicy
 from operators.dedup import MergeGroup
 from schemas import LIMITS, Transition, UtilityUpdate, storage_key
 from schemas.errors import StoreUnavailable
-from streams.jobs.access import AccessRead
+from streams.jobs.access import SEEN_PUBLISHERS, AccessRead
 from streams.jobs.credit import UtilityApplier
 from streams.jobs.dedup import DedupEngine
 from streams.settings import Settings
 from streams.write.pipeline import memory_row
 from streams.write.replays import reconcile
 
+PUB = "0123456789abcdef"  # a responder's id
 T = "acme"
 DIM = 8
 NOW = 1_800_000_000_000
@@ -154,7 +155,7 @@ def test_a_worst_case_merge_survivor_fits_milvus_json_field(id_chars: int) -> No
                for m in members for k in range(2)]  # fmt: skip
         ups += [credit(ident(uid := uid + 1, LIMITS.max_id_chars), sid, 0.3) for _ in range(5)]
         assert applier.apply(ups) == len(members) + 1  # every row written
-        hits = {(T, m): [AccessRead(0, window, NOW, 10**15, NOW)] for m in [sid, *members]}
+        hits = {(T, m): [AccessRead(PUB, 1 + window, 10**15, NOW)] for m in [sid, *members]}
         assert applier.apply([], access=hits) == len(hits)
         rows = {r["id"]: r for r in store.get([sid, *members], tenant=T)}
         events = engine._apply_merge(MergeGroup(sid, tuple(members), (0.99,) * 50), rows, NOW)  # noqa: SLF001
@@ -210,7 +211,7 @@ def test_the_fixed_parts_fit_their_reserve_and_the_budget_adds_up() -> None:
         credit={"n": big, "w": LONG_FLOAT, "mean": LONG_FLOAT, "m2": LONG_FLOAT,
                 "sim": LONG_FLOAT, "sim_w": LONG_FLOAT},
         credit_ids=[],
-        access={"n": big, "at": [2**31 - 1, big, big]},
+        access={"n": big, "seen": [["f" * 16, big]] * SEEN_PUBLISHERS},
         _partition="buffer",
     )  # fmt: skip
     worst["gate"]["reason"] = "r" * 32
@@ -331,11 +332,11 @@ def test_an_access_fold_writes_the_rows_the_store_takes_and_logs_the_rest(
     store.put(stored_row("ok", step=1))
     applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
     reads = {
-        (T, "big"): [AccessRead(0, 4, NOW, 3, NOW)],
-        (T, "ok"): [AccessRead(1, 9, NOW, 2, NOW)],
+        (T, "big"): [AccessRead(PUB, 4, 3, NOW)],
+        (T, "ok"): [AccessRead(PUB, 9, 2, NOW)],
     }
     assert applier.apply([], access=reads) == 1 and applier.access_applied == 1
-    assert store.rows[storage_key(T, "ok")]["metadata"]["access"] == {"n": 2, "at": [1, 9, NOW]}
+    assert store.rows[storage_key(T, "ok")]["metadata"]["access"] == {"n": 2, "seen": [[PUB, 9]]}
     assert "access" not in store.rows[storage_key(T, "big")]["metadata"]
     assert "not written: the store refuses" in caplog.text
 
@@ -358,7 +359,7 @@ def test_a_fold_the_store_broke_off_counts_what_it_wrote_once() -> None:
 
     store.upsert = second_fails  # type: ignore[method-assign]
     applier = UtilityApplier(Settings(), SimpleNamespace(store=store))
-    reads = {(T, "c"): [AccessRead(0, 3, NOW, 1, NOW)], (T, "b"): [AccessRead(2, 5, NOW, 1, NOW)]}
+    reads = {(T, "c"): [AccessRead(PUB, 3, 1, NOW)], (T, "b"): [AccessRead(PUB, 5, 1, NOW)]}
     with pytest.raises(StoreUnavailable):
         applier.apply([], access=reads)
     applier.apply([], access=reads)  # the retry
