@@ -534,6 +534,21 @@ def bench_encoders(
     help="keep the turns' embeddings in this folder between runs",
 )
 @click.option(
+    "--ranking",
+    type=click.Choice(["served", "cosine"]),
+    default="served",
+    show_default=True,
+    help="dmem's hits as the respond role serves them (its ranking over the kept turns), "
+    "or by exact cosine over the kept turns",
+)
+@click.option(
+    "--as-of/--no-as-of",
+    default=False,
+    show_default=True,
+    help="the served search passes the question's date (as_of): memories written after it "
+    "are left out, recency is measured from it",
+)
+@click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path(".dmem-bench/longmemeval.png"),
@@ -548,6 +563,8 @@ def bench_longmemeval(
     encoder: str,
     batch: int,
     cache: Path | None,
+    ranking: str,
+    as_of: bool,
     plot: Path,
     as_json: bool,
 ) -> None:
@@ -565,6 +582,8 @@ def bench_longmemeval(
             encoder=encoder,
             batch=batch,
             cache=cache,
+            ranking=ranking,
+            as_of=as_of,
             progress=note,
         )
         table(res)

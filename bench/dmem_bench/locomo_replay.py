@@ -57,10 +57,12 @@ class CacheEncoder:
         return self.cache.encode(list(texts))
 
 
-def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> list[Any]:
+def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str,
+              rows: dict[str, dict[str, Any]] | None = None) -> list[Any]:  # fmt: skip
     """Feed ``transitions`` through ``pipe`` in batches of ``batch``, in process; the
     ``written``/``dropped``/``evicted`` MemoryEvents in order (the write path evicts what
-    its warm context guard takes back). A dead letter is an error."""
+    its warm context guard takes back). A dead letter is an error. ``rows``, where
+    given, receives each memory's last row as written (with its ``partition``)."""
     from streams.write.pipeline import RawRecord
 
     out: list[Any] = []
@@ -78,19 +80,32 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str) -> 
         res = pipe.process(raws, now_ms=0)
         if res.dead:
             raise ValueError(f"{label}: {len(res.dead)} records dead-lettered ({res.dead[0][1]})")
+        if rows is not None:
+            for part, written in res.upserts.items():
+                rows.update((r["id"], {**r, "partition": part}) for r in written)
+            for mid in res.promote:
+                if mid in rows:
+                    rows[mid]["partition"] = "core"
         out += [ev for ev in res.events if ev.kind in ("written", "dropped", "evicted")]
     return out
 
 
 def forget(events: Iterable[Any], settings: Any) -> set[str]:
-    """Memory ids still searchable once the decay job is done with ``events``.
+    """Memory ids still searchable once the decay job is done with ``events``
+    (`forget_partitions`)."""
+    return set(forget_partitions(events, settings))
+
+
+def forget_partitions(events: Iterable[Any], settings: Any) -> dict[str, str]:
+    """Memory id -> partition (``core``, ``buffer``) of what is still searchable once
+    the decay job is done with ``events``.
 
     ``events``: the write path's MemoryEvents of one tenant, in order. The index is
     the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
     watermarks; passes of `plan_decay` run at the final watermarks until one plans
     nothing (evicted rows leave, demoted and promoted rows change partition).
     """
-    from operators.decay import BUFFER, CORE, Entry, TenantIndex, plan_decay
+    from operators.decay import BUFFER, CORE, Entry, TenantIndex
     from streams.jobs.rows import policy_from
 
     policy = policy_from(settings)
@@ -113,8 +128,15 @@ def forget(events: Iterable[Any], settings: Any) -> set[str]:
                     agent=str(ev.agent_id or ""),
                 ),
             )
-    if not settings.maintenance.enabled:
-        return set(idx.ids)
+    if settings.maintenance.enabled:
+        _decay_until_quiet(idx, policy)
+    return {mid: "core" if e.partition == CORE else "buffer"
+            for mid in idx.ids if (e := idx.get(mid)) is not None}  # fmt: skip
+
+
+def _decay_until_quiet(idx: Any, policy: Any) -> None:
+    from operators.decay import BUFFER, CORE, plan_decay
+
     for _ in range(1000):
         plan = plan_decay(idx, policy)
         if not plan.actions:
@@ -126,7 +148,6 @@ def forget(events: Iterable[Any], settings: Any) -> set[str]:
                 idx.set_partition(a.memory_id, BUFFER)
             elif a.kind == "promoted":
                 idx.set_partition(a.memory_id, CORE)
-    return set(idx.ids)
 
 
 def replay_stream(

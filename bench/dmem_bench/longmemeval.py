@@ -64,6 +64,8 @@ METRICS = (
     "session_recall_at_10",
     "store_all_session_recall_at_5",
     "store_all_session_recall_at_10",
+    "cosine_turn_recall_at_10",
+    "cosine_session_recall_at_10",
 )
 
 
@@ -98,6 +100,8 @@ class QuestionRun:
     turns: list[Turn]
     kept: set[str] = field(default_factory=set)  # memory ids searchable at the end
     routes: dict[str, str] = field(default_factory=dict)
+    #: the kept memories' rows as the store holds them at the end (final partition)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def parse_date(text: str) -> int:
@@ -228,14 +232,83 @@ def replay_question(
     settings: Any,
 ) -> QuestionRun:
     """Feed one question's turns through ``pipe``, then forget as the product would."""
-    from dmem_bench.locomo_replay import decisions, forget
+    from dmem_bench.locomo_replay import decisions, forget_partitions
 
     run = QuestionRun(q, list(turns))
-    events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval")
+    rows: dict[str, dict[str, Any]] = {}
+    events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval", rows)
     run.routes = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
     # a referred write comes after its off-context drop: the write stands
-    run.kept = forget(events, settings)
+    parts = forget_partitions(events, settings)
+    run.kept = set(parts)
+    run.rows = {mid: {**rows[mid], "partition": part} for mid, part in parts.items() if mid in rows}
     return run
+
+
+PARTS = ("core", "buffer")
+
+
+class KeptStore:
+    """The store a responder reads, over one question's kept rows in memory: exact
+    cosine top-k (Milvus Lite's FLAT index is exact too) with the filters a bench
+    question's request makes (the tenant, the question's date as ``created_ts <=``)."""
+
+    def __init__(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
+        self.tenant = tenant
+        self.rows = list(rows)
+        self.vecs = np.asarray([r["vector"] for r in self.rows], dtype=np.float32)
+
+    def count(self, tenant: str, **_: Any) -> int:
+        return len(self.rows) if tenant == self.tenant else 0
+
+    def search(self, vector: Any, tenant: str, k: int, partitions: Sequence[str] = PARTS,
+               agent_id: str | None = None, extra_filter: dict[str, Any] | None = None,
+               **_: Any) -> list[dict[str, Any]]:  # fmt: skip
+        flt = dict(extra_filter or {})
+        ts = flt.pop("created_ts", {})
+        if flt or set(ts) - {"<="}:
+            raise ValueError(f"the bench's store filters by tenant and date only: {extra_filter}")
+        if tenant != self.tenant or not self.rows:
+            return []
+        sims = self.vecs @ np.asarray(vector, dtype=np.float32)
+        ok = [i for i, r in enumerate(self.rows)
+              if r["partition"] in partitions and (agent_id is None or r["agent_id"] == agent_id)
+              and int(r["created_ts"]) <= ts.get("<=", int(r["created_ts"]))]  # fmt: skip
+        ok.sort(key=lambda i: (-float(sims[i]), str(self.rows[i]["id"])))
+        return [{**{f: v for f, v in self.rows[i].items() if f != "vector"},
+                 "distance": float(sims[i]), "similarity": float(sims[i])}
+                for i in ok[:k]]  # fmt: skip
+
+
+def served(run: QuestionRun, encoder: Any, settings: Any,
+           as_of: bool = False) -> Callable[[int], list[list[int]]]:  # fmt: skip
+    """``k -> the turns of the top k hits`` as the respond role serves them: a
+    `streams.respond.responder.Responder` with the role's ranking (`policy_from` the
+    settings) over the kept rows, asked the question as a client asks it by default
+    (recency on the memories' own clock), or, with ``as_of``, with the question's date
+    (memories written after it left out, recency measured from it)."""
+    from schemas import RetrievalRequest
+    from streams.respond.http import policy_from
+    from streams.respond.responder import Responder
+
+    tenant = tenant_of(run.question)
+    index = {t.transition.memory_id: i for i, t in enumerate(run.turns)}
+    responder = Responder(
+        KeptStore(tenant, list(run.rows.values())),
+        encoder,
+        policy_from(settings),
+        per_agent_clock=settings.maintenance.stream_clock == "agent",
+    )
+
+    date = run.question.question_date if as_of else None
+
+    def search(k: int) -> list[list[int]]:
+        req = RetrievalRequest(request_id=f"q{k}", tenant=tenant, query=run.question.question,
+                               k=k, as_of=date)  # fmt: skip
+        resp, _ = responder.answer(req, now_ms=run.question.question_date)
+        return [[index[h.memory_id]] for h in resp.hits]
+
+    return search
 
 
 #: ``searchable(run, vecs) -> (rows, stands_for)``: the searchable rows of a question
@@ -261,12 +334,17 @@ def score_question(
     qvec: np.ndarray,
     searchable: Searchable = kept_rows,
     fold: str = "all",
+    search: Callable[[int], list[list[int]]] | None = None,
 ) -> dict[str, float]:
     """Storage and recall of one question (recall keys only where they are defined).
 
     ``fold``: what a hit on a row that stands for several turns returns: ``all`` of
     them, or the ``best`` one, the turn closest to the question by a sign-quantised
     copy of their embeddings (one bit per dimension and turn kept with the row).
+    ``search``: ``k -> the turns of the top k hits`` as dmem serves them (`served`);
+    None: exact cosine over the searchable rows. The ``cosine_`` keys are exact cosine
+    over the searchable rows either way: what the gate and forgetting left, whatever
+    the ranking.
     """
     if fold not in ("all", "best"):
         raise ValueError(f"fold must be 'all' or 'best', got {fold!r}")
@@ -287,11 +365,18 @@ def score_question(
     }
     if run.question.abstention:
         return out
-    out["turns_returned_at_10"] = float(sum(len(stands[j]) for j in _topk(rows, qvec, 10)))
+
+    def cosine(r: np.ndarray, st: list[list[int]]) -> Callable[[int], list[list[int]]]:
+        return lambda k: [st[j] for j in _topk(r, qvec, k)]
+
     all_stands = [[i] for i in range(len(turns))]
-    for name, r, st in (("", rows, stands), ("store_all_", vecs, all_stands)):
-        for k in KS:
-            hit = {i for j in _topk(r, qvec, k) for i in st[j]}
+    kept_cosine = cosine(rows, stands)
+    dmem = search or kept_cosine
+    out["turns_returned_at_10"] = float(sum(len(h) for h in dmem(10)))
+    for name, hits, ks in (("", dmem, KS), ("store_all_", cosine(vecs, all_stands), KS),
+                           ("cosine_", kept_cosine, (10,))):  # fmt: skip
+        for k in ks:
+            hit = {i for h in hits(k) for i in h}
             if ev:
                 out[f"{name}turn_recall_at_{k}"] = len(hit & ev) / len(ev)
             if ans:
@@ -382,6 +467,8 @@ def run(
     pipeline: Callable[[Any, Any], Any] | None = None,
     searchable: Searchable = kept_rows,
     fold: str = "all",
+    ranking: str = "served",
+    as_of: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Replay ``data``'s questions through the write path; storage and recall per type.
@@ -391,8 +478,14 @@ def run(
     builds the write pipeline (default `WritePipeline`; a prototype score plugs in
     here). ``searchable`` says what a search can return of a question's history
     (`kept_rows`: the kept turns). ``fold``: see
-    `score_question`.
+    `score_question`. ``ranking``: dmem's hits as the respond role ranks them
+    (``served``, `served`; with `kept_rows` only) or by exact ``cosine``; ``as_of``:
+    the served search passes the question's date.
     """
+    if ranking not in ("served", "cosine"):
+        raise ValueError(f"ranking must be 'served' or 'cosine', got {ranking!r}")
+    if ranking == "served" and searchable is not kept_rows:
+        raise ValueError("ranking 'served' reads the kept rows; another searchable: 'cosine'")
     from streams.settings import Settings
     from streams.write.pipeline import WritePipeline
 
@@ -419,7 +512,8 @@ def run(
             by_role[role][0] += 1
             by_role[role][1] += t.transition.memory_id in res.kept
         vecs = enc.encode(texts)
-        m = score_question(res, vecs, enc.encode([q.question])[0], searchable, fold)
+        search = served(res, enc, settings, as_of) if ranking == "served" else None
+        m = score_question(res, vecs, enc.encode([q.question])[0], searchable, fold, search)
         per_q.append((q.qtype, m))
         if progress is not None and (n + 1) % 10 == 0:
             progress(f"longmemeval: {n + 1}/{len(qs)} questions, {time.monotonic() - t0:.0f}s")
@@ -431,6 +525,8 @@ def run(
     }
     out["storage_by_role"] = {r: c[1] / max(c[0], 1) for r, c in sorted(by_role.items())}
     out["encoder"] = encoder
+    out["ranking"] = ranking
+    out["as_of"] = as_of
     out["batch"] = batch
     out["routes"] = dict(sorted(reasons.items()))
     out["decay"] = {
@@ -529,6 +625,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--encoder", default="minilm-static")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--cache", type=Path, default=None)
+    p.add_argument("--ranking", choices=("served", "cosine"), default="served",
+                   help="dmem's hits as the respond role serves them, or by cosine")  # fmt: skip
+    p.add_argument("--as-of", action="store_true", help="served: ask with the question's date")
     a = p.parse_args(argv)
     res = run(
         a.data,
@@ -537,6 +636,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         encoder=a.encoder,
         batch=a.batch,
         cache=a.cache,
+        ranking=a.ranking,
+        as_of=a.as_of,
         progress=note,
     )
     table(res)

@@ -233,3 +233,65 @@ def test_bad_files_are_refused_with_the_place(tmp_path: Path) -> None:
     p.write_text(json.dumps(q) + "\n")
     with pytest.raises(ValueError, match="question 1 has no haystack_dates"):
         lme.load(p)
+
+
+class FixedEncoder:
+    """The question's vector, whatever the text."""
+
+    dim = 4
+
+    def __init__(self, vec: list[float]) -> None:
+        self.vec = np.asarray(vec, dtype=np.float32)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self.vec for _ in texts])
+
+
+def _row(turn: lme.Turn, vec: list[float], ts: int, **meta: object) -> dict:
+    tr = turn.transition
+    v = np.asarray(vec, dtype=np.float32)
+    return {
+        "id": tr.memory_id, "tenant": tr.tenant, "agent_id": tr.agent_id,
+        "episode_id": tr.episode_id, "step": tr.step, "text": tr.text(), "action": "say",
+        "reward": 0.0, "rpe": 0.0, "rpe_smoothed": 1.0, "utility": 0.0, "uses": 0,
+        "valence": 0, "created_ts": ts, "merged_count": 1, "metadata": {"user": {}, **meta},
+        "partition": "buffer", "vector": (v / np.linalg.norm(v)).tolist(),
+    }  # fmt: skip
+
+
+def test_served_hits_are_the_respond_roles_answer(data: Path) -> None:
+    """A later statement that updates an earlier one is served above it although the
+    earlier is closer by cosine, and with the question's date (``as_of``) a turn written
+    after it is not served: the respond role's answer, not cosine over the kept turns."""
+    q = lme.load(data)[0]
+    run = lme.QuestionRun(q, lme.transitions(q))
+    t0, t1, t2 = run.turns[0], run.turns[2], run.turns[4]
+    day = 86_400_000
+    old = _row(t0, [1.0, 0.1, 0, 0], q.question_date - 20 * day)
+    new = _row(t1, [1.0, 0.3, 0, 0], q.question_date - day, updates=t0.transition.memory_id)
+    late = _row(t2, [1.0, 0.0, 0, 0], q.question_date + day)  # the closest of all
+    run.rows = {r["id"]: r for r in (old, new, late)}
+    run.kept = set(run.rows)
+    enc = FixedEncoder([1.0, 0.0, 0.0, 0.0])
+    assert lme.served(run, enc, Settings())(10) == [[4], [2], [0]]
+    search = lme.served(run, enc, Settings(), as_of=True)
+    assert search(10) == [[2], [0]]
+    vecs = np.zeros((len(run.turns), 4), dtype=np.float32)
+    for i, r in ((0, old), (2, new), (4, late)):
+        vecs[i] = r["vector"]
+    m = lme.score_question(run, vecs, np.array([1.0, 0, 0, 0], np.float32), search=search)
+    assert m["turns_returned_at_10"] == 2.0  # by cosine: all three
+    with pytest.raises(ValueError, match="tenant and date only"):
+        lme.KeptStore(q.qid, [old]).search(old["vector"], q.qid, 5, extra_filter={"valence": 1})
+
+
+def test_the_cosine_keys_are_the_kept_turns_by_cosine(data: Path) -> None:
+    served = lme.run(data, encoder="hash", batch=16)
+    cosine = lme.run(data, encoder="hash", batch=16, ranking="cosine")
+    assert served["ranking"] == "served" and cosine["ranking"] == "cosine"
+    assert served["as_of"] is False
+    assert cosine["turn_recall_at_10"] == cosine["cosine_turn_recall_at_10"]
+    assert served["cosine_turn_recall_at_10"] == cosine["cosine_turn_recall_at_10"]
+    assert served["storage_ratio"] == cosine["storage_ratio"]
+    with pytest.raises(ValueError, match="ranking"):
+        lme.run(data, encoder="hash", ranking="bm25")
