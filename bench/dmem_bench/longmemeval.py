@@ -548,25 +548,28 @@ def plot(path: Path, res: dict[str, Any]) -> None:
 
     groups = [*res["by_type"].items(), ("all", res)]
     names = [n.replace("single-session-", "ss-") for n, _ in groups]
+    served = res.get("ranking", "cosine") == "served"
     keys = [
-        ("turn_recall_at_10", "dmem turn@10"),
+        ("turn_recall_at_10", "dmem turn@10" + (" (served)" if served else "")),
+        *([("cosine_turn_recall_at_10", "dmem turn@10 (cosine)")] if served else []),
         ("store_all_turn_recall_at_10", "store-all turn@10"),
         ("session_recall_at_10", "dmem session@10"),
         ("store_all_session_recall_at_10", "store-all session@10"),
     ]
     x = np.arange(len(groups))
-    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(keys)
+    fig, ax = plt.subplots(figsize=(10, 4))
     for j, (key, label) in enumerate(keys):
         vals = [float(r.get(key) or 0.0) for _, r in groups]
-        ax.bar(x + (j - 1.5) * 0.2, vals, 0.2, label=label)
+        ax.bar(x + (j - (len(keys) - 1) / 2) * width, vals, width, label=label)
     ax.set_xticks(x, names, fontsize=8)
-    ax.set_ylim(0, 1.2)
+    ax.set_ylim(0, 1.25)
     ax.set_ylabel("evidence recall@10")
     ax.set_title(
         f"LongMemEval: {res['questions']} questions, storage {res['storage_ratio']:.2f} "
-        f"({res['encoder']}, product defaults)"
+        f"({res['encoder']}, product defaults{', as of the question' if res.get('as_of') else ''})"
     )
-    ax.legend(fontsize=8, ncol=4, loc="upper center")
+    ax.legend(fontsize=7, ncol=len(keys), loc="upper center")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
