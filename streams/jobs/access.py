@@ -202,6 +202,9 @@ class AccessPublisher(Service):
                     log.error("access count of %s/%s not published: %s", tenant, mid, exc)
             if not records:
                 return
+            # unacknowledged until the broker says otherwise: a flush cancelled part way
+            # (the role stopping) leaves every record of it to the next one
+            self.unacked = records
             self.in_flight = len(records)
             try:
                 acked = await self._publish(records)

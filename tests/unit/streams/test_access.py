@@ -146,6 +146,36 @@ def test_the_publisher_signs_each_count_and_sends_the_unacknowledged_again_as_th
     assert pub.waiting() == 0 and tracker.pending() == 0 and pub.published == 4
 
 
+def test_a_flush_cancelled_part_way_leaves_its_records_to_the_next() -> None:
+    """The role stops while a flush waits on the broker: the counts it took from the
+    tracker are neither lost nor renumbered (the stop's own flush sends them again)."""
+
+    class Cancelled(FakeProducer):
+        """Sends "a", then is cancelled on "b" (once)."""
+
+        cancel = True
+
+        async def send(self, topic: str, value: bytes, key: bytes, headers: Any) -> Any:
+            if key == b"b" and self.sent and self.cancel:
+                self.cancel = False
+                raise asyncio.CancelledError
+            return await super().send(topic, value, key, headers)
+
+    tracker = AccessTracker()
+    tracker.record(T, ["a", "b"], 7)
+    pub = AccessPublisher(Settings(), tracker)
+    producer = Cancelled(fail=set())
+    pub.producer = producer  # type: ignore[assignment]
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(pub.flush())
+    assert pub.waiting() == 2 and tracker.pending() == 0
+    producer.sent.clear()
+    asyncio.run(pub.flush())
+    me = pub.publisher
+    assert sorted(_sent(producer)) == [(b"a", rec("a", 1, 7, 1, me)), (b"b", rec("b", 1, 7, 1, me))]
+    assert pub.waiting() == 0 and pub.published == 2
+
+
 def test_a_publisher_without_a_producer_keeps_every_count() -> None:
     tracker = AccessTracker()
     tracker.record(T, ["a"], 5)
