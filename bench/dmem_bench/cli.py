@@ -546,7 +546,7 @@ def bench_encoders(
     default=False,
     show_default=True,
     help="the served search passes the question's date (as_of): memories written after it "
-    "are left out, recency is measured from it",
+    "are left out, recency is measured from it (with --ranking served only)",
 )
 @click.option(
     "--plot",

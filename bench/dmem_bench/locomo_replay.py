@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,13 @@ class CacheEncoder:
 
 
 def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str,
-              rows: dict[str, dict[str, Any]] | None = None) -> list[Any]:  # fmt: skip
+              rows: dict[str, dict[str, Any]] | None = None,
+              kinds: Collection[str] = ("written", "dropped", "evicted")) -> list[Any]:  # fmt: skip
     """Feed ``transitions`` through ``pipe`` in batches of ``batch``, in process; the
-    ``written``/``dropped``/``evicted`` MemoryEvents in order (the write path evicts what
-    its warm context guard takes back). A dead letter is an error. ``rows``, where
-    given, receives each memory's last row as written (with its ``partition``)."""
+    MemoryEvents of ``kinds`` in order (the write path evicts what its warm context
+    guard takes back, and promotes to core what an outcome shows mattered). A dead
+    letter is an error. ``rows``, where given, receives each memory's last row as
+    written (with its ``partition``)."""
     from streams.write.pipeline import RawRecord
 
     out: list[Any] = []
@@ -86,7 +88,7 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str,
             for mid in res.promote:
                 if mid in rows:
                     rows[mid]["partition"] = "core"
-        out += [ev for ev in res.events if ev.kind in ("written", "dropped", "evicted")]
+        out += [ev for ev in res.events if ev.kind in kinds]
     return out
 
 
@@ -100,7 +102,8 @@ def forget_partitions(events: Iterable[Any], settings: Any) -> dict[str, str]:
     """Memory id -> partition (``core``, ``buffer``) of what is still searchable once
     the decay job is done with ``events``.
 
-    ``events``: the write path's MemoryEvents of one tenant, in order. The index is
+    ``events``: the write path's MemoryEvents of one tenant, in order (``written``,
+    ``evicted``, ``promoted``; others are passed over). The index is
     the maintenance job's (`operators.decay.TenantIndex`) with its per-agent
     watermarks; passes of `plan_decay` run at the final watermarks until one plans
     nothing (evicted rows leave, demoted and promoted rows change partition).
@@ -116,6 +119,8 @@ def forget_partitions(events: Iterable[Any], settings: Any) -> dict[str, str]:
         idx.advance(ev.agent_id, ts)
         if ev.kind == "evicted":
             idx.remove(ev.memory_id)
+        elif ev.kind == "promoted" and idx.get(ev.memory_id) is not None:
+            idx.set_partition(ev.memory_id, CORE)
         elif ev.kind == "written":
             idx.upsert(
                 ev.memory_id,

@@ -236,12 +236,16 @@ def replay_question(
 
     run = QuestionRun(q, list(turns))
     rows: dict[str, dict[str, Any]] = {}
-    events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval", rows)
-    run.routes = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events}
+    events = decisions(pipe, [t.transition for t in turns], batch, "longmemeval", rows,
+                       kinds=("written", "dropped", "evicted", "promoted"))  # fmt: skip
     # a referred write comes after its off-context drop: the write stands
+    run.routes = {ev.memory_id: f"{ev.kind}:{ev.reason}" for ev in events
+                  if ev.kind != "promoted"}  # fmt: skip
     parts = forget_partitions(events, settings)
+    if missing := parts.keys() - rows.keys():
+        raise AssertionError(f"{q.qid}: kept memories without a written row: {sorted(missing)[:5]}")
     run.kept = set(parts)
-    run.rows = {mid: {**rows[mid], "partition": part} for mid, part in parts.items() if mid in rows}
+    run.rows = {mid: {**rows[mid], "partition": part} for mid, part in parts.items()}
     return run
 
 
@@ -371,9 +375,10 @@ def score_question(
 
     all_stands = [[i] for i in range(len(turns))]
     kept_cosine = cosine(rows, stands)
-    dmem = search or kept_cosine
-    out["turns_returned_at_10"] = float(sum(len(h) for h in dmem(10)))
-    for name, hits, ks in (("", dmem, KS), ("store_all_", cosine(vecs, all_stands), KS),
+    served_at = {k: (search or kept_cosine)(k) for k in KS}  # one request per k
+    out["turns_returned_at_10"] = float(sum(len(h) for h in served_at[10]))
+    for name, hits, ks in (("", served_at.__getitem__, KS),
+                           ("store_all_", cosine(vecs, all_stands), KS),
                            ("cosine_", kept_cosine, (10,))):  # fmt: skip
         for k in ks:
             hit = {i for h in hits(k) for i in h}
@@ -484,6 +489,8 @@ def run(
     """
     if ranking not in ("served", "cosine"):
         raise ValueError(f"ranking must be 'served' or 'cosine', got {ranking!r}")
+    if as_of and ranking != "served":
+        raise ValueError("as_of is the served search's: it needs ranking 'served'")
     if ranking == "served" and searchable is not kept_rows:
         raise ValueError("ranking 'served' reads the kept rows; another searchable: 'cosine'")
     from streams.settings import Settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,9 +286,29 @@ def test_served_hits_are_the_respond_roles_answer(data: Path) -> None:
         lme.KeptStore(q.qid, [old]).search(old["vector"], q.qid, 5, extra_filter={"valence": 1})
 
 
-def test_the_cosine_keys_are_the_kept_turns_by_cosine(data: Path) -> None:
+def test_the_cosine_keys_are_the_kept_turns_by_cosine(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Served, dmem's hits are the responder's (asked once per question with an answer
+    and k); the ``cosine_`` keys are cosine over the same kept turns either way."""
+    asked: list[int] = []
+    real = lme.served
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        search = real(*args, **kw)
+
+        def ask(k: int) -> list[list[int]]:
+            asked.append(k)
+            return search(k)
+
+        return ask
+
+    monkeypatch.setattr(lme, "served", counted)
     served = lme.run(data, encoder="hash", batch=16)
+    assert sorted(asked) == [5, 5, 5, 10, 10, 10]  # the 3 questions with answers
+    asked.clear()
     cosine = lme.run(data, encoder="hash", batch=16, ranking="cosine")
+    assert asked == []
     assert served["ranking"] == "served" and cosine["ranking"] == "cosine"
     assert served["as_of"] is False
     assert cosine["turn_recall_at_10"] == cosine["cosine_turn_recall_at_10"]
@@ -295,3 +316,5 @@ def test_the_cosine_keys_are_the_kept_turns_by_cosine(data: Path) -> None:
     assert served["storage_ratio"] == cosine["storage_ratio"]
     with pytest.raises(ValueError, match="ranking"):
         lme.run(data, encoder="hash", ranking="bm25")
+    with pytest.raises(ValueError, match="as_of"):
+        lme.run(data, encoder="hash", ranking="cosine", as_of=True)
