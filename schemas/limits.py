@@ -13,7 +13,8 @@ JSON (`json_bytes`, an upper bound of what the Milvus client sends):
 - the user's part (``metadata.user`` and ``metadata.next``): at most
   `Limits.max_row_json_bytes`, refused at validation beyond that;
 - dmem's parts of a fixed shape (gate, done, surprise, updates, failure, credit
-  statistics, access count, the merge scalars, the partition stamp, and every
+  statistics, access count and its last responders' rounds, the merge scalars, the
+  partition stamp, and every
   key, brace and comma of the object): at most `Limits.max_row_fixed_bytes`;
 - the applied credit update ids (``metadata.credit_ids``): the newest that fit
   `Limits.max_credit_ids_bytes`, at most `Limits.max_credit_ids`;

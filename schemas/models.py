@@ -44,6 +44,9 @@ Route = Literal["core", "buffer", "drop"]
 
 #: what an id (a tenant, an agent, a memory...) may be made of
 IDENT_PATTERN = r"^[A-Za-z0-9_.:@/-]+$"
+#: a responder's id in `AccessCount` (fixed length: rows keep some of them, within
+#: their byte budget)
+PUBLISHER_PATTERN = r"^[0-9a-f]{16}$"
 #: a metadata key a search may filter on (``metadata_equals``): a plain identifier, so
 #: that no client text ever becomes Milvus expression syntax
 META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -617,7 +620,7 @@ class AccessCount(Model):
     n: int = Field(ge=1, le=LIMITS.max_step, description="retrievals since the last report")
     ts: EventMs = Field(description="stream time of the latest of them, on the memory's own clock")
     publisher: str = Field(
-        pattern=r"^[0-9a-f]{16}$",
+        pattern=PUBLISHER_PATTERN,
         description="the publishing responder's id, drawn at random when it starts",
     )
     seq: int = Field(

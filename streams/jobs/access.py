@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import threading
 from collections.abc import Collection, Sequence
@@ -36,6 +37,8 @@ from mode import Service
 from pydantic import ValidationError
 
 from schemas import AccessCount, encode
+from schemas.limits import LIMITS
+from schemas.models import PUBLISHER_PATTERN
 from streams.admin import kafka_client_kwargs
 from streams.auth import KafkaGuard
 from streams.context import RoleContext, SettleState, StatusFn
@@ -97,10 +100,13 @@ class AccessRead(NamedTuple):
 #: (tenant, memory id) -> its records read together, in log order
 AccessReads = dict[tuple[str, str], list[AccessRead]]
 
-#: publishers whose latest applied round a row keeps (``metadata.access.seen``): a
-#: record is read twice within one applier batch or its retry, long before a row has
-#: seen this many newer responders (each start of a respond worker is a new one)
-SEEN_PUBLISHERS = 8
+#: publishers whose latest applied round a row keeps (``metadata.access.seen``, the
+#: most recently applied): a copy of a record (sent again after a lost acknowledgement,
+#: read again after the store failed part way) adds nothing unless this many other
+#: responders' counts of the memory were applied between the two (each start of a
+#: respond worker is a new responder); within the row's fixed byte budget
+SEEN_PUBLISHERS = 16
+_PUBLISHER = re.compile(PUBLISHER_PATTERN)
 
 
 def read_access(reads: AccessReads, rec: AccessCount) -> None:
@@ -112,11 +118,13 @@ def read_access(reads: AccessReads, rec: AccessCount) -> None:
 
 def _seen(held: Any) -> dict[str, int]:
     """``metadata.access.seen`` (``[[publisher, round], ...]``, oldest first) as a dict
-    in that order; an entry of another shape (a row edited by hand) is left out."""
+    in that order; an entry that is not a publisher's id and round (a row edited by
+    hand) is left out, so the list keeps its byte bound."""
     out: dict[str, int] = {}
     for item in held if isinstance(held, list) else ():
         if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], int) and not isinstance(item[1], bool)):  # fmt: skip
+                and _PUBLISHER.match(item[0]) and type(item[1]) is int
+                and 1 <= item[1] <= LIMITS.max_step):  # fmt: skip
             out.pop(item[0], None)
             out[item[0]] = item[1]
     return out
@@ -171,12 +179,16 @@ class AccessPublisher(Service):
         self._flushing = asyncio.Lock()
 
     async def on_start(self) -> None:
-        self.producer = AIOKafkaProducer(linger_ms=20, **kafka_client_kwargs(self.settings.kafka))
+        self.producer = AIOKafkaProducer(
+            linger_ms=20, acks="all", **kafka_client_kwargs(self.settings.kafka)
+        )
         await self.producer.start()
         self.add_future(self._run())
 
     async def on_stop(self) -> None:
         await self.flush()
+        if lost := self.waiting() + self.tracker.pending():
+            log.warning("%d memories' access counts not published at stop: lost", lost)
         if self.producer is not None:
             await self.producer.stop()
 

@@ -77,6 +77,27 @@ def test_a_row_keeps_the_newest_publishers() -> None:
     assert acc["n"] == len(pubs) and acc["seen"] == [[p, 1] for p in pubs[-SEEN_PUBLISHERS:]]
 
 
+def test_a_copy_counts_once_while_fewer_than_the_kept_publishers_came_between() -> None:
+    """A record sent again after a lost acknowledgement comes a flush later; in between,
+    other responders' counts of the memory may be applied (a scaled-out respond role).
+    Up to `SEEN_PUBLISHERS` - 1 of them the copy is still recognised."""
+    others = [f"{i:016x}" for i in range(1, SEEN_PUBLISHERS)]
+    row: dict[str, Any] = {"metadata": {}}
+    assert fold_access(row, [AccessRead(P1, 5, 2, 1)])
+    assert fold_access(row, [AccessRead(p, 1, 1, 2) for p in others])
+    assert not fold_access(row, [AccessRead(P1, 5, 2, 1)])  # the copy
+    assert row["metadata"]["access"]["n"] == 2 + len(others)
+
+
+def test_an_access_count_names_a_responder_and_a_round() -> None:
+    from pydantic import ValidationError
+
+    for bad in ({"publisher": "x" * 16}, {"publisher": P1 + "0"}, {"publisher": P1.upper()},
+                {"seq": 0}, {"seq": 2**62}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            AccessCount.model_validate({**rec("a", 1, 1).model_dump(), **bad})
+
+
 def test_a_row_of_another_shape_does_not_stall_the_fold() -> None:
     """A row edited by hand may hold anything in ``access.seen``: the fold goes on (a
     raise would stall the applier, credit included, on every retry)."""
@@ -85,7 +106,12 @@ def test_a_row_of_another_shape_does_not_stall_the_fold() -> None:
     }
     assert fold_access(row, [AccessRead(P1, 1, 1, 5), AccessRead(P2, 3, 1, 6)])
     assert row["metadata"]["access"] == {"n": 3, "seen": [[P2, 3], [P1, 1]]}
-    row["metadata"]["access"]["seen"] = {"not": "a list"}
+    # ids that are no responder's and rounds out of range are left out too: the list
+    # keeps its byte bound whatever a hand edit put there
+    row["metadata"]["access"]["seen"] = [["x" * 500, 1], [P2.upper(), 1], [P2, 0], [P2, 2**62]]
+    assert fold_access(row, [AccessRead(P1, 2, 1, 5)])
+    assert row["metadata"]["access"] == {"n": 4, "seen": [[P1, 2]]}
+    row["metadata"]["access"] = {"n": 3, "seen": {"not": "a list"}}
     assert fold_access(row, [AccessRead(P1, 1, 1, 5)])
     assert row["metadata"]["access"] == {"n": 4, "seen": [[P1, 1]]}
 
@@ -174,6 +200,30 @@ def test_a_flush_cancelled_part_way_leaves_its_records_to_the_next() -> None:
     me = pub.publisher
     assert sorted(_sent(producer)) == [(b"a", rec("a", 1, 7, 1, me)), (b"b", rec("b", 1, 7, 1, me))]
     assert pub.waiting() == 0 and pub.published == 2
+
+
+def test_a_send_the_broker_refuses_part_way_keeps_the_rest_for_the_next_flush() -> None:
+    from aiokafka.errors import KafkaTimeoutError
+
+    class Refusing(FakeProducer):
+        async def send(self, topic: str, value: bytes, key: bytes, headers: Any) -> Any:
+            if key == b"b" and not self.fail:
+                raise KafkaTimeoutError()
+            return await super().send(topic, value, key, headers)
+
+    tracker = AccessTracker()
+    tracker.record(T, ["a", "b", "c"], 3)
+    pub = AccessPublisher(Settings(), tracker)
+    producer = Refusing(fail=set())
+    pub.producer = producer  # type: ignore[assignment]
+    asyncio.run(pub.flush())
+    assert [k for k, _ in _sent(producer)] == [b"a"] and pub.waiting() == 2
+    producer.sent.clear()
+    producer.fail.add(b"-")  # the broker takes sends again
+    asyncio.run(pub.flush())
+    me = pub.publisher
+    assert sorted(_sent(producer)) == [(b"b", rec("b", 1, 3, 1, me)), (b"c", rec("c", 1, 3, 1, me))]
+    assert pub.waiting() == 0 and pub.published == 3
 
 
 def test_a_publisher_without_a_producer_keeps_every_count() -> None:
