@@ -64,7 +64,7 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str,
     MemoryEvents of ``kinds`` in order (the write path evicts what its warm context
     guard takes back, and promotes to core what an outcome shows mattered). A dead
     letter is an error. ``rows``, where given, receives each memory's last row as
-    written (with its ``partition``)."""
+    written (its final partition is the decay plan's, `forget_partitions`)."""
     from streams.write.pipeline import RawRecord
 
     out: list[Any] = []
@@ -83,11 +83,7 @@ def decisions(pipe: Any, transitions: Sequence[Any], batch: int, label: str,
         if res.dead:
             raise ValueError(f"{label}: {len(res.dead)} records dead-lettered ({res.dead[0][1]})")
         if rows is not None:
-            for part, written in res.upserts.items():
-                rows.update((r["id"], {**r, "partition": part}) for r in written)
-            for mid in res.promote:
-                if mid in rows:
-                    rows[mid]["partition"] = "core"
+            rows.update((r["id"], r) for written in res.upserts.values() for r in written)
         out += [ev for ev in res.events if ev.kind in kinds]
     return out
 

@@ -43,13 +43,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from dmem.client import ChatTurn, chat_transitions
 from schemas import Transition
 from schemas.limits import LIMITS
+from schemas.models import Partition
 
 TURN_GAP_MS = 30_000
 KS = (5, 10)
@@ -249,7 +250,8 @@ def replay_question(
     return run
 
 
-PARTS = ("core", "buffer")
+#: the store's partitions (`schemas.models.Partition`)
+PARTS = get_args(Partition)
 
 
 class KeptStore:

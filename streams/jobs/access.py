@@ -66,7 +66,7 @@ class AccessTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._hits: dict[tuple[str, str], tuple[int, int]] = {}
+        self._hits: dict[Key, tuple[int, int]] = {}
         self.recorded = 0
 
     def record(self, tenant: str, ids: Sequence[str], now: int) -> None:
@@ -98,7 +98,7 @@ class AccessRead(NamedTuple):
 
 
 #: (tenant, memory id) -> its records read together, in log order
-AccessReads = dict[tuple[str, str], list[AccessRead]]
+AccessReads = dict[Key, list[AccessRead]]
 
 #: publishers whose latest applied round a row keeps (``metadata.access.seen``, the
 #: most recently applied): a copy of a record (sent again after a lost acknowledgement,
@@ -175,7 +175,7 @@ class AccessPublisher(Service):
         self.seq = 0
         self.published = 0
         self.in_flight = 0  # records being sent
-        self.unacked: dict[tuple[str, str], AccessCount] = {}  # to be sent again
+        self.unacked: dict[Key, AccessCount] = {}  # to be sent again
         self._flushing = asyncio.Lock()
 
     async def on_start(self) -> None:
@@ -224,10 +224,10 @@ class AccessPublisher(Service):
                 self.in_flight = 0
             self.unacked = {k: r for k, r in records.items() if k not in acked}
 
-    async def _publish(self, records: dict[tuple[str, str], AccessCount]) -> set[tuple[str, str]]:
+    async def _publish(self, records: dict[Key, AccessCount]) -> set[Key]:
         """Send the records; returns the keys of those acknowledged."""
         assert self.producer is not None
-        sent: list[tuple[tuple[str, str], asyncio.Future[Any]]] = []
+        sent: list[tuple[Key, asyncio.Future[Any]]] = []
         try:
             for (tenant, mid), rec in records.items():
                 key, value = mid.encode(), encode(rec)
